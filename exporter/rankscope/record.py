@@ -1,0 +1,355 @@
+"""The flight record: who this process is, which boot it belongs to, and the durable writer.
+
+Shared by the probe (marks) and the census (snapshots, dumps). Everything here is called
+from inside a rank's host program, so nothing here raises into it and nothing blocks it:
+a failed write costs one warning and a counted drop, never an exception.
+
+File layout (docs/architecture.md, "The record"): one append-only JSON-lines file per
+process and stream, named ``{stream}-{host}-{pid}-{start_ticks}.jsonl``; every line is one
+JSON object carrying ``v`` (SCHEMA_VERSION), ``kind``, the boot id, the rank identity and
+the process identity.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+ENV_DIR = "RANKSCOPE_DIR"
+ENV_BOOT_ID = "RANKSCOPE_BOOT_ID"
+ENV_TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+
+log = logging.getLogger("rankscope")
+
+
+# --- process identity -------------------------------------------------------------------
+
+
+def read_start_ticks(pid: int | str = "self", proc: str = "/proc") -> int | None:
+    """Start time of a process in clock ticks since host boot (field 22 of /proc/PID/stat).
+
+    The same number whichever PID namespace reads it, which is what lets a daemon with the
+    host's view match a containerised rank's record to NVML's host pid.
+    """
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return parse_stat_start_ticks(raw)
+
+
+def parse_stat_start_ticks(stat_line: str) -> int | None:
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+    close = stat_line.rfind(")")
+    if close < 0:
+        return None
+    rest = stat_line[close + 2 :].split()
+    # rest[0] is field 3 (state), so field 22 is rest[19].
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def read_nspid(pid: int | str = "self", proc: str = "/proc") -> tuple[int, ...] | None:
+    """The NSpid chain of /proc/PID/status: the pid in the reader's namespace first, the
+    process's own (innermost) namespace last."""
+    try:
+        with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return tuple(int(x) for x in line.split()[1:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def read_pidns_inode(pid: int | str = "self", proc: str = "/proc") -> int | None:
+    """Inode of the process's PID namespace (readlink /proc/PID/ns/pid -> 'pid:[N]')."""
+    try:
+        link = os.readlink(f"{proc}/{pid}/ns/pid")
+    except OSError:
+        return None
+    try:
+        return int(link[link.index("[") + 1 : link.index("]")])
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """Who wrote a record: pid plus start time is the identity, never the rank."""
+
+    host: str
+    pid: int
+    start_ticks: int | None
+    nspid: tuple[int, ...] | None
+    pidns: int | None
+
+    @classmethod
+    def current(cls) -> ProcessIdentity:
+        return cls(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            start_ticks=read_start_ticks(),
+            nspid=read_nspid(),
+            pidns=read_pidns_inode(),
+        )
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "start_ticks": self.start_ticks,
+            "nspid": list(self.nspid) if self.nspid is not None else None,
+            "pidns": self.pidns,
+        }
+
+
+# --- boot id ----------------------------------------------------------------------------
+
+
+def derived_boot_id(launcher_pid: int, host: str | None = None) -> str:
+    """The boot id every child of one launcher derives alike: host, launcher pid and the
+    launcher's start time (so a recycled pid never joins an old boot)."""
+    host = host or socket.gethostname()
+    start = read_start_ticks(launcher_pid)
+    return f"{host}-{launcher_pid}-{start if start is not None else 'x'}"
+
+
+def resolve_boot_id(environ: dict[str, str] | None = None) -> tuple[str, str]:
+    """(boot id, where it came from): RANKSCOPE_BOOT_ID, else TORCHELASTIC_RUN_ID, else
+    derived from the parent process, which all ranks of one launch share."""
+    env = os.environ if environ is None else environ
+    explicit = env.get(ENV_BOOT_ID)
+    if explicit:
+        return explicit, "env:" + ENV_BOOT_ID
+    elastic = env.get(ENV_TORCHELASTIC_RUN_ID)
+    if elastic and elastic != "none":
+        return elastic, "env:" + ENV_TORCHELASTIC_RUN_ID
+    return derived_boot_id(os.getppid()), "parent"
+
+
+def publish_boot_id(environ: dict[str, str] | None = None) -> str:
+    """For a launcher about to spawn ranks: fix the boot id in the environment its children
+    inherit. Keeps an id already set; otherwise derives one from this process, exactly what
+    a child without the variable would derive from its parent."""
+    env = os.environ if environ is None else environ
+    for name in (ENV_BOOT_ID, ENV_TORCHELASTIC_RUN_ID):
+        value = env.get(name)
+        if value and value != "none":
+            env[ENV_BOOT_ID] = value
+            return value
+    boot = derived_boot_id(os.getpid())
+    env[ENV_BOOT_ID] = boot
+    return boot
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+# --- rank identity and the writer ---------------------------------------------------------
+
+
+@dataclass
+class RankIdentity:
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    tp_rank: int | None = None
+    pp_rank: int | None = None
+    runner: str | None = None
+
+    @classmethod
+    def from_env(cls) -> RankIdentity:
+        return cls(
+            rank=_env_int("RANK"),
+            local_rank=_env_int("LOCAL_RANK"),
+            world_size=_env_int("WORLD_SIZE"),
+        )
+
+
+@dataclass
+class _Stream:
+    fd: int | None = None
+    path: Path | None = None
+    broken: bool = False  # last write was partial: the next line starts with a newline
+
+
+@dataclass
+class Recorder:
+    """Process-wide record state: the flight directory, the identities, one file a stream.
+
+    ``armed`` is a plain attribute so hot paths read it without a call.
+    """
+
+    flight_dir: Path | None = None
+    rank: RankIdentity = field(default_factory=RankIdentity.from_env)
+    process: ProcessIdentity = field(default_factory=ProcessIdentity.current)
+    boot: str = ""
+    boot_source: str = ""
+    armed: bool = False
+    lines_written: int = 0
+    lines_dropped: int = 0
+    _streams: dict[str, _Stream] = field(default_factory=dict)
+    _warned: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if not self.boot:
+            self.boot, self.boot_source = resolve_boot_id()
+        if self.flight_dir is None:
+            env_dir = os.environ.get(ENV_DIR)
+            self.flight_dir = Path(env_dir) if env_dir else None
+        self.armed = self.flight_dir is not None
+
+    def configure(
+        self,
+        *,
+        flight_dir: str | os.PathLike[str] | None = None,
+        boot_id: str | None = None,
+        **rank_fields: Any,
+    ) -> None:
+        with self._lock:
+            if flight_dir is not None:
+                self.flight_dir = Path(flight_dir)
+                self._close_locked()
+            if boot_id is not None:
+                self.boot, self.boot_source = boot_id, "configure"
+            for name, value in rank_fields.items():
+                if not hasattr(self.rank, name):
+                    raise TypeError(f"configure() got an unknown rank field {name!r}")
+                setattr(self.rank, name, value)
+            self.armed = self.flight_dir is not None
+
+    def header(self, kind: str) -> dict[str, Any]:
+        r = self.rank
+        line: dict[str, Any] = {
+            "v": SCHEMA_VERSION,
+            "kind": kind,
+            "boot": self.boot,
+            "rank": r.rank,
+            "local_rank": r.local_rank,
+            "world_size": r.world_size,
+            "tp_rank": r.tp_rank,
+            "pp_rank": r.pp_rank,
+            "runner": r.runner,
+        }
+        line.update(self.process.fields())
+        line["mono"] = time.monotonic()
+        line["wall"] = time.time()
+        return line
+
+    def write(self, stream: str, kind: str, payload: dict[str, Any]) -> bool:
+        """Append one line to this process's file for ``stream``. Never raises; a failure
+        warns once per stream and reason and is counted in ``lines_dropped``."""
+        if not self.armed:
+            return False
+        try:
+            line = self.header(kind)
+            line.update(payload)
+            data = (json.dumps(line, separators=(",", ":"), default=_json_default) + "\n").encode()
+        except Exception as exc:  # an unserialisable extra must not reach the host program
+            self._drop(stream, f"encode: {exc!r}")
+            return False
+        with self._lock:
+            st = self._streams.get(stream)
+            if st is None:
+                st = self._streams[stream] = _Stream()
+            try:
+                if st.fd is None:
+                    st.fd, st.path = self._open_locked(stream)
+                if st.broken:
+                    data = b"\n" + data
+                written = os.write(st.fd, data)
+            except OSError as exc:
+                self._drop(stream, f"{type(exc).__name__}: {exc.strerror or exc}")
+                if st.fd is not None and exc.errno not in (28,):  # keep the fd on ENOSPC
+                    _close_quietly(st.fd)
+                    st.fd = None
+                return False
+            st.broken = written != len(data)
+            if st.broken:
+                self._drop(stream, "short write")
+                return False
+            self.lines_written += 1
+            return True
+
+    def path_for(self, stream: str) -> Path | None:
+        if self.flight_dir is None:
+            return None
+        p = self.process
+        return self.flight_dir / f"{stream}-{p.host}-{p.pid}-{p.start_ticks}.jsonl"
+
+    def _open_locked(self, stream: str) -> tuple[int, Path]:
+        path = self.path_for(stream)
+        assert path is not None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # O_NONBLOCK: a FIFO or a wedged special file must not hold the host program.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+        return os.open(path, flags, 0o644), path
+
+    def _drop(self, stream: str, reason: str) -> None:
+        self.lines_dropped += 1
+        key = stream + ":" + reason.split(":")[0]
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(
+                "rankscope: could not record to the %s stream in %s (%s); carrying on, "
+                "further failures of this kind are counted silently",
+                stream,
+                self.flight_dir,
+                reason,
+            )
+
+    def _close_locked(self) -> None:
+        for st in self._streams.values():
+            if st.fd is not None:
+                _close_quietly(st.fd)
+        self._streams.clear()
+
+    def after_fork_in_child(self) -> None:
+        """A forked child is a new process: new identity, new files, same boot."""
+        self._lock = threading.Lock()
+        self._streams = {}
+        self.process = ProcessIdentity.current()
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy and torch scalars, paths, sets: record what they say, never fail the line.
+    item = getattr(obj, "item", None)
+    if callable(item):
+        return item()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+RECORDER = Recorder()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=RECORDER.after_fork_in_child)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test command (README): installs what the tests need on a fresh machine, then lints,
+# type-checks and runs the suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# Real peers for the rules, alerts and dashboard queries, and a browser for the status page.
+export DEBIAN_FRONTEND=noninteractive
+as_root apt-get update -q
+as_root apt-get install -y -q --no-install-recommends \
+  prometheus prometheus-alertmanager chromium util-linux procps >/dev/null
+
+# torch first and pinned: the CPU build is what the tests run; an unpinned "torch" would
+# pull a multi-GB CUDA build onto a machine with no GPU.
+python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
+python3 -m pip install -q --disable-pip-version-check -e ".[test]"
+
+python3 -m ruff check exporter tests bench
+python3 -m ruff format --check exporter tests bench
+python3 -m mypy
+python3 -m pytest "$@"

@@ -1,0 +1,50 @@
+"""Shared test set-up: the gpu marker, flight directories, and isolated probe state."""
+
+from __future__ import annotations
+
+
+import pytest
+
+
+def _gpu_available() -> str | None:
+    """None when a CUDA GPU and NVML answer here, else why not."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            if pynvml.nvmlDeviceGetCount() < 1:
+                return "NVML sees no GPU"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:
+        return f"no NVML: {exc}"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    # torch.cuda.is_available() reads the device count through NVML first and so creates no
+    # CUDA context in the pytest process.
+    if not torch.cuda.is_available():
+        return "torch has no CUDA"
+    return None
+
+
+_GPU_SKIP = _gpu_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _GPU_SKIP is None:
+        return
+    skip = pytest.mark.skip(reason=f"gpu test: {_GPU_SKIP}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+
+@pytest.fixture
+def flight_dir(tmp_path):
+    d = tmp_path / "flight"
+    d.mkdir()
+    return d
