@@ -46,88 +46,282 @@ class Metric:
 
 CATALOG: tuple[Metric, ...] = (
     # --- phase marks (probe records, latest boot by default) ---
-    Metric("rankscope_phase_reserved_bytes", "gauge", "bytes",
-           "Torch caching-allocator reserved bytes at the mark.", PHASE_LABELS, "phases"),
-    Metric("rankscope_phase_allocated_bytes", "gauge", "bytes",
-           "Torch caching-allocator allocated bytes at the mark.", PHASE_LABELS, "phases"),
-    Metric("rankscope_phase_process_bytes", "gauge", "bytes",
-           "Device memory NVML attributes to this process at the mark.", PHASE_LABELS, "phases"),
-    Metric("rankscope_phase_non_torch_bytes", "gauge", "bytes",
-           "Signed residue: NVML bytes of this process minus allocator reserved bytes; "
-           "absent where not measured.", PHASE_LABELS, "phases"),
-    Metric("rankscope_phase_device_free_bytes", "gauge", "bytes",
-           "Driver-reported free device memory at the mark.", PHASE_LABELS, "phases"),
-    Metric("rankscope_phase_timestamp_seconds", "gauge", "seconds",
-           "Wall-clock time the mark was taken, as Unix seconds.", PHASE_LABELS, "phases"),
-    Metric("rankscope_post_bytes", "gauge", "bytes",
-           "Signed change between consecutive marks of one process and runner, per view "
-           "(allocator, driver, process).", POST_LABELS, "phases"),
+    Metric(
+        "rankscope_phase_reserved_bytes",
+        "gauge",
+        "bytes",
+        "Torch caching-allocator reserved bytes at the mark.",
+        PHASE_LABELS,
+        "phases",
+    ),
+    Metric(
+        "rankscope_phase_allocated_bytes",
+        "gauge",
+        "bytes",
+        "Torch caching-allocator allocated bytes at the mark.",
+        PHASE_LABELS,
+        "phases",
+    ),
+    Metric(
+        "rankscope_phase_process_bytes",
+        "gauge",
+        "bytes",
+        "Device memory NVML attributes to this process at the mark.",
+        PHASE_LABELS,
+        "phases",
+    ),
+    Metric(
+        "rankscope_phase_non_torch_bytes",
+        "gauge",
+        "bytes",
+        "Signed residue: NVML bytes of this process minus allocator reserved bytes; "
+        "absent where not measured.",
+        PHASE_LABELS,
+        "phases",
+    ),
+    Metric(
+        "rankscope_phase_device_free_bytes",
+        "gauge",
+        "bytes",
+        "Driver-reported free device memory at the mark.",
+        PHASE_LABELS,
+        "phases",
+    ),
+    Metric(
+        "rankscope_phase_timestamp_seconds",
+        "gauge",
+        "seconds",
+        "Wall-clock time the mark was taken, as Unix seconds.",
+        PHASE_LABELS,
+        "phases",
+    ),
+    Metric(
+        "rankscope_post_bytes",
+        "gauge",
+        "bytes",
+        "Signed change between consecutive marks of one process and runner, per view "
+        "(allocator = reserved, allocated, driver = card used, process = NVML bytes of "
+        "the process, non_torch); absent where either mark did not measure it.",
+        POST_LABELS,
+        "phases",
+    ),
     # --- KV arenas ---
-    Metric("rankscope_arena_reserved_bytes", "gauge", "bytes",
-           "Address space a registered arena has reserved.", ARENA_LABELS, "arenas"),
-    Metric("rankscope_arena_backed_bytes", "gauge", "bytes",
-           "Bytes of a registered arena backed by committed device pages.", ARENA_LABELS, "arenas"),
-    Metric("rankscope_arena_retained_bytes", "gauge", "bytes",
-           "Bytes a registered arena keeps in parked handles.", ARENA_LABELS, "arenas"),
+    Metric(
+        "rankscope_arena_reserved_bytes",
+        "gauge",
+        "bytes",
+        "Address space a registered arena has reserved.",
+        ARENA_LABELS,
+        "arenas",
+    ),
+    Metric(
+        "rankscope_arena_backed_bytes",
+        "gauge",
+        "bytes",
+        "Bytes of a registered arena backed by committed device pages.",
+        ARENA_LABELS,
+        "arenas",
+    ),
+    Metric(
+        "rankscope_arena_retained_bytes",
+        "gauge",
+        "bytes",
+        "Bytes a registered arena keeps in parked handles.",
+        ARENA_LABELS,
+        "arenas",
+    ),
     # --- cards (the daemon's sampler) ---
-    Metric("rankscope_gpu_info", "info", "",
-           "Card identity; source is nvml, or simulated for the scripted device source.",
-           ("gpu", "uuid", "model", "source"), "cards"),
-    Metric("rankscope_gpu_total_bytes", "gauge", "bytes",
-           "Total device memory of the card.", CARD_LABELS, "cards"),
-    Metric("rankscope_gpu_free_bytes", "gauge", "bytes",
-           "Free device memory at the latest sample.", CARD_LABELS, "cards"),
-    Metric("rankscope_gpu_free_min_bytes", "gauge", "bytes",
-           "Minimum free device memory over the trailing window.", CARD_LABELS, "cards"),
-    Metric("rankscope_corridor_floor_bytes", "gauge", "bytes",
-           "Configured free-memory floor of the card.", CARD_LABELS, "cards"),
-    Metric("rankscope_corridor_breach_seconds_total", "counter", "seconds",
-           "Seconds the card's free memory spent below its floor.", CARD_LABELS, "cards"),
-    Metric("rankscope_corridor_breaches_total", "counter", "",
-           "Times the card's free memory crossed below its floor.", CARD_LABELS, "cards"),
-    Metric("rankscope_gpu_rank_resident_bytes", "gauge", "bytes",
-           "Device memory held by processes matched to a rank of a boot.", CARD_LABELS, "cards"),
-    Metric("rankscope_gpu_foreign_bytes", "gauge", "bytes",
-           "Device memory held by processes that are no rank of any boot.", CARD_LABELS, "cards"),
-    Metric("rankscope_gpu_unattributed_bytes", "gauge", "bytes",
-           "Signed: total minus free minus every process's bytes (context, driver, "
-           "sampling skew).", CARD_LABELS, "cards"),
+    Metric(
+        "rankscope_gpu_info",
+        "info",
+        "",
+        "Card identity; source is nvml, or simulated for the scripted device source.",
+        ("gpu", "uuid", "model", "source"),
+        "cards",
+    ),
+    Metric(
+        "rankscope_gpu_total_bytes",
+        "gauge",
+        "bytes",
+        "Total device memory of the card.",
+        CARD_LABELS,
+        "cards",
+    ),
+    Metric(
+        "rankscope_gpu_free_bytes",
+        "gauge",
+        "bytes",
+        "Free device memory at the latest sample.",
+        CARD_LABELS,
+        "cards",
+    ),
+    Metric(
+        "rankscope_gpu_free_min_bytes",
+        "gauge",
+        "bytes",
+        "Minimum free device memory over the trailing window.",
+        CARD_LABELS,
+        "cards",
+    ),
+    Metric(
+        "rankscope_corridor_floor_bytes",
+        "gauge",
+        "bytes",
+        "Configured free-memory floor of the card.",
+        CARD_LABELS,
+        "cards",
+    ),
+    Metric(
+        "rankscope_corridor_breach_seconds_total",
+        "counter",
+        "seconds",
+        "Seconds the card's free memory spent below its floor.",
+        CARD_LABELS,
+        "cards",
+    ),
+    Metric(
+        "rankscope_corridor_breaches_total",
+        "counter",
+        "",
+        "Times the card's free memory crossed below its floor.",
+        CARD_LABELS,
+        "cards",
+    ),
+    Metric(
+        "rankscope_device_errors_total",
+        "counter",
+        "",
+        "Failed reads of the device source (NVML, or the simulated script); gpu and uuid "
+        "are empty for failures of the source as a whole (init, enumeration).",
+        ("source", "gpu", "uuid"),
+        "cards",
+    ),
+    Metric(
+        "rankscope_gpu_rank_resident_bytes",
+        "gauge",
+        "bytes",
+        "Device memory held by processes matched to a rank of a boot.",
+        CARD_LABELS,
+        "cards",
+    ),
+    Metric(
+        "rankscope_gpu_foreign_bytes",
+        "gauge",
+        "bytes",
+        "Device memory held by processes that are no rank of any boot.",
+        CARD_LABELS,
+        "cards",
+    ),
+    Metric(
+        "rankscope_gpu_unattributed_bytes",
+        "gauge",
+        "bytes",
+        "Signed: total minus free minus every process's bytes (context, driver, sampling skew).",
+        CARD_LABELS,
+        "cards",
+    ),
     # --- holdings ---
-    Metric("rankscope_gpu_process_bytes", "gauge", "bytes",
-           "Device memory held by one process on the card; role is rank or foreign "
-           "(overflow when the per-card cap is reached).", HOLDING_LABELS, "holdings"),
+    Metric(
+        "rankscope_gpu_process_bytes",
+        "gauge",
+        "bytes",
+        "Device memory held by one process on the card; role is rank or foreign "
+        "(overflow when the per-card cap is reached).",
+        HOLDING_LABELS,
+        "holdings",
+    ),
     # --- census ---
-    Metric("rankscope_collectives_total", "counter", "",
-           "Collectives a rank issued, per group instance and op, as of its latest record.",
-           CENSUS_OP_LABELS, "census"),
-    Metric("rankscope_census_round", "gauge", "",
-           "Round (census tick count) of the rank's latest snapshot.", CENSUS_RANK_LABELS,
-           "census"),
-    Metric("rankscope_census_round_collectives", "gauge", "",
-           "Collectives a rank had issued as of its latest snapshot round.", CENSUS_OP_LABELS,
-           "census"),
-    Metric("rankscope_census_divergence", "gauge", "",
-           "1 where the in-process comparison found ranks of one group instance disagree "
-           "on an op's count.", DIVERGENCE_LABELS, "census"),
-    Metric("rankscope_census_snapshot_timestamp_seconds", "gauge", "seconds",
-           "Wall-clock time of the rank's latest census snapshot, as Unix seconds.",
-           CENSUS_RANK_LABELS, "census"),
+    Metric(
+        "rankscope_collectives_total",
+        "counter",
+        "",
+        "Collectives a rank issued, per group instance and op, as of its latest record.",
+        CENSUS_OP_LABELS,
+        "census",
+    ),
+    Metric(
+        "rankscope_census_round",
+        "gauge",
+        "",
+        "Round (census tick count) of the rank's latest snapshot.",
+        CENSUS_RANK_LABELS,
+        "census",
+    ),
+    Metric(
+        "rankscope_census_round_collectives",
+        "gauge",
+        "",
+        "Collectives a rank had issued as of its latest snapshot round.",
+        CENSUS_OP_LABELS,
+        "census",
+    ),
+    Metric(
+        "rankscope_census_divergence",
+        "gauge",
+        "",
+        "1 where the in-process comparison found ranks of one group instance disagree "
+        "on an op's count.",
+        DIVERGENCE_LABELS,
+        "census",
+    ),
+    Metric(
+        "rankscope_census_snapshot_timestamp_seconds",
+        "gauge",
+        "seconds",
+        "Wall-clock time of the rank's latest census snapshot, as Unix seconds.",
+        CENSUS_RANK_LABELS,
+        "census",
+    ),
     # --- the instrument itself ---
     Metric("rankscope_build_info", "info", "", "rankscope version.", ("version",), "self"),
-    Metric("rankscope_up", "gauge", "",
-           "1 when a source (nvml, flight) answers, 0 when it is down.", ("source",), "self"),
-    Metric("rankscope_collector_success", "gauge", "",
-           "1 when the collector's last scrape succeeded.", ("collector",), "self"),
-    Metric("rankscope_collector_duration_seconds", "gauge", "seconds",
-           "Time the collector's last scrape took.", ("collector",), "self"),
-    Metric("rankscope_sampler_duration_seconds", "summary", "seconds",
-           "The sampler's own cost per sample, all cards together.", (), "self"),
-    Metric("rankscope_sampler_overruns_total", "counter", "",
-           "Samples that started late because the previous one outran the interval.", (),
-           "self"),
-    Metric("rankscope_flight_lines_skipped_total", "counter", "",
-           "Flight-record lines skipped by the reader, by reason (torn, malformed, "
-           "newer_schema).", ("reason",), "self"),
+    Metric(
+        "rankscope_up",
+        "gauge",
+        "",
+        "1 when a source (nvml, flight) answers, 0 when it is down.",
+        ("source",),
+        "self",
+    ),
+    Metric(
+        "rankscope_collector_success",
+        "gauge",
+        "",
+        "1 when the collector's last scrape succeeded.",
+        ("collector",),
+        "self",
+    ),
+    Metric(
+        "rankscope_collector_duration_seconds",
+        "gauge",
+        "seconds",
+        "Time the collector's last scrape took.",
+        ("collector",),
+        "self",
+    ),
+    Metric(
+        "rankscope_sampler_duration_seconds",
+        "summary",
+        "seconds",
+        "The sampler's own cost per sample, all cards together.",
+        (),
+        "cards",
+    ),
+    Metric(
+        "rankscope_sampler_overruns_total",
+        "counter",
+        "",
+        "Samples that started late because the previous one outran the interval.",
+        (),
+        "cards",
+    ),
+    Metric(
+        "rankscope_flight_lines_skipped_total",
+        "counter",
+        "",
+        "Flight-record lines skipped by the reader, by reason (torn, malformed, newer_schema).",
+        ("reason",),
+        "self",
+    ),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOG}
@@ -148,3 +342,38 @@ def lookup(sample_name: str) -> Metric | None:
         if sample_name in exposed_names(metric):
             return metric
     return None
+
+
+# --- the docs table (docs/metrics.md is this function's output) ------------------------------
+
+DOCS_HEADER = """# Metrics
+
+Every metric `rankscope serve` exposes, generated from `rankscope.catalog` (the one list the
+Prometheus collectors, the OTLP instruments and the tests are made from):
+`python3 -m rankscope.catalog > docs/metrics.md`. A test fails when this file, the catalog
+or the exposition disagree.
+
+Labels with an unknown value are empty, which PromQL treats as absent. Over OTLP, counters
+are pushed without the `_total` suffix, units in UCUM (`By`, `s`), and a summary as its
+`_count` and `_sum` counters.
+"""
+
+
+def metrics_markdown() -> str:
+    rows = [
+        "| name | type | unit | labels | collector | help |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in CATALOG:
+        labels = ", ".join(f"`{label}`" for label in m.labels) or "none"
+        help_text = m.help.replace("|", "\\|")
+        rows.append(
+            f"| `{m.name}` | {m.type} | {m.unit or '-'} | {labels} | {m.collector} | {help_text} |"
+        )
+    return DOCS_HEADER + "\n" + "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(metrics_markdown())

@@ -12,6 +12,7 @@ the process identity.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -72,6 +73,11 @@ def read_nspid(pid: int | str = "self", proc: str = "/proc") -> tuple[int, ...] 
     except (OSError, ValueError):
         return None
     return None
+
+
+# PROC_PID_INIT_INO: the inode of the host's (initial) PID namespace, fixed by the kernel. A
+# process in it sees the pids NVML lists; a process in any other namespace does not.
+HOST_PIDNS_INODE = 0xEFFFFFFC
 
 
 def read_pidns_inode(pid: int | str = "self", proc: str = "/proc") -> int | None:
@@ -287,7 +293,7 @@ class Recorder:
                 return False
             st.broken = written != len(data)
             if st.broken:
-                self._drop(stream, "short write")
+                self._drop(stream, "short write: the filesystem is probably full")
                 return False
             self.lines_written += 1
             return True
@@ -308,12 +314,14 @@ class Recorder:
 
     def _drop(self, stream: str, reason: str) -> None:
         self.lines_dropped += 1
-        key = stream + ":" + reason.split(":")[0]
+        # One warning per stream for the disk, one for unencodable payloads: a full disk
+        # first fails with a short write, then with ENOSPC, and that is one problem.
+        key = stream + (":encode" if reason.startswith("encode") else ":write")
         if key not in self._warned:
             self._warned.add(key)
             log.warning(
                 "rankscope: could not record to the %s stream in %s (%s); carrying on, "
-                "further failures of this kind are counted silently",
+                "further failures are counted silently",
                 stream,
                 self.flight_dir,
                 reason,
@@ -333,17 +341,18 @@ class Recorder:
 
 
 def _close_quietly(fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.close(fd)
-    except OSError:
-        pass
 
 
 def _json_default(obj: Any) -> Any:
     # numpy and torch scalars, paths, sets: record what they say, never fail the line.
     item = getattr(obj, "item", None)
     if callable(item):
-        return item()
+        try:
+            return item()
+        except Exception:  # a tensor of many elements has no single item
+            return str(obj)
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)
     return str(obj)

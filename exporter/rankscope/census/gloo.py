@@ -1,0 +1,176 @@
+"""The optional in-process comparison: at each snapshot round the ranks gather their counts
+over a CPU (gloo) group, and a divergence is logged and recorded with the (group instance,
+op) that differs, each rank's count and the ranks that lag.
+
+It never uses the device group (a wedged device must not silence it) and runs on its own
+thread, so ``tick()`` never waits for it; a failed gather (a dead peer, the group's timeout)
+ends the comparison with one log line, never an exception. At the default cadence (every 50
+scheduler iterations, seconds) it runs far inside the NCCL watchdog's timeout (10 minutes by
+default in torch >= 2.2), so a divergence is named while the ranks are still healthy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import queue
+import threading
+from typing import Any
+
+from rankscope.census import counts as _counts
+from rankscope.census import snapshots
+from rankscope.census.compare import Entry, compare_ranks
+from rankscope.census.snapshots import STREAM
+from rankscope.census.wrap import GUARD
+from rankscope.record import RECORDER
+
+log = logging.getLogger("rankscope.census")
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def describe(entry: Entry) -> str:
+    counts = " ".join(f"{r}:{n}" for r, n in entry["counts"].items())
+    lagging = ",".join(str(r) for r in entry["lagging"])
+    return f"{entry['group']} {entry['op']} counts {counts}, lagging rank(s) {lagging}"
+
+
+class Comparator:
+    """Gathers (round, counts) over ``group`` on a daemon thread, round by round."""
+
+    def __init__(self, dist: Any, group: Any, rank: int) -> None:
+        self.dist = dist
+        self.group = group
+        self.rank = rank
+        self.compared = 0
+        self.skipped = 0  # rounds the ranks did not agree on: counted, not compared
+        self.divergences: list[tuple[int, Entry]] = []
+        self.failed: BaseException | None = None
+        self._signatures: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._queue: queue.Queue[tuple[int, dict[_counts.Key, int]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="rankscope-census", daemon=True)
+        self._thread.start()
+
+    def submit(self, round_: int, counts: dict[_counts.Key, int]) -> None:
+        if self.failed is None:
+            self._queue.put_nowait((round_, counts))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop after the rounds already submitted (bounded by ``timeout``)."""
+        self._queue.put_nowait(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        GUARD.depth = 1  # this thread's own gathers are not the job's collectives
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                self.compare_round(*item)
+            except Exception as exc:
+                self.failed = exc
+                log.warning(
+                    "rankscope census: in-process comparison stopped at round %d: %r "
+                    "(a peer may be gone; snapshots continue)",
+                    item[0],
+                    exc,
+                )
+                return
+
+    def compare_round(self, round_: int, counts: dict[_counts.Key, int]) -> list[Entry]:
+        mine = {"rank": self.rank, "round": round_, "counts": _counts.encode_counts(counts)}
+        gathered: list[Any] = [None] * self.dist.get_world_size(self.group)
+        self.dist.all_gather_object(gathered, mine, group=self.group)
+        rounds = {g["round"] for g in gathered}
+        if len(rounds) != 1:
+            self.skipped += 1
+            log.warning(
+                "rankscope census: ranks reported different rounds %s; not compared", sorted(rounds)
+            )
+            return []
+        per_rank = {
+            int(g["rank"]): {(grp, op): int(n) for grp, op, n in g["counts"]} for g in gathered
+        }
+        entries = compare_ranks(per_rank)
+        self.compared += 1
+        self._report(round_, entries)
+        return [e for e in entries if e["divergent"]]
+
+    def _report(self, round_: int, entries: list[Entry]) -> None:
+        """Log a divergence when it appears or changes, record it each round it lasts, and
+        record (with no lagging rank) the round at which the counts agree again."""
+        for entry in entries:
+            key = (entry["group"], entry["op"])
+            counts = entry["counts"]
+            if entry["divergent"]:
+                self.divergences.append((round_, entry))
+                top = max(counts.values())
+                signature = (tuple(entry["lagging"]), tuple(top - n for n in counts.values()))
+                if self._signatures.get(key) != signature:
+                    self._signatures[key] = signature
+                    log.warning(
+                        "rankscope census: divergence at round %d: %s", round_, describe(entry)
+                    )
+            elif key in self._signatures:
+                del self._signatures[key]
+                log.info("rankscope census: %s %s agrees again at round %d", *key, round_)
+            else:
+                continue
+            # The lowest member records it, so each group's divergence lands on its host.
+            if RECORDER.armed and min(int(r) for r in counts) == self.rank:
+                RECORDER.write(
+                    STREAM,
+                    "divergence",
+                    {
+                        "round": round_,
+                        "group": entry["group"],
+                        "op": entry["op"],
+                        "counts": counts,
+                        "lagging": entry["lagging"],
+                    },
+                )
+
+
+_active: Comparator | None = None
+
+
+def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Comparator | None:
+    """Compare counts across ranks at every snapshot round, over the CPU group ``group``.
+
+    Without ``group``, creates one with ``torch.distributed.new_group(backend="gloo",
+    timeout=timeout_s)``: new_group is itself a collective, so every rank must call this, in
+    the same order relative to its other new_group calls. Returns None (with a log line)
+    when torch.distributed is not initialised or the census is disarmed; never raises."""
+    global _active
+    if not _counts.ARMED:
+        return None
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            log.warning(
+                "rankscope census: torch.distributed is not initialised; no in-process comparison"
+            )
+            return None
+        if group is None:
+            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        rank = dist.get_rank()
+        if RECORDER.rank.rank is None:
+            RECORDER.configure(rank=rank, world_size=dist.get_world_size())
+        disable_comparison()
+        _active = Comparator(dist, group, rank)
+        snapshots.STATE.on_snapshot = _active.submit
+        return _active
+    except Exception as exc:
+        log.warning("rankscope census: in-process comparison not enabled: %r", exc)
+        return None
+
+
+def disable_comparison(timeout: float = 5.0) -> None:
+    """Stop the comparison after the rounds already submitted."""
+    global _active
+    comparator, _active = _active, None
+    snapshots.STATE.on_snapshot = None
+    if comparator is not None:
+        comparator.close(timeout)

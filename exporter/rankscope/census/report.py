@@ -1,0 +1,356 @@
+"""The census report: flight records -> what ``rankscope census --json`` prints (and the
+daemon serves at /api/v1/census). A pure function of the records.
+
+Per group instance, the counts of its member ranks are compared at the latest round at
+which every member left a snapshot (ranks snapshot at the same rounds, since ``tick()`` is
+replicated; a rank killed with SIGKILL still counts with its last snapshot). Divergences at
+earlier rounds are listed in ``history`` with the rounds they spanned, even when the counts
+agree again later. Local dumps (taken at abort, not at a common round) are compared too, in
+their own section.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from rankscope.census.compare import Entry, compare_group, members_of, split_by_group
+
+if TYPE_CHECKING:
+    from rankscope.flight import Flight
+
+CENSUS_KINDS = ("census", "census_dump", "divergence")
+
+Record = Mapping[str, Any]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _decode(rows: Any) -> dict[tuple[str, str], int] | None:
+    if not isinstance(rows, list):
+        return None
+    out: dict[tuple[str, str], int] = {}
+    for row in rows:
+        if (
+            not isinstance(row, list)
+            or len(row) != 3
+            or not isinstance(row[0], str)
+            or not isinstance(row[1], str)
+            or not _is_int(row[2])
+        ):
+            return None
+        out[row[0], row[1]] = row[2]
+    return out
+
+
+class _Rank:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.process: tuple[Any, ...] | None = None
+        self.last_wall = float("-inf")
+        self.rounds: dict[int, dict[str, dict[str, int]]] = {}  # round -> group -> op -> n
+        self.snapshot_wall: dict[int, float] = {}
+        self.every: int | None = None
+        self.dump: dict[str, Any] | None = None
+        self.dump_counts: dict[str, dict[str, int]] = {}
+
+
+def _select_processes(
+    records: Iterable[Record], skipped: collections.Counter[str]
+) -> dict[int, list[Record]]:
+    """Census records per rank, from the newest process of each rank (a rank restarted
+    within one boot starts its counts again)."""
+    by_process: dict[tuple[Any, ...], list[Record]] = collections.defaultdict(list)
+    for rec in records:
+        if rec.get("kind") not in CENSUS_KINDS:
+            continue
+        if not _is_int(rec.get("rank")):
+            skipped["no_rank"] += 1
+            continue
+        by_process[(rec["rank"], rec.get("host"), rec.get("pid"), rec.get("start_ticks"))].append(
+            rec
+        )
+    newest: dict[int, tuple[float, tuple[Any, ...]]] = {}
+    for key, recs in by_process.items():
+        last = max(float(r.get("wall", 0.0)) for r in recs)
+        rank = key[0]
+        if rank not in newest or last > newest[rank][0]:
+            if rank in newest:
+                skipped["superseded_process"] += len(by_process[newest[rank][1]])
+            newest[rank] = (last, key)
+        else:
+            skipped["superseded_process"] += len(recs)
+    return {rank: by_process[key] for rank, (_, key) in newest.items()}
+
+
+def _load(
+    per_rank_records: dict[int, list[Record]], skipped: collections.Counter[str]
+) -> tuple[dict[int, _Rank], list[Record]]:
+    ranks: dict[int, _Rank] = {}
+    divergences: list[Record] = []
+    for rank, recs in per_rank_records.items():
+        state = ranks[rank] = _Rank(rank)
+        for rec in recs:
+            state.process = (rec.get("host"), rec.get("pid"), rec.get("start_ticks"))
+            wall = float(rec.get("wall", 0.0))
+            state.last_wall = max(state.last_wall, wall)
+            kind = rec["kind"]
+            if kind == "divergence":
+                divergences.append(rec)
+                continue
+            counts = _decode(rec.get("counts"))
+            round_ = rec.get("round")
+            if counts is None or not isinstance(round_, int) or isinstance(round_, bool):
+                skipped["bad_census_line"] += 1
+                continue
+            by_group = split_by_group(counts)
+            if kind == "census":
+                state.rounds[round_] = by_group
+                state.snapshot_wall[round_] = wall
+                if _is_int(rec.get("every")):
+                    state.every = rec["every"]
+            elif state.dump is None or wall >= state.dump["wall"]:
+                state.dump = {"reason": str(rec.get("reason")), "round": round_, "wall": wall}
+                state.dump_counts = by_group
+    return ranks, divergences
+
+
+def _spans(rounds: list[int], entries_at: dict[int, dict[str, Entry]], latest: int) -> list[Entry]:
+    """Runs of consecutive common rounds where an op diverged with the same lagging ranks."""
+    spans: list[Entry] = []
+    open_spans: dict[str, Entry] = {}
+    for round_ in rounds:
+        current = entries_at[round_]
+        for op in list(open_spans):
+            entry = current.get(op)
+            span = open_spans[op]
+            if entry is None or not entry["divergent"] or entry["lagging"] != span["lagging"]:
+                spans.append(open_spans.pop(op))
+            else:
+                span["rounds"][1] = round_
+        for op, entry in current.items():
+            if entry["divergent"] and op not in open_spans:
+                open_spans[op] = dict(entry, round=round_, rounds=[round_, round_])
+    spans.extend(open_spans.values())
+    for span in spans:
+        span["resolved"] = span["rounds"][1] != latest
+    return spans
+
+
+def build_report(
+    records: Iterable[Record], *, boot: str | None = None, skipped: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The census of one boot's records (pass the records of one boot: ``read_flight``
+    scopes them). ``skipped`` carries the reader's own skip counts into the report."""
+    skips: collections.Counter[str] = collections.Counter(skipped or {})
+    ranks, divergences = _load(_select_processes(records, skips), skips)
+    with_snapshots = {r for r, s in ranks.items() if s.rounds}
+    groups_seen: dict[str, set[int]] = collections.defaultdict(set)
+    for state in ranks.values():
+        for by_group in state.rounds.values():
+            for group in by_group:
+                groups_seen[group].add(state.rank)
+
+    groups: list[dict[str, Any]] = []
+    entries: list[Entry] = []
+    history: list[Entry] = []
+    for group in sorted(groups_seen):
+        members = members_of(group, with_snapshots, groups_seen[group])
+        summary: dict[str, Any] = {
+            "group": group,
+            "members": members,
+            "round": None,
+            "rounds_compared": 0,
+        }
+        groups.append(summary)
+        if len(members) < 2:
+            continue
+        common = sorted(set.intersection(*(set(ranks[m].rounds) for m in members)))
+        summary["rounds_compared"] = len(common)
+        if not common:
+            continue
+        latest = common[-1]
+        summary["round"] = latest
+        entries_at = {
+            r: {
+                e["op"]: e
+                for e in compare_group(
+                    group, {m: ranks[m].rounds[r].get(group, {}) for m in members}
+                )
+            }
+            for r in common
+        }
+        entries.extend(dict(e, round=latest) for e in entries_at[latest].values())
+        history.extend(_spans(common, entries_at, latest))
+
+    dumped = {r: s for r, s in ranks.items() if s.dump is not None}
+    dump_entries: list[Entry] = []
+    for group in sorted({g for s in dumped.values() for g in s.dump_counts}):
+        reporters = [r for r, s in dumped.items() if group in s.dump_counts]
+        members = members_of(group, dumped, reporters)
+        if len(members) >= 2:
+            dump_entries.extend(
+                compare_group(group, {m: dumped[m].dump_counts.get(group, {}) for m in members})
+            )
+
+    latest_in_process: dict[tuple[str, str], Record] = {}
+    for rec in sorted(divergences, key=lambda r: (r.get("round", 0), r.get("wall", 0))):
+        latest_in_process[(str(rec.get("group")), str(rec.get("op")))] = rec
+    history.sort(key=lambda e: (e["rounds"][0], e["group"], e["op"]))
+    everies = sorted({s.every for s in ranks.values() if s.every is not None})
+    return {
+        "boot": boot,
+        "ranks": [_rank_summary(ranks[r]) for r in sorted(ranks)],
+        "every": everies[0] if len(everies) == 1 else everies or None,
+        "groups": groups,
+        "entries": entries,
+        "divergent": any(e["divergent"] for e in entries),
+        "first_divergent_round": min((e["rounds"][0] for e in history), default=None),
+        "history": history,
+        "dumps": {
+            "ranks": [
+                {"rank": r, **dumped[r].dump}  # type: ignore[dict-item]
+                for r in sorted(dumped)
+            ],
+            "entries": dump_entries,
+        },
+        "in_process": [
+            {
+                "round": rec.get("round"),
+                "group": rec.get("group"),
+                "op": rec.get("op"),
+                "counts": rec.get("counts"),
+                "lagging": rec.get("lagging"),
+                "rank": rec.get("rank"),
+            }
+            for rec in latest_in_process.values()
+        ],
+        "in_process_lines": len(divergences),
+        "skipped": dict(sorted(skips.items())),
+    }
+
+
+def census_document(flight: Flight) -> dict[str, Any]:
+    """What `rankscope census --json` prints and /api/v1/census returns, for one read."""
+    return build_report(flight.records, boot=flight.boot, skipped=flight.skipped)
+
+
+def _rank_summary(state: _Rank) -> dict[str, Any]:
+    last_round = max(state.rounds) if state.rounds else None
+    host, pid, start_ticks = state.process or (None, None, None)
+    return {
+        "rank": state.rank,
+        "host": host,
+        "pid": pid,
+        "start_ticks": start_ticks,
+        "snapshots": len(state.rounds),
+        "last_round": last_round,
+        "last_snapshot_wall": state.snapshot_wall.get(last_round) if last_round else None,
+        "counts": [
+            [g, op, n]
+            for g, ops in sorted(state.rounds[last_round].items())
+            for op, n in sorted(ops.items())
+        ]
+        if last_round is not None
+        else [],
+        "dump": state.dump,
+    }
+
+
+# --- text ---------------------------------------------------------------------------------
+
+
+def _counts_text(counts: Mapping[str, int]) -> str:
+    values = set(counts.values())
+    if len(values) == 1 and len(counts) > 2:
+        return f"all {len(counts)}: {next(iter(values))}"
+    return " ".join(f"{r}:{n}" for r, n in counts.items())
+
+
+def _status(entry: Entry) -> str:
+    if not entry["divergent"]:
+        return "ok"
+    return "DIVERGENT, lagging: " + ",".join(str(r) for r in entry["lagging"])
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    lines: list[str] = []
+    ranks = report["ranks"]
+    every = report["every"]
+    lines.append(
+        f"census of boot {report['boot']}: {len(ranks)} rank(s) with census records"
+        + (f", a snapshot every {every} ticks" if every else "")
+    )
+    if not report["entries"]:
+        lines.append("no group instance has two ranks with a snapshot at a common round")
+    else:
+        rows = [["GROUP", "OP", "ROUND", "COUNTS (rank:n)", "STATUS"]]
+        rows += [
+            [e["group"], e["op"], str(e["round"]), _counts_text(e["counts"]), _status(e)]
+            for e in report["entries"]
+        ]
+        lines.append("")
+        lines.extend(_table(rows))
+    lines.append("")
+    first = report["first_divergent_round"]
+    if first is None:
+        lines.append("no divergence at any compared round")
+    else:
+        lines.append(f"first divergence at round {first}")
+        lines.append("divergences by the rounds they spanned:")
+        for e in report["history"]:
+            span = e["rounds"]
+            rounds = f"round {span[0]}" if span[0] == span[1] else f"rounds {span[0]}-{span[1]}"
+            state = "resolved since" if e["resolved"] else "still at the latest common round"
+            lines.append(
+                f"  {e['group']} {e['op']}: {rounds}, first counts {_counts_text(e['counts'])}, "
+                f"lagging {','.join(map(str, e['lagging']))} ({state})"
+            )
+    if report["in_process"]:
+        lines.append("")
+        lines.append(
+            f"in-process comparison ({report['in_process_lines']} divergence line(s)), "
+            "latest per op:"
+        )
+        for d in report["in_process"]:
+            counts = d["counts"] if isinstance(d["counts"], dict) else {}
+            lines.append(
+                f"  round {d['round']}: {d['group']} {d['op']} {_counts_text(counts)}, "
+                f"lagging {','.join(map(str, d['lagging'] or []))}"
+            )
+    dumps = report["dumps"]
+    if dumps["ranks"]:
+        lines.append("")
+        lines.append("local dumps (taken at abort or exit, not at a common round):")
+        for d in dumps["ranks"]:
+            lines.append(f"  rank {d['rank']}: {d['reason']} at round {d['round']}")
+        if dumps["entries"]:
+            rows = [["GROUP", "OP", "COUNTS AT DUMP", "STATUS"]]
+            rows += [
+                [e["group"], e["op"], _counts_text(e["counts"]), _status(e)]
+                for e in dumps["entries"]
+            ]
+            lines.extend("  " + row for row in _table(rows))
+    lines.append("")
+    lines.append("ranks:")
+    for r in ranks:
+        last = r["last_round"]
+        lines.append(
+            f"  rank {r['rank']}: pid {r['pid']} on {r['host']}, {r['snapshots']} snapshot(s)"
+            + (f", last at round {last}" if last is not None else "")
+        )
+    if report["skipped"]:
+        lines.append("")
+        lines.append("skipped: " + ", ".join(f"{k} {v}" for k, v in report["skipped"].items()))
+    return "\n".join(lines) + "\n"

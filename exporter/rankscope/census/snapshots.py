@@ -1,0 +1,212 @@
+"""Rounds, snapshots and local dumps.
+
+``tick()`` is called once per scheduler iteration, a replicated point, so its round counter
+agrees across ranks; every N rounds (RANKSCOPE_CENSUS_EVERY, default 50) the rank appends a
+``census`` line (round, counts, graphs) to the flight directory, and hands the same counts
+to the in-process comparison when one is enabled. Snapshots are written only when the
+recorder is armed (RANKSCOPE_DIR or ``configure(flight_dir=...)``).
+
+``dump_local()`` and the SIGTERM / SIGABRT / atexit handlers write the local counts with no
+collective at all: by then a peer is probably dead. A Python signal handler runs when the
+main thread next executes Python, so a rank blocked inside a hung collective dumps only once
+that call returns; its last snapshot is on disk either way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from rankscope.census import counts as _counts
+from rankscope.census import graphs as _graphs
+from rankscope.record import RECORDER
+
+log = logging.getLogger("rankscope.census")
+
+ENV_EVERY = "RANKSCOPE_CENSUS_EVERY"
+DEFAULT_EVERY = 50
+STREAM = "census"
+
+
+def every_from_env(environ: dict[str, str] | None = None) -> int:
+    raw = (os.environ if environ is None else environ).get(ENV_EVERY, "").strip()
+    if not raw:
+        return DEFAULT_EVERY
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        log.warning(
+            "rankscope census: %s=%r is not a positive integer; using %d",
+            ENV_EVERY,
+            raw,
+            DEFAULT_EVERY,
+        )
+        return DEFAULT_EVERY
+    return value
+
+
+class _State:
+    round = 0
+    every = every_from_env()
+    # The in-process comparison's submit(round, counts), when enabled (census.gloo).
+    on_snapshot: Callable[[int, dict[_counts.Key, int]], None] | None = None
+    handlers_installed = False
+    signal_dumped = False
+    failures = 0
+
+
+STATE = _State()
+
+
+def configure(*, every: int | None = None) -> None:
+    """Set the snapshot cadence (ticks per snapshot); must agree across ranks."""
+    if every is not None:
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"census every must be a positive integer, not {every!r}")
+        STATE.every = every
+
+
+def current_round() -> int:
+    return STATE.round
+
+
+def tick() -> None:
+    """Once per scheduler iteration, on every rank. Never raises, never blocks: the
+    comparison, when enabled, runs on its own thread."""
+    if not _counts.ARMED:
+        return
+    STATE.round += 1
+    if STATE.round % STATE.every:
+        return
+    try:
+        if not STATE.handlers_installed:
+            install_abort_handlers()
+        take_snapshot()
+    except Exception as exc:
+        _failed("snapshot", exc)
+
+
+def take_snapshot() -> dict[_counts.Key, int]:
+    """Record the counts at the current round (and hand them to the comparison)."""
+    counts = _counts.snapshot()
+    if RECORDER.armed:
+        RECORDER.write(STREAM, "census", _payload(counts))
+    hook = STATE.on_snapshot
+    if hook is not None:
+        hook(STATE.round, counts)
+    return counts
+
+
+def _payload(counts: dict[_counts.Key, int]) -> dict[str, Any]:
+    return {
+        "round": STATE.round,
+        "every": STATE.every,
+        "counts": _counts.encode_counts(counts),
+        "graphs": _graphs.graphs_payload(),
+    }
+
+
+def _failed(what: str, exc: BaseException) -> None:
+    STATE.failures += 1
+    if STATE.failures == 1:
+        log.warning(
+            "rankscope census: %s failed (%r); carrying on, further failures are counted silently",
+            what,
+            exc,
+        )
+
+
+def dump_local(reason: str = "manual") -> bool:
+    """Write this rank's counts now, with no collective. True when a line was written."""
+    if not _counts.ARMED or not RECORDER.armed:
+        return False
+    try:
+        payload = _payload(_counts.snapshot())
+        payload["reason"] = reason
+        return RECORDER.write(STREAM, "census_dump", payload)
+    except Exception as exc:
+        _failed("dump", exc)
+        return False
+
+
+def _dump_from_signal(reason: str) -> bool:
+    """dump_local for a signal handler: the interrupted code may hold the recorder's lock,
+    so this appends through its own descriptor (O_APPEND, one write) instead."""
+    if not _counts.ARMED or not RECORDER.armed:
+        return False
+    try:
+        line = RECORDER.header("census_dump")
+        line.update(_payload(_counts.snapshot()))
+        line["reason"] = reason
+        # A leading newline ends whatever partial line the interrupted write left.
+        data = b"\n" + json.dumps(line, separators=(",", ":")).encode() + b"\n"
+        path = RECORDER.path_for(STREAM)
+        if path is None:
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+        fd = os.open(path, flags, 0o644)
+        try:
+            return os.write(fd, data) == len(data)
+        finally:
+            os.close(fd)
+    except Exception as exc:
+        _failed("dump", exc)
+        return False
+
+
+# --- abort handlers --------------------------------------------------------------------------
+
+_previous: dict[int, Any] = {}
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    STATE.signal_dumped = _dump_from_signal(signal.Signals(signum).name) or STATE.signal_dumped
+    previous = _previous.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # The default action: end the process as the signal would have.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _at_exit() -> None:
+    if not STATE.signal_dumped:
+        dump_local("exit")
+
+
+def install_abort_handlers() -> bool:
+    """Dump the local counts on SIGTERM, SIGABRT (one delivered to the process; an abort()
+    inside C++ ends it before Python runs) and at exit. A handler the program installed
+    before is called after the dump; an ignored signal stays ignored. Signal handlers need
+    the main thread: elsewhere only the exit dump is installed (returns False)."""
+    if STATE.handlers_installed:
+        return True
+    STATE.handlers_installed = True
+    atexit.register(_at_exit)
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    for sig in (signal.SIGTERM, signal.SIGABRT):
+        previous = signal.getsignal(sig)
+        if previous is signal.SIG_IGN or previous is None or previous is _on_signal:
+            continue
+        _previous[sig] = previous
+        signal.signal(sig, _on_signal)
+    return True
+
+
+def reset() -> None:
+    """Back to round 0 (tests)."""
+    STATE.round = 0
+    STATE.failures = 0
+    STATE.signal_dumped = False

@@ -1,0 +1,253 @@
+"""Opt-in counting of torch.distributed collectives: ``instrument_torch_distributed()``.
+
+Each listed function is replaced, in ``torch.distributed`` and in the module that defines it
+(so torch's own internal calls and ``P2POp``'s checks see the same object), by a wrapper
+that counts the call once and calls the original. The group instance is read from the
+process group: a name given with :func:`name_group`, else its ``group_desc``, else its pg
+name, over its member ranks (``torch.distributed.get_process_group_ranks``), cached per
+group object and dropped with it. The undo restores every original exactly.
+
+A ``P2POp`` built while instrumented and passed to ``batch_isend_irecv`` after the undo is
+rejected by torch (it holds the wrapper, not torch's isend): build P2POps after the undo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from rankscope.census import counts as _counts
+from rankscope.census.counts import RECV, SEND, group_instance, p2p_name
+from rankscope.census.wrap import GUARD, MARK
+
+log = logging.getLogger("rankscope.census")
+
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+)
+P2P = {"send": SEND, "isend": SEND, "recv": RECV, "irecv": RECV}
+BATCH = "batch_isend_irecv"
+
+_lock = threading.Lock()
+_undo: Callable[[], None] | None = None
+
+# id(process group) -> group instance name; entries leave with their group.
+_names: dict[int, str] = {}
+_given: dict[int, str] = {}
+
+
+def name_group(group: Any, name: str) -> None:
+    """Name a process group for the census (``tp``, ``pp``...); its ranks are appended."""
+    _given[id(group)] = name
+    _names.pop(id(group), None)
+    with contextlib.suppress(TypeError):
+        weakref.finalize(group, _forget, id(group))
+
+
+def _forget(key: int) -> None:
+    _names.pop(key, None)
+    _given.pop(key, None)
+
+
+def _instance_of(dist: Any, group: Any) -> str | None:
+    """Group instance name of ``group`` (None: the default group), or None when this rank
+    is no member (torch then issues nothing either)."""
+    if group is None:
+        group = dist.GroupMember.WORLD
+        if group is None:
+            return None
+    name = _names.get(id(group))
+    if name is not None:
+        return name
+    try:
+        ranks = dist.get_process_group_ranks(group)
+    except Exception:  # not a member, or not a process group
+        return None
+    base = _given.get(id(group))
+    if base is None:
+        if group is dist.GroupMember.WORLD:
+            base = "world"
+        else:
+            desc = getattr(group, "group_desc", None)
+            base = desc if desc and desc != "undefined" else f"pg{group.group_name}"
+    name = group_instance(base, ranks)
+    try:
+        weakref.finalize(group, _forget, id(group))
+    except TypeError:
+        return name  # cannot know when it dies: do not cache under a reusable id
+    _names[id(group)] = name
+    return name
+
+
+def _peer(dist: Any, group: Any, peer: Any, group_peer: Any) -> int | None:
+    if peer is not None:
+        return int(peer)
+    if group_peer is None:
+        return None
+    return int(
+        dist.get_global_rank(group if group is not None else dist.GroupMember.WORLD, group_peer)
+    )
+
+
+def _collective_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    params = list(inspect.signature(original).parameters)
+    group_at = params.index("group") if "group" in params else None
+    p2p_kind = P2P.get(name)
+    peer_param = ("dst" if p2p_kind == SEND else "src") if p2p_kind else ""
+    peer_at = params.index(peer_param) if peer_param in params else None
+    count = _counts.count
+
+    def counted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        group = kwargs.get("group")
+        if group is None and group_at is not None and len(args) > group_at:
+            group = args[group_at]
+        instance = _instance_of(dist, group)
+        if instance is None:
+            return
+        if p2p_kind is None:
+            count(instance, name)
+            return
+        peer = kwargs.get(peer_param)
+        if peer is None and peer_at is not None and len(args) > peer_at:
+            peer = args[peer_at]
+        group_peer = kwargs.get("group_" + peer_param)
+        count(instance, p2p_name(p2p_kind, _peer(dist, group, peer, group_peer)))
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if GUARD.depth:
+            return original(*args, **kwargs)
+        GUARD.depth = 1
+        try:
+            try:
+                counted(args, kwargs)
+            except Exception as exc:
+                _counts._count_failed(name, "", exc)
+            return original(*args, **kwargs)
+        finally:
+            GUARD.depth = 0
+
+    setattr(wrapper, MARK, True)
+    return wrapper
+
+
+def _batch_wrapper(
+    dist: Any, c10d: Any, original: Callable[..., Any], plain: dict[str, Any]
+) -> Callable[..., Any]:
+    """batch_isend_irecv counts each of its p2p ops once. torch matches ``op.op`` against
+    its module's isend/irecv by identity, so ops built before the patch get the current
+    function for the duration of the call."""
+
+    def counted(ops: list[Any]) -> None:
+        for p2p in ops:
+            func = getattr(p2p.op, "__wrapped__", p2p.op)
+            kind = SEND if func is plain["isend"] else RECV
+            instance = _instance_of(dist, p2p.group)
+            if instance is None:
+                continue
+            peer = _peer(dist, p2p.group, p2p.peer, getattr(p2p, "group_peer", None))
+            _counts.count(instance, p2p_name(kind, peer))
+
+    @functools.wraps(original)
+    def wrapper(p2p_op_list: list[Any], *args: Any, **kwargs: Any) -> Any:
+        if GUARD.depth:
+            return original(p2p_op_list, *args, **kwargs)
+        GUARD.depth = 1
+        swapped: list[tuple[Any, Any]] = []
+        try:
+            try:
+                counted(p2p_op_list)
+                for p2p in p2p_op_list:
+                    func = getattr(p2p.op, "__wrapped__", p2p.op)
+                    for fname in ("isend", "irecv"):
+                        current = getattr(c10d, fname)
+                        if func is plain[fname] and p2p.op is not current:
+                            swapped.append((p2p, p2p.op))
+                            p2p.op = current
+            except Exception as exc:
+                _counts._count_failed(BATCH, "", exc)
+            return original(p2p_op_list, *args, **kwargs)
+        finally:
+            for p2p, op in swapped:
+                p2p.op = op
+            GUARD.depth = 0
+
+    setattr(wrapper, MARK, True)
+    return wrapper
+
+
+def instrument_torch_distributed() -> Callable[[], None]:
+    """Count every call of torch.distributed's collectives and p2p ops (once each, however
+    they nest). Idempotent; returns the undo (also :func:`uninstrument_torch_distributed`).
+    When torch is absent or the census is disarmed, patches nothing and says so in a log
+    line."""
+    global _undo
+    with _lock:
+        if _undo is not None:
+            return _undo
+        if not _counts.ARMED:
+            log.info(
+                "rankscope census: disarmed (RANKSCOPE_CENSUS=0); torch.distributed is not patched"
+            )
+            return lambda: None
+        try:
+            import torch.distributed as dist
+            from torch.distributed import distributed_c10d as c10d
+        except ImportError as exc:
+            log.warning("rankscope census: torch.distributed unavailable (%s); not patched", exc)
+            return lambda: None
+        names = [n for n in (*COLLECTIVES, *P2P, BATCH) if hasattr(c10d, n)]
+        plain = {n: getattr(c10d, n) for n in names}
+        saved_dist = {n: dist.__dict__.get(n, _ABSENT) for n in names}
+        wrappers: dict[str, Callable[..., Any]] = {}
+        for n in names:
+            if n == BATCH:
+                wrappers[n] = _batch_wrapper(dist, c10d, plain[n], plain)
+            else:
+                wrappers[n] = _collective_wrapper(dist, n, plain[n])
+        for n, w in wrappers.items():
+            setattr(c10d, n, w)
+            setattr(dist, n, w)
+
+        def undo() -> None:
+            global _undo
+            with _lock:
+                for n in names:
+                    setattr(c10d, n, plain[n])
+                    if saved_dist[n] is _ABSENT:
+                        dist.__dict__.pop(n, None)
+                    else:
+                        setattr(dist, n, saved_dist[n])
+                _undo = None
+
+        _undo = undo
+        return undo
+
+
+def uninstrument_torch_distributed() -> None:
+    """Undo :func:`instrument_torch_distributed` (no-op when not instrumented)."""
+    undo = _undo
+    if undo is not None:
+        undo()
+
+
+_ABSENT = object()

@@ -1,0 +1,232 @@
+"""The daemon's HTTP side: /metrics, /healthz, /readyz, the JSON API, the status page."""
+
+from __future__ import annotations
+
+import gzip
+import html
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+from rankscope import __version__
+from rankscope.daemon.flightstate import FlightState
+from rankscope.daemon.registry import TimedCollectors
+from rankscope.daemon.webconfig import TLSConfig
+from rankscope.flight import BootNotFoundError, Flight, read_flight
+
+log = logging.getLogger("rankscope.daemon")
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+LINKS = (
+    ("/metrics", "Prometheus metrics"),
+    ("/healthz", "liveness"),
+    ("/readyz", "readiness"),
+    ("/api/v1/boots", "boots in the flight directory"),
+    ("/api/v1/phases", "posts between phases, latest boot"),
+    ("/api/v1/census", "collective census, latest boot"),
+    ("/api/v1/cards", "cards, corridor and holdings"),
+)
+
+
+class CardSource(Protocol):
+    """What the app needs of the card monitor (rankscope.daemon.cards.CardMonitor)."""
+
+    def cards_json(self) -> dict[str, Any]: ...
+
+    def up(self) -> dict[str, bool]: ...
+
+
+# A report function turns the records of one boot into what the CLI's --json prints.
+Report = Callable[[Flight], dict[str, Any]]
+
+
+def create_app(
+    *,
+    registry: CollectorRegistry,
+    state: FlightState,
+    cards: CardSource | None = None,
+    phases_report: Report | None = None,
+    census_report: Report | None = None,
+    static_dir: Path = STATIC_DIR,
+) -> FastAPI:
+    app = FastAPI(title="rankscope", version=__version__, docs_url=None, redoc_url=None)
+
+    @app.get("/metrics")
+    def metrics(request: Request) -> Response:
+        # Sync handler: FastAPI runs it in a worker thread, so a slow collector never
+        # stalls the event loop. The encoders are client_python's (text or OpenMetrics).
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        body = encoder(registry)
+        headers = {"Vary": "Accept, Accept-Encoding"}
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            body = gzip.compress(body, compresslevel=6)
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, media_type=content_type, headers=headers)
+
+    @app.get("/healthz")
+    def healthz() -> PlainTextResponse:
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz")
+    def readyz() -> JSONResponse:
+        problems: list[str] = []
+        if state.up is None:
+            state.refresh()
+        if not state.up:
+            problems.append(f"flight directory {state.flight_dir}: {state.error}")
+        body = {"ready": not problems, "problems": problems}
+        return JSONResponse(body, status_code=200 if not problems else 503)
+
+    @app.get("/api/v1/boots")
+    def boots() -> dict[str, Any]:
+        flight = _read(state, None, all_boots=True)
+        return {"boots": [b.as_json() for b in flight.boots]}
+
+    @app.get("/api/v1/phases")
+    def phases(boot: str | None = None) -> dict[str, Any]:
+        if phases_report is None:
+            raise HTTPException(501, "this build has no ledger (rankscope.ledger)")
+        return phases_report(_read(state, boot))
+
+    @app.get("/api/v1/census")
+    def census(boot: str | None = None) -> dict[str, Any]:
+        if census_report is None:
+            raise HTTPException(501, "this build has no census report (rankscope.census)")
+        return census_report(_read(state, boot))
+
+    @app.get("/api/v1/cards")
+    def cards_api() -> dict[str, Any]:
+        if cards is None:
+            return {"cards": [], "why": "the card monitor is not running"}
+        return cards.cards_json()
+
+    index = static_dir / "index.html"
+    if static_dir.is_dir():
+        app.mount("/static", StaticFiles(directory=static_dir), name="static")
+
+    @app.get("/", response_model=None)
+    def landing() -> Response:
+        if index.is_file():
+            return HTMLResponse(with_links(index.read_text(encoding="utf-8")))
+        return HTMLResponse(landing_page())
+
+    return app
+
+
+def _read(state: FlightState, boot: str | None, all_boots: bool = False) -> Flight:
+    try:
+        return read_flight(state.flight_dir, boot=boot, all_boots=all_boots)
+    except BootNotFoundError as exc:
+        raise HTTPException(404, str(exc)) from exc
+    except FileNotFoundError:
+        # No job has written yet: an empty directory, not an error.
+        return Flight(records=[], boots=[], boot=None)
+    except OSError as exc:
+        raise HTTPException(503, str(exc)) from exc
+
+
+def _link_items(links: tuple[tuple[str, str], ...]) -> str:
+    # Relative hrefs, so the page works behind a proxy that serves it under a path prefix.
+    return "\n".join(
+        f'    <li><a href="{href.lstrip("/")}">{html.escape(href)}</a> {html.escape(what)}</li>'
+        for href, what in links
+    )
+
+
+def with_links(page: str) -> str:
+    """The status page with every landing link on it: those it lacks are added at the end."""
+    missing = tuple(
+        (href, what)
+        for href, what in LINKS
+        if f'href="{href}"' not in page and f'href="{href.lstrip("/")}"' not in page
+    )
+    if not missing:
+        return page
+    nav = f'<nav class="endpoints">\n  <ul>\n{_link_items(missing)}\n  </ul>\n</nav>\n'
+    at = page.lower().rfind("</body>")
+    return page[:at] + nav + page[at:] if at >= 0 else page + nav
+
+
+def landing_page() -> str:
+    items = _link_items(LINKS)
+    return (
+        "<!doctype html>\n<html><head><meta charset='utf-8'><title>rankscope</title></head>\n"
+        f"<body>\n  <h1>rankscope {html.escape(__version__)}</h1>\n  <ul>\n{items}\n  </ul>\n"
+        "</body></html>\n"
+    )
+
+
+class Monitor(CardSource, Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class Pusher(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class Daemon:
+    """The assembled daemon: the ASGI app on uvicorn, plus the card monitor and the OTLP
+    pusher it starts before serving and stops after."""
+
+    app: Any
+    host: str
+    port: int
+    collectors: TimedCollectors
+    tls: TLSConfig | None = None
+    monitor: Monitor | None = None
+    otlp: Pusher | None = None
+
+    def server(self) -> uvicorn.Server:
+        tls: dict[str, Any] = {}
+        if self.tls is not None:
+            tls = {
+                "ssl_certfile": str(self.tls.cert_file),
+                "ssl_keyfile": str(self.tls.key_file),
+                "ssl_cert_reqs": self.tls.cert_reqs,
+                "ssl_ca_certs": str(self.tls.client_ca_file) if self.tls.client_ca_file else None,
+            }
+        config = uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            access_log=False,
+            log_config=None,  # the daemon's logging.basicConfig applies
+            server_header=False,
+            **tls,
+        )
+        config.load()
+        if self.tls is not None and config.ssl is not None:
+            self.tls.apply(config.ssl)
+        return uvicorn.Server(config)
+
+    def run(self) -> int:
+        server = self.server()  # a bad certificate fails here, before anything starts
+        if self.monitor is not None:
+            self.monitor.start()
+        try:
+            if self.otlp is not None:
+                self.otlp.start()
+            scheme = "https" if self.tls is not None else "http"
+            log.info("rankscope serving on %s://%s:%d/metrics", scheme, self.host, self.port)
+            server.run()
+        finally:
+            if self.otlp is not None:
+                self.otlp.stop()
+            if self.monitor is not None:
+                self.monitor.stop()
+        return 0 if server.started else 1

@@ -1,0 +1,217 @@
+"""`rankscope serve`: the per-host daemon.
+
+Flags follow the exporter convention (--web.listen-address, --web.config.file,
+--collector.<name> / --no-collector.<name>). The default port, 19400, sits outside the
+range the Prometheus wiki allocates to exporters (9100-9999, full since 2023), so it collides
+with none of them; it is dcgm-exporter's 9400 with a leading 1, for memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rankscope.record import ENV_DIR
+
+if TYPE_CHECKING:
+    from rankscope.daemon.app import Daemon, Report
+
+log = logging.getLogger("rankscope.daemon")
+
+DEFAULT_PORT = 19400
+DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
+# Every collector that can be switched off; the self collector always runs.
+FLIGHT_COLLECTORS = ("phases", "arenas", "census")
+CARD_COLLECTORS = ("cards", "holdings")
+
+
+def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"address to serve on (default {DEFAULT_LISTEN}; ':PORT' for every IPv4 "
+        "interface, '[::]:PORT' for IPv6)",
+    )
+    parser.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        default=None,
+        metavar="FILE",
+        help="exporter-toolkit web config: TLS, basic auth (bcrypt), response headers",
+    )
+    parser.add_argument(
+        "--flight-dir",
+        dest="flight_dir",
+        default=os.environ.get(ENV_DIR),
+        metavar="DIR",
+        help=f"flight directory the probes write (default ${ENV_DIR})",
+    )
+    parser.add_argument(
+        "--phases.boots",
+        dest="phase_boots",
+        type=int,
+        default=1,
+        metavar="N",
+        help="publish phase series of the N newest boots (default 1; 0 for every boot)",
+    )
+    parser.add_argument(
+        "--otlp.endpoint",
+        dest="otlp_endpoint",
+        default=None,
+        metavar="URL",
+        help="push the metrics by OTLP/HTTP to this base URL (/v1/metrics is appended); "
+        "also on when OTEL_EXPORTER_OTLP_ENDPOINT is set",
+    )
+    parser.add_argument(
+        "--otlp.interval",
+        dest="otlp_interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds between OTLP pushes (default OTEL_METRIC_EXPORT_INTERVAL, else 15)",
+    )
+    parser.add_argument(
+        "--log.level",
+        dest="log_level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+    )
+    for collector in (*FLIGHT_COLLECTORS, *CARD_COLLECTORS):
+        parser.add_argument(
+            f"--collector.{collector}",
+            dest=f"collector_{collector}",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help=f"enable the {collector} collector (default on)",
+        )
+    cards = _cards_module()
+    if cards is not None:
+        cards.add_arguments(parser)
+
+
+def _cards_module() -> Any:
+    """rankscope.daemon.cards (the sampler and the holdings), or None where it is absent;
+    the daemon then serves everything from the flight directory alone."""
+    try:
+        return importlib.import_module("rankscope.daemon.cards")
+    except ModuleNotFoundError as exc:
+        if exc.name != "rankscope.daemon.cards":
+            raise
+        return None
+
+
+def parse_listen_address(value: str) -> tuple[str, int]:
+    """'HOST:PORT', '[V6]:PORT' or ':PORT' -> (host, port)."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep:
+        raise ValueError(f"--web.listen-address {value!r}: expected HOST:PORT")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(
+            f"--web.listen-address {value!r}: port {port_text!r} is not a number"
+        ) from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--web.listen-address {value!r}: port {port} is out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", port
+
+
+def _report(kind: str) -> Report | None:
+    """The pure function the CLI's --json uses for /api/v1/<kind>, where this build has it."""
+    if kind == "phases":
+        from rankscope.ledger import phases_document
+
+        return phases_document
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        daemon = build(args)
+    except (ValueError, OSError) as exc:
+        print(f"rankscope serve: {exc}", file=sys.stderr)
+        return 2
+    return daemon.run()
+
+
+def build(args: argparse.Namespace) -> Daemon:
+    """Assemble the daemon from its flags; ValueError/OSError for a flag that cannot work."""
+    from rankscope.daemon.app import Daemon, create_app
+    from rankscope.daemon.collectors.arenas import ArenasCollector
+    from rankscope.daemon.collectors.census import CensusCollector
+    from rankscope.daemon.collectors.phases import PhasesCollector
+    from rankscope.daemon.collectors.self import SelfCollector
+    from rankscope.daemon.flightstate import FlightState
+    from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
+    from rankscope.daemon.registry import Collector, TimedCollectors
+    from rankscope.daemon.webconfig import (
+        ReloadingAuth,
+        WebConfig,
+        WebConfigMiddleware,
+        load_web_config,
+    )
+
+    if not args.flight_dir:
+        raise ValueError(f"no flight directory: pass --flight-dir or set {ENV_DIR}")
+    flight_dir = Path(args.flight_dir)
+    if flight_dir.exists() and not flight_dir.is_dir():
+        raise NotADirectoryError(f"--flight-dir {flight_dir} is not a directory")
+    if args.phase_boots < 0:
+        raise ValueError("--phases.boots must be 0 (every boot) or more")
+    host, port = parse_listen_address(args.listen_address)
+    web = load_web_config(args.web_config_file) if args.web_config_file else WebConfig()
+
+    state = FlightState(flight_dir)
+    cards_module = _cards_module()
+    monitor = None
+    if cards_module is not None and (args.collector_cards or args.collector_holdings):
+        monitor = cards_module.CardMonitor.from_args(args, rank_processes=state.rank_processes)
+    collectors: list[Collector] = [
+        SelfCollector(state, monitor.up if monitor is not None else None)
+    ]
+    if args.collector_phases:
+        collectors.append(PhasesCollector(state, boots=args.phase_boots))
+    if args.collector_arenas:
+        collectors.append(ArenasCollector(state))
+    if args.collector_census:
+        collectors.append(CensusCollector(state))
+    if monitor is not None:
+        collectors.extend(
+            c for c in monitor.collectors() if getattr(args, f"collector_{c.name}", True)
+        )
+    timed = TimedCollectors(collectors)
+
+    app: Any = create_app(
+        registry=timed.registry(),
+        state=state,
+        cards=monitor,
+        phases_report=_report("phases"),
+        census_report=_report("census"),
+    )
+    if web.users or web.headers:
+        auth = ReloadingAuth(Path(args.web_config_file), web) if web.users else None
+        app = WebConfigMiddleware(app, auth, web.headers)
+
+    otlp = None
+    if otlp_configured(args.otlp_endpoint):
+        otlp = OtlpPusher(
+            timed,
+            state.latest_boot,
+            endpoint=args.otlp_endpoint,
+            interval=args.otlp_interval or default_interval(),
+        )
+    return Daemon(
+        app=app, host=host, port=port, collectors=timed, tls=web.tls, monitor=monitor, otlp=otlp
+    )

@@ -1,0 +1,367 @@
+"""Device sources: where the daemon reads each card's identity, free memory and process list.
+
+Two sources share one small protocol:
+
+- :class:`NvmlSource` reads real cards through NVML (nvidia-ml-py's ``pynvml``). Handles
+  are resolved once in :meth:`~NvmlSource.open`; a read is one NVML call, never an
+  init/shutdown.
+- :class:`ScriptedSource` reads a JSON file that lists simulated cards, their free bytes and
+  a pid -> bytes map (docs/corridor.md has the format). It lets tests and the demo drive the
+  sampler and the holdings without a GPU, with real pids of real processes. Everything it
+  produces is labelled ``source="simulated"``.
+
+A source raises :class:`DeviceError` (with the card and the cause in the message) and
+nothing else; the sampler turns that into a down source, a counted error and a retry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger("rankscope.daemon")
+
+
+class DeviceError(Exception):
+    """A device source could not answer: the whole source (``slot`` None) or one card."""
+
+    def __init__(self, message: str, slot: int | None = None) -> None:
+        super().__init__(message)
+        self.slot = slot
+
+
+@dataclass(frozen=True)
+class CardIdentity:
+    """One card as a source enumerates it. ``index`` is the gpu label (NVML's index);
+    ``slot`` is the card's position in the source's own list, what reads are keyed by."""
+
+    slot: int
+    index: int
+    uuid: str
+    model: str
+    total: int
+
+
+class DeviceSource(Protocol):
+    """What the sampler and the holdings read. ``name`` is the ``rankscope_up`` source;
+    ``label`` is what rankscope_gpu_info says (``nvml`` or ``simulated``)."""
+
+    name: str
+    label: str
+
+    def open(self) -> list[CardIdentity]:
+        """Resolve the cards once; DeviceError when the source is unavailable."""
+        ...
+
+    def changed(self) -> bool:
+        """Cheap check, once per sample: has the source's card list changed under it (the
+        sampler then reopens)? May raise DeviceError."""
+        ...
+
+    def read_free(self, slot: int) -> int:
+        """Free bytes of one card now."""
+        ...
+
+    def read_processes(self, slot: int) -> dict[int, int | None]:
+        """Host pid -> bytes held on one card (None where the source cannot tell)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# --- NVML ---------------------------------------------------------------------------------
+
+
+class NvmlSource:
+    """Real cards through NVML. Handles are resolved once per :meth:`open`."""
+
+    name = "nvml"
+    label = "nvml"
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+        self._meminfo: Callable[[Any], Any] | None = None
+
+    def open(self) -> list[CardIdentity]:
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise DeviceError(f"nvidia-ml-py (pynvml) is not installed: {exc}") from exc
+        try:
+            pynvml.nvmlInit()
+        except Exception as exc:  # NVMLError, or OSError from a missing libnvidia-ml
+            raise DeviceError(f"NVML init failed: {exc}") from exc
+        self._nvml = pynvml
+        cards: list[CardIdentity] = []
+        handles: list[Any] = []
+        try:
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                model = _text(pynvml.nvmlDeviceGetName(handle))
+                total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+                cards.append(CardIdentity(len(handles), index, uuid, model, total))
+                handles.append(handle)
+        except pynvml.NVMLError as exc:
+            self.close()
+            raise DeviceError(f"NVML could not enumerate the cards: {exc}") from exc
+        self._handles = handles
+        self._meminfo = pynvml.nvmlDeviceGetMemoryInfo
+        return cards
+
+    def changed(self) -> bool:
+        return False
+
+    def read_free(self, slot: int) -> int:
+        assert self._meminfo is not None, "read_free before open"
+        try:
+            return int(self._meminfo(self._handles[slot]).free)
+        except self._nvml.NVMLError as exc:
+            raise DeviceError(f"NVML memory info of card slot {slot}: {exc}", slot) from exc
+
+    def read_processes(self, slot: int) -> dict[int, int | None]:
+        nvml = self._nvml
+        handle = self._handles[slot]
+        held: dict[int, int | None] = {}
+        for what, query in (
+            ("compute", nvml.nvmlDeviceGetComputeRunningProcesses),
+            ("graphics", nvml.nvmlDeviceGetGraphicsRunningProcesses),
+        ):
+            try:
+                procs = query(handle)
+            except nvml.NVMLError as exc:
+                if what == "graphics" and exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                    continue  # compute-only cards
+                raise DeviceError(
+                    f"NVML {what} processes of card slot {slot}: {exc}", slot
+                ) from exc
+            for p in procs:
+                used = p.usedGpuMemory  # None: NVML_VALUE_NOT_AVAILABLE
+                # A process with a compute and a graphics context is listed twice with the
+                # same per-process figure: count it once.
+                if held.get(int(p.pid)) is None:
+                    held[int(p.pid)] = None if used is None else int(used)
+        return held
+
+    def close(self) -> None:
+        if self._nvml is None:
+            return
+        self._handles = []
+        self._meminfo = None
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception as exc:  # already shut down, driver gone: nothing left to free
+            log.debug("nvmlShutdown: %r", exc)
+        self._nvml = None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# --- byte sizes ---------------------------------------------------------------------------
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
+    "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2,
+    "gi": 1024**3, "gib": 1024**3, "ti": 1024**4, "tib": 1024**4,
+}  # fmt: skip
+
+
+def parse_bytes(text: str | int) -> int:
+    """'2GiB', '1.5GB', '512Mi', '1048576' -> bytes (SI units are powers of 1000, IEC units
+    of 1024, case-insensitive); ValueError saying what is accepted."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return _non_negative(text)
+    raw = str(text).strip()
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
+    unit = raw[len(number) :].strip().lower()
+    if unit not in _UNITS or not number:
+        raise ValueError(f"{text!r} is not a byte size (examples: 2GiB, 1.5GB, 512MiB, 1048576)")
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a byte size (examples: 2GiB, 1.5GB, 512MiB)") from None
+    if value < 0 or value != value or value == float("inf"):
+        raise ValueError(f"{text!r}: a byte size must be a finite, non-negative number")
+    return round(value)
+
+
+# --- the scripted (simulated) source ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScriptedCard:
+    identity: CardIdentity
+    free: int
+    processes: dict[int, int | None]
+    fail: str | None  # a message: reads of this card fail with it (a simulated lost GPU)
+
+
+def parse_script(text: str, origin: str = "script") -> list[ScriptedCard]:
+    """The scripted source's JSON (docs/corridor.md) -> cards; ValueError naming the file
+    and the field for anything malformed."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{origin}: not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("cards"), list):
+        raise ValueError(f'{origin}: expected an object {{"cards": [...]}}')
+
+    def size(where: str, value: Any, *, null: bool = False) -> int | None:
+        if value is None and null:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(
+                f"{origin}: {where}: expected bytes (an integer or '2GiB'), got {value!r}"
+            )
+        try:
+            return parse_bytes(value) if isinstance(value, str) else _non_negative(value)
+        except ValueError as exc:
+            raise ValueError(f"{origin}: {where}: {exc}") from exc
+
+    cards: list[ScriptedCard] = []
+    seen_index: set[int] = set()
+    seen_uuid: set[str] = set()
+    for slot, raw in enumerate(doc["cards"]):
+        where = f"cards[{slot}]"
+        if not isinstance(raw, dict):
+            raise ValueError(f"{origin}: {where}: expected an object")
+        index = raw.get("index", slot)
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError(f"{origin}: {where}.index: expected a card index, got {index!r}")
+        uuid = raw.get("uuid", f"GPU-simulated-{index}")
+        if not isinstance(uuid, str) or not uuid:
+            raise ValueError(f"{origin}: {where}.uuid: expected a string, got {uuid!r}")
+        if index in seen_index or uuid in seen_uuid:
+            raise ValueError(f"{origin}: {where}: card index {index} or uuid {uuid} listed twice")
+        seen_index.add(index)
+        seen_uuid.add(uuid)
+        model = raw.get("model", "Simulated GPU")
+        total = size(f"{where}.total", raw.get("total"))
+        free = size(f"{where}.free", raw.get("free"))
+        assert total is not None and free is not None
+        if free > total:
+            raise ValueError(f"{origin}: {where}: free {free} exceeds total {total}")
+        procs_raw = raw.get("processes", {})
+        if not isinstance(procs_raw, dict):
+            raise ValueError(f"{origin}: {where}.processes: expected an object pid -> bytes")
+        procs: dict[int, int | None] = {}
+        for pid_text, held in procs_raw.items():
+            try:
+                pid = int(pid_text)
+            except ValueError:
+                raise ValueError(
+                    f"{origin}: {where}.processes: {pid_text!r} is not a pid"
+                ) from None
+            procs[pid] = size(f"{where}.processes[{pid_text}]", held, null=True)
+        fail = raw.get("fail")
+        if fail is not None and not isinstance(fail, str):
+            raise ValueError(f"{origin}: {where}.fail: expected a message string, got {fail!r}")
+        identity = CardIdentity(slot, index, uuid, str(model), total)
+        cards.append(ScriptedCard(identity, free, procs, fail))
+    return cards
+
+
+def _non_negative(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"negative byte count {value}")
+    return value
+
+
+class ScriptedSource:
+    """Simulated cards from a JSON file, re-read when its inode, size or mtime changes (one
+    stat per sample), so a writer can script a trough by replacing the file (write a temp
+    file, then rename)."""
+
+    name = "simulated"
+    label = "simulated"
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int, int] | None = None
+        self._cards: list[ScriptedCard] = []
+        self._uuids: tuple[str, ...] = ()
+        self._error: str | None = None
+
+    def open(self) -> list[CardIdentity]:
+        self._stamp = None
+        self._load()
+        if self._error is not None:
+            raise DeviceError(self._error)
+        self._uuids = tuple(c.identity.uuid for c in self._cards)
+        return [c.identity for c in self._cards]
+
+    def changed(self) -> bool:
+        self._load()
+        if self._error is not None:
+            raise DeviceError(self._error)
+        return tuple(c.identity.uuid for c in self._cards) != self._uuids
+
+    def _load(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            self._stamp, self._cards = None, []
+            self._error = f"simulated device script {self.path}: {exc.strerror or exc}"
+            return
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            self._cards = parse_script(
+                self.path.read_text(), f"simulated device script {self.path}"
+            )
+            self._error = None
+        except (OSError, ValueError) as exc:
+            self._cards, self._error = [], str(exc)
+
+    def _card(self, slot: int) -> ScriptedCard:
+        if self._error is not None:
+            raise DeviceError(self._error, slot)
+        try:
+            card = self._cards[slot]
+        except IndexError:
+            raise DeviceError(f"simulated card slot {slot} is no longer scripted", slot) from None
+        if card.fail is not None:
+            raise DeviceError(f"simulated card {card.identity.index}: {card.fail}", slot)
+        return card
+
+    def read_free(self, slot: int) -> int:
+        return self._card(slot).free
+
+    def read_processes(self, slot: int) -> dict[int, int | None]:
+        return dict(self._card(slot).processes)
+
+    def close(self) -> None:
+        self._stamp = None
+
+
+def make_source(kind: str, script: str | None) -> DeviceSource:
+    """``--device.source`` (auto, nvml, script) and ``--device.script`` -> a source. auto
+    means the script when one is given, else NVML."""
+    if kind == "script" or (kind == "auto" and script):
+        if not script:
+            raise ValueError("--device.source=script needs --device.script FILE")
+        return ScriptedSource(script)
+    if kind in ("nvml", "auto"):
+        return NvmlSource()
+    raise ValueError(f"--device.source: unknown source {kind!r} (auto, nvml, script)")
+
+
+def write_script(path: str | os.PathLike[str], cards: list[dict[str, Any]]) -> None:
+    """Replace a simulated device script atomically (a temp file, then rename), so the
+    sampler never reads half a file; how tests and the demo script a trough."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"cards": cards}))
+    os.replace(tmp, target)

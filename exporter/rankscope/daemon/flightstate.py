@@ -1,0 +1,217 @@
+"""What the daemon knows from the flight directory, kept current by tailing it.
+
+The daemon never re-reads what it has read: a :class:`rankscope.flight.FlightReader` hands
+over the lines appended since the last refresh, and only what the collectors need is kept,
+per file and boot: every mark (they are few, and the ledger needs them in order to compute
+posts), the latest census line, the latest snapshot, the latest arena figures, and the
+latest divergence per (group, op). A file that disappears takes its state with it, so the
+series of a boot whose files were removed disappear too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rankscope.flight import FILE_SUFFIX, SKIP_REASONS, FlightReader, Record
+
+# A process that marks in a loop must not grow the daemon without bound; past this many
+# marks per process and boot the oldest are dropped and counted.
+MAX_MARKS_PER_PROCESS = 4096
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """One process that wrote records, as its records identify it (docs/architecture.md,
+    "The record"): ``pid`` is the pid as the rank saw it, ``nspid`` its NSpid chain as it
+    saw it, ``pidns`` the inode of its PID namespace."""
+
+    host: str
+    pid: int
+    start_ticks: int | None
+    nspid: tuple[int, ...] | None
+    pidns: int | None
+    boot: str
+    rank: int | None
+    local_rank: int | None
+
+
+def rank_process(rec: Record) -> RankProcess:
+    """The identity fields of a record (validated header: host, pid, boot are present)."""
+    nspid = rec.get("nspid")
+    return RankProcess(
+        host=rec["host"],
+        pid=rec["pid"],
+        start_ticks=_int_or_none(rec.get("start_ticks")),
+        nspid=tuple(nspid) if isinstance(nspid, list) and all(_is_int(x) for x in nspid) else None,
+        pidns=_int_or_none(rec.get("pidns")),
+        boot=rec["boot"],
+        rank=_int_or_none(rec.get("rank")),
+        local_rank=_int_or_none(rec.get("local_rank")),
+    )
+
+
+@dataclass
+class StreamState:
+    """What one file holds about one boot (a file is one process and stream; a process
+    that changed its boot id mid-run has a state per boot)."""
+
+    file: str
+    boot: str
+    process: RankProcess
+    first_wall: float
+    last_wall: float
+    header: Record  # the latest line, for the rank labels (tp_rank, pp_rank, runner)
+    marks: list[Record] = field(default_factory=list)
+    census: Record | None = None  # latest census or census_dump line
+    snapshot: Record | None = None  # latest census line (a snapshot round)
+    arenas: Record | None = None  # latest line carrying arena figures
+
+
+@dataclass(frozen=True)
+class FlightView:
+    """A consistent copy of the state for one scrape or one API answer."""
+
+    streams: tuple[StreamState, ...]
+    divergences: dict[str, dict[tuple[str, str], Record]]  # boot -> (group, op) -> line
+    boots: tuple[str, ...]  # oldest first, by first record
+    skipped: dict[str, int]
+    marks_dropped: int
+
+    @property
+    def latest_boot(self) -> str | None:
+        return self.boots[-1] if self.boots else None
+
+    def recent_boots(self, count: int) -> set[str]:
+        """The ``count`` newest boots; every boot when count is 0."""
+        return set(self.boots if count <= 0 else self.boots[-count:])
+
+
+class FlightState:
+    """The tailed flight directory. ``refresh()`` reads what was appended; the collectors,
+    the API and the holdings read a :class:`FlightView` of it."""
+
+    def __init__(self, flight_dir: str | os.PathLike[str]) -> None:
+        self.flight_dir = Path(flight_dir)
+        self._reader = FlightReader(self.flight_dir)
+        self._lock = threading.Lock()
+        self._streams: dict[tuple[str, str], StreamState] = {}
+        self._divergences: dict[str, dict[tuple[str, str], tuple[str, Record]]] = {}
+        self._marks_dropped = 0
+        self.up: bool | None = None  # None until the first refresh
+        self.error: str | None = None
+
+    def refresh(self) -> bool:
+        """Read what was appended since the last refresh; False (and ``error`` set) when the
+        directory cannot be read. Never raises: an unreadable directory is a down source."""
+        with self._lock:
+            try:
+                records = self._reader.poll()
+                present = _present_files(self.flight_dir)
+            except OSError as exc:
+                self.up, self.error = False, str(exc)
+                return False
+            for rec in records:
+                self._add(rec)
+            self._forget_missing(present)
+            self.up, self.error = True, None
+            return True
+
+    def view(self) -> FlightView:
+        with self._lock:
+            firsts: dict[str, float] = {}
+            for st in self._streams.values():
+                firsts[st.boot] = min(firsts.get(st.boot, st.first_wall), st.first_wall)
+            boots = tuple(sorted(firsts, key=lambda b: (firsts[b], b)))
+            return FlightView(
+                streams=tuple(self._streams.values()),
+                divergences={
+                    boot: {key: rec for key, (_file, rec) in by_key.items()}
+                    for boot, by_key in self._divergences.items()
+                },
+                boots=boots,
+                skipped={reason: self._reader.skipped[reason] for reason in SKIP_REASONS},
+                marks_dropped=self._marks_dropped,
+            )
+
+    def latest_boot(self) -> str | None:
+        """The newest boot now (refreshed first)."""
+        self.refresh()
+        return self.view().latest_boot
+
+    def rank_processes(self) -> list[RankProcess]:
+        """Every process the flight directory records, newest boot's first (what the
+        holdings match NVML's host pids against; a process that exited simply never
+        matches, since its start time identifies it)."""
+        self.refresh()
+        view = self.view()
+        order = {boot: i for i, boot in enumerate(reversed(view.boots))}
+        seen: dict[tuple[str, int, int | None, str], RankProcess] = {}
+        for st in sorted(view.streams, key=lambda s: order.get(s.boot, len(order))):
+            p = st.process
+            seen.setdefault((p.host, p.pid, p.start_ticks, p.boot), p)
+        return list(seen.values())
+
+    # --- folding records in ---------------------------------------------------------------
+
+    def _add(self, rec: Record) -> None:
+        file, boot, wall = rec["_file"], rec["boot"], float(rec["wall"])
+        key = (file, boot)
+        st = self._streams.get(key)
+        if st is None:
+            st = self._streams[key] = StreamState(
+                file=file,
+                boot=boot,
+                process=rank_process(rec),
+                first_wall=wall,
+                last_wall=wall,
+                header=rec,
+            )
+        else:
+            st.first_wall = min(st.first_wall, wall)
+            st.last_wall = max(st.last_wall, wall)
+            st.header = rec
+            st.process = rank_process(rec)  # rank fields may be configured late
+        kind = rec["kind"]
+        if kind == "mark":
+            st.marks.append(rec)
+            if len(st.marks) > MAX_MARKS_PER_PROCESS:
+                del st.marks[0]
+                self._marks_dropped += 1
+        elif kind in ("census", "census_dump"):
+            st.census = rec
+            if kind == "census":
+                st.snapshot = rec
+        elif kind == "divergence":
+            group, op = rec.get("group"), rec.get("op")
+            if isinstance(group, str) and isinstance(op, str):
+                self._divergences.setdefault(boot, {})[(group, op)] = (file, rec)
+        if isinstance(rec.get("arenas"), dict):
+            st.arenas = rec
+
+    def _forget_missing(self, present: set[str]) -> None:
+        for key in [k for k in self._streams if k[0] not in present]:
+            del self._streams[key]
+        for boot, by_key in list(self._divergences.items()):
+            for gk in [gk for gk, (file, _rec) in by_key.items() if file not in present]:
+                del by_key[gk]
+            if not by_key:
+                del self._divergences[boot]
+
+
+def _present_files(flight_dir: Path) -> set[str]:
+    try:
+        return {e.name for e in os.scandir(flight_dir) if e.name.endswith(FILE_SUFFIX)}
+    except FileNotFoundError:
+        return set()  # no job has written yet: nothing recorded, not an error
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if _is_int(value) else None

@@ -1,0 +1,193 @@
+"""OTLP push of the same catalog: one observable instrument per catalog entry, fed by the
+same collectors Prometheus scrapes, exported by opentelemetry-sdk's periodic reader and the
+OTLP/HTTP exporter.
+
+Instrument names are the catalog's Prometheus family names (counters without ``_total``,
+units in UCUM), so a collector that translates OTLP back to Prometheus produces the names
+the rules and dashboards use. A summary is pushed as its two monotonic parts
+(``<name>_count`` and ``<name>_sum``). The resource carries service.name=rankscope,
+host.name and rankscope.boot (the newest boot); when the newest boot changes, the provider
+is rebuilt with the new resource.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from rankscope import __version__, catalog
+from rankscope.daemon.registry import TimedCollectors
+
+log = logging.getLogger("rankscope.daemon")
+
+UCUM_UNITS = {"bytes": "By", "seconds": "s", "": ""}
+ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+ENV_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"  # milliseconds, as the OTel spec has it
+
+Attributes = dict[str, str]
+
+
+def instrument_names(metric: catalog.Metric) -> list[tuple[str, str]]:
+    """(OTel instrument name, sample name in the exposition) pairs for one catalog entry."""
+    if metric.type == "counter":
+        return [(metric.family, metric.name)]
+    if metric.type == "summary":
+        return [
+            (metric.name + "_count", metric.name + "_count"),
+            (metric.name + "_sum", metric.name + "_sum"),
+        ]
+    return [(metric.name, metric.name)]
+
+
+def otlp_configured(endpoint_flag: str | None, environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return bool(endpoint_flag or env.get(ENV_ENDPOINT) or env.get(ENV_METRICS_ENDPOINT))
+
+
+def default_interval(environ: dict[str, str] | None = None) -> float:
+    """Seconds between pushes: OTEL_METRIC_EXPORT_INTERVAL when set, else 15 s (one
+    Prometheus scrape interval rather than the SDK's 60 s: a corridor breach is news)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_INTERVAL)
+    if raw:
+        try:
+            return float(raw) / 1000.0
+        except ValueError:
+            log.warning("ignoring %s=%r: not a number of milliseconds", ENV_INTERVAL, raw)
+    return 15.0
+
+
+class SampleCache:
+    """One collection of every collector, shared by all instruments of one export (each
+    instrument's callback would otherwise run every collector again)."""
+
+    def __init__(self, collectors: TimedCollectors, max_age: float) -> None:
+        self.collectors = collectors
+        self.max_age = max_age
+        self._taken = -float("inf")
+        self._samples: dict[str, list[tuple[Attributes, float]]] = {}
+        self._lock = threading.Lock()
+
+    def samples(self, sample_name: str) -> list[tuple[Attributes, float]]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._taken > self.max_age:
+                self._samples = self._collect()
+                self._taken = now
+            return self._samples.get(sample_name, [])
+
+    def _collect(self) -> dict[str, list[tuple[Attributes, float]]]:
+        out: dict[str, list[tuple[Attributes, float]]] = defaultdict(list)
+        for family in self.collectors.collect():
+            for s in family.samples:
+                # An empty label value is an absent label in Prometheus; OTel drops it too.
+                attrs = {k: v for k, v in s.labels.items() if v != ""}
+                out[s.name].append((attrs, float(s.value)))
+        return out
+
+
+def _callback(
+    cache: SampleCache, sample_name: str
+) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def observe(_options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value, attrs) for attrs, value in cache.samples(sample_name)]
+
+    return observe
+
+
+class OtlpPusher:
+    def __init__(
+        self,
+        collectors: TimedCollectors,
+        latest_boot: Callable[[], str | None],
+        *,
+        endpoint: str | None = None,
+        interval: float = 15.0,
+        host: str | None = None,
+        exporter_factory: Callable[[], MetricExporter] | None = None,
+    ) -> None:
+        self.collectors = collectors
+        self.latest_boot = latest_boot
+        self.endpoint = endpoint
+        self.interval = interval
+        self.host = host or socket.gethostname()
+        self._exporter_factory = exporter_factory or self._otlp_http_exporter
+        self._cache = SampleCache(collectors, max_age=min(1.0, interval / 2))
+        self._provider: MeterProvider | None = None
+        self._boot: str | None = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def _otlp_http_exporter(self) -> MetricExporter:
+        if self.endpoint is None:
+            return OTLPMetricExporter()  # OTEL_EXPORTER_OTLP_* from the environment
+        return OTLPMetricExporter(endpoint=self.endpoint.rstrip("/") + "/v1/metrics")
+
+    def resource(self, boot: str | None) -> Resource:
+        # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME.
+        attributes = {
+            "service.name": "rankscope",
+            "service.version": __version__,
+            "host.name": self.host,
+        }
+        if boot is not None:  # no record yet: no boot, rather than an empty one
+            attributes["rankscope.boot"] = boot
+        return Resource.create(attributes)
+
+    def start(self) -> None:
+        self._boot = self.latest_boot()
+        self._provider = self._build(self._boot)
+        self._watcher = threading.Thread(target=self._watch, name="rankscope-otlp", daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+        if self._provider is not None:
+            self._provider.shutdown()  # flushes one last export
+            self._provider = None
+
+    def force_flush(self) -> bool:
+        return self._provider.force_flush() if self._provider is not None else False
+
+    def _build(self, boot: str | None) -> MeterProvider:
+        reader = PeriodicExportingMetricReader(
+            self._exporter_factory(), export_interval_millis=self.interval * 1000.0
+        )
+        provider = MeterProvider(resource=self.resource(boot), metric_readers=[reader])
+        meter = provider.get_meter("rankscope", __version__)
+        for metric in catalog.CATALOG:
+            unit = UCUM_UNITS.get(metric.unit, metric.unit)
+            for name, sample_name in instrument_names(metric):
+                callbacks = [_callback(self._cache, sample_name)]
+                if metric.type in ("counter", "summary"):
+                    meter.create_observable_counter(
+                        name, callbacks, unit=unit, description=metric.help
+                    )
+                else:
+                    meter.create_observable_gauge(
+                        name, callbacks, unit=unit, description=metric.help
+                    )
+        return provider
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            boot = self.latest_boot()
+            if boot != self._boot and self._provider is not None:
+                log.info("newest boot is now %s: OTLP resource updated", boot)
+                old, self._provider = self._provider, self._build(boot)
+                self._boot = boot
+                old.shutdown()

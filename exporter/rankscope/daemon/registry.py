@@ -1,0 +1,165 @@
+"""The collector protocol, metric families made from the catalog, and the registry that
+times every collector at each scrape.
+
+A collector is client_python's custom-collector pattern: an object with a ``name`` and a
+``collect()`` that yields fresh metric families at each scrape. Families come only from
+:func:`family`, so help strings, types and label names are never typed twice::
+
+    fam = gauge("rankscope_gpu_free_bytes")           # labels ("gpu", "uuid")
+    fam.add_metric(label_values(0, uuid), free_bytes)  # values in catalog label order
+    yield fam
+
+:func:`gauge`, :func:`counter`, :func:`summary` and :func:`info` are :func:`family` typed
+for one kind. Info families take ``add_metric(values, {})``. An unmeasured value (None) is no sample at
+all, never 0: use :func:`add` to skip it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import CollectorRegistry
+
+from rankscope import catalog
+
+log = logging.getLogger("rankscope.daemon")
+
+_F = TypeVar("_F", GaugeMetricFamily, CounterMetricFamily, SummaryMetricFamily, InfoMetricFamily)
+Family = GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily | InfoMetricFamily
+
+
+@runtime_checkable
+class Collector(Protocol):
+    """What the registry runs at each scrape. ``name`` is the ``--collector.<name>`` switch
+    and the ``collector`` label of rankscope_collector_success/duration."""
+
+    name: str
+
+    def collect(self) -> Iterable[Metric]: ...
+
+
+def family(catalog_name: str) -> Family:
+    """A fresh, empty metric family for one catalog entry; KeyError for a name the catalog
+    does not hold (an uncatalogued metric is a bug, not a warning)."""
+    m = catalog.BY_NAME[catalog_name]
+    labels = list(m.labels)
+    if m.type == "gauge":
+        return GaugeMetricFamily(m.name, m.help, labels=labels, unit=m.unit)
+    if m.type == "counter":
+        return CounterMetricFamily(m.family, m.help, labels=labels, unit=m.unit)
+    if m.type == "summary":
+        return SummaryMetricFamily(m.name, m.help, labels=labels, unit=m.unit)
+    return InfoMetricFamily(m.family, m.help, labels=labels)
+
+
+def gauge(catalog_name: str) -> GaugeMetricFamily:
+    """:func:`family` for a gauge entry, typed as such (TypeError for another type)."""
+    return _typed(catalog_name, GaugeMetricFamily)
+
+
+def counter(catalog_name: str) -> CounterMetricFamily:
+    return _typed(catalog_name, CounterMetricFamily)
+
+
+def summary(catalog_name: str) -> SummaryMetricFamily:
+    return _typed(catalog_name, SummaryMetricFamily)
+
+
+def info(catalog_name: str) -> InfoMetricFamily:
+    return _typed(catalog_name, InfoMetricFamily)
+
+
+def _typed(catalog_name: str, cls: type[_F]) -> _F:
+    fam = family(catalog_name)
+    if not isinstance(fam, cls):
+        kind = catalog.BY_NAME[catalog_name].type
+        raise TypeError(f"{catalog_name} is a {kind} in the catalog, not a {cls.__name__}")
+    return fam
+
+
+def label_value(value: object) -> str:
+    """A label value as Prometheus spells it: unknown (None) is the empty string, which
+    PromQL treats as an absent label."""
+    return "" if value is None else str(value)
+
+
+def label_values(*values: object) -> list[str]:
+    return [label_value(v) for v in values]
+
+
+def add(
+    fam: GaugeMetricFamily | CounterMetricFamily, values: Sequence[object], value: float | None
+) -> None:
+    """Add one sample unless the value is unmeasured (None): absent, never 0."""
+    if value is None:
+        return
+    fam.add_metric([label_value(v) for v in values], float(value))
+
+
+class TimedCollectors:
+    """Runs every enabled collector, times it, and adds the self metrics
+    rankscope_collector_success and rankscope_collector_duration_seconds.
+
+    A collector that raises costs its own families for that scrape (success 0, error
+    logged), never the scrape. Registered as the single collector of a prometheus_client
+    CollectorRegistry, so the exposition code (text, OpenMetrics, gzip) is client_python's.
+    """
+
+    def __init__(self, collectors: Iterable[Collector] = ()) -> None:
+        self._collectors: list[Collector] = []
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        for c in collectors:
+            self.add(c)
+
+    def add(self, collector: Collector) -> None:
+        if any(c.name == collector.name for c in self._collectors):
+            raise ValueError(f"two collectors named {collector.name!r}")
+        self._collectors.append(collector)
+
+    @property
+    def collectors(self) -> list[Collector]:
+        return list(self._collectors)
+
+    def collect(self) -> Iterator[Metric]:
+        # One scrape at a time: collectors read shared state and a second concurrent scrape
+        # would only duplicate the work.
+        with self._lock:
+            success = gauge("rankscope_collector_success")
+            duration = gauge("rankscope_collector_duration_seconds")
+            families: list[Metric] = []
+            for c in self._collectors:
+                start = time.perf_counter()
+                try:
+                    got = list(c.collect())
+                    ok = True
+                except Exception as exc:
+                    got, ok = [], False
+                    if c.name not in self._warned:
+                        self._warned.add(c.name)
+                        log.exception("collector %s failed: %s", c.name, exc)
+                    else:
+                        log.debug("collector %s failed again: %r", c.name, exc)
+                elapsed = time.perf_counter() - start
+                families.extend(got)
+                success.add_metric([c.name], 1.0 if ok else 0.0)
+                duration.add_metric([c.name], elapsed)
+            families.append(success)
+            families.append(duration)
+        return iter(families)
+
+    def registry(self) -> CollectorRegistry:
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(self)
+        return reg

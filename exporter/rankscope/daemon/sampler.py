@@ -1,0 +1,472 @@
+"""The corridor sampler: every card's free memory at a fixed interval (100 ms by default),
+reduced on the minimum over a trailing window, with the time spent below each card's floor.
+
+One thread, outside the ranks. Per sample: one cheap change check of the source and one
+free-memory read per card (for NVML one nvmlDeviceGetMemoryInfo on a handle resolved once).
+The window minimum is a monotonic deque, O(1) amortised per sample, so a 300 ms trough
+between two 15 s scrapes is still the minimum at the next scrape.
+
+A card that fails (NVMLError, GPU lost) is marked down, its errors counted, and retried
+with backoff while the other cards go on; a card failing repeatedly, or a source that
+cannot open at all, makes the sampler reopen the source with backoff, so the daemon
+recovers when NVML does. docs/corridor.md describes the accounting.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from rankscope.daemon.devices import CardIdentity, DeviceError, DeviceSource, parse_bytes
+
+log = logging.getLogger("rankscope.daemon")
+
+MAX_BACKOFF_S = 30.0
+REOPEN_AFTER_FAILURES = 3  # consecutive failures of one card before the source is reopened
+
+
+# --- floors -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FloorValue:
+    """A floor in bytes, or as a fraction of the card's total ('5%')."""
+
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, total: int) -> int:
+        if self.bytes is not None:
+            return self.bytes
+        assert self.fraction is not None
+        return round(total * self.fraction)
+
+
+@dataclass(frozen=True)
+class Floors:
+    """``--corridor.floor``: a default for every card and overrides by index or uuid."""
+
+    default: FloorValue | None = None
+    by_index: dict[int, FloorValue] = field(default_factory=dict)
+    by_uuid: dict[str, FloorValue] = field(default_factory=dict)
+
+    def for_card(self, card: CardIdentity) -> int | None:
+        value = self.by_uuid.get(card.uuid) or self.by_index.get(card.index) or self.default
+        return None if value is None else value.resolve(card.total)
+
+    def named_cards(self) -> list[str]:
+        return [str(i) for i in self.by_index] + list(self.by_uuid)
+
+    def merged(self, other: Floors) -> Floors:
+        return Floors(
+            other.default or self.default,
+            {**self.by_index, **other.by_index},
+            {**self.by_uuid, **other.by_uuid},
+        )
+
+
+def parse_floor_value(text: str) -> FloorValue:
+    text = text.strip()
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"{text!r} is not a percentage") from None
+        if not 0 <= percent <= 100:
+            raise ValueError(f"{text!r}: a percentage of the card's total is 0..100")
+        return FloorValue(fraction=percent / 100)
+    return FloorValue(bytes=parse_bytes(text))
+
+
+def parse_floors(text: str) -> Floors:
+    """'2GiB' (every card), '0=2GiB,GPU-abc=3GiB' (by index or uuid), '5%,1=4GiB' (a
+    default and an override); ValueError with the offending item."""
+    default: FloorValue | None = None
+    by_index: dict[int, FloorValue] = {}
+    by_uuid: dict[str, FloorValue] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.rpartition("=")
+        try:
+            floor = parse_floor_value(value)
+        except ValueError as exc:
+            raise ValueError(f"corridor floor {item!r}: {exc}") from None
+        if not sep:
+            default = floor
+        elif re.fullmatch(r"\d+", key.strip()):
+            by_index[int(key)] = floor
+        elif key.strip():
+            by_uuid[key.strip()] = floor
+        else:
+            raise ValueError(f"corridor floor {item!r}: empty card key before '='")
+    return Floors(default, by_index, by_uuid)
+
+
+# --- per-card state -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One process's bytes on one card, attributed (rankscope.daemon.holdings)."""
+
+    pid: int | None  # None for the overflow series
+    comm: str
+    bytes: int | None
+    role: str  # rank, foreign, overflow
+    boot: str | None
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class CardHoldings:
+    """One read of a card's process list, with the card's free bytes read alongside."""
+
+    processes: tuple[Holding, ...]
+    free: int
+    rank_resident: int
+    foreign: int
+    unattributed: int  # total - free - every process's bytes; signed
+
+
+@dataclass
+class CardState:
+    identity: CardIdentity
+    floor: int | None
+    present: bool = True  # still enumerated by the source
+    latest: int | None = None
+    window: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
+    below: bool = False
+    last_t: float | None = None
+    breach_seconds: float = 0.0
+    breaches: int = 0
+    errors: int = 0
+    failing: str | None = None
+    failures: int = 0  # consecutive
+    retry_at: float = 0.0
+    backoff: float = 0.0
+    holdings: CardHoldings | None = None
+
+
+@dataclass(frozen=True)
+class CardView:
+    """What the collectors and the JSON API read: one card, copied under the lock."""
+
+    identity: CardIdentity
+    source: str
+    up: bool
+    floor: int | None
+    free: int | None
+    free_min: int | None
+    breach_seconds: float | None  # None: no floor, nothing to measure against
+    breaches: int | None
+    errors: int
+    holdings: CardHoldings | None
+
+    @property
+    def margin(self) -> int | None:
+        if self.free_min is None or self.floor is None:
+            return None
+        return self.free_min - self.floor
+
+
+# --- the sampler --------------------------------------------------------------------------
+
+
+class Sampler:
+    """Owns the device source and every card's corridor state. :meth:`sample` is one
+    sample (callable directly with an explicit ``now``, which the tests do); :meth:`start`
+    runs it every ``interval`` on its own thread."""
+
+    def __init__(
+        self,
+        source: DeviceSource,
+        *,
+        floors: Floors | None = None,
+        interval: float = 0.1,
+        window: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval <= 0 or window <= 0:
+            raise ValueError("the sampler interval and window must be positive")
+        self.source = source
+        self.floors = floors or Floors()
+        self.interval = interval
+        self.window = window
+        self.clock = clock
+        self.samples = 0
+        self.duration_sum = 0.0
+        self.overruns = 0
+        self.source_errors = 0
+        self.source_failing: str | None = None
+        self.tried = threading.Event()  # set once the source has been tried (up or down)
+        self._open = False
+        self._reopen_at = 0.0  # while closed: when to try opening again
+        self._reopen_due: float | None = None  # while open: when to reopen a failing source
+        self._source_backoff = 0.0
+        self._cards: list[CardState] = []  # present cards, in slot order
+        self._known: dict[str, CardState] = {}  # every card ever seen, by uuid
+        self._lock = threading.Lock()  # card state: sampler and holdings write, scrapes read
+        self._source_lock = threading.Lock()  # (re)opening vs the holdings' reads
+        self._runner = Periodic("rankscope-sampler", interval, self._tick)
+
+    # -- one sample --
+
+    def sample(self, now: float | None = None) -> None:
+        started = time.perf_counter()
+        now = self.clock() if now is None else now
+        if not self._open:
+            if now >= self._reopen_at:
+                self._reopen(now)
+        elif self._reopen_due is not None and now >= self._reopen_due:
+            self._reopen(now)
+        else:
+            try:
+                if self.source.changed():
+                    self._reopen(now)
+            except DeviceError as exc:
+                self._source_failed(exc, now)
+        if self._open:
+            self._read_cards(now)
+        self.duration_sum += time.perf_counter() - started
+        self.samples += 1
+        self.tried.set()
+
+    def _read_cards(self, now: float) -> None:
+        read = self.source.read_free
+        reads: list[tuple[CardState, int]] = []
+        for card in self._cards:
+            if card.retry_at > now:
+                continue
+            try:
+                reads.append((card, read(card.identity.slot)))
+            except DeviceError as exc:
+                self._card_failed(card, exc, now)
+        cutoff = now - self.window
+        with self._lock:
+            for card, free in reads:
+                if card.failing is not None:
+                    log.info("card %s (%s) answers again", card.identity.index, card.identity.uuid)
+                    card.failing, card.failures, card.backoff = None, 0, 0.0
+                card.latest = free
+                window = card.window
+                while window and window[-1][1] >= free:
+                    window.pop()
+                window.append((now, free))
+                pass
+                floor = card.floor
+                if floor is not None:
+                    if free < floor:
+                        if card.last_t is not None:
+                            card.breach_seconds += now - card.last_t
+                        if not card.below:
+                            card.breaches += 1
+                            card.below = True
+                    else:
+                        card.below = False
+                card.last_t = now
+
+    def _card_failed(self, card: CardState, exc: DeviceError, now: float) -> None:
+        with self._lock:
+            card.errors += 1
+            card.failures += 1
+            card.last_t = None  # the time while it failed is unmeasured, never counted
+            card.backoff = min(max(card.backoff * 2, self.interval), MAX_BACKOFF_S)
+            card.retry_at = now + card.backoff
+            if card.failing is None:
+                log.warning(
+                    "card %s (%s) failed: %s; serving the other cards, retrying with backoff",
+                    card.identity.index,
+                    card.identity.uuid,
+                    exc,
+                )
+            card.failing = str(exc)
+            if card.failures >= REOPEN_AFTER_FAILURES:
+                card.failures = 0
+                # Handles may be dead (driver reloaded, GPU reset): re-resolve them all.
+                self._reopen_due = card.retry_at
+
+    def _source_failed(self, exc: DeviceError, now: float) -> None:
+        with self._lock:
+            self.source_errors += 1
+            self._source_backoff = min(max(self._source_backoff * 2, self.interval), MAX_BACKOFF_S)
+            self._reopen_at = now + self._source_backoff
+            message = str(exc)
+            if self.source_failing != message:
+                log.warning(
+                    "device source %s is down: %s; the daemon keeps serving, retrying with backoff",
+                    self.source.name,
+                    message,
+                )
+            self.source_failing = message
+            if self._open:
+                self._open = False
+                for card in self._cards:
+                    card.last_t, card.holdings = None, None
+        with self._source_lock:
+            self.source.close()
+
+    def _reopen(self, now: float) -> None:
+        with self._source_lock:
+            if self._open:
+                self.source.close()
+                self._open = False
+            try:
+                identities = self.source.open()
+            except DeviceError as exc:
+                opened_error: DeviceError | None = exc
+            else:
+                opened_error = None
+                self._adopt(identities)
+        if opened_error is not None:
+            self._source_failed(opened_error, now)
+            return
+        with self._lock:
+            if self.source_failing is not None:
+                log.info("device source %s is up again", self.source.name)
+            self.source_failing = None
+            self._source_backoff = 0.0
+            self._reopen_due = None
+            self._open = True
+
+    def _adopt(self, identities: list[CardIdentity]) -> None:
+        """Take the card list of a (re)opened source. State is kept per uuid, so counters
+        never go backwards across a reopen; a card no longer listed stays, marked absent."""
+        if self.source.label == "simulated":
+            log.warning(
+                "device source: %d SIMULATED card(s) from a script, not real GPUs "
+                "(rankscope_gpu_info source=simulated)",
+                len(identities),
+            )
+        with self._lock:
+            cards: list[CardState] = []
+            for ident in identities:
+                floor = self.floors.for_card(ident)
+                card = self._known.get(ident.uuid)
+                if card is None:
+                    card = self._known[ident.uuid] = CardState(ident, floor)
+                card.identity, card.floor, card.present = ident, floor, True
+                card.retry_at, card.last_t = 0.0, None
+                cards.append(card)
+            for uuid, card in self._known.items():
+                if all(c.identity.uuid != uuid for c in cards):
+                    card.present, card.latest, card.holdings = False, None, None
+                    card.window.clear()
+            self._cards = cards
+        known = {c.identity.uuid for c in cards} | {str(c.identity.index) for c in cards}
+        for key in self.floors.named_cards():
+            if key not in known:
+                log.warning("--corridor.floor names card %r, which the source does not list", key)
+
+    # -- the thread --
+
+    def _tick(self) -> None:
+        self.sample()
+
+    def start(self) -> None:
+        self._runner.start()
+
+    def stop(self) -> None:
+        self._runner.stop()
+        with self._source_lock:
+            self.source.close()
+            self._open = False
+
+    # -- readers --
+
+    @contextlib.contextmanager
+    def open_cards(self) -> Iterator[list[CardState]]:
+        """The present cards, with the source held open for the holdings' reads (the
+        sampler cannot reopen it meanwhile). Empty while the source is down."""
+        with self._source_lock:
+            yield list(self._cards) if self._open else []
+
+    def set_holdings(self, card: CardState, holdings: CardHoldings | None) -> None:
+        with self._lock:
+            card.holdings = holdings
+
+    def count_error(self, card: CardState) -> None:
+        with self._lock:
+            card.errors += 1
+
+    @property
+    def overrun_count(self) -> int:
+        return self._runner.overruns
+
+    def up(self) -> bool:
+        with self._lock:
+            return self._open and all(c.failing is None for c in self._cards)
+
+    def views(self, now: float | None = None) -> list[CardView]:
+        now = self.clock() if now is None else now
+        cutoff = now - self.window
+        out: list[CardView] = []
+        with self._lock:
+            for card in sorted(self._known.values(), key=lambda c: c.identity.index):
+                window = card.window
+                while window and window[0][0] <= cutoff:
+                    window.popleft()
+                measured = card.floor is not None
+                up = self._open and card.present and card.failing is None
+                out.append(
+                    CardView(
+                        identity=card.identity,
+                        source=self.source.label,
+                        up=up,
+                        floor=card.floor,
+                        free=card.latest if up else None,  # a stale value is no sample
+                        free_min=window[0][1] if window else None,
+                        breach_seconds=card.breach_seconds if measured else None,
+                        breaches=card.breaches if measured else None,
+                        errors=card.errors,
+                        holdings=card.holdings,
+                    )
+                )
+        return out
+
+
+class Periodic:
+    """Runs ``fn`` every ``interval`` seconds on a daemon thread, on a fixed schedule; a run
+    that starts late because the previous one outran the interval is an overrun, and the
+    schedule then restarts from now instead of bursting to catch up."""
+
+    def __init__(self, name: str, interval: float, fn: Callable[[], None]) -> None:
+        self.name = name
+        self.interval = interval
+        self.fn = fn
+        self.overruns = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.fn()
+            except Exception:  # a bug in one run must not end the thread
+                log.exception("%s: a run failed", self.name)
+            next_at += self.interval
+            now = time.monotonic()
+            if now > next_at:
+                self.overruns += 1
+                next_at = now
+            self._stop.wait(next_at - now)

@@ -1,0 +1,349 @@
+"""The exporter-toolkit web configuration (--web.config.file): TLS, basic auth with bcrypt
+hashes, and extra response headers, in the same YAML that node_exporter reads::
+
+    tls_server_config:
+      cert_file: server.crt          # relative paths are relative to this file
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert   # optional, with client_ca_file
+      client_ca_file: ca.crt
+      min_version: TLS12
+    http_server_config:
+      headers:
+        Strict-Transport-Security: max-age=31536000
+    basic_auth_users:
+      prometheus: $2y$10$...         # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':')
+
+An unknown key is an error, as in exporter-toolkit, so a typo never leaves the daemon
+open. The users are read again when the file changes; TLS settings need a restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import os
+import ssl
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import bcrypt
+import yaml
+
+log = logging.getLogger("rankscope.daemon")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+# exporter-toolkit's client_auth_type values, as Python's ssl module can honour them.
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_OPTIONAL,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+# The headers exporter-toolkit lets a web config set.
+ALLOWED_HEADERS = (
+    "Strict-Transport-Security",
+    "X-Content-Type-Options",
+    "X-Frame-Options",
+    "X-XSS-Protection",
+    "Content-Security-Policy",
+)
+_TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users")
+_TLS_KEYS = (
+    "cert_file",
+    "key_file",
+    "client_auth_type",
+    "client_ca_file",
+    "min_version",
+    "max_version",
+)
+_HTTP_KEYS = ("headers", "http2")
+
+
+class WebConfigError(ValueError):
+    """The web config file cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    cert_file: Path
+    key_file: Path
+    client_auth_type: str = "NoClientCert"
+    client_ca_file: Path | None = None
+    min_version: str = "TLS12"
+    max_version: str | None = None
+
+    @property
+    def cert_reqs(self) -> int:
+        return int(CLIENT_AUTH[self.client_auth_type])
+
+    def apply(self, context: ssl.SSLContext) -> None:
+        """Settings uvicorn's own options cannot express (the version bounds)."""
+        context.minimum_version = TLS_VERSIONS[self.min_version]
+        if self.max_version is not None:
+            context.maximum_version = TLS_VERSIONS[self.max_version]
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    tls: TLSConfig | None = None
+    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> WebConfig:
+    """Parse the YAML of a web config; paths resolve against ``base_dir``."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WebConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if doc is None:
+        return WebConfig()
+    top = _mapping(doc, source, "the top level", _TOP_KEYS)
+    tls = None
+    if top.get("tls_server_config") is not None:
+        tls = _parse_tls(
+            _mapping(top["tls_server_config"], source, "tls_server_config", _TLS_KEYS),
+            base_dir,
+            source,
+        )
+    headers: dict[str, str] = {}
+    if top.get("http_server_config") is not None:
+        http = _mapping(top["http_server_config"], source, "http_server_config", _HTTP_KEYS)
+        raw_headers = http.get("headers") or {}
+        if not isinstance(raw_headers, dict):
+            raise WebConfigError(f"{source}: http_server_config.headers must be a mapping")
+        for name, value in raw_headers.items():
+            canonical = next((h for h in ALLOWED_HEADERS if h.lower() == str(name).lower()), None)
+            if canonical is None:
+                raise WebConfigError(
+                    f"{source}: header {name!r} cannot be set here (allowed: {', '.join(ALLOWED_HEADERS)})"
+                )
+            headers[canonical] = str(value)
+    users: dict[str, bytes] = {}
+    raw_users = top.get("basic_auth_users") or {}
+    if not isinstance(raw_users, dict):
+        raise WebConfigError(f"{source}: basic_auth_users must map user names to bcrypt hashes")
+    for user, hashed in raw_users.items():
+        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise WebConfigError(f"{source}: basic_auth_users.{user} is not a bcrypt hash")
+        users[str(user)] = hashed.encode()
+    return WebConfig(tls=tls, users=users, headers=headers)
+
+
+def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise WebConfigError(f"cannot read web config {p}: {exc.strerror or exc}") from exc
+    config = parse_web_config(text, p.parent, str(p))
+    if config.tls is not None:
+        for name in ("cert_file", "key_file", "client_ca_file"):
+            f = getattr(config.tls, name)
+            if f is not None and not f.is_file():
+                raise WebConfigError(f"{p}: tls_server_config.{name} {f} does not exist")
+    return config
+
+
+def _mapping(value: Any, source: str, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise WebConfigError(f"{source}: {where} must be a mapping")
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if unknown:
+        raise WebConfigError(
+            f"{source}: unknown key(s) {', '.join(unknown)} in {where} (known: {', '.join(allowed)})"
+        )
+    return value
+
+
+def _parse_tls(raw: dict[str, Any], base_dir: Path, source: str) -> TLSConfig:
+    for required in ("cert_file", "key_file"):
+        if not raw.get(required):
+            raise WebConfigError(f"{source}: tls_server_config needs {required}")
+    auth = raw.get("client_auth_type") or "NoClientCert"
+    if auth not in CLIENT_AUTH:
+        raise WebConfigError(
+            f"{source}: client_auth_type {auth!r} is not one of {', '.join(CLIENT_AUTH)}"
+        )
+    ca = raw.get("client_ca_file")
+    if CLIENT_AUTH[auth] != ssl.CERT_NONE and not ca:
+        raise WebConfigError(f"{source}: client_auth_type {auth} needs client_ca_file")
+    for bound in ("min_version", "max_version"):
+        if raw.get(bound) is not None and raw[bound] not in TLS_VERSIONS:
+            raise WebConfigError(
+                f"{source}: {bound} {raw[bound]!r} is not one of {', '.join(TLS_VERSIONS)}"
+            )
+    return TLSConfig(
+        cert_file=base_dir / str(raw["cert_file"]),
+        key_file=base_dir / str(raw["key_file"]),
+        client_auth_type=auth,
+        client_ca_file=base_dir / str(ca) if ca else None,
+        min_version=raw.get("min_version") or "TLS12",
+        max_version=raw.get("max_version"),
+    )
+
+
+# --- basic auth ---------------------------------------------------------------------------
+
+# Checked against when the user is unknown, so a refusal costs one bcrypt either way and the
+# response time does not tell which user names exist.
+_DUMMY_HASH = bcrypt.hashpw(b"rankscope: no such user", bcrypt.gensalt(rounds=10))
+_CACHE_SIZE = 256
+
+
+class BasicAuth:
+    """Checks an Authorization header against the configured users. Outcomes are cached by
+    a digest of (user, hash, password), as exporter-toolkit does, so a scraper sending the
+    same credentials every few seconds pays the bcrypt cost once."""
+
+    def __init__(self, users: dict[str, bytes]) -> None:
+        self.users = dict(users)
+        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.users)
+
+    def check(self, authorization: bytes | None) -> bool:
+        user, password = parse_basic(authorization)
+        hashed = self.users.get(user) if user is not None else None
+        known = hashed is not None
+        hashed = hashed if hashed is not None else _DUMMY_HASH
+        pw = (password or "").encode()
+        key = hashlib.sha256(b"\0".join([(user or "").encode(), hashed, pw])).digest()
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        try:
+            matches = bcrypt.checkpw(pw, hashed)
+        except ValueError:  # a malformed hash in the config
+            matches = False
+        ok = known and matches and user is not None
+        with self._lock:
+            self._cache[key] = ok
+            while len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return ok
+
+
+def parse_basic(authorization: bytes | None) -> tuple[str | None, str | None]:
+    """(user, password) of a Basic Authorization header, (None, None) for anything else."""
+    if not authorization:
+        return None, None
+    scheme, _, token = authorization.partition(b" ")
+    if scheme.lower() != b"basic":
+        return None, None
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None, None
+    user, sep, password = decoded.partition(":")
+    return (user, password) if sep else (None, None)
+
+
+class ReloadingAuth:
+    """The basic-auth users of a web config file, read again when the file changes. A file
+    that no longer parses keeps the users it had and logs why."""
+
+    def __init__(self, path: Path, config: WebConfig) -> None:
+        self.path = path
+        self._auth = BasicAuth(config.users)
+        self._mtime = _mtime(path)
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._current().users)
+
+    def check(self, authorization: bytes | None) -> bool:
+        return self._current().check(authorization)
+
+    def _current(self) -> BasicAuth:
+        mtime = _mtime(self.path)
+        with self._lock:
+            if mtime != self._mtime:
+                self._mtime = mtime
+                try:
+                    self._auth = BasicAuth(load_web_config(self.path).users)
+                    log.info("web config %s changed: %d user(s)", self.path, len(self._auth.users))
+                except WebConfigError as exc:
+                    log.error(
+                        "web config %s changed but cannot be used, keeping the previous users: %s",
+                        self.path,
+                        exc,
+                    )
+            return self._auth
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+class WebConfigMiddleware:
+    """ASGI middleware: basic auth on every path (when users are configured) and the
+    configured response headers."""
+
+    def __init__(
+        self, app: ASGIApp, auth: ReloadingAuth | BasicAuth | None, headers: dict[str, str]
+    ) -> None:
+        self.app = app
+        self.auth = auth
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.auth is not None and self.auth.enabled:
+            header = dict(scope.get("headers") or []).get(b"authorization")
+            # bcrypt takes milliseconds: off the event loop, so other requests keep moving.
+            ok = await anyio.to_thread.run_sync(self.auth.check, header)
+            if not ok:
+                await self._refuse(send)
+                return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start" and self.headers:
+                message["headers"] = [*message.get("headers", []), *self.headers]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+    async def _refuse(self, send: Send) -> None:
+        body = b"Unauthorized\n"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b'Basic realm="rankscope"'),
+                    *self.headers,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

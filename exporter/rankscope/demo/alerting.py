@@ -1,0 +1,107 @@
+"""The demo's rules and routing: the mixin's own rules with `for:` durations and windows
+short enough for a two-minute demo, and the example Alertmanager routing with every
+receiver pointed at the demo's webhook receiver and group timings cut to seconds."""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rankscope.mixin import render
+
+# Only time is shortened; thresholds, selectors and expressions are the shipped ones.
+DEMO_RULES_CONFIG: dict[str, Any] = {
+    "corridorBreachWindow": "30s",
+    "corridorBreachFor": "0s",
+    "censusSkewFor": "2s",
+    "foreignHolderFor": "3s",
+}
+
+# The alerts the scenarios expect; each must be an alert of the generated rules.
+CENSUS_SKEW = "RankscopeCensusSkew"
+FOREIGN_HOLDER = "RankscopeForeignHolder"
+CORRIDOR_BREACH = "RankscopeCorridorBreach"
+
+EXAMPLE_NAME = "alertmanager.example.yml"
+# Route timings for the demo: a page within seconds, and no repeats while it runs.
+DEMO_TIMINGS = {"group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"}
+
+
+def rules_text() -> str:
+    return render.rules_yaml(DEMO_RULES_CONFIG)
+
+
+def alert_names(text: str) -> set[str]:
+    """The alert names a rule file defines."""
+    doc = yaml.safe_load(text)
+    return {
+        rule["alert"]
+        for group in doc.get("groups", [])
+        for rule in group.get("rules", [])
+        if "alert" in rule
+    }
+
+
+def check_expected(text: str, expected: set[str]) -> None:
+    missing = expected - alert_names(text)
+    if missing:
+        raise ValueError(
+            f"the generated rules define no alert named {', '.join(sorted(missing))}; "
+            "the demo's scenarios and rankscope.mixin.rules disagree"
+        )
+
+
+def example_routing() -> tuple[str, str]:
+    """(text, where from) of the shipped Alertmanager example: the copy inside the package
+    when there is one (a non-editable install), else the source tree's alerts/."""
+    try:
+        packaged = importlib.resources.files("rankscope.mixin").joinpath(EXAMPLE_NAME)
+        if packaged.is_file():
+            return packaged.read_text(), f"rankscope.mixin/{EXAMPLE_NAME}"
+    except (ModuleNotFoundError, OSError):
+        pass
+    path = render.source_root() / "alerts" / EXAMPLE_NAME
+    try:
+        return path.read_text(), str(path)
+    except OSError as exc:
+        raise FileNotFoundError(
+            f"the example Alertmanager routing is neither in the package nor at {path}: {exc}"
+        ) from exc
+
+
+def demo_routing(example_text: str, webhook_url: str) -> str:
+    """The example routing with each receiver's integrations replaced by one webhook to the
+    demo's receiver (the routing tree, matchers and inhibitions are left as shipped), and
+    route timings shortened."""
+    doc = yaml.safe_load(example_text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("route"), dict):
+        raise ValueError("the example Alertmanager configuration has no route")
+    # Global settings and templates only feed the integrations replaced below, and may name
+    # files or credentials this machine does not have.
+    doc.pop("global", None)
+    doc.pop("templates", None)
+    receivers = doc.get("receivers") or []
+    for receiver in receivers:
+        for key in [k for k in receiver if k.endswith("_configs")]:
+            del receiver[key]
+        receiver["webhook_configs"] = [{"url": webhook_url, "send_resolved": True}]
+    _shorten(doc["route"], top=True)
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _shorten(route: dict[str, Any], *, top: bool) -> None:
+    for key, value in DEMO_TIMINGS.items():
+        if top or key in route:
+            route[key] = value
+    for child in route.get("routes") or []:
+        _shorten(child, top=False)
+
+
+def rules_file(workdir: Path) -> Path:
+    path = workdir / "rankscope.rules.yml"
+    path.write_text(rules_text())
+    return path
+

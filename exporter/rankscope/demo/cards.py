@@ -1,0 +1,96 @@
+"""The demo's simulated cards, for machines without a GPU: the daemon's scripted device
+source (docs/corridor.md), rewritten by the demo as the scenario goes.
+
+The pids on the cards are real processes (the demo's ranks, a real ``sleep`` as the foreign
+holder, a real short-lived process for the trough); only their byte counts are made up,
+following each rank's latest boot phase. The daemon labels everything from this source
+``source="simulated"``, and the demo says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GiB = 1024**3
+MiB = 1024**2
+
+CARD_TOTAL = 80 * GiB
+CARD_MODEL = "simulated 80 GiB card"
+# Held by the driver and no process: the card's unattributed share.
+DRIVER_RESERVED = 256 * MiB
+FLOOR = 6 * GiB
+
+# What a rank holds once it has reached a phase (cumulative): CUDA context, weights, KV pool.
+RANK_BYTES_BY_PHASE: dict[str, int] = {
+    "pre_weight_load": 512 * MiB,
+    "weights_loaded": 512 * MiB + 12 * GiB,
+    "kv_pool_sized": 512 * MiB + 12 * GiB + 20 * GiB,
+}
+FOREIGN_BYTES = 4608 * MiB  # "Process 1920108 has 4.29 GiB in use" was 4.5 GiB
+# The trough takes the card this far below its floor.
+TROUGH_BELOW_FLOOR = 2 * GiB
+
+
+def rank_bytes(phase: str | None) -> int:
+    """Bytes a simulated rank holds after its latest phase (a phase past kv_pool_sized
+    holds the full amount; before its first mark a rank holds nothing)."""
+    if phase is None:
+        return 0
+    return RANK_BYTES_BY_PHASE.get(phase, RANK_BYTES_BY_PHASE["kv_pool_sized"])
+
+
+@dataclass
+class SimulatedCards:
+    """The state behind the script: which real pid holds how much on which card."""
+
+    path: Path
+    count: int = 2
+    holders: list[dict[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.holders = [{} for _ in range(self.count)]
+
+    def card_of_rank(self, rank: int) -> int:
+        return rank % self.count
+
+    def set_holder(self, card: int, pid: int, held: int) -> None:
+        self.holders[card][pid] = held
+
+    def drop_holder(self, pid: int) -> None:
+        for held in self.holders:
+            held.pop(pid, None)
+
+    def clear(self) -> None:
+        for held in self.holders:
+            held.clear()
+
+    def free(self, card: int) -> int:
+        return max(CARD_TOTAL - DRIVER_RESERVED - sum(self.holders[card].values()), 0)
+
+    def trough_bytes(self, card: int) -> int:
+        """What a process must take to leave the card TROUGH_BELOW_FLOOR under its floor."""
+        return max(self.free(card) - FLOOR + TROUGH_BELOW_FLOOR, 0)
+
+    def document(self) -> dict[str, object]:
+        return {
+            "cards": [
+                {
+                    "index": i,
+                    "uuid": f"GPU-simulated-demo-{i}",
+                    "model": CARD_MODEL,
+                    "total": CARD_TOTAL,
+                    "free": self.free(i),
+                    "processes": {str(pid): held for pid, held in sorted(self.holders[i].items())},
+                }
+                for i in range(self.count)
+            ]
+        }
+
+    def write(self) -> None:
+        """Replace the script in one rename, so the daemon never reads half a file."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.document(), indent=1))
+        os.replace(tmp, self.path)

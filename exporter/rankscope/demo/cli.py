@@ -1,0 +1,200 @@
+"""`rankscope demo`: a small instrumented multi-rank job, end to end, on this machine.
+
+Launches real ranks (a tiny model over real torch.distributed groups: gloo on CPU, NCCL
+when there are GPUs enough), the daemon over their flight directory, and, where the
+binaries are installed, a real Prometheus with the shipped rules and a real Alertmanager
+with the example routing, all on loopback in a temporary directory removed on exit or
+Ctrl-C. Without a GPU the cards are the daemon's scripted (simulated) source, and the
+output says so. The exit status is 0 when every scenario produced exactly its pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+
+from rankscope.demo import alerting, services
+from rankscope.demo.cards import FLOOR, SimulatedCards
+from rankscope.demo.scenarios import SCENARIOS, Options, Result, ScenarioRun, Stack
+from rankscope.demo.view import View, gib
+
+GiB = 1024**3
+GPU_FLOOR = 8 * GiB
+DEFAULT_PORT = 19400  # the daemon's own default, so the status page is where a user expects
+
+
+def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=[*SCENARIOS, "all"],
+        help="run this scenario (repeatable); default: all of them in sequence "
+        f"({', '.join(SCENARIOS)})",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=15.0,
+        help="seconds each scenario serves after its ranks booted (default 15)",
+    )
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        default=4,
+        help="ranks: 2 pipeline stages of RANKS/2 tensor-parallel ranks (even, >= 4; default 4)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"the daemon's port on 127.0.0.1, for its status page (default {DEFAULT_PORT}; "
+        "0 picks a free one)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the temporary directory (logs, flight record)"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    problem = check_args(args)
+    if problem:
+        print(f"rankscope demo: {problem}", file=sys.stderr)
+        return 2
+    names = chosen_scenarios(args.scenario)
+    view = View()
+    workdir = Path(tempfile.mkdtemp(prefix="rankscope-demo-"))
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        results = run(args, names, workdir, view)
+    except KeyboardInterrupt:
+        view.line("interrupted: stopping the ranks, the daemon, Prometheus and Alertmanager")
+        return 130
+    except (services.ServiceError, OSError, ValueError) as exc:
+        view.line(f"rankscope demo: {exc}")
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if args.keep:
+            view.line(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return verdict(results, view)
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    if args.ranks < 4 or args.ranks % 2:
+        return f"--ranks {args.ranks}: the job is 2 pipeline stages of tensor-parallel pairs or more, so an even number >= 4"
+    if args.duration < 3:
+        return f"--duration {args.duration}: give each scenario at least 3 seconds of serving"
+    if not 0 <= args.port <= 65535:
+        return f"--port {args.port} is out of range"
+    return None
+
+
+def chosen_scenarios(requested: list[str] | None) -> list[str]:
+    if not requested or "all" in requested:
+        return list(SCENARIOS)
+    return list(dict.fromkeys(requested))  # in the order given, once each
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def gpu_present() -> bool:
+    """A real GPU that torch can use: then the cards are real and so are the holders."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -> list[Result]:
+    gpu = gpu_present()
+    floor = GPU_FLOOR if gpu else FLOOR
+    flight_dir = workdir / "flight"
+    flight_dir.mkdir()
+    port = args.port or services.free_port()
+    daemon_args = ["--sampler.interval=100ms", f"--corridor.floor={floor}"]
+    cards: SimulatedCards | None = None
+    if gpu:
+        view.line(f"GPU present: the cards are real (NVML); floor {gib(floor)} per card")
+    else:
+        cards = SimulatedCards(workdir / "cards.json")
+        cards.write()
+        daemon_args += ["--device.source=script", f"--device.script={cards.path}"]
+        view.line(
+            "no GPU here: the cards are SIMULATED (the daemon's scripted device source, "
+            f"{cards.count} simulated cards); the ranks, their collectives, the foreign "
+            "holder and every pid on the cards are real processes, only their byte counts "
+            f"are scripted; floor {gib(floor)} per card"
+        )
+
+    prometheus_bin = services.find_binary(services.PROMETHEUS_NAMES)
+    alertmanager_bin = services.find_binary(services.ALERTMANAGER_NAMES)
+    with contextlib.ExitStack() as stack:
+        daemon = stack.enter_context(services.daemon(workdir, flight_dir, port, daemon_args))
+        view.line(f"daemon: {daemon.url}/ (status page), {daemon.url}/metrics")
+        receiver = None
+        if prometheus_bin and alertmanager_bin:
+            rules_text = alerting.rules_text()
+            alerting.check_expected(
+                rules_text, set().union(*(SCENARIOS[n].expected for n in names))
+            )
+            rule_file = workdir / "rankscope.rules.yml"
+            rule_file.write_text(rules_text)
+            example, origin = alerting.example_routing()
+            receiver = stack.enter_context(services.webhook_receiver())
+            am_url = stack.enter_context(
+                services.alertmanager(
+                    alertmanager_bin,
+                    workdir / "alertmanager",
+                    alerting.demo_routing(example, receiver.url),
+                )
+            )
+            prom = stack.enter_context(
+                services.prometheus(
+                    prometheus_bin,
+                    workdir / "prometheus",
+                    target=f"127.0.0.1:{port}",
+                    rule_file=rule_file,
+                    alertmanager_url=am_url,
+                )
+            )
+            view.line(
+                f"prometheus: {prom.url} (the shipped rules, `for:` shortened for the demo); "
+                f"alertmanager: {am_url} (routing from {origin}); pages arrive at {receiver.url}"
+            )
+        else:
+            view.line(
+                "prometheus and prometheus-alertmanager are not both installed (scripts/demo.sh "
+                "installs them): the scenarios run, but no page can be checked"
+            )
+        options = Options(
+            ranks=args.ranks, duration=args.duration, step_interval=0.05, gpu=gpu, floor=floor
+        )
+        shared = Stack(workdir, flight_dir, daemon, receiver, cards, view, options)
+        return [ScenarioRun(shared, SCENARIOS[name]).run() for name in names]
+
+
+def verdict(results: list[Result], view: View) -> int:
+    view.banner("verdict")
+    ok = True
+    for r in results:
+        expected = ", ".join(sorted(r.scenario.expected)) or "no page"
+        got = ", ".join(f"{p.alertname}" for p in r.pages) or "no page"
+        good = r.ok and not r.notes
+        ok = ok and good
+        view.line(f"{'PASS' if good else 'FAIL'} {r.scenario.name}: expected {expected}; paged {got}")
+        for note in r.notes:
+            view.line(f"     {note}")
+    return 0 if ok and results else 1

@@ -1,0 +1,309 @@
+"""The demo's peers on loopback: the daemon, a real Prometheus, a real Alertmanager and the
+webhook receiver the pages arrive at. Each runs from the demo's temporary directory on a
+free port and is stopped by its context manager (Debian names the Alertmanager binary
+prometheus-alertmanager)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROMETHEUS_NAMES = ("prometheus",)
+ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")
+
+
+class ServiceError(RuntimeError):
+    """A peer did not start; the message says which, and where its log is."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_binary(names: Sequence[str]) -> str | None:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def http_json(url: str, timeout: float = 3.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the demo dies, so a killed demo leaves no
+    peer behind (Linux prctl PR_SET_PDEATHSIG; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a peer in its own session (a Ctrl-C reaches the demo, which stops the peers in
+    order) with its output in ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            name = Path(str(proc.args[0] if isinstance(proc.args, list) else proc.args)).name
+            raise ServiceError(f"{name} exited with {proc.returncode}; see {log}:\n{tail(log)}")
+        try:
+            with urllib.request.urlopen(url, timeout=2.0):
+                return
+        except Exception as exc:
+            last = exc
+            time.sleep(0.1)
+    raise ServiceError(f"{url} did not answer within {timeout:.0f}s ({last}); see {log}")
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+@dataclass
+class Daemon:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def get(self, path: str) -> Any:
+        return http_json(self.url + path)
+
+
+@contextlib.contextmanager
+def daemon(
+    workdir: Path, flight_dir: Path, port: int, extra_args: Sequence[str] = ()
+) -> Iterator[Daemon]:
+    """`rankscope serve` over the demo's flight directory, as its own process (the same
+    command a user runs)."""
+    log = workdir / "daemon.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "rankscope",
+        "serve",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--flight-dir={flight_dir}",
+        *extra_args,
+    ]
+    proc = start(argv, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + "/api/v1/cards", proc, log)
+        yield Daemon(url=url, proc=proc, log=log)
+    finally:
+        stop(proc)
+
+
+@dataclass
+class Prometheus:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(http_json(self.url + "/api/v1/alerts")["data"]["alerts"])
+
+
+@contextlib.contextmanager
+def prometheus(
+    binary: str,
+    workdir: Path,
+    *,
+    target: str,
+    rule_file: Path,
+    alertmanager_url: str,
+    interval: str = "1s",
+) -> Iterator[Prometheus]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    am_host = urllib.parse.urlparse(alertmanager_url).netloc
+    config = {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": [str(rule_file)],
+        # job="rankscope" is what the mixin's default selector matches.
+        "scrape_configs": [{"job_name": "rankscope", "static_configs": [{"targets": [target]}]}],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am_host]}]}]},
+    }
+    cfg = workdir / "prometheus.yml"
+    cfg.write_text(yaml.safe_dump(config, sort_keys=False))
+    log = workdir / "prometheus.log"
+    proc = start(
+        [
+            binary,
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        log,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + "/-/ready", proc, log)
+        yield Prometheus(url=url, proc=proc, log=log)
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
+def alertmanager(binary: str, workdir: Path, config_text: str) -> Iterator[str]:
+    """Alertmanager with ``config_text``; yields its URL."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port, cluster_port = free_port(), free_port()
+    cfg = workdir / "alertmanager.yml"
+    cfg.write_text(config_text)
+    log = workdir / "alertmanager.log"
+    proc = start(
+        [
+            binary,
+            f"--config.file={cfg}",
+            f"--storage.path={workdir / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--cluster.listen-address=127.0.0.1:{cluster_port}",
+        ],
+        log,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + "/-/ready", proc, log)
+        yield url
+    finally:
+        stop(proc)
+
+
+@dataclass
+class Page:
+    """One alert of one webhook notification, as Alertmanager delivered it."""
+
+    received: float  # time.monotonic() at the receiver
+    receiver: str
+    status: str  # firing | resolved
+    alertname: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: str
+    fingerprint: str
+
+    @classmethod
+    def from_notification(cls, body: dict[str, Any], received: float) -> list[Page]:
+        pages = []
+        for alert in body.get("alerts", []):
+            labels = {str(k): str(v) for k, v in (alert.get("labels") or {}).items()}
+            pages.append(
+                cls(
+                    received=received,
+                    receiver=str(body.get("receiver", "")),
+                    status=str(alert.get("status", body.get("status", ""))),
+                    alertname=labels.get("alertname", "?"),
+                    labels=labels,
+                    annotations={
+                        str(k): str(v) for k, v in (alert.get("annotations") or {}).items()
+                    },
+                    starts_at=str(alert.get("startsAt", "")),
+                    fingerprint=str(alert.get("fingerprint", "")),
+                )
+            )
+        return pages
+
+
+@dataclass
+class WebhookReceiver:
+    """Collects Alertmanager's webhook notifications (a stand-in for PagerDuty or Slack)."""
+
+    url: str
+    pages: list[Page] = field(default_factory=list)
+    bad_posts: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def since(self, index: int) -> list[Page]:
+        with self.lock:
+            return self.pages[index:]
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.pages)
+
+
+@contextlib.contextmanager
+def webhook_receiver() -> Iterator[WebhookReceiver]:
+    receiver = WebhookReceiver(url="")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            try:
+                pages = Page.from_notification(json.loads(raw), time.monotonic())
+            except (ValueError, AttributeError, TypeError):
+                with receiver.lock:
+                    receiver.bad_posts += 1
+                self.send_response(400)
+                self.end_headers()
+                return
+            with receiver.lock:
+                receiver.pages.extend(pages)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # the demo prints the pages itself
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    receiver.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    thread = threading.Thread(target=server.serve_forever, name="webhook", daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -1,0 +1,78 @@
+"""The demo's terminal view: one line per event (a rank reaching a boot phase, a page
+arriving), a compact live summary every few seconds, and the verdict. Plain lines rather
+than a full-screen display, so the output reads the same in a terminal, a CI log or a pipe."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from rankscope.demo.services import Page
+
+GiB = 1024**3
+
+
+def gib(value: Any, signed: bool = False) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "n/a"  # unmeasured: never shown as 0
+    return f"{value / GiB:{'+' if signed else ''}.2f} GiB"
+
+
+class View:
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+        self.t0 = time.monotonic()
+
+    def line(self, text: str) -> None:
+        self.out.write(f"[{time.monotonic() - self.t0:6.1f}s] {text}\n")
+        self.out.flush()
+
+    def block(self, lines: list[str]) -> None:
+        for text in lines:
+            self.line(text)
+
+    def banner(self, text: str) -> None:
+        self.out.write(f"\n=== {text} ===\n")
+        self.out.flush()
+
+    def phase(self, rank: Any, pid: int, phase: str) -> None:
+        self.line(f"rank {rank} (pid {pid}): {phase}")
+
+    def page(self, page: Page, scenario: str) -> None:
+        labels = ", ".join(
+            f"{k}={v}"
+            for k, v in sorted(page.labels.items())
+            if k not in ("alertname", "severity", "job")
+        )
+        what = page.annotations.get("description") or page.annotations.get("summary", "")
+        self.line(
+            f"PAGE {page.status.upper()} {page.alertname} [{page.labels.get('severity', '?')}] "
+            f"to {page.receiver} during {scenario}: {labels}"
+        )
+        if page.status == "firing" and what:
+            self.line(f"     {what}")
+
+
+def card_lines(cards_doc: dict[str, Any]) -> list[str]:
+    """Per card: free, floor and margin at the worst instant, and the holders by role."""
+    lines = []
+    for card in cards_doc.get("cards", []):
+        source = card.get("source")
+        tag = " (simulated card)" if source == "simulated" else ""
+        procs = card.get("processes") or []
+        ranks = [p for p in procs if p.get("role") == "rank"]
+        foreign = [p for p in procs if p.get("role") == "foreign"]
+        foreign_text = (
+            ", ".join(f"pid {p.get('pid')} {p.get('comm') or '?'} {gib(p.get('bytes'))}" for p in foreign)
+            or "none"
+        )
+        lines.append(
+            f"  gpu {card.get('gpu')}{tag}: free {gib(card.get('free'))} "
+            f"(worst {gib(card.get('free_min'))}), floor {gib(card.get('floor'))}, "
+            f"margin {gib(card.get('margin'), signed=True)}, breaches {card.get('breaches', 'n/a')}; "
+            f"ranks {len(ranks)} holding {gib(card.get('rank_resident'))}; foreign: {foreign_text}"
+        )
+    if not lines:
+        lines.append("  no cards reported yet")
+    return lines

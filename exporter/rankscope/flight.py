@@ -1,0 +1,266 @@
+"""Reading flight directories: one-shot reads scoped to a boot, and an incremental tail.
+
+A flight directory holds one append-only JSON-lines file per process and stream
+(docs/architecture.md, "The record"). Reading never fails on what a crash leaves behind:
+
+- ``torn``: a line cut short (a crash mid-append); an unterminated last line counts here in
+  a one-shot read, while the tail holds it back until it is completed;
+- ``malformed``: a line that is not a JSON object carrying the record header;
+- ``newer_schema``: a line whose ``v`` is newer than this reader knows; reported (counted),
+  never misread.
+
+Records are grouped by process (host, pid, start time), never by rank: under pipeline
+parallelism with TP=1 every process is TP rank 0.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rankscope.record import SCHEMA_VERSION
+
+Record = dict[str, Any]
+
+SKIP_REASONS = ("torn", "malformed", "newer_schema")
+FILE_SUFFIX = ".jsonl"
+
+# The header every line carries, and the types a reader relies on.
+_REQUIRED: dict[str, tuple[type, ...]] = {
+    "kind": (str,),
+    "boot": (str,),
+    "host": (str,),
+    "pid": (int,),
+    "wall": (int, float),
+}
+
+
+class BootNotFoundError(LookupError):
+    """A boot was asked for by name and the directory holds no record of it."""
+
+    def __init__(self, boot: str, known: list[str]) -> None:
+        self.boot = boot
+        self.known = known
+        listed = ", ".join(known) if known else "none"
+        super().__init__(f"no boot {boot!r} in the flight directory (boots recorded: {listed})")
+
+
+def parse_line(raw: bytes) -> Record | str | None:
+    """One complete line (without its newline) -> the record, or the skip reason, or None
+    for a blank line (the separator a writer adds after a partial write)."""
+    text = raw.strip()
+    if not text:
+        return None
+    try:
+        obj = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        # A cut-off object still starts like one: that is a torn append, anything else is junk.
+        return "torn" if text.startswith(b"{") and not text.endswith(b"}") else "malformed"
+    if not isinstance(obj, dict):
+        return "malformed"
+    version = obj.get("v")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return "malformed"
+    if version > SCHEMA_VERSION:
+        return "newer_schema"
+    for name, types in _REQUIRED.items():
+        value = obj.get(name)
+        if not isinstance(value, types) or isinstance(value, bool):
+            return "malformed"
+    return obj
+
+
+def process_key(rec: Record) -> tuple[str, int, int | None]:
+    """The identity of the process that wrote a record: (host, pid, start_ticks)."""
+    return (rec["host"], rec["pid"], rec.get("start_ticks"))
+
+
+def _flight_files(flight_dir: Path) -> list[Path]:
+    try:
+        entries = list(os.scandir(flight_dir))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise OSError(
+            exc.errno, f"cannot list flight directory {flight_dir}: {exc.strerror}"
+        ) from exc
+    return sorted(Path(e.path) for e in entries if e.name.endswith(FILE_SUFFIX) and e.is_file())
+
+
+def _parse_into(
+    chunk: bytes, name: str, records: list[Record], skipped: collections.Counter[str]
+) -> None:
+    for raw in chunk.split(b"\n"):
+        parsed = parse_line(raw)
+        if parsed is None:
+            continue
+        if isinstance(parsed, str):
+            skipped[parsed] += 1
+            continue
+        parsed["_file"] = name
+        records.append(parsed)
+
+
+# --- the incremental tail -----------------------------------------------------------------
+
+
+@dataclass
+class _Tail:
+    inode: int
+    offset: int = 0  # bytes consumed: everything before it was parsed
+    pending: bytes = b""  # an unterminated last line, held back until its newline arrives
+
+
+class FlightReader:
+    """Incremental tail of a flight directory; the daemon polls it.
+
+    Each poll returns the complete, valid lines appended since the previous poll, from every
+    file, files that appeared since included. A file replaced in place (new inode, or shorter
+    than what was read) is read again from its start.
+    """
+
+    def __init__(self, flight_dir: str | os.PathLike[str]) -> None:
+        self.flight_dir = Path(flight_dir)
+        self.skipped: collections.Counter[str] = collections.Counter()
+        self._tails: dict[str, _Tail] = {}
+
+    def poll(self) -> list[Record]:
+        records: list[Record] = []
+        present: set[str] = set()
+        for path in _flight_files(self.flight_dir):
+            name = path.name
+            present.add(name)
+            try:
+                self._poll_file(path, records)
+            except FileNotFoundError:  # removed between the listing and the open
+                present.discard(name)
+        for gone in set(self._tails) - present:
+            del self._tails[gone]
+        return records
+
+    def _poll_file(self, path: Path, records: list[Record]) -> None:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            tail = self._tails.get(path.name)
+            if tail is None or tail.inode != st.st_ino or st.st_size < tail.offset:
+                tail = self._tails[path.name] = _Tail(inode=st.st_ino)
+            if st.st_size == tail.offset:
+                return
+            f.seek(tail.offset)
+            data = f.read(st.st_size - tail.offset)
+        tail.offset += len(data)
+        data = tail.pending + data
+        cut = data.rfind(b"\n")
+        tail.pending = data[cut + 1 :]
+        if cut >= 0:
+            _parse_into(data[:cut], path.name, records, self.skipped)
+
+
+# --- one-shot reads -----------------------------------------------------------------------
+
+
+@dataclass
+class BootSummary:
+    boot: str
+    first_wall: float
+    last_wall: float
+    processes: int
+    ranks: list[int]
+    latest: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "boot": self.boot,
+            "first_wall": self.first_wall,
+            "last_wall": self.last_wall,
+            "processes": self.processes,
+            "ranks": self.ranks,
+            "latest": self.latest,
+        }
+
+
+@dataclass
+class Flight:
+    records: list[Record]  # of the selected boot(s), in file order per process
+    boots: list[BootSummary]  # every boot in the directory, oldest first
+    boot: str | None  # the selected boot (None when all_boots or the directory is empty)
+    skipped: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+def summarize_boots(records: Iterable[Record]) -> list[BootSummary]:
+    """Every boot among ``records``, oldest first (by its first record's wall time)."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    procs: dict[str, set[tuple[str, int, int | None]]] = collections.defaultdict(set)
+    ranks: dict[str, set[int]] = collections.defaultdict(set)
+    for rec in records:
+        boot, wall = rec["boot"], float(rec["wall"])
+        first[boot] = min(first.get(boot, wall), wall)
+        last[boot] = max(last.get(boot, wall), wall)
+        procs[boot].add(process_key(rec))
+        rank = rec.get("rank")
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            ranks[boot].add(rank)
+    order = sorted(first, key=lambda b: (first[b], b))
+    newest = order[-1] if order else None
+    return [
+        BootSummary(
+            boot=b,
+            first_wall=first[b],
+            last_wall=last[b],
+            processes=len(procs[b]),
+            ranks=sorted(ranks[b]),
+            latest=b == newest,
+        )
+        for b in order
+    ]
+
+
+def latest_boot(records: Iterable[Record]) -> str | None:
+    """The boot whose first record is newest; None when there is no record."""
+    boots = summarize_boots(records)
+    return boots[-1].boot if boots else None
+
+
+def read_flight(
+    flight_dir: str | os.PathLike[str], *, boot: str | None = None, all_boots: bool = False
+) -> Flight:
+    """Read a flight directory once: the latest boot by default, a named boot on request
+    (BootNotFoundError when absent), every boot only with ``all_boots``."""
+    if boot is not None and all_boots:
+        raise ValueError("read_flight: pass either boot= or all_boots=True, not both")
+    root = Path(flight_dir)
+    if not root.exists():
+        raise FileNotFoundError(f"flight directory {root} does not exist")
+    if not root.is_dir():
+        raise NotADirectoryError(f"flight directory {root} is not a directory")
+    records: list[Record] = []
+    skipped: collections.Counter[str] = collections.Counter()
+    for path in _flight_files(root):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot read flight file {path}: {exc.strerror}") from exc
+        cut = data.rfind(b"\n")
+        _parse_into(data[: cut + 1], path.name, records, skipped)
+        if data[cut + 1 :].strip():
+            # No newline: the append never finished, whatever the bytes happen to parse as.
+            skipped["torn"] += 1
+    boots = summarize_boots(records)
+    if all_boots:
+        return Flight(records=records, boots=boots, boot=None, skipped=skipped)
+    if boot is None:
+        selected = boots[-1].boot if boots else None
+    else:
+        if boot not in {b.boot for b in boots}:
+            raise BootNotFoundError(boot, [b.boot for b in boots])
+        selected = boot
+    chosen = [r for r in records if r["boot"] == selected]
+    return Flight(records=chosen, boots=boots, boot=selected, skipped=skipped)

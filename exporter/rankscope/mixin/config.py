@@ -1,0 +1,54 @@
+"""The mixin's one configuration place: selectors, thresholds, windows and `for:` durations.
+
+In the style of the monitoring mixins' ``_config``: every value is text that rules.build
+pastes into PromQL or a rule field as-is, so a caller may pass a number, a duration, or a
+template reference such as ``"{{ .Values.rules.config.corridorThinShare }}"`` (the Helm sync
+does). docs/alerting.md documents each knob; a test keeps that page and this dict in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULTS: dict[str, Any] = {
+    # Label matchers that select rankscope's own series (the daemon's scrape job).
+    "selector": 'job="rankscope"',
+    # Labels that name one daemon (a scrape target), and one card of one daemon; joins
+    # between a daemon's or a card's series match on them.
+    "daemonLabels": "job, instance",
+    "cardLabels": "job, instance, gpu, uuid",
+    # Base of every alert's runbook_url; the alert's anchor is appended after '#'.
+    "runbookUrl": "https://github.com/rankscope/rankscope/blob/main/docs/runbook.md",
+    # RankscopeCorridorBreach: any time below the floor within this window pages.
+    "corridorBreachWindow": "5m",
+    "corridorBreachFor": "0s",
+    # RankscopeCorridorThin: margin below this share of the floor, sustained.
+    "corridorThinShare": 0.25,
+    "corridorThinFor": "10m",
+    # RankscopeCensusSkew: ranks at the same round disagree for this long.
+    "censusSkewFor": "1m",
+    # RankscopeCensusStalled: a live rank's latest snapshot is older than this many seconds.
+    "censusStallSeconds": 300,
+    "censusStalledFor": "1m",
+    # RankscopeForeignHolder: a foreign process holds more than this many bytes, sustained.
+    "foreignHolderMinBytes": 0,
+    "foreignHolderFor": "2m",
+    # RankscopeExporterDown: the target or one of its sources is down this long.
+    "exporterDownFor": "5m",
+    # RankscopeSamplerLagging: share of samples that started late, over the window; or a
+    # sampler that took no sample at all in the window while the daemon has cards.
+    "samplerOverrunShare": 0.05,
+    "samplerLagWindow": "5m",
+    "samplerLaggingFor": "10m",
+}
+
+
+def merged(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """DEFAULTS with ``overrides`` applied; an unknown key is an error, not a silent no-op."""
+    config = dict(DEFAULTS)
+    for key, value in (overrides or {}).items():
+        if key not in DEFAULTS:
+            raise KeyError(f"unknown mixin config key {key!r}; known: {', '.join(DEFAULTS)}")
+        config[key] = value
+    return config

@@ -1,0 +1,291 @@
+"""The recording and alerting rules, built from the mixin config.
+
+``build(config)`` returns the rule-file document (``{"groups": [...]}``). Config values are
+pasted into expressions and ``for:`` fields as text, so the Helm sync can pass template
+references instead of numbers. Alert annotations use Prometheus's own templating only and
+never config values, so they survive any renderer unchanged.
+
+Every metric named here is in rankscope.catalog (a test parses the PromQL and checks).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping
+from typing import Any
+
+from rankscope.mixin.config import merged
+
+RECORDING_GROUP = "rankscope.rules"
+ALERTING_GROUP = "rankscope.alerts"
+
+# Prometheus's own series that rules and panels may name besides the catalog's.
+PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
+
+
+def _expr(text: str, **values: Any) -> str:
+    """Dedent a PromQL template and fill in the config values as text."""
+    return textwrap.dedent(text).strip().format(**{k: str(v) for k, v in values.items()})
+
+
+def recording_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
+    s = c["selector"]
+    return [
+        {
+            # Worst instant of the sampler's window against the card's floor; signed.
+            "record": "rankscope:corridor_margin_bytes",
+            "expr": _expr(
+                "rankscope_gpu_free_min_bytes{{{s}}} - rankscope_corridor_floor_bytes{{{s}}}",
+                s=s,
+            ),
+        },
+        {
+            # Each rank's latest snapshot round, carried onto its per-(group, op) counts.
+            "record": "rankscope:census_rank_round",
+            "expr": _expr(
+                """
+                rankscope_census_round_collectives{{{s}}} * 0
+                + ignoring(group, op) group_left
+                rankscope_census_round{{{s}}}
+                """,
+                s=s,
+            ),
+        },
+        {
+            # The latest round any rank of the group instance has reported, across hosts.
+            "record": "rankscope:census_group_round",
+            "expr": "max by (boot, group, op) (rankscope:census_rank_round)",
+        },
+        {
+            # Counts of only those ranks that stand at their group's latest round: ranks a
+            # round behind (scrape skew, a tick in flight) are left out, never compared.
+            "record": "rankscope:census_collectives_at_group_round",
+            "expr": _expr(
+                """
+                rankscope_census_round_collectives{{{s}}}
+                and
+                (rankscope:census_rank_round == on(boot, group, op) group_left rankscope:census_group_round)
+                """,
+                s=s,
+            ),
+        },
+        {
+            # How many collectives a rank is behind the most advanced rank at the same round.
+            "record": "rankscope:census_rank_deficit",
+            "expr": _expr(
+                """
+                max by (boot, group, op) (rankscope:census_collectives_at_group_round)
+                - on(boot, group, op) group_right
+                rankscope:census_collectives_at_group_round
+                """
+            ),
+        },
+        {
+            # The cross-rank skew of one (boot, group instance, op): max minus min at the round.
+            "record": "rankscope:census_skew",
+            "expr": "max by (boot, group, op) (rankscope:census_rank_deficit)",
+        },
+    ]
+
+
+# How a description names a card: index, uuid and the daemon that watches it.
+_CARD = "{{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
+
+
+def _alert(
+    name: str,
+    severity: str,
+    expr: str,
+    for_: str,
+    summary: str,
+    description: str,
+    c: Mapping[str, Any],
+) -> dict[str, Any]:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": str(for_),
+        "labels": {"severity": severity},
+        "annotations": {
+            "summary": summary,
+            "description": " ".join(description.replace("<card>", _CARD).split()),
+            "runbook_url": f"{c['runbookUrl']}#{name.lower()}",
+        },
+    }
+
+
+def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
+    s = c["selector"]
+    card = c["cardLabels"]
+    daemon = c["daemonLabels"]
+    return [
+        _alert(
+            "RankscopeCorridorBreach",
+            "critical",
+            _expr(
+                """
+                increase(rankscope_corridor_breach_seconds_total{{{s}}}[{w}]) > 0
+                or
+                increase(rankscope_corridor_breaches_total{{{s}}}[{w}]) > 0
+                or
+                rankscope:corridor_margin_bytes < 0
+                """,
+                s=s,
+                w=c["corridorBreachWindow"],
+            ),
+            c["corridorBreachFor"],
+            "A card's free memory fell below its corridor floor.",
+            """Card <card> spent time below its free-memory floor{{ with printf
+            "rankscope_corridor_floor_bytes{instance=%q,uuid=%q}" $labels.instance
+            $labels.uuid | query }} of {{ . | first | value | humanize1024 }}B{{ end }} within
+            the breach window; the next allocation there may fail with out-of-memory.""",
+            c,
+        ),
+        _alert(
+            "RankscopeCorridorThin",
+            "warning",
+            _expr(
+                """
+                rankscope:corridor_margin_bytes >= 0
+                and
+                rankscope:corridor_margin_bytes < {share} * rankscope_corridor_floor_bytes{{{s}}}
+                """,
+                s=s,
+                share=c["corridorThinShare"],
+            ),
+            c["corridorThinFor"],
+            "A card's worst-instant free memory stays close to its corridor floor.",
+            """Card <card> has kept only {{ $value | humanize1024 }}B of free memory
+            above its floor at its worst instant.""",
+            c,
+        ),
+        _alert(
+            "RankscopeCensusSkew",
+            "critical",
+            _expr(
+                """
+                rankscope:census_rank_deficit > 0
+                or on(boot, group, op)
+                max by (boot, group, op) (rankscope_census_divergence{{{s}}}) > 0
+                """,
+                s=s,
+            ),
+            c["censusSkewFor"],
+            "Ranks of one group instance disagree on a collective count at the same round.",
+            """{{ if $labels.rank }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} is
+            {{ $value }} {{ $labels.op }} collective(s) behind the most advanced rank of group
+            {{ $labels.group }} at census round {{ with printf
+            "rankscope:census_group_round{boot=%q,group=%q,op=%q}" $labels.boot $labels.group
+            $labels.op | query }}{{ . | first | value }}{{ end }}.{{ else }}The in-process
+            comparison of boot {{ $labels.boot }} found the ranks of group {{ $labels.group }}
+            disagreeing on {{ $labels.op }}.{{ end }} A rank skipped or added a collective;
+            the group will hang in its next mismatched collective.""",
+            c,
+        ),
+        _alert(
+            "RankscopeCensusStalled",
+            "warning",
+            _expr(
+                """
+                time() - rankscope_census_snapshot_timestamp_seconds{{{s}}} > {stall}
+                and on(boot)
+                count by (boot) (rankscope_gpu_process_bytes{{{s}, role="rank"}})
+                """,
+                s=s,
+                stall=c["censusStallSeconds"],
+            ),
+            c["censusStalledFor"],
+            "A live boot's rank stopped writing census snapshots.",
+            """Rank {{ $labels.rank }} of boot {{ $labels.boot }} last wrote a census snapshot
+            {{ $value | humanizeDuration }} ago while the boot still holds GPU memory: the rank
+            is hung in a collective or wedged.""",
+            c,
+        ),
+        _alert(
+            "RankscopeForeignHolder",
+            "warning",
+            _expr(
+                """
+                (rankscope_gpu_process_bytes{{{s}, role="foreign"}} > {min_bytes})
+                * on({card}) group_left(boot)
+                (
+                  0 * topk by ({card}) (1, sum by ({card}, boot) (rankscope_gpu_process_bytes{{{s}, role="rank"}}))
+                  + 1
+                )
+                """,
+                s=s,
+                card=card,
+                min_bytes=c["foreignHolderMinBytes"],
+            ),
+            c["foreignHolderFor"],
+            "A process that is no rank holds memory on a card that serves a boot.",
+            """Process {{ $labels.pid }} ({{ $labels.comm }}) holds
+            {{ $value | humanize1024 }}B on card <card>, which serves boot
+            {{ $labels.boot }}; it is no rank of any boot.""",
+            c,
+        ),
+        _alert(
+            "RankscopeExporterDown",
+            "warning",
+            _expr(
+                """
+                up{{{s}}} == 0
+                or
+                rankscope_up{{{s}}} == 0
+                """,
+                s=s,
+            ),
+            c["exporterDownFor"],
+            "The rankscope daemon or one of its sources is down.",
+            """{{ if $labels.source }}The {{ $labels.source }} source of the rankscope daemon
+            at {{ $labels.instance }} is down.{{ else }}Prometheus cannot scrape the rankscope
+            daemon at {{ $labels.instance }}.{{ end }} Corridor, holdings and census metrics
+            from there are stale or missing.""",
+            c,
+        ),
+        _alert(
+            "RankscopeSamplerLagging",
+            "warning",
+            _expr(
+                """
+                increase(rankscope_sampler_overruns_total{{{s}}}[{w}])
+                / increase(rankscope_sampler_duration_seconds_count{{{s}}}[{w}])
+                > {share}
+                or
+                increase(rankscope_sampler_duration_seconds_count{{{s}}}[{w}]) == 0
+                and on({daemon})
+                count by ({daemon}) (rankscope_gpu_total_bytes{{{s}}})
+                """,
+                s=s,
+                w=c["samplerLagWindow"],
+                share=c["samplerOverrunShare"],
+                daemon=daemon,
+            ),
+            c["samplerLaggingFor"],
+            "The corridor sampler falls behind its interval.",
+            """The corridor sampler of the rankscope daemon at {{ $labels.instance }} {{ if eq $value 0.0
+            }}took no sample{{ else }}started {{ $value |
+            humanizePercentage }} of its samples late{{ end }}: troughs shorter than the
+            scrape interval may go unseen.""",
+            c,
+        ),
+    ]
+
+
+def build(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The rule-file document for ``config`` (overrides of config.DEFAULTS)."""
+    c = merged(config)
+    return {
+        "groups": [
+            {"name": RECORDING_GROUP, "rules": recording_rules(c)},
+            {"name": ALERTING_GROUP, "rules": alerting_rules(c)},
+        ]
+    }
+
+
+def alert_names() -> list[str]:
+    return [r["alert"] for r in alerting_rules(merged())]
+
+
+def record_names() -> list[str]:
+    return [r["record"] for r in recording_rules(merged())]

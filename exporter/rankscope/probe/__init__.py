@@ -1,0 +1,150 @@
+"""The in-rank probe: ``mark(phase)`` records where this process's VRAM went at a boot
+boundary, durably, as one line of its flight file.
+
+    from rankscope import probe
+    probe.configure(tp_rank=0, pp_rank=1, runner="target")  # what the environment cannot say
+    probe.mark("pre_weight_load")
+    ...
+    probe.mark("weights_loaded", shards=4)                    # extras go into the record
+    probe.mark("capture_end", runner="draft")                # this mark only: the draft runner
+    probe.arenas.register("kv", kv_pool)                     # reserved/backed/retained bytes
+
+Armed by RANKSCOPE_DIR (or ``configure(flight_dir=...)``); disarmed, a mark returns at its
+first line. A mark never imports torch, never initialises CUDA, never raises into its caller
+and never blocks on the disk: a failure costs one warning, and the mark carries on.
+docs/probe.md lists what a mark holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from rankscope.probe import arenas
+from rankscope.probe.nvml_view import NvmlView
+from rankscope.probe.torch_view import TorchView
+from rankscope.record import RECORDER, publish_boot_id
+
+__all__ = ["arenas", "configure", "derive", "mark", "publish_boot_id"]
+
+log = logging.getLogger("rankscope")
+
+STREAM = "marks"
+
+# What a mark reads. Tests on machines without a GPU swap in a named fake NVML binding.
+TORCH = TorchView()
+NVML = NvmlView()
+
+_failures_warned: set[str] = set()
+
+
+def configure(
+    *,
+    flight_dir: str | os.PathLike[str] | None = None,
+    boot_id: str | None = None,
+    rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+    tp_rank: int | None = None,
+    pp_rank: int | None = None,
+    runner: str | None = None,
+) -> None:
+    """Set what the environment cannot tell: the flight directory (arms the probe), the
+    boot id, and the rank identity. Arguments left at None keep their current value."""
+    fields = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world_size,
+        "tp_rank": tp_rank,
+        "pp_rank": pp_rank,
+        "runner": runner,
+    }
+    RECORDER.configure(
+        flight_dir=flight_dir,
+        boot_id=boot_id,
+        **{k: v for k, v in fields.items() if v is not None},
+    )
+
+
+def derive(
+    torch_view: dict[str, Any], nvml_view: dict[str, Any], arena_views: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The derived fields of a mark (a pure function). Signed, never floored; null where a
+    side is unmeasured.
+
+    non_torch: NVML's bytes of this process minus the allocator's reserved bytes (the CUDA
+    context, NCCL and cuBLAS workspaces, graph private pools; negative when the allocator
+    counts more than the driver holds). unbacked_reservation: reserved minus backed, summed
+    over the arenas that report both.
+    """
+    reserved, self_bytes = torch_view.get("reserved"), nvml_view.get("self_bytes")
+    unbacked: int | None = None
+    for view in arena_views.values():
+        if view.get("reserved") is not None and view.get("backed") is not None:
+            unbacked = (unbacked or 0) + view["reserved"] - view["backed"]
+    non_torch = self_bytes - reserved if reserved is not None and self_bytes is not None else None
+    return {
+        "non_torch": non_torch,
+        "non_torch_measured": non_torch is not None,
+        "unbacked_reservation": unbacked,
+    }
+
+
+def mark(phase: str, *, runner: str | None = None, **extra: Any) -> dict[str, Any] | None:
+    """Record one mark. ``runner`` overrides the configured runner for this mark only (a
+    phase that target and draft both run); ``extra`` keyword values go into the record.
+
+    Returns the payload recorded (also when the disk refused it), None when disarmed or when
+    the mark itself failed; never raises."""
+    if not RECORDER.armed:
+        return None
+    try:
+        payload = _measure(str(phase), extra)
+        if runner is not None:
+            payload["runner"] = runner
+    except Exception as exc:  # an instrument may cost a log line, never a boot
+        _warn_once("measure", f"rankscope: mark({phase!r}) failed and was skipped: {exc!r}")
+        return None
+    RECORDER.write(STREAM, "mark", payload)
+    return payload
+
+
+def _measure(phase: str, extra: dict[str, Any]) -> dict[str, Any]:
+    reading = TORCH.read()
+    process = RECORDER.process
+    nvml_index, driver, nvml = NVML.read(
+        reading.device, reading.why_no_device, process.pid, process.pidns
+    )
+    arena_views = arenas.snapshot()
+    device = reading.device
+    return {
+        "phase": phase,
+        "extra": extra,
+        "device": {
+            "index": device.index if device else None,
+            "uuid": device.uuid if device else None,
+            "nvml_index": nvml_index,
+            "why": reading.why_no_device,
+        },
+        "torch": reading.view,
+        "driver": driver,
+        "nvml": nvml,
+        "arenas": arena_views,
+        "derived": derive(reading.view, nvml, arena_views),
+    }
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _failures_warned:
+        _failures_warned.add(key)
+        log.warning("%s; further failures are not logged", message)
+
+
+def _after_fork_in_child() -> None:
+    TORCH.after_fork_in_child()
+    NVML.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,179 @@
+"""The NVML view of a mark: the card's free and total memory, this process's bytes and the
+card's full pid -> bytes map.
+
+NVML is initialised once, lazily, at the first mark that knows its card; handles are cached
+by uuid. A failed initialisation is remembered (and said in every record) rather than
+retried per mark. NVML never creates a CUDA context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rankscope.probe.torch_view import Device
+from rankscope.record import HOST_PIDNS_INODE
+
+ProcessList = list[tuple[int, int | None]]
+
+
+def empty_driver(why: str) -> dict[str, Any]:
+    return {"free": None, "total": None, "why": why}
+
+
+def empty_nvml(why: str) -> dict[str, Any]:
+    return {"self_bytes": None, "procs": None, "why": why}
+
+
+def own_bytes(procs: ProcessList, pid: int, pidns: int | None) -> tuple[int | None, str | None]:
+    """This process's bytes in NVML's list (a pure function): (bytes, None) or (None, why).
+
+    NVML lists host pids. In the host PID namespace a pid missing from the list is a process
+    with no context on the card (0 bytes, measured); in any other namespace the pid this
+    process sees is not the one NVML lists, so the bytes are not attributable here.
+    """
+    in_host_ns = pidns == HOST_PIDNS_INODE
+    if in_host_ns:
+        for proc_pid, used in procs:
+            if proc_pid == pid:
+                if used is None:
+                    return None, "NVML does not report per-process memory on this card"
+                return used, None
+        return 0, None
+    if pidns is None:
+        return None, "PID namespace unknown (no /proc/self/ns/pid); NVML lists host pids"
+    return None, (
+        f"this process runs in PID namespace {pidns}, not the host's; NVML lists host pids, "
+        "so the daemon attributes this process's bytes"
+    )
+
+
+def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
+    """One C call per read into a reused buffer. pynvml's public wrapper calls NVML twice and
+    builds a Python object per process; this is the same NVML function without either."""
+    get_fn = getattr(nvml, "_nvmlGetFunctionPointer", None)
+    struct = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
+    if get_fn is None or struct is None:
+        return None
+    try:
+        fn = get_fn("nvmlDeviceGetComputeRunningProcesses_v3")
+    except Exception:
+        return None
+    not_available = nvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+    state = {"buf": (struct * 64)()}
+
+    def list_processes(handle: Any) -> ProcessList:
+        while True:
+            buf = state["buf"]
+            count = ctypes.c_uint(len(buf))
+            ret = fn(handle, ctypes.byref(count), buf)
+            if ret == nvml.NVML_SUCCESS:
+                return [
+                    (
+                        int(buf[i].pid),
+                        None
+                        if buf[i].usedGpuMemory == not_available
+                        else int(buf[i].usedGpuMemory),
+                    )
+                    for i in range(count.value)
+                ]
+            if ret != nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                raise nvml.NVMLError(ret)
+            state["buf"] = (struct * (count.value * 2 + 8))()
+
+    return list_processes
+
+
+def _public_process_lister(nvml: Any) -> Callable[[Any], ProcessList]:
+    def list_processes(handle: Any) -> ProcessList:
+        return [
+            (int(p.pid), p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        ]
+
+    return list_processes
+
+
+class NvmlView:
+    """Lazily initialised NVML with handles cached by uuid.
+
+    ``module`` is the NVML binding (pynvml from nvidia-ml-py by default); tests on machines
+    without a GPU pass a named fake.
+    """
+
+    def __init__(self, module: Any = None) -> None:
+        self._module = module
+        self._lock = threading.Lock()
+        self._ready = False
+        self._failure: str | None = None
+        self._handles: dict[str, tuple[Any, int]] = {}  # uuid -> (handle, nvml index)
+        self._list_processes: Callable[[Any], ProcessList] | None = None
+
+    def _init_locked(self) -> None:
+        if self._ready or self._failure:
+            return
+        try:
+            nvml = self._module or importlib.import_module("pynvml")
+            nvml.nvmlInit()
+        except Exception as exc:
+            self._failure = f"NVML unavailable: {exc}"
+            return
+        self._module = nvml
+        self._list_processes = _fast_process_lister(nvml) or _public_process_lister(nvml)
+        self._ready = True
+
+    def _handle(self, uuid: str) -> tuple[Any, int]:
+        cached = self._handles.get(uuid)
+        if cached is None:
+            with self._lock:
+                self._init_locked()
+                if self._failure:
+                    raise RuntimeError(self._failure)
+                nvml = self._module
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                cached = self._handles[uuid] = (handle, int(nvml.nvmlDeviceGetIndex(handle)))
+        return cached
+
+    def read(
+        self, device: Device | None, why_no_device: str | None, pid: int, pidns: int | None
+    ) -> tuple[int | None, dict[str, Any], dict[str, Any]]:
+        """(nvml index, driver view, nvml view) of this process's card."""
+        if device is None:
+            why = why_no_device or "no CUDA device in this process"
+            return None, empty_driver(why), empty_nvml(why)
+        if device.uuid is None:
+            why = f"CUDA device {device.index} reports no uuid to match with NVML"
+            return None, empty_driver(why), empty_nvml(why)
+        try:
+            handle, nvml_index = self._handle(device.uuid)
+        except Exception as exc:
+            why = self._failure or f"NVML has no card {device.uuid}: {exc}"
+            return None, empty_driver(why), empty_nvml(why)
+        nvml = self._module
+        try:
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            driver: dict[str, Any] = {"free": int(info.free), "total": int(info.total), "why": None}
+        except Exception as exc:
+            driver = empty_driver(f"NVML memory info failed: {exc}")
+        try:
+            assert self._list_processes is not None
+            procs = self._list_processes(handle)
+        except Exception as exc:
+            return nvml_index, driver, empty_nvml(f"NVML process list failed: {exc}")
+        self_bytes, self_why = own_bytes(procs, pid, pidns)
+        view = {
+            "self_bytes": self_bytes,
+            "procs": {str(p): used for p, used in procs},
+            "why": self_why,
+        }
+        return nvml_index, driver, view
+
+    def after_fork_in_child(self) -> None:
+        """NVML state is not fork-safe: a child initialises its own on its first mark."""
+        self._lock = threading.Lock()
+        self._ready = False
+        self._failure = None
+        self._handles = {}
+        self._list_processes = None

@@ -1,0 +1,104 @@
+"""The torch allocator view of a mark, read without ever initialising CUDA.
+
+torch is used only if the host program already imported it (importing it here would cost
+seconds), and CUDA only if the host already initialised it: a mark before the first
+allocation must leave the card untouched.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+NOT_IMPORTED = "torch is not imported in this process"
+NOT_INITIALISED = "CUDA not initialised in this process"
+
+
+@dataclass(frozen=True)
+class Device:
+    """The card this process works on: its CUDA index and NVML's uuid string (GPU-...)."""
+
+    index: int
+    uuid: str | None
+
+
+@dataclass
+class TorchReading:
+    device: Device | None
+    view: dict[str, Any]  # {reserved, allocated, peak_allocated, num_alloc_retries, num_ooms, why}
+    why_no_device: str | None
+
+
+def empty_view(why: str) -> dict[str, Any]:
+    return {
+        "reserved": None,
+        "allocated": None,
+        "peak_allocated": None,
+        "num_alloc_retries": None,
+        "num_ooms": None,
+        "why": why,
+    }
+
+
+def nvml_uuid(raw: Any) -> str:
+    """torch prints a device uuid bare; NVML names the same card 'GPU-<uuid>'."""
+    text = str(raw)
+    return text if text.startswith(("GPU-", "MIG-")) else "GPU-" + text
+
+
+def view_from_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    """The mark's allocator fields from torch's nested memory-stats dict (a pure function)."""
+
+    def nested(*path: str) -> int | None:
+        node: Any = stats
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                return None
+            node = node[key]
+        return int(node) if isinstance(node, int) else None
+
+    return {
+        "reserved": nested("reserved_bytes", "all", "current"),
+        "allocated": nested("allocated_bytes", "all", "current"),
+        "peak_allocated": nested("allocated_bytes", "all", "peak"),
+        "num_alloc_retries": nested("num_alloc_retries"),
+        "num_ooms": nested("num_ooms"),
+        "why": None,
+    }
+
+
+class TorchView:
+    """Reads the allocator of the current device; caches each device's uuid."""
+
+    def __init__(self) -> None:
+        self._uuids: dict[int, str | None] = {}
+
+    def read(self) -> TorchReading:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return TorchReading(None, empty_view(NOT_IMPORTED), NOT_IMPORTED)
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return TorchReading(None, empty_view(NOT_INITIALISED), NOT_INITIALISED)
+        c = torch._C
+        # The private accessors skip torch.cuda's wrappers: memory_stats() flattens ~120 keys
+        # into a sorted dict (tens of microseconds) where a mark needs five numbers.
+        get_device = getattr(c, "_cuda_getDevice", None) or cuda.current_device
+        index = int(get_device())
+        device = Device(index, self._uuid(cuda, index))
+        memory_stats = getattr(c, "_cuda_memoryStats", None)
+        if memory_stats is None:
+            stats = cuda.memory_stats_as_nested_dict(index)
+        else:
+            stats = memory_stats(index)
+        return TorchReading(device, view_from_stats(stats), None)
+
+    def _uuid(self, cuda: Any, index: int) -> str | None:
+        if index not in self._uuids:
+            raw = getattr(cuda.get_device_properties(index), "uuid", None)
+            self._uuids[index] = nvml_uuid(raw) if raw is not None else None
+        return self._uuids[index]
+
+    def after_fork_in_child(self) -> None:
+        self._uuids.clear()

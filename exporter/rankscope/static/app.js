@@ -1,0 +1,398 @@
+// The status page: reads the daemon's JSON API every 2 s and draws the cards, the boot
+// phase waterfall, the holdings and the census. Plain DOM, no framework, no build step, no
+// CDN. Every value from the API goes in through textContent, never as HTML: a process name
+// is whatever the process chose to call itself.
+"use strict";
+
+const REFRESH_MS = 2000;
+const PHASE_COLOURS = [
+  "#3b6fd8", "#2a9d8f", "#e9a03b", "#8e5cc9", "#d8503b", "#5a8f29", "#c4458f", "#4a6a8a",
+];
+
+// ---- small helpers ------------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "style") Object.assign(node.style, value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function isNum(v) {
+  return typeof v === "number" && Number.isFinite(v);
+}
+
+const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+
+// Binary units; null (unmeasured) shows as an em dash, never as 0.
+function bytes(v, signed) {
+  if (!isNum(v)) return "—";
+  const sign = v < 0 ? "−" : signed && v > 0 ? "+" : "";
+  let x = Math.abs(v);
+  let i = 0;
+  while (x >= 1024 && i < UNITS.length - 1) {
+    x /= 1024;
+    i += 1;
+  }
+  return sign + (i === 0 ? String(x) : x.toFixed(x >= 100 ? 0 : x >= 10 ? 1 : 2)) + " " + UNITS[i];
+}
+
+function seconds(v) {
+  if (!isNum(v)) return "—";
+  return v < 10 ? v.toFixed(2) + " s" : v.toFixed(1) + " s";
+}
+
+function rankLabel(p) {
+  const parts = [];
+  parts.push(p.rank === null || p.rank === undefined ? "rank ?" : "rank " + p.rank);
+  const tp = isNum(p.tp_rank) ? "tp " + p.tp_rank : null;
+  const pp = isNum(p.pp_rank) ? "pp " + p.pp_rank : null;
+  if (tp || pp) parts.push("(" + [pp, tp].filter(Boolean).join(", ") + ")");
+  return parts.join(" ");
+}
+
+async function getJSON(path) {
+  const resp = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store" });
+  if (!resp.ok) throw new Error(path + ": HTTP " + resp.status);
+  return resp.json();
+}
+
+function replace(container, ...nodes) {
+  container.replaceChildren(...nodes.flat().filter((n) => n));
+}
+
+// ---- cards --------------------------------------------------------------------------------
+
+function segment(cls, value, total, title) {
+  if (!isNum(value) || value <= 0 || !isNum(total) || total <= 0) return null;
+  return el("div", {
+    class: "seg " + cls,
+    title: title + ": " + bytes(value),
+    style: { width: ((100 * value) / total).toFixed(3) + "%" },
+  });
+}
+
+function cardBar(card) {
+  const total = card.total;
+  const procs = card.processes || [];
+  const bar = el("div", { class: "bar", "data-gpu": card.gpu });
+  // One segment per rank process, so ranks sharing a card stay distinguishable.
+  for (const p of procs.filter((q) => q.role === "rank")) {
+    bar.append(segment("rank", p.bytes, total, rankLabel(p) + " pid " + p.pid) || "");
+  }
+  const rankSum = procs.filter((q) => q.role === "rank").reduce((s, q) => s + (q.bytes || 0), 0);
+  const rankRest = isNum(card.rank_resident) ? card.rank_resident - rankSum : null;
+  bar.append(segment("rank", rankRest, total, "rank-resident (other)") || "");
+  bar.append(segment("foreign", card.foreign, total, "foreign") || "");
+  bar.append(segment("unattributed", card.unattributed, total, "unattributed") || "");
+  bar.append(segment("free", card.free, total, "free") || "");
+  if (isNum(card.floor) && isNum(total) && total > 0) {
+    // The floor is counted from the top of the card: free must stay right of this line.
+    const pos = (100 * (total - card.floor)) / total;
+    const breached = isNum(card.free) && card.free < card.floor;
+    bar.append(
+      el("div", {
+        class: "floor-mark" + (breached ? " breached" : ""),
+        title: "floor " + bytes(card.floor),
+        style: { left: Math.max(0, Math.min(100, pos)).toFixed(3) + "%" },
+      }),
+    );
+  }
+  return bar;
+}
+
+function fact(name, value, negative) {
+  return [el("dt", {}, name), el("dd", { class: negative ? "neg" : null }, value)];
+}
+
+function holdingsTable(card) {
+  const procs = (card.processes || []).slice().sort((a, b) => (b.bytes || 0) - (a.bytes || 0));
+  if (!procs.length) return el("p", { class: "empty" }, "no process holds memory on this card");
+  return el(
+    "table",
+    { class: "holdings" },
+    el(
+      "thead",
+      {},
+      el("tr", {}, el("th", {}, "pid"), el("th", {}, "process"), el("th", {}, "role"),
+        el("th", {}, "boot / rank"), el("th", { class: "num" }, "bytes")),
+    ),
+    el(
+      "tbody",
+      {},
+      procs.map((p) =>
+        el(
+          "tr",
+          { class: p.role === "foreign" ? "foreign" : null },
+          el("td", { class: "mono" }, p.pid),
+          el("td", {}, p.comm || "—"),
+          el("td", {}, p.role || "—"),
+          el("td", {}, p.role === "rank" ? (p.boot || "?") + " / " + rankLabel(p) : "—"),
+          el("td", { class: "num" }, bytes(p.bytes)),
+        ),
+      ),
+    ),
+  );
+}
+
+function renderCard(card) {
+  const breach = isNum(card.margin) && card.margin < 0;
+  const simulated = card.source === "simulated";
+  return el(
+    "div",
+    { class: "card" + (breach ? " breach" : ""), "data-gpu": card.gpu, "data-uuid": card.uuid },
+    el(
+      "h3",
+      {},
+      "GPU " + card.gpu + " ",
+      el("span", { class: "model" }, card.model || ""),
+      el("span", { class: "badge" + (simulated ? " simulated" : "") },
+        simulated ? "simulated card" : card.source || "?"),
+    ),
+    el("div", { class: "uuid mono" }, card.uuid || ""),
+    cardBar(card),
+    el(
+      "dl",
+      { class: "facts" },
+      fact("total", bytes(card.total)),
+      fact("free now", bytes(card.free)),
+      fact("worst free", bytes(card.free_min)),
+      fact("floor", bytes(card.floor)),
+      fact("margin", bytes(card.margin, true), breach),
+      fact("breaches", isNum(card.breaches) ? String(card.breaches) : "—", card.breaches > 0),
+      fact("below floor", seconds(card.breach_seconds), card.breach_seconds > 0),
+      fact("rank-resident", bytes(card.rank_resident)),
+      fact("foreign", bytes(card.foreign), card.foreign > 0),
+      fact("unattributed", bytes(card.unattributed, true)),
+    ),
+    holdingsTable(card),
+  );
+}
+
+function renderCards(doc) {
+  const cards = (doc && doc.cards) || [];
+  const box = document.getElementById("cards");
+  if (!cards.length) {
+    replace(box, el("p", { class: "empty" }, (doc && doc.why) || "no cards reported yet"));
+    return;
+  }
+  replace(box, cards.map(renderCard));
+}
+
+// ---- phase waterfall ----------------------------------------------------------------------
+
+function renderPhases(doc) {
+  const box = document.getElementById("phases");
+  const procs = ((doc && doc.processes) || []).filter((p) => (p.marks || []).length);
+  if (!procs.length) {
+    replace(box, el("p", { class: "empty" }, "no marks recorded for this boot yet"));
+    return;
+  }
+  let t0 = Infinity;
+  let t1 = -Infinity;
+  const phaseNames = [];
+  for (const p of procs) {
+    for (const m of p.marks) {
+      if (isNum(m.wall)) {
+        t0 = Math.min(t0, m.wall);
+        t1 = Math.max(t1, m.wall);
+      }
+      if (!phaseNames.includes(m.phase)) phaseNames.push(m.phase);
+    }
+  }
+  const span = Math.max(t1 - t0, 1e-3);
+  const colour = (phase) => PHASE_COLOURS[phaseNames.indexOf(phase) % PHASE_COLOURS.length];
+  const rows = procs.map((p) => {
+    const marks = p.marks.filter((m) => isNum(m.wall)).sort((a, b) => a.wall - b.wall);
+    const track = el("div", { class: "wf-track" });
+    marks.forEach((m, i) => {
+      // A segment runs from the previous mark to this one and is named by this mark: the
+      // time the rank took to reach it.
+      const start = i === 0 ? m.wall : marks[i - 1].wall;
+      const left = (100 * (start - t0)) / span;
+      const width = Math.max((100 * (m.wall - start)) / span, 0.4);
+      track.append(
+        el(
+          "div",
+          {
+            class: "wf-seg",
+            "data-phase": m.phase,
+            title: m.phase + (m.runner ? " [" + m.runner + "]" : "") + " at +" +
+              (m.wall - t0).toFixed(2) + " s (" + (m.wall - start).toFixed(2) + " s after the previous mark)",
+            style: { left: left.toFixed(3) + "%", width: width.toFixed(3) + "%", background: colour(m.phase) },
+          },
+          m.phase,
+        ),
+      );
+    });
+    const last = marks.length ? marks[marks.length - 1].phase : "—";
+    return el(
+      "div",
+      { class: "wf-row", "data-rank": p.rank, "data-pid": p.pid },
+      el("div", { class: "wf-label", title: "pid " + p.pid + " on " + p.host }, rankLabel(p)),
+      track,
+      el("div", { class: "wf-last", title: "latest mark" }, last),
+    );
+  });
+  const legend = el(
+    "div",
+    { class: "wf-legend" },
+    phaseNames.map((name) => el("span", {}, el("i", { style: { background: colour(name) } }), name)),
+  );
+  const axis = el("div", { class: "wf-axis" }, el("span", {}, "0 s"), el("span", {}, "+" + span.toFixed(2) + " s"));
+  replace(box, el("div", { class: "waterfall" }, rows, axis, legend));
+}
+
+// ---- census -------------------------------------------------------------------------------
+
+// The census document: {boot, ranks: [{rank, round, wall, counts: [[group, op, n], ...]}],
+// divergences: [{group, op, round, counts: {rank: n}, lagging: [...]}]}. Counts are compared
+// only between ranks of one group instance that stand at the same round.
+function censusRows(doc) {
+  const ranks = (doc && doc.ranks) || [];
+  const rows = new Map();
+  for (const r of ranks) {
+    for (const [group, op, n] of r.counts || []) {
+      const key = group + "\u0000" + op;
+      if (!rows.has(key)) rows.set(key, { group, op, cells: new Map() });
+      rows.get(key).cells.set(r.rank, { n, round: r.round });
+    }
+  }
+  const flagged = new Set(
+    ((doc && doc.divergences) || []).filter((d) => (d.lagging || []).length)
+      .map((d) => d.group + "\u0000" + d.op),
+  );
+  for (const [key, row] of rows) {
+    // Among the ranks at this row's latest round, a count lower than the highest is a lag.
+    const rounds = [...row.cells.values()].map((c) => c.round).filter(isNum);
+    const top = rounds.length ? Math.max(...rounds) : null;
+    const atTop = [...row.cells.values()].filter((c) => c.round === top).map((c) => c.n);
+    const max = atTop.length ? Math.max(...atTop) : null;
+    row.behind = new Set();
+    for (const [rank, c] of row.cells) {
+      if (c.round === top && isNum(max) && c.n < max) row.behind.add(rank);
+    }
+    row.diverged = row.behind.size > 0 || flagged.has(key);
+  }
+  return { ranks: ranks.map((r) => r.rank), rounds: ranks, rows: [...rows.values()] };
+}
+
+function renderCensus(doc) {
+  const box = document.getElementById("census");
+  const { ranks, rounds, rows } = censusRows(doc);
+  if (!rows.length) {
+    replace(box, el("p", { class: "empty" }, "no census snapshots for this boot yet"));
+    return;
+  }
+  rows.sort((a, b) => (a.group + a.op).localeCompare(b.group + b.op));
+  const diverged = rows.filter((r) => r.diverged);
+  const summary = diverged.length
+    ? el("p", { class: "neg", id: "census-verdict" }, "diverged: " +
+        diverged.map((r) => r.group + " " + r.op + " (behind: rank " + [...r.behind].join(", rank ") + ")").join("; "))
+    : el("p", { id: "census-verdict" }, "all ranks agree at their latest common round");
+  const head = el(
+    "tr",
+    {},
+    el("th", {}, "group"),
+    el("th", {}, "op"),
+    ranks.map((r) => el("th", { class: "num" }, "rank " + r)),
+  );
+  const roundRow = el(
+    "tr",
+    { class: "rounds" },
+    el("td", { class: "key" }, "round"),
+    el("td", {}, ""),
+    rounds.map((r) => el("td", { class: "num" }, isNum(r.round) ? r.round : "—")),
+  );
+  const body = rows.map((row) =>
+    el(
+      "tr",
+      { class: row.diverged ? "diverged" : null, "data-group": row.group, "data-op": row.op },
+      el("td", { class: "key mono" }, row.group),
+      el("td", { class: "key" }, row.op),
+      ranks.map((r) => {
+        const c = row.cells.get(r);
+        return el("td", { class: "num" + (row.behind.has(r) ? " diverged" : "") }, c ? c.n : "");
+      }),
+    ),
+  );
+  replace(box, summary, el("table", { class: "census" }, el("thead", {}, head), el("tbody", {}, roundRow, body)));
+}
+
+// ---- refresh ------------------------------------------------------------------------------
+
+let chosenBoot = new URLSearchParams(location.search).get("boot") || "";
+
+function renderBoots(doc) {
+  const select = document.getElementById("boot-select");
+  const boots = (doc && doc.boots) || [];
+  const options = [el("option", { value: "" }, "latest")].concat(
+    boots.map((b) => el("option", { value: b.boot }, b.boot + (b.latest ? " (latest)" : ""))),
+  );
+  replace(select, options);
+  select.value = boots.some((b) => b.boot === chosenBoot) ? chosenBoot : "";
+  const shown = boots.find((b) => (chosenBoot ? b.boot === chosenBoot : b.latest));
+  const info = document.getElementById("boot-info");
+  info.textContent = shown
+    ? shown.boot + " · " + (shown.ranks || []).length + " ranks · " + shown.processes + " processes"
+    : "no boot recorded yet";
+}
+
+async function refresh() {
+  const status = document.getElementById("status");
+  const q = chosenBoot ? "?boot=" + encodeURIComponent(chosenBoot) : "";
+  document.getElementById("phases-link").setAttribute("href", "api/v1/phases" + q);
+  document.getElementById("census-link").setAttribute("href", "api/v1/census" + q);
+  const parts = [
+    ["boots", "api/v1/boots", renderBoots],
+    ["cards", "api/v1/cards", renderCards],
+    ["phases", "api/v1/phases" + q, renderPhases],
+    ["census", "api/v1/census" + q, renderCensus],
+  ];
+  const results = await Promise.allSettled(parts.map(([, path]) => getJSON(path)));
+  const failed = [];
+  results.forEach((res, i) => {
+    const [name, , render] = parts[i];
+    if (res.status !== "fulfilled") {
+      failed.push(name + " (" + res.reason.message + ")");
+      return;
+    }
+    try {
+      render(res.value);
+    } catch (err) {
+      // A document this page cannot draw is reported on the page, not only in the console.
+      failed.push(name + " (unexpected document: " + err.message + ")");
+    }
+  });
+  const now = new Date().toLocaleTimeString();
+  status.className = "status " + (failed.length ? "error" : "ok");
+  status.textContent = failed.length ? "could not read " + failed.join(", ") + " at " + now : "live · " + now;
+  document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
+}
+
+document.getElementById("boot-select").addEventListener("change", (ev) => {
+  chosenBoot = ev.target.value;
+  const url = new URL(location.href);
+  if (chosenBoot) url.searchParams.set("boot", chosenBoot);
+  else url.searchParams.delete("boot");
+  history.replaceState(null, "", url);
+  refresh();
+});
+
+async function loop() {
+  try {
+    await refresh();
+  } finally {
+    setTimeout(loop, REFRESH_MS);
+  }
+}
+
+loop();

@@ -1,0 +1,179 @@
+"""The daemon's tail of the flight directory, and the record writer the daemon tests share.
+
+Records are written by rankscope.record.Recorder, the probe's own writer, with the payload
+a probe on a GPU host writes (the values are given here, since this machine has no GPU).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rankscope.daemon.flightstate import FlightState, RankProcess
+from rankscope.record import ProcessIdentity, RankIdentity, Recorder
+
+GiB = 1 << 30
+MiB = 1 << 20
+HOST_PIDNS = 4026531836
+
+
+def rank_recorder(
+    flight_dir: Path,
+    boot: str,
+    rank: int,
+    *,
+    pid: int | None = None,
+    start_ticks: int | None = None,
+    host: str = "node-a",
+    tp_rank: int | None = None,
+    pp_rank: int | None = 0,
+    runner: str | None = "target",
+) -> Recorder:
+    pid = 4000 + rank if pid is None else pid
+    return Recorder(
+        flight_dir=flight_dir,
+        rank=RankIdentity(
+            rank=rank,
+            local_rank=rank,
+            world_size=8,
+            tp_rank=rank if tp_rank is None else tp_rank,
+            pp_rank=pp_rank,
+            runner=runner,
+        ),
+        process=ProcessIdentity(
+            host=host,
+            pid=pid,
+            start_ticks=900_000 + pid if start_ticks is None else start_ticks,
+            nspid=(pid,),
+            pidns=HOST_PIDNS,
+        ),
+        boot=boot,
+    )
+
+
+def mark(
+    phase: str,
+    *,
+    gpu: int = 0,
+    reserved: int | None = 1 * GiB,
+    allocated: int | None = GiB // 2,
+    self_bytes: int | None = 1 * GiB + 512 * MiB,
+    free: int | None = 60 * GiB,
+    total: int = 80 * GiB,
+    arenas: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A mark payload as the probe writes it on a GPU host."""
+    measured = reserved is not None and self_bytes is not None
+    return {
+        "phase": phase,
+        "extra": {},
+        "device": {"index": 0, "uuid": f"GPU-{gpu:04d}", "nvml_index": gpu, "why": None},
+        "torch": {
+            "reserved": reserved,
+            "allocated": allocated,
+            "peak_allocated": allocated,
+            "num_alloc_retries": 0,
+            "num_ooms": 0,
+            "why": None if reserved is not None else "torch absent",
+        },
+        "driver": {"free": free, "total": total, "why": None},
+        "nvml": {"self_bytes": self_bytes, "procs": {}, "why": None},
+        "arenas": arenas or {},
+        "derived": {
+            "non_torch": self_bytes - reserved if measured else None,  # type: ignore[operator]
+            "non_torch_measured": measured,
+            "unbacked_reservation": None,
+        },
+    }
+
+
+def census(round_: int, counts: list[list[Any]]) -> dict[str, Any]:
+    return {"round": round_, "counts": counts, "graphs": {}}
+
+
+def test_refresh_reads_only_what_was_appended(flight_dir: Path) -> None:
+    rec = rank_recorder(flight_dir, "boot-1", 0)
+    rec.write("marks", "mark", mark("pre_weight_load"))
+    state = FlightState(flight_dir)
+    assert state.refresh() and state.up
+    assert [m["phase"] for st in state.view().streams for m in st.marks] == ["pre_weight_load"]
+    rec.write("marks", "mark", mark("weights_loaded"))
+    rec.write("census", "census", census(1, [["tp:0-7", "all_reduce", 5]]))
+    state.refresh()
+    view = state.view()
+    phases = [m["phase"] for st in view.streams for m in st.marks]
+    assert phases == ["pre_weight_load", "weights_loaded"]
+    (census_stream,) = [st for st in view.streams if st.census is not None]
+    assert census_stream.snapshot is not None and census_stream.snapshot["round"] == 1
+
+
+def test_the_latest_boot_is_the_one_whose_first_record_is_newest(flight_dir: Path) -> None:
+    old = rank_recorder(flight_dir, "boot-old", 0, pid=100)
+    old.write("marks", "mark", mark("pre_weight_load"))
+    new = rank_recorder(flight_dir, "boot-new", 0, pid=200)
+    new.write("marks", "mark", mark("pre_weight_load"))
+    old.write("marks", "mark", mark("weights_loaded"))  # a late line of the old boot
+    state = FlightState(flight_dir)
+    state.refresh()
+    view = state.view()
+    assert view.boots == ("boot-old", "boot-new")
+    assert view.latest_boot == "boot-new"
+    assert view.recent_boots(1) == {"boot-new"}
+    assert view.recent_boots(0) == {"boot-old", "boot-new"}
+
+
+def test_a_removed_file_takes_its_state_with_it(flight_dir: Path) -> None:
+    old = rank_recorder(flight_dir, "boot-old", 0, pid=100)
+    old.write("marks", "mark", mark("pre_weight_load"))
+    new = rank_recorder(flight_dir, "boot-new", 0, pid=200)
+    new.write("marks", "mark", mark("pre_weight_load"))
+    state = FlightState(flight_dir)
+    state.refresh()
+    assert state.view().boots == ("boot-old", "boot-new")
+    path = new.path_for("marks")
+    assert path is not None
+    path.unlink()
+    state.refresh()
+    assert state.view().boots == ("boot-old",)
+
+
+def test_torn_and_newer_lines_are_counted_not_fatal(flight_dir: Path) -> None:
+    rec = rank_recorder(flight_dir, "boot-1", 0)
+    rec.write("marks", "mark", mark("pre_weight_load"))
+    path = rec.path_for("marks")
+    assert path is not None
+    with open(path, "ab") as f:
+        f.write(b'{"v": 99, "kind": "mark", "boot": "b", "host": "h", "pid": 1, "wall": 1}\n')
+        f.write(b"not json at all\n")
+        f.write(b'{"v": 1, "kind": "mark", "bo\n')
+    state = FlightState(flight_dir)
+    state.refresh()
+    assert state.view().skipped == {"torn": 1, "malformed": 1, "newer_schema": 1}
+    assert len(state.view().streams[0].marks) == 1
+
+
+def test_an_unreadable_directory_is_a_down_source_not_an_exception(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    state = FlightState(not_a_dir)
+    assert state.refresh() is False
+    assert state.up is False and state.error
+    missing = FlightState(tmp_path / "absent")
+    assert missing.refresh() is True  # no job has written yet: empty, and up
+
+
+def test_rank_processes_carry_the_identity_the_holdings_match_on(flight_dir: Path) -> None:
+    rec = rank_recorder(flight_dir, "boot-1", 3, pid=4242, start_ticks=777)
+    rec.write("marks", "mark", mark("pre_weight_load"))
+    rec.write("census", "census", census(1, []))
+    other = rank_recorder(flight_dir, "boot-0", 0, pid=11)
+    other.write("marks", "mark", mark("pre_weight_load"))
+    state = FlightState(flight_dir)
+    procs = state.rank_processes()
+    me = RankProcess(
+        host="node-a", pid=4242, start_ticks=777, nspid=(4242,), pidns=HOST_PIDNS,
+        boot="boot-1", rank=3, local_rank=3,
+    )  # fmt: skip
+    # One entry per process (two streams, one process), the newest boot first.
+    assert procs[0].boot == "boot-0" and procs[1] == me
+    assert len(procs) == 2

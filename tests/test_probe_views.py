@@ -1,0 +1,305 @@
+"""The views a mark reads, as pure functions on fixture data, and the NVML view against the
+real pynvml (no driver here) and a named fake binding standing in for the GPU this machine
+lacks."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rankscope import probe
+from rankscope.flight import read_flight
+from rankscope.probe import arenas
+from rankscope.probe.nvml_view import NvmlView, own_bytes
+from rankscope.probe.torch_view import Device, TorchReading, TorchView, nvml_uuid, view_from_stats
+from rankscope.record import HOST_PIDNS_INODE, Recorder
+
+MiB = 1 << 20
+UUID = "GPU-6f1c0d5e-1111-2222-3333-444455556666"
+
+
+# --- torch view -----------------------------------------------------------------------------
+
+NESTED_STATS: dict[str, Any] = {
+    "reserved_bytes": {"all": {"current": 512 * MiB, "peak": 600 * MiB}, "large_pool": {}},
+    "allocated_bytes": {"all": {"current": 300 * MiB, "peak": 450 * MiB}},
+    "num_alloc_retries": 2,
+    "num_ooms": 0,
+    "active": {"all": {"current": 9}},
+}
+
+
+def test_view_from_stats_reads_the_five_numbers_of_the_nested_dict() -> None:
+    assert view_from_stats(NESTED_STATS) == {
+        "reserved": 512 * MiB,
+        "allocated": 300 * MiB,
+        "peak_allocated": 450 * MiB,
+        "num_alloc_retries": 2,
+        "num_ooms": 0,
+        "why": None,
+    }
+    # A torch that stops reporting a key gives null for it, never 0.
+    partial = view_from_stats({"allocated_bytes": {"all": {"current": 1}}})
+    assert partial["reserved"] is None and partial["num_ooms"] is None and partial["allocated"] == 1
+
+
+def test_nvml_uuid_adds_the_prefix_nvml_uses() -> None:
+    assert nvml_uuid("6f1c0d5e-1111-2222-3333-444455556666") == UUID
+    assert nvml_uuid(UUID) == UUID
+    assert nvml_uuid("MIG-abc") == "MIG-abc"
+
+
+def test_the_torch_view_without_cuda_says_why() -> None:
+    import torch  # the CPU build
+
+    reading = TorchView().read()
+    assert reading.device is None
+    assert reading.why_no_device == "CUDA not initialised in this process"
+    assert not torch.cuda.is_initialized()
+
+
+# --- NVML view ------------------------------------------------------------------------------
+
+
+def test_own_bytes_in_and_out_of_the_host_pid_namespace() -> None:
+    procs = [(10, 300), (11, None), (12, 50)]
+    assert own_bytes(procs, 10, HOST_PIDNS_INODE) == (300, None)
+    assert own_bytes(procs, 99, HOST_PIDNS_INODE) == (0, None)  # no context on this card
+    value, why = own_bytes(procs, 11, HOST_PIDNS_INODE)
+    assert value is None and why is not None and "per-process" in why
+    value, why = own_bytes(procs, 10, 4026532000)  # pid 10 in a container is not host pid 10
+    assert value is None and why is not None and "PID namespace 4026532000" in why
+    value, why = own_bytes(procs, 10, None)
+    assert value is None and why is not None
+
+
+def test_the_real_pynvml_without_a_driver_gives_nulls_and_is_not_retried() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML works here; this test is for machines without a driver")
+    view = NvmlView()
+    index, driver, nvml = view.read(Device(0, UUID), None, 1, HOST_PIDNS_INODE)
+    assert index is None
+    assert driver["free"] is None and nvml["self_bytes"] is None and nvml["procs"] is None
+    assert nvml["why"].startswith("NVML unavailable: ")
+    failure = view._failure
+    view.read(Device(0, UUID), None, 1, HOST_PIDNS_INODE)
+    assert view._failure is failure  # remembered, not re-initialised per mark
+
+
+class FakeNvml:
+    """FAKE NVML binding: stands in for the GPU this machine lacks. Counts calls so the tests
+    can see what the view caches."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, procs: list[tuple[int, int | None]], free: int = 70_000 * MiB) -> None:
+        self.procs = procs
+        self.free = free
+        self.total = 80_000 * MiB
+        self.calls: dict[str, int] = {}
+        self.fail_process_list = False
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def nvmlInit(self) -> None:
+        self._count("init")
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        self._count("handle")
+        if uuid != UUID:
+            raise self.NVMLError("Not Found")
+        return "handle-0"
+
+    def nvmlDeviceGetIndex(self, handle: str) -> int:
+        return 3
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> SimpleNamespace:
+        return SimpleNamespace(free=self.free, total=self.total, used=self.total - self.free)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[SimpleNamespace]:
+        if self.fail_process_list:
+            raise self.NVMLError("GPU is lost")
+        return [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.procs]
+
+
+def test_nvml_view_initialises_once_and_caches_handles() -> None:
+    fake = FakeNvml([(10, 900 * MiB), (77, 4400 * MiB)])
+    view = NvmlView(fake)
+    for _ in range(5):
+        index, driver, nvml = view.read(Device(0, UUID), None, 10, HOST_PIDNS_INODE)
+    assert fake.calls == {"init": 1, "handle": 1}
+    assert index == 3
+    assert driver == {"free": 70_000 * MiB, "total": 80_000 * MiB, "why": None}
+    assert nvml == {
+        "self_bytes": 900 * MiB,
+        "procs": {"10": 900 * MiB, "77": 4400 * MiB},
+        "why": None,
+    }
+
+
+def test_nvml_view_failures_are_fields_not_exceptions() -> None:
+    fake = FakeNvml([(10, 1)])
+    view = NvmlView(fake)
+    _, driver, nvml = view.read(Device(1, "GPU-unknown"), None, 10, HOST_PIDNS_INODE)
+    assert driver["free"] is None and "GPU-unknown" in nvml["why"]
+    fake.fail_process_list = True
+    _, driver, nvml = view.read(Device(0, UUID), None, 10, HOST_PIDNS_INODE)
+    assert driver["free"] == fake.free  # the memory info still came through
+    assert nvml["self_bytes"] is None and "GPU is lost" in nvml["why"]
+    _, driver, nvml = view.read(None, "CUDA not initialised in this process", 10, HOST_PIDNS_INODE)
+    assert driver["why"] == nvml["why"] == "CUDA not initialised in this process"
+
+
+# --- derived fields -------------------------------------------------------------------------
+
+
+def test_derive_is_signed_and_null_where_unmeasured() -> None:
+    torch_view = {"reserved": 1000}
+    assert probe.derive(torch_view, {"self_bytes": 1500}, {}) == {
+        "non_torch": 500,
+        "non_torch_measured": True,
+        "unbacked_reservation": None,
+    }
+    # The allocator counts more than the driver holds: negative, not floored.
+    assert probe.derive(torch_view, {"self_bytes": 400}, {})["non_torch"] == -600
+    unmeasured = probe.derive(torch_view, {"self_bytes": None}, {})
+    assert unmeasured["non_torch"] is None and unmeasured["non_torch_measured"] is False
+    arena_views: dict[str, dict[str, Any]] = {
+        "kv": {"reserved": 8000, "backed": 3000},
+        "draft_kv": {"reserved": 100, "backed": 100},
+        "broken": {"reserved": None, "backed": 5},
+    }
+    assert probe.derive(torch_view, {}, arena_views)["unbacked_reservation"] == 5000
+
+
+# --- arenas ---------------------------------------------------------------------------------
+
+
+class Arena:
+    def __init__(self, reserved: int, backed: int) -> None:
+        self.reserved_bytes = reserved
+        self._backed = backed
+
+    def backed_bytes(self) -> int:
+        return self._backed
+
+    @property
+    def retained_bytes(self) -> int:
+        return 7
+
+
+@pytest.fixture
+def clean_registry() -> Any:
+    before = dict(arenas._registry)
+    arenas._registry.clear()
+    yield
+    arenas._registry.clear()
+    arenas._registry.update(before)
+
+
+@pytest.mark.usefixtures("clean_registry")
+def test_the_arena_protocol_accepts_attributes_methods_and_properties() -> None:
+    class Odd:
+        reserved_bytes = None  # the arena cannot tell
+
+        def backed_bytes(self) -> int:
+            raise RuntimeError("unmapped")
+
+    keep = [Arena(100, 40), Odd()]
+    assert arenas.register("kv", keep[0]) and arenas.register("odd", keep[1])
+    snap = arenas.snapshot()
+    assert snap["kv"] == {"reserved": 100, "backed": 40, "retained": 7, "why": None}
+    odd = snap["odd"]
+    assert (odd["reserved"], odd["backed"], odd["retained"]) == (None, None, None)
+    assert (
+        "unknown" in odd["why"] and "unmapped" in odd["why"] and "no retained_bytes" in odd["why"]
+    )
+
+
+@pytest.mark.usefixtures("clean_registry")
+def test_an_arena_collected_while_registered_is_not_kept_alive(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(probe, "RECORDER", Recorder(flight_dir=flight_dir, boot="b"))
+    arena = Arena(64 * MiB, 16 * MiB)
+    alive = weakref.ref(arena)
+    arenas.register("kv", arena)
+    first = probe.mark("kv_pool_sized")
+    assert first is not None and first["arenas"]["kv"]["backed"] == 16 * MiB
+    assert first["derived"]["unbacked_reservation"] == 48 * MiB
+    del arena
+    gc.collect()
+    assert alive() is None  # the registry held it weakly
+    assert arenas.registered() == [] and arenas._registry == {}
+    second = probe.mark("boot_complete")
+    assert second is not None and second["arenas"] == {}
+    assert [r["arenas"] for r in read_flight(flight_dir).records] == [first["arenas"], {}]
+
+
+@pytest.mark.usefixtures("clean_registry")
+def test_an_arena_that_cannot_be_held_weakly_is_refused_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Slotted:
+        __slots__ = ("reserved_bytes",)
+
+    assert arenas.register("kv", Slotted()) is False
+    assert "cannot be weakly referenced" in caplog.text
+    assert arenas.snapshot() == {}
+
+
+@pytest.mark.usefixtures("clean_registry")
+def test_a_later_registration_of_a_name_replaces_the_earlier() -> None:
+    a, b = Arena(1, 1), Arena(2, 2)
+    arenas.register("kv", a)
+    arenas.register("kv", b)
+    del a
+    gc.collect()  # the old arena's finaliser must not remove the new registration
+    assert arenas.snapshot()["kv"]["reserved"] == 2
+
+
+# --- a whole mark on the fake card ----------------------------------------------------------
+
+
+class FakeCudaTorchView(TorchView):
+    """FAKE torch view: CUDA initialised on a card this machine does not have."""
+
+    def __init__(self, stats: dict[str, Any]) -> None:
+        super().__init__()
+        self.stats = stats
+
+    def read(self) -> TorchReading:
+        return TorchReading(Device(0, UUID), view_from_stats(self.stats), None)
+
+
+def test_a_mark_on_the_fake_card_holds_every_view(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = Recorder(flight_dir=flight_dir, boot="b")
+    monkeypatch.setattr(probe, "RECORDER", recorder)
+    monkeypatch.setattr(probe, "TORCH", FakeCudaTorchView(NESTED_STATS))
+    me = recorder.process.pid
+    monkeypatch.setattr(probe, "NVML", NvmlView(FakeNvml([(me, 1012 * MiB), (4242, 4400 * MiB)])))
+    rec = probe.mark("weights_loaded")
+    assert rec is not None
+    assert rec["device"] == {"index": 0, "uuid": UUID, "nvml_index": 3, "why": None}
+    assert rec["torch"]["reserved"] == 512 * MiB
+    assert rec["nvml"]["self_bytes"] == 1012 * MiB
+    assert rec["nvml"]["procs"] == {str(me): 1012 * MiB, "4242": 4400 * MiB}
+    assert rec["driver"]["total"] == 80_000 * MiB
+    assert rec["derived"]["non_torch"] == 500 * MiB
+    (written,) = read_flight(flight_dir).records
+    assert {k: written[k] for k in rec} == rec
