@@ -10,6 +10,11 @@ measured in the same run.
   resolved once; sampler = Sampler.sample() on NvmlSource. The issue's aim: within 1.5x.
   Also the anti-pattern the sampler avoids (nvmlInit, handle, read, nvmlShutdown per read).
 
+- holdings (always): one read of the per-card process lists as the holdings thread makes
+  it every second, 8 cards x 64 real processes (`sleep`, 512 in all, 8 of them matched to
+  rank records), against the bare reads it rests on: the source's process lists and the
+  four /proc files of every pid, uncached.
+
 Figures are medians over rounds; each round times a block of samples.
 """
 
@@ -17,13 +22,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from rankscope.daemon.devices import NvmlSource, ScriptedSource, write_script
+from rankscope.daemon.flightstate import RankProcess
+from rankscope.daemon.holdings import HoldingsReader, read_proc_info
 from rankscope.daemon.sampler import Sampler, parse_floors
+from rankscope.record import read_nspid, read_pidns_inode, read_start_ticks
 
 GiB = 1 << 30
 
@@ -119,14 +128,65 @@ def nvml(samples: int, rounds: int) -> None:
         pynvml.nvmlShutdown()
 
 
+def holdings(cards: int, per_card: int, rounds: int) -> None:
+    sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(cards * per_card)]
+    try:
+        pids = [p.pid for p in sleepers]
+        ranks = [
+            RankProcess("bench", pid, read_start_ticks(pid), read_nspid(pid),
+                        read_pidns_inode(pid), "bench-boot", i, i)
+            for i, pid in enumerate(pids[::per_card])
+        ]  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "cards.json"
+            write_script(
+                path,
+                [{"index": c, "uuid": f"GPU-sim-{c}", "total": 80 * GiB, "free": 10 * GiB,
+                  "processes": {str(pid): GiB for pid in pids[c * per_card : (c + 1) * per_card]}}
+                 for c in range(cards)],
+            )  # fmt: skip
+            sampler = Sampler(ScriptedSource(path))
+            sampler.sample()
+            reader = HoldingsReader(sampler, lambda: ranks)
+            source = sampler.source
+
+            def bare() -> None:
+                for slot in range(cards):
+                    source.read_processes(slot)
+                    source.read_free(slot)
+                for pid in pids:
+                    read_proc_info(pid)
+
+            n = 20
+            b = per_call(bare, n, rounds)
+            r = per_call(reader.read, n, rounds)
+            [view] = sampler.views()[:1]
+            assert view.holdings is not None
+            roles = sorted({h.role for h in view.holdings.processes})
+            print(
+                f"holdings, {cards} cards x {per_card} processes (roles seen: {roles}), per read:"
+            )
+            print(f"  bare reads (lists + 4 /proc files a pid) {b * 1e3:7.2f} ms")
+            print(
+                f"  holdings read (cached, attributed)       {r * 1e3:7.2f} ms   ratio {r / b:5.2f}x"
+            )
+    finally:
+        for p in sleepers:
+            p.kill()
+        for p in sleepers:
+            p.wait()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--cards", type=int, default=8)
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--processes", type=int, default=64, help="per card, for the holdings")
     args = p.parse_args()
     simulated(args.cards, args.samples, args.rounds)
     nvml(args.samples, args.rounds)
+    holdings(args.cards, args.processes, args.rounds)
 
 
 if __name__ == "__main__":

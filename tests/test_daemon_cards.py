@@ -306,6 +306,19 @@ def smi(query: str, what: str = "--query-gpu") -> list[list[int]]:
     return [[int(x) for x in line.split(",")] for line in out.strip().splitlines() if line.strip()]
 
 
+def require_host_pid_view(*pids: int) -> None:
+    """NVML names processes by the pids of the host's PID namespace. In a container without
+    that view they are not this process's children's pids, and no per-pid figure can be
+    checked here: skip, saying so."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        listed = {row[0] for row in smi("pid", "--query-compute-apps")}
+        if listed >= set(pids):
+            return
+        time.sleep(0.5)
+    pytest.skip(f"nvidia-smi lists pids {sorted(listed)}, not {sorted(pids)}: no host PID view")
+
+
 def nvml_free(index: int = 0) -> int:
     import pynvml
 
@@ -322,12 +335,14 @@ def test_gpu_free_and_per_pid_bytes_agree_with_nvidia_smi(flight_dir: Path) -> N
     movement between the two reads while nothing else allocates."""
     rank_proc = start_holder("rs-rank", flight_dir, 2 * GiB)
     other = start_holder("rs-other", None, 1 * GiB)
+    require_host_pid_view(rank_proc.pid, other.pid)
     m = CardMonitor(NvmlSource(), FlightState(flight_dir).rank_processes, holdings_interval=0.2)
     m.start()
     try:
         [c] = wait_for(
             lambda: [c for c in m.cards_json()["cards"]
-                     if c["gpu"] == 0 and {p["pid"] for p in c["processes"]} >= {rank_proc.pid, other.pid}],
+                     if c["gpu"] == 0 and c["free"] is not None
+                     and {p["pid"] for p in c["processes"]} >= {rank_proc.pid, other.pid}],
             timeout=30,
         )  # fmt: skip
         [[smi_free]] = smi("memory.free")
@@ -335,7 +350,6 @@ def test_gpu_free_and_per_pid_bytes_agree_with_nvidia_smi(flight_dir: Path) -> N
         apps = {pid: used for pid, used in smi("pid,used_memory", "--query-compute-apps")}
         ours = {p["pid"]: p for p in c["processes"]}
         for pid in (rank_proc.pid, other.pid):
-            assert pid in apps, f"nvidia-smi does not list pid {pid}: {apps}"
             assert abs(ours[pid]["bytes"] - apps[pid] * MiB) <= 8 * MiB, (ours[pid], apps[pid])
         assert (
             ours[rank_proc.pid]["role"],
@@ -362,7 +376,7 @@ def test_gpu_300ms_spike_by_another_process_shows_in_free_min_and_breaches() -> 
                         holdings_interval=0.2)  # fmt: skip
         m.start()
         try:
-            wait_for(lambda: m.cards_json()["cards"], timeout=30)
+            wait_for(lambda: [c for c in m.cards_json()["cards"] if c["free"] is not None], 30)
             before = scrape(m)
             assert one(before, "rankscope_gpu_free_min_bytes") > floor
             assert one(before, "rankscope_corridor_breaches_total") == 0
@@ -378,6 +392,7 @@ def test_gpu_300ms_spike_by_another_process_shows_in_free_min_and_breaches() -> 
             assert one(after, "rankscope_gpu_free_min_bytes") <= free - spike + 256 * MiB
             assert one(after, "rankscope_corridor_breaches_total") == 1
             assert one(after, "rankscope_corridor_breach_seconds_total") > 0
+            require_host_pid_view(holder.pid)  # the corridor checks above have passed
             names = wait_for(
                 lambda: [p for c in m.cards_json()["cards"] if c["gpu"] == 0
                          for p in c["processes"] if p["pid"] == holder.pid],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,11 +15,22 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from rankscope import catalog
+from rankscope.census.report import census_document
 from rankscope.daemon import cli
 from rankscope.daemon.app import LINKS, Daemon, create_app, landing_page, with_links
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
-from test_daemon_flightstate import census, mark, rank_recorder
+from rankscope.flight import read_flight
+from rankscope.ledger import phases_document
+from rankscope.record import (
+    ProcessIdentity,
+    RankIdentity,
+    Recorder,
+    read_nspid,
+    read_pidns_inode,
+    read_start_ticks,
+)
+from test_daemon_flightstate import GiB, census, mark, rank_recorder
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -166,7 +178,15 @@ def test_catalog_names_follow_prometheus_conventions() -> None:
 def test_the_landing_page_links_every_endpoint(flight_dir: Path, tmp_path: Path) -> None:
     state = FlightState(flight_dir)
     registry = TimedCollectors().registry()
-    bare = TestClient(create_app(registry=registry, state=state, static_dir=tmp_path / "none"))
+    bare = TestClient(
+        create_app(
+            registry=registry,
+            state=state,
+            phases_report=phases_document,
+            census_report=census_document,
+            static_dir=tmp_path / "none",
+        )
+    )
     page = bare.get("/").text
     assert page == landing_page()
     for href, _what in LINKS:
@@ -180,10 +200,85 @@ def test_the_landing_page_links_every_endpoint(flight_dir: Path, tmp_path: Path)
     static.mkdir()
     (static / "index.html").write_text('<html><body><a href="metrics">m</a></body></html>')
     (static / "app.js").write_text("// status page")
-    client = TestClient(create_app(registry=registry, state=state, static_dir=static))
+    client = TestClient(
+        create_app(
+            registry=registry,
+            state=state,
+            phases_report=phases_document,
+            census_report=census_document,
+            static_dir=static,
+        )
+    )
     served = client.get("/").text
     assert served == with_links((static / "index.html").read_text())
     assert served.count('href="metrics"') == 1  # present already: not added again
     for href, _what in LINKS:
         assert f'href="{href.lstrip("/")}"' in served
     assert client.get("/static/app.js").text == "// status page"
+
+
+def test_readiness_says_why_it_is_not_ready(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    app = create_app(
+        registry=TimedCollectors().registry(),
+        state=FlightState(not_a_dir),
+        phases_report=phases_document,
+        census_report=census_document,
+    )
+    client = TestClient(app)
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert str(not_a_dir) in response.json()["problems"][0]
+    assert client.get("/healthz").status_code == 200
+    ok = TestClient(
+        create_app(
+            registry=TimedCollectors().registry(),
+            state=FlightState(tmp_path / "not-yet"),
+            phases_report=phases_document,
+            census_report=census_document,
+        )
+    )
+    assert ok.get("/readyz").json() == {"ready": True, "problems": []}
+    assert ok.get("/api/v1/boots").json() == {"boots": []}
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_the_phases_api_counts_a_rank_in_another_pid_namespace_as_a_rank(flight_dir: Path) -> None:
+    """A real process in its own PID namespace (unshare --pid), seen by NVML under its host
+    pid: the daemon finds it through /proc, so the card's identity counts its bytes as
+    rank-resident, where the records alone (the CLI) could only call them foreign."""
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while not _children(outer.pid):
+            assert time.monotonic() < deadline, "unshare never started its child"
+            time.sleep(0.02)
+        (host_pid,) = _children(outer.pid)
+        nspid = read_nspid(host_pid)
+        assert nspid is not None and nspid[-1] == 1  # pid 1 in its own namespace
+        identity = ProcessIdentity(
+            host="container", pid=1, start_ticks=read_start_ticks(host_pid), nspid=(1,),
+            pidns=read_pidns_inode(host_pid),
+        )  # fmt: skip
+        rec = Recorder(
+            flight_dir=flight_dir, rank=RankIdentity(rank=0), process=identity, boot="ns-boot"
+        )
+        payload = mark("weights_loaded")
+        payload["nvml"]["procs"] = {str(host_pid): 3 * GiB, "4194000": 1 * GiB}
+        rec.write("marks", "mark", payload)
+        daemon = cli.build(
+            parse(f"--flight-dir={flight_dir}", "--no-collector.cards", "--no-collector.holdings")
+        )
+        (card,) = TestClient(daemon.app).get("/api/v1/phases").json()["cards"]
+        (identity_row,) = card["identities"]
+        assert identity_row["rank_resident"] == 3 * GiB
+        assert identity_row["foreign"] == 1 * GiB
+        (cli_card,) = phases_document(read_flight(flight_dir))["cards"]
+        assert cli_card["identities"][0]["rank_resident"] == 0  # the records alone cannot tell
+    finally:
+        outer.kill()
+        outer.wait()

@@ -9,6 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from rankscope.daemon import flightstate
 from rankscope.daemon.flightstate import FlightState, RankProcess
 from rankscope.record import ProcessIdentity, RankIdentity, Recorder
 
@@ -177,3 +180,17 @@ def test_rank_processes_carry_the_identity_the_holdings_match_on(flight_dir: Pat
     # One entry per process (two streams, one process), the newest boot first.
     assert procs[0].boot == "boot-0" and procs[1] == me
     assert len(procs) == 2
+
+
+def test_a_process_marking_in_a_loop_keeps_the_daemon_bounded(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(flightstate, "MAX_MARKS_PER_PROCESS", 3)
+    rec = rank_recorder(flight_dir, "boot-1", 0)
+    for i in range(5):
+        rec.write("marks", "mark", mark(f"step{i}"))
+    state = FlightState(flight_dir)
+    state.refresh()
+    (st,) = state.view().streams
+    assert [m["phase"] for m in st.marks] == ["step2", "step3", "step4"]
+    assert st.marks_forgotten == 2

@@ -29,6 +29,7 @@ from rankscope.daemon.holdings import (
     RankIndex,
     attribute,
     cap,
+    parse_stat_comm,
     read_proc_info,
     summarize,
 )
@@ -123,10 +124,19 @@ def test_cap_keeps_the_largest_and_sums_the_rest() -> None:
         cap(holdings, 0)
 
 
-def test_proc_cache_rereads_a_recycled_pid(tmp_path: Path) -> None:
+def test_parse_stat_comm() -> None:
+    assert parse_stat_comm("42 (a) b) (c) S 1 2 3") == "a) b) (c"
+    assert parse_stat_comm("42 () S 1") == ""
+    assert parse_stat_comm("garbage") is None
+
+
+def test_proc_cache_follows_a_rename_and_rereads_a_recycled_pid(tmp_path: Path) -> None:
     fake_proc(tmp_path, 20, comm="old", start=1, nspid=[20], pidns=1)
     cache = ProcCache(str(tmp_path))
     assert cache.lookup([20])[20].comm == "old"
+    stat = tmp_path / "20" / "stat"
+    stat.write_text(stat.read_text().replace("(old)", "(renamed)"))  # prctl(PR_SET_NAME)
+    assert cache.lookup([20])[20] == ProcInfo(20, "renamed", 1, (20,), 1)
     shutil.rmtree(tmp_path / "20")
     fake_proc(tmp_path, 20, comm="new", start=2, nspid=[20, 3], pidns=2)
     assert cache.lookup([20])[20] == ProcInfo(20, "new", 2, (20, 3), 2)

@@ -103,7 +103,7 @@ def test_the_daemon_pushes_the_catalog_over_otlp_http(flight_dir: Path, tmp_path
     with otlp_receiver() as (endpoint, receiver):
         env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
         with serve(
-            flight_dir, "--otlp.interval=0.5", "--no-collector.cards", "--no-collector.holdings",
+            flight_dir, "--otlp.interval=500ms", "--no-collector.cards", "--no-collector.holdings",
             log=tmp_path / "serve.log", env=env,
         ):  # fmt: skip
             got = wait_until(

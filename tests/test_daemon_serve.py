@@ -322,6 +322,13 @@ def test_the_api_answers_what_the_cli_prints(served: Served) -> None:
     )
     status, _h, body = get(served.url + "/api/v1/phases?boot=no-such-boot")
     assert status == 404 and b"no-such-boot" in body
+    status, _h, body = get(served.url + "/api/v1/census")
+    cli = subprocess.run(
+        [sys.executable, "-m", "rankscope", "census", str(served.flight_dir), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert status == 200 and json.loads(body) == json.loads(cli.stdout)
+    assert json.loads(body)["divergent"] is True
     status, _h, body = get(served.url + "/api/v1/cards")
     cards = json.loads(body)["cards"]
     assert status == 200 and {c["uuid"] for c in cards} == {"GPU-sim-0", "GPU-sim-1"}

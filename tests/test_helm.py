@@ -12,6 +12,7 @@ is started with the args and web config the chart renders and probed as the kube
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
 import os
@@ -24,6 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,7 @@ from rankscope.daemon.webconfig import parse_web_config
 from rankscope.mixin import config as mixin_config
 from rankscope.mixin import dashboards as mixin_dashboards
 from rankscope.mixin import rules as mixin_rules
-from support.services import binary, free_port, wait_http
+from support.services import binary, free_port, prometheus
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "rankscope"
@@ -395,7 +397,8 @@ def test_dashboard_label_and_namespace_are_values(chart: helm.Chart) -> None:
             "plaintext",
         ),
         ({"collectors": {"gpus": True}}, "/collectors", "gpus"),
-        ({"port": 70000}, "/port", "70000"),
+        ({"corridor": {"floors": {"0": -5}}}, "/corridor/floors/0", "-5"),
+        ({"port": 70000}, "/port", "70,000"),
     ],
 )
 def test_schema_refuses_bad_values_at_render_time(
@@ -540,11 +543,10 @@ def test_all_on_args_parse_as_set(chart: helm.Chart) -> None:
     assert set(web.users) == {"prometheus"} and bcrypt.checkpw(
         PASSWORD.encode(), web.users["prometheus"]
     )
-    assert set(
-        mixin_collectors := json.loads((CHART / "values.schema.json").read_text())["properties"][
-            "collectors"
-        ]["propertyNames"]["enum"]
-    ) == set(daemon_cli.FLIGHT_COLLECTORS + daemon_cli.CARD_COLLECTORS), mixin_collectors
+    # Every collector the daemon can switch off has a value, and no other.
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    switches = set(schema["properties"]["collectors"]["properties"])
+    assert switches == {*daemon_cli.FLIGHT_COLLECTORS, *daemon_cli.CARD_COLLECTORS}
 
 
 # --- privilege -------------------------------------------------------------------------------
@@ -619,7 +621,7 @@ def test_monitors_scrape_with_tls_and_basic_auth(chart: helm.Chart) -> None:
     )
     assert endpoint["basicAuth"] == ALL_ON["serviceMonitor"]["basicAuth"]
     assert endpoint["tlsConfig"] == ALL_ON["serviceMonitor"]["tlsConfig"]
-    assert endpoint["relabelings"][0]["targetLabel"] == "node"
+    assert [r["targetLabel"] for r in endpoint["relabelings"]] == ["job", "node"]
     pod_endpoint = one(found, "PodMonitor")["spec"]["podMetricsEndpoints"][0]
     assert pod_endpoint["port"] == "http-metrics" and pod_endpoint["scheme"] == "https"
     service = one(found, "Service")
@@ -631,8 +633,42 @@ def test_monitors_scrape_with_tls_and_basic_auth(chart: helm.Chart) -> None:
     )
 
 
+def test_an_existing_web_config_secret_is_mounted_as_is(chart: helm.Chart) -> None:
+    values = {
+        "webConfig": {
+            "existingSecret": "my-web-config",
+            "existingSecretKey": "config.yml",
+            "tls": {"enabled": True, "secretName": "my-tls"},
+            "basicAuthUsers": {"ignored": BCRYPT_HASH},
+        }
+    }
+    found = objects(chart, values)
+    assert not [o for o in found if o["kind"] == "Secret"]
+    pod = one(found, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["web-config"]["secret"] == {"secretName": "my-web-config"}
+    assert volumes["tls"]["secret"] == {"secretName": "my-tls"}
+    main = container(found)
+    assert "--web.config.file=/etc/rankscope/web/config.yml" in main["args"]
+    # The chart cannot see whether that file asks for basic auth: the probes stay TCP.
+    assert "tcpSocket" in main["livenessProbe"] and "tcpSocket" in main["readinessProbe"]
+
+
+def test_monitors_give_the_job_the_rules_select(chart: helm.Chart) -> None:
+    """Both monitors set the job label the mixin's default selector names, so the rules
+    see the scraped series without any other setting."""
+    found = objects(chart, {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
+    endpoints = [
+        one(found, "ServiceMonitor")["spec"]["endpoints"][0],
+        one(found, "PodMonitor")["spec"]["podMetricsEndpoints"][0],
+    ]
+    for endpoint in endpoints:
+        (job,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
+        assert mixin_config.DEFAULTS["selector"] == f'job="{job["replacement"]}"'
+
+
 def test_web_config_needs_its_tls_secret(chart: helm.Chart) -> None:
-    with pytest.raises(helm.HelmRenderError, match="webConfig.tls.secretName"):
+    with pytest.raises(helm.HelmRenderError, match=r"webConfig\.tls\.secretName"):
         render(chart, {"webConfig": {"tls": {"enabled": True}}})
 
 
@@ -673,24 +709,42 @@ def _pod_args(args: list[str], replace: dict[str, str]) -> list[str]:
     return out
 
 
-def test_the_daemon_runs_with_what_the_chart_renders(chart: helm.Chart, tmp_path: Path) -> None:
-    """`rankscope serve` started with the rendered args and web config answers the probes
-    the chart sets (as the kubelet sends them) and serves /metrics to the credentials the
-    monitors use. Cards come from the daemon's SIMULATED device source: there is no GPU here."""
-    found = objects(chart, ALL_ON)
+@dataclass
+class Pod:
+    """`rankscope serve` running as the rendered pod would, on this machine."""
+
+    port: int
+    ca_file: Path
+    container: dict[str, Any]
+
+
+# Three SIMULATED cards (there is no GPU here): the first named by the UUID of ALL_ON's
+# floors, the other two by index and by nothing (the default floor).
+CARDS = [
+    {"index": 0, "uuid": UUID, "total": "80GiB", "free": "60GiB"},
+    {"index": 1, "uuid": "GPU-simulated-1", "total": "80GiB", "free": "60GiB"},
+    {"index": 2, "uuid": "GPU-simulated-2", "total": "80GiB", "free": "60GiB"},
+]
+
+
+@contextlib.contextmanager
+def running_pod(
+    found: list[dict[str, Any]], tmp_path: Path, cards: list[dict[str, Any]]
+) -> Iterator[Pod]:
+    """Start the daemon with the rendered args and web config (TLS and basic auth), the
+    pod's paths and port swapped for temporary ones, and the daemon's SIMULATED device
+    source in place of NVML."""
     main = container(found)
     web_dir = tmp_path / "web"
-    web_dir.mkdir()
-    cert, key = _openssl_cert(tmp_path)
+    web_dir.mkdir(parents=True)
+    cert, _ = _openssl_cert(tmp_path)
     (web_dir / "web-config.yml").write_text(
         web_config_text(found).replace("/etc/rankscope/tls/", f"{tmp_path}/")
     )
     flight = tmp_path / "flight"
     flight.mkdir()
     script = tmp_path / "cards.json"
-    script.write_text(
-        json.dumps({"cards": [{"index": 0, "uuid": UUID, "total": "80GiB", "free": "60GiB"}]})
-    )
+    script.write_text(json.dumps({"cards": cards}))
     port = free_port()
     args = _pod_args(
         main["args"],
@@ -706,11 +760,27 @@ def test_the_daemon_runs_with_what_the_chart_renders(chart: helm.Chart, tmp_path
         stderr=subprocess.STDOUT,
     )
     try:
-        context = ssl.create_default_context(cafile=str(cert))
+        wait_tcp(port, proc)
+        yield Pod(port=port, ca_file=cert, container=main)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_daemon_runs_with_what_the_chart_renders(chart: helm.Chart, tmp_path: Path) -> None:
+    """`rankscope serve` started with the rendered args and web config answers the probes
+    the chart sets (as the kubelet sends them) and serves /metrics to the credentials the
+    monitors use, with the floors of the values."""
+    with running_pod(objects(chart, ALL_ON), tmp_path, CARDS) as pod:
+        context = ssl.create_default_context(cafile=str(pod.ca_file))
         auth = "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()
 
         def get(path: str, authorization: str | None = auth) -> tuple[int, bytes]:
-            request = urllib.request.Request(f"https://127.0.0.1:{port}{path}")
+            request = urllib.request.Request(f"https://127.0.0.1:{pod.port}{path}")
             if authorization:
                 request.add_header("Authorization", authorization)
             try:
@@ -719,26 +789,103 @@ def test_the_daemon_runs_with_what_the_chart_renders(chart: helm.Chart, tmp_path
             except urllib.error.HTTPError as err:
                 return err.code, b""
 
-        wait_tcp(port, proc)
-        # The probes: tcpSocket under basic auth, as the chart renders them.
-        assert main["livenessProbe"]["tcpSocket"] and main["readinessProbe"]["tcpSocket"]
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert kubelet_probe(pod.container[probe], pod.port, context), probe
         status, body = get("/metrics")
-        assert status == 200 and b"rankscope_corridor_floor_bytes" in body
+        assert status == 200
         floors = {
             s.labels["uuid"]: s.value
             for family in text_string_to_metric_families(body.decode())
             for s in family.samples
             if s.name == "rankscope_corridor_floor_bytes"
         }
-        assert floors == {UUID: 2 * 1024**3}  # floors.0 of the values, by index
+        # By uuid (which wins over index 0), by index, and the default share of the total.
+        assert floors == {
+            UUID: 1_500_000_000,
+            "GPU-simulated-1": 1610612736,
+            "GPU-simulated-2": round(0.05 * 80 * 1024**3),
+        }
         assert get("/metrics", None)[0] == 401
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<=[a-z])([A-Z])", lambda m: "_" + m.group(1).lower(), key)
+
+
+def scrape_config(monitor: dict[str, Any], pod: Pod) -> dict[str, Any]:
+    """The Prometheus scrape job the Prometheus Operator makes of the rendered
+    ServiceMonitor's endpoint, aimed at the pod on loopback: scheme, basic auth (the
+    Secret's password), TLS (the CA), relabelings and metric relabelings in snake case."""
+    endpoint = monitor["spec"]["endpoints"][0]
+    meta = monitor["metadata"]
+    return {
+        "job_name": f"serviceMonitor/{meta['namespace']}/{meta['name']}/0",
+        "scheme": endpoint["scheme"],
+        "metrics_path": endpoint["path"],
+        "scrape_interval": "1s",
+        "scrape_timeout": "1s",
+        "honor_labels": endpoint["honorLabels"],
+        "basic_auth": {"username": "prometheus", "password": PASSWORD},
+        "tls_config": {"ca_file": str(pod.ca_file), "server_name": "127.0.0.1"},
+        "static_configs": [{"targets": [f"127.0.0.1:{pod.port}"]}],
+        "relabel_configs": [
+            {_snake(k): v for k, v in r.items()} for r in endpoint.get("relabelings", [])
+        ],
+        "metric_relabel_configs": [
+            {_snake(k): v for k, v in r.items()} for r in endpoint.get("metricRelabelings", [])
+        ],
+    }
+
+
+def test_prometheus_scrapes_the_pod_and_the_rules_page(chart: helm.Chart, tmp_path: Path) -> None:
+    """The rendered ServiceMonitor (as a scrape job), PrometheusRule (as a rule file) and
+    DaemonSet (as a process) together, in a real Prometheus: the job label the monitor sets
+    is the one the rules select, and a card below the floor the values set fires
+    RankscopeCorridorBreach."""
+    found = objects(chart, ALL_ON)
+    rule_file = tmp_path / "rules.yml"
+    rule_file.write_text(yaml.safe_dump({"groups": one(found, "PrometheusRule")["spec"]["groups"]}))
+    cards = [{**CARDS[0], "free": "1GiB"}, *CARDS[1:]]  # below its 1.5GB floor
+    with (
+        running_pod(found, tmp_path / "pod", cards) as pod,
+        prometheus(
+            tmp_path / "prometheus",
+            scrape_targets=[],
+            rule_files=[rule_file],
+            extra_scrape_configs=[scrape_config(one(found, "ServiceMonitor"), pod)],
+        ) as prom,
+    ):
+        deadline = time.monotonic() + 60
+        firing: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            firing = [
+                a for a in prom.alerts()
+                if a["labels"]["alertname"] == "RankscopeCorridorBreach" and a["state"] == "firing"
+            ]  # fmt: skip
+            if firing:
+                break
+            time.sleep(0.5)
+        assert [a["labels"]["uuid"] for a in firing] == [UUID], prom.log.read_text()[-2000:]
+        assert firing[0]["labels"]["job"] == "rankscope"
+        assert prom.query('up{job="rankscope"}')[0]["value"][1] == "1"
+        # metricRelabelings of the values dropped rankscope_build_info before storage.
+        assert prom.query("rankscope_build_info") == []
+
+
+def kubelet_probe(probe: dict[str, Any], port: int, context: ssl.SSLContext | None) -> bool:
+    """One probe as the kubelet runs it: tcpSocket succeeds on a connection; httpGet, sent
+    without credentials, on a status from 200 to 399 (the kubelet skips TLS verification)."""
+    if "tcpSocket" in probe:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+    get = probe["httpGet"]
+    url = f"{get['scheme'].lower()}://127.0.0.1:{port}{get['path']}"
+    insecure = ssl._create_unverified_context() if get["scheme"] == "HTTPS" else None
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=insecure) as resp:
+            return 200 <= resp.status < 400
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -772,10 +919,13 @@ def test_the_daemon_answers_the_default_probes(chart: helm.Chart, tmp_path: Path
         stderr=subprocess.STDOUT,
     )
     try:
+        wait_tcp(port, proc)
         for probe in ("livenessProbe", "readinessProbe"):
-            get = main[probe]["httpGet"]
-            url = f"{get['scheme'].lower()}://127.0.0.1:{port}{get['path']}"
-            wait_http(url, timeout=30, proc=proc)
+            assert "httpGet" in main[probe], probe
+            deadline = time.monotonic() + 30
+            while not kubelet_probe(main[probe], port, None):
+                assert time.monotonic() < deadline, f"{probe} kept failing"
+                time.sleep(0.1)
     finally:
         proc.terminate()
         try:

@@ -421,3 +421,52 @@ def test_a_forked_child_records_as_itself(flight_dir: Path) -> None:
     assert by_phase["child"]["_file"] != by_phase["parent"]["_file"]
     assert by_phase["child"]["boot"] == by_phase["parent"]["boot"]
     assert json.loads(json.dumps(by_phase["child"]["nspid"])) == [int(proc.stdout)]
+
+
+# --- the line encoder -----------------------------------------------------------------------
+
+
+def test_each_line_is_the_header_updated_with_the_payload(
+    recorder: Recorder, flight_dir: Path
+) -> None:
+    recorder.write("marks", "mark", {"phase": "a"})
+    recorder.write("marks", "census", {})
+    recorder.write("marks", "mark", {"phase": "b", "runner": "draft"})
+    recorder.write("marks", "mark", {"phase": "c", "runner": ["unhashable"]})
+    recorder.write("marks", "mark", {"phase": "d", "wall": 5.0})
+    probe.configure(tp_rank=3, runner="target")  # the cached header must follow
+    recorder.write("marks", "mark", {"phase": "e"})
+    lines = [json.loads(line) for line in next(flight_dir.iterdir()).read_text().splitlines()]
+    for line in lines:
+        assert line["v"] == 1 and line["boot"] == "test-boot" and line["pid"] == os.getpid()
+        assert isinstance(line["mono"], float)
+    assert [(x["kind"], x.get("phase"), x["runner"], x["tp_rank"]) for x in lines] == [
+        ("mark", "a", None, None),
+        ("census", None, None, None),
+        ("mark", "b", "draft", None),
+        ("mark", "c", ["unhashable"], None),
+        ("mark", "d", None, None),
+        ("mark", "e", "target", 3),
+    ]
+    assert lines[4]["wall"] == 5.0
+    # Field order as header(): the payload follows the header, nothing is duplicated.
+    assert list(lines[0]) == [*recorder.header("mark"), "phase"]
+    raw = next(flight_dir.iterdir()).read_text().splitlines()
+    assert all(line.count('"runner"') == 1 for line in raw)
+
+
+def test_a_flight_directory_the_os_rejects_outright_costs_one_warning(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    probe.configure(flight_dir="bad\0dir")  # ValueError from the OS layer, not an OSError
+    assert probe.mark("a") is not None and probe.mark("b") is not None
+    assert recorder.lines_dropped == 2
+    (warning,) = [r.message for r in caplog.records]
+    assert "embedded null byte" in warning
+
+
+def test_extras_may_use_any_name(recorder: Recorder, flight_dir: Path) -> None:
+    assert probe.mark("kv_pool_sized", phase="shadowed", extra=1, kind="x") is not None
+    (rec,) = records(flight_dir)
+    assert rec["phase"] == "kv_pool_sized" and rec["kind"] == "mark"
+    assert rec["extra"] == {"phase": "shadowed", "extra": 1, "kind": "x"}

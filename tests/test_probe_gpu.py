@@ -205,8 +205,8 @@ def test_the_driver_view_and_nvmls_process_list_agree_with_the_mark(flight_dir: 
     assert mark["nvml"]["self_bytes"] >= 256 * MiB
     assert mark["driver"]["total"] == got["total"]
     assert abs(mark["driver"]["free"] - got["free"]) <= 64 * MiB
-    # The driver as CUDA sees it says the same about the card.
-    assert abs(mark["driver"]["free"] - got["mem_get_info"][0]) <= 256 * MiB
+    # CUDA's own view of the card tells the same story, short of the driver's reservation.
+    assert abs(mark["driver"]["free"] - got["mem_get_info"][0]) <= GiB
     # The one-call process list reads what pynvml's wrapper reads.
     assert got["fast"] is not None, "pynvml no longer exposes what the fast process list uses"
     assert got["fast"] == got["public"]

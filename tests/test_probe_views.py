@@ -15,7 +15,7 @@ import pytest
 from rankscope import probe
 from rankscope.flight import read_flight
 from rankscope.probe import arenas
-from rankscope.probe.nvml_view import NvmlView, own_bytes
+from rankscope.probe.nvml_view import NvmlView, _fast_process_lister, own_bytes
 from rankscope.probe.torch_view import Device, TorchReading, TorchView, nvml_uuid, view_from_stats
 from rankscope.record import HOST_PIDNS_INODE, Recorder
 
@@ -161,6 +161,42 @@ def test_nvml_view_failures_are_fields_not_exceptions() -> None:
     assert nvml["self_bytes"] is None and "GPU is lost" in nvml["why"]
     _, driver, nvml = view.read(None, "CUDA not initialised in this process", 10, HOST_PIDNS_INODE)
     assert driver["why"] == nvml["why"] == "CUDA not initialised in this process"
+
+
+def test_the_one_call_process_list_grows_its_buffer_and_keeps_unknown_sizes_null() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    not_available = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+    procs: list[tuple[int, int | None]] = [(1000 + i, i * MiB) for i in range(100)]
+    procs[5] = (1005, None)
+    calls = []
+
+    def fake_nvml_function(handle: str, count_ref: Any, buf: Any) -> int:
+        """FAKE nvmlDeviceGetComputeRunningProcesses_v3: NVML's size protocol, in Python."""
+        count = count_ref._obj
+        calls.append(count.value)
+        if count.value < len(procs):
+            count.value = len(procs)
+            return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, (pid, used) in enumerate(procs):
+            buf[i].pid = pid
+            buf[i].usedGpuMemory = not_available if used is None else used
+        count.value = len(procs)
+        return int(pynvml.NVML_SUCCESS)
+
+    binding = SimpleNamespace(
+        _nvmlGetFunctionPointer=lambda name: fake_nvml_function,
+        c_nvmlProcessInfo_v3_t=pynvml.c_nvmlProcessInfo_v3_t,
+        NVML_VALUE_NOT_AVAILABLE_ulonglong=pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong,
+        NVML_SUCCESS=pynvml.NVML_SUCCESS,
+        NVML_ERROR_INSUFFICIENT_SIZE=pynvml.NVML_ERROR_INSUFFICIENT_SIZE,
+        NVMLError=pynvml.NVMLError,
+    )
+    list_processes = _fast_process_lister(binding)
+    assert list_processes is not None
+    assert list_processes("handle") == procs
+    assert calls == [64, 208]  # too small once, then grown with headroom
+    assert list_processes("handle") == procs
+    assert calls[2:] == [208]  # the grown buffer is kept: one call per read
 
 
 # --- derived fields -------------------------------------------------------------------------

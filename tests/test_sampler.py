@@ -256,9 +256,19 @@ def test_periodic_counts_overruns() -> None:
     assert p.overruns >= 3
 
     ticks = threading.Event()
-    q = Periodic("test-ontime", 0.05, ticks.set)
+    q = Periodic("test-ontime", 0.2, ticks.set)  # only a 200 ms stall would overrun
     q.start()
     assert ticks.wait(2)
-    time.sleep(0.2)
+    time.sleep(0.5)
     q.stop()
     assert q.overruns == 0
+
+
+def test_the_window_stays_bounded_without_scrapes(tmp_path: Path) -> None:
+    path = tmp_path / "cards.json"
+    s = make(tmp_path, [card(free=0)], interval=0.1, window=1.0)
+    for i in range(300):  # rising free: the monotonic deque keeps every entry in the window
+        write_script(path, [card(free=i)])
+        s.sample(i * 0.1)
+    [state] = s._cards
+    assert len(state.window) <= 10  # one window of samples, however long nobody scraped

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.services import free_port, wait_http
 
 from rankscope.demo.cards import FLOOR, SimulatedCards
+from support.services import free_port, wait_http
 
 GiB = 1024**3
 BOOT = "boot-status-page"
@@ -123,7 +123,7 @@ def serve(flight_dir: Path, script: Path) -> Iterator[str]:
                 "--device.source=script",
                 f"--device.script={script}",
                 f"--corridor.floor={FLOOR}",
-                "--holdings.interval=0.2",
+                "--holdings.interval=200ms",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -170,9 +170,11 @@ def test_status_page_shows_cards_ranks_census_and_follows_the_flight_dir(
                 problems: list[str] = []
                 page.on(
                     "console",
-                    lambda m: problems.append(f"console {m.type}: {m.text}")
-                    if m.type == "error"
-                    else None,
+                    lambda m: (
+                        problems.append(f"console {m.type}: {m.text}")
+                        if m.type == "error"
+                        else None
+                    ),
                 )
                 page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
                 page.goto(url + "/")

@@ -13,13 +13,14 @@ the process identity.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +204,8 @@ class _Stream:
 class Recorder:
     """Process-wide record state: the flight directory, the identities, one file a stream.
 
-    ``armed`` is a plain attribute so hot paths read it without a call.
+    ``armed`` is a plain attribute so hot paths read it without a call. Change the identity
+    through configure() only: the encoded header is cached until then.
     """
 
     flight_dir: Path | None = None
@@ -216,6 +218,7 @@ class Recorder:
     lines_dropped: int = 0
     _streams: dict[str, _Stream] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
+    _prefixes: dict[Any, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -224,6 +227,8 @@ class Recorder:
         if self.flight_dir is None:
             env_dir = os.environ.get(ENV_DIR)
             self.flight_dir = Path(env_dir) if env_dir else None
+        else:
+            self.flight_dir = Path(self.flight_dir)
         self.armed = self.flight_dir is not None
 
     def configure(
@@ -244,6 +249,7 @@ class Recorder:
                     raise TypeError(f"configure() got an unknown rank field {name!r}")
                 setattr(self.rank, name, value)
             self.armed = self.flight_dir is not None
+            self._prefixes = {}
 
     def header(self, kind: str) -> dict[str, Any]:
         r = self.rank
@@ -263,15 +269,41 @@ class Recorder:
         line["wall"] = time.time()
         return line
 
+    def _encode(self, kind: str, payload: dict[str, Any]) -> bytes:
+        """header(kind) updated with payload, as one JSON line. The header's fixed fields are
+        encoded once per kind (and per header override, such as a mark's runner), since a
+        mark pays for every microsecond spent here."""
+        overrides = payload.keys() & _FIXED_HEADER
+        if "mono" in payload or "wall" in payload:
+            line = self.header(kind)
+            line.update(payload)
+            return (_dumps(line) + "\n").encode()
+        try:
+            key: Any = (kind, *sorted((k, payload[k]) for k in overrides))
+            prefix = self._prefixes.get(key)
+        except TypeError:  # an unhashable override: encode it in full
+            key, prefix = None, None
+        if prefix is None:
+            fixed = self.header(kind)
+            del fixed["mono"], fixed["wall"]
+            fixed.update((k, payload[k]) for k in overrides)
+            prefix = _dumps(fixed)[:-1]
+            if key is not None:
+                self._prefixes[key] = prefix
+        body = _dumps(
+            {k: v for k, v in payload.items() if k not in overrides} if overrides else payload
+        )
+        times = f',"mono":{time.monotonic()!r},"wall":{time.time()!r}'
+        rest = "}" if body == "{}" else "," + body[1:]
+        return (prefix + times + rest + "\n").encode()
+
     def write(self, stream: str, kind: str, payload: dict[str, Any]) -> bool:
         """Append one line to this process's file for ``stream``. Never raises; a failure
         warns once per stream and reason and is counted in ``lines_dropped``."""
         if not self.armed:
             return False
         try:
-            line = self.header(kind)
-            line.update(payload)
-            data = (json.dumps(line, separators=(",", ":"), default=_json_default) + "\n").encode()
+            data = self._encode(kind, payload)
         except Exception as exc:  # an unserialisable extra must not reach the host program
             self._drop(stream, f"encode: {exc!r}")
             return False
@@ -287,9 +319,14 @@ class Recorder:
                 written = os.write(st.fd, data)
             except OSError as exc:
                 self._drop(stream, f"{type(exc).__name__}: {exc.strerror or exc}")
-                if st.fd is not None and exc.errno not in (28,):  # keep the fd on ENOSPC
+                if (
+                    st.fd is not None and exc.errno != errno.ENOSPC
+                ):  # keep the fd: space may come back
                     _close_quietly(st.fd)
                     st.fd = None
+                return False
+            except Exception as exc:  # never into the host program, whatever went wrong
+                self._drop(stream, f"{type(exc).__name__}: {exc}")
                 return False
             st.broken = written != len(data)
             if st.broken:
@@ -337,7 +374,24 @@ class Recorder:
         """A forked child is a new process: new identity, new files, same boot."""
         self._lock = threading.Lock()
         self._streams = {}
+        self._prefixes = {}
         self.process = ProcessIdentity.current()
+
+
+# Header fields that stay fixed between configure() calls; mono and wall change per line.
+_FIXED_HEADER = frozenset(
+    [
+        "v",
+        "kind",
+        "boot",
+        *(f.name for f in fields(RankIdentity)),
+        *(f.name for f in fields(ProcessIdentity)),
+    ]
+)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), default=_json_default)
 
 
 def _close_quietly(fd: int) -> None:

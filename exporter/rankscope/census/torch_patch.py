@@ -46,6 +46,21 @@ COLLECTIVES = (
 )
 P2P = {"send": SEND, "isend": SEND, "recv": RECV, "irecv": RECV}
 BATCH = "batch_isend_irecv"
+# Functions whose torch implementation calls another function listed here: they hold the
+# guard so the inner call is not counted again. The others only read it (they run on every
+# collective, and a thread-local write costs more than the rest of the wrapper); the ops test
+# proves the split for the installed torch by counting each op exactly once.
+NESTING = frozenset(
+    {
+        "send",  # torch's send is isend(...).wait()
+        "recv",
+        "all_gather_into_tensor",
+        "all_gather_single",
+        "reduce_scatter_tensor",
+        "reduce_scatter_single",
+        BATCH,
+    }
+)
 
 _lock = threading.Lock()
 _undo: Callable[[], None] | None = None
@@ -63,9 +78,16 @@ def name_group(group: Any, name: str) -> None:
         weakref.finalize(group, _forget, id(group))
 
 
+# Per wrapper: id(process group) -> the (instance, op) key it counts under, so the hot path
+# builds no tuple; emptied with _names.
+_keys: list[dict[int, tuple[str, str]]] = []
+
+
 def _forget(key: int) -> None:
     _names.pop(key, None)
     _given.pop(key, None)
+    for keys in _keys:
+        keys.pop(key, None)
 
 
 def _instance_of(dist: Any, group: Any) -> str | None:
@@ -76,20 +98,31 @@ def _instance_of(dist: Any, group: Any) -> str | None:
         if group is None:
             return None
     name = _names.get(id(group))
-    if name is not None:
-        return name
-    try:
-        ranks = dist.get_process_group_ranks(group)
-    except Exception:  # not a member, or not a process group
-        return None
-    base = _given.get(id(group))
-    if base is None:
-        if group is dist.GroupMember.WORLD:
-            base = "world"
-        else:
-            desc = getattr(group, "group_desc", None)
-            base = desc if desc and desc != "undefined" else f"pg{group.group_name}"
-    name = group_instance(base, ranks)
+    if name is None:
+        name = _resolve(dist, group)
+    return name or None
+
+
+def _resolve(dist: Any, group: Any) -> str:
+    """Name ``group`` once and cache it for its lifetime; '' for a group this rank is no
+    member of (cached too: such calls are frequent where they happen)."""
+    ranks = None
+    if isinstance(group, dist.ProcessGroup):  # not GroupMember.NON_GROUP_MEMBER (an int)
+        try:
+            ranks = dist.get_process_group_ranks(group)
+        except Exception:  # not a member
+            ranks = None
+    if ranks is None:
+        name = ""
+    else:
+        base = _given.get(id(group))
+        if base is None:
+            if group is dist.GroupMember.WORLD:
+                base = "world"
+            else:
+                desc = getattr(group, "group_desc", None)
+                base = desc if desc and desc != "undefined" else f"pg{group.group_name}"
+        name = group_instance(base, ranks)
     try:
         weakref.finalize(group, _forget, id(group))
     except TypeError:
@@ -109,12 +142,86 @@ def _peer(dist: Any, group: Any, peer: Any, group_peer: Any) -> int | None:
 
 
 def _collective_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    if name in P2P:
+        return _p2p_wrapper(dist, name, original)
+    params = list(inspect.signature(original).parameters)
+    group_at = params.index("group") if "group" in params else len(params)
+    # Bound once: this wrapper runs on every collective, so it reads no module globals and
+    # makes no call of its own on the common path (the group's name is cached by id).
+    keys: dict[int, tuple[str, str]] = {}
+    _keys.append(keys)
+    guard, table, cached = GUARD, _counts.COUNTS, keys.get
+    world = dist.distributed_c10d._world
+    # The default group, read without the property's call where this torch has the field.
+    default_attr = "_default_pg" if hasattr(world, "_default_pg") else "default_pg"
+
+    def count_slow(group: Any) -> None:
+        try:
+            if group is None:
+                group = getattr(world, default_attr)
+            instance = _instance_of(dist, group)
+            if instance:
+                key = (instance, name)
+                if id(group) in _names:  # cached for the group's lifetime: so is its key
+                    keys[id(group)] = key
+                table[key] += 1
+        except Exception as exc:
+            _counts._count_failed(name, "", exc)
+
+    if name in NESTING:
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if guard.depth:
+                return original(*args, **kwargs)
+            group = kwargs.get("group") if kwargs else None
+            if group is None and len(args) > group_at:
+                group = args[group_at]
+            count_slow(group)
+            guard.depth = 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                guard.depth = 0
+
+    elif default_attr == "_default_pg":
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not guard.depth:
+                group = kwargs.get("group") if kwargs else None
+                if group is None:
+                    group = args[group_at] if len(args) > group_at else None
+                    if group is None:
+                        group = world._default_pg
+                key = cached(id(group))
+                if key is None:
+                    count_slow(group)  # first call on this group, or not a member
+                else:
+                    table[key] += 1
+            return original(*args, **kwargs)
+
+    else:
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not guard.depth:
+                group = kwargs.get("group") if kwargs else None
+                if group is None and len(args) > group_at:
+                    group = args[group_at]
+                count_slow(group)
+            return original(*args, **kwargs)
+
+    setattr(wrapper, MARK, True)
+    return wrapper
+
+
+def _p2p_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     params = list(inspect.signature(original).parameters)
     group_at = params.index("group") if "group" in params else None
-    p2p_kind = P2P.get(name)
-    peer_param = ("dst" if p2p_kind == SEND else "src") if p2p_kind else ""
+    kind = P2P[name]
+    peer_param = "dst" if kind == SEND else "src"
     peer_at = params.index(peer_param) if peer_param in params else None
-    count = _counts.count
 
     def counted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         group = kwargs.get("group")
@@ -123,25 +230,24 @@ def _collective_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> C
         instance = _instance_of(dist, group)
         if instance is None:
             return
-        if p2p_kind is None:
-            count(instance, name)
-            return
         peer = kwargs.get(peer_param)
         if peer is None and peer_at is not None and len(args) > peer_at:
             peer = args[peer_at]
         group_peer = kwargs.get("group_" + peer_param)
-        count(instance, p2p_name(p2p_kind, _peer(dist, group, peer, group_peer)))
+        _counts.count(instance, p2p_name(kind, _peer(dist, group, peer, group_peer)))
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if GUARD.depth:
             return original(*args, **kwargs)
+        try:
+            counted(args, kwargs)
+        except Exception as exc:
+            _counts._count_failed(name, "", exc)
+        if name not in NESTING:
+            return original(*args, **kwargs)
         GUARD.depth = 1
         try:
-            try:
-                counted(args, kwargs)
-            except Exception as exc:
-                _counts._count_failed(name, "", exc)
             return original(*args, **kwargs)
         finally:
             GUARD.depth = 0

@@ -45,6 +45,8 @@ class CardSource(Protocol):
 
     def up(self) -> dict[str, bool]: ...
 
+    def ready(self) -> bool: ...
+
 
 # A report function turns the records of one boot into what the CLI's --json prints.
 Report = Callable[[Flight], dict[str, Any]]
@@ -54,9 +56,9 @@ def create_app(
     *,
     registry: CollectorRegistry,
     state: FlightState,
+    phases_report: Report,
+    census_report: Report,
     cards: CardSource | None = None,
-    phases_report: Report | None = None,
-    census_report: Report | None = None,
     static_dir: Path = STATIC_DIR,
 ) -> FastAPI:
     app = FastAPI(title="rankscope", version=__version__, docs_url=None, redoc_url=None)
@@ -84,6 +86,8 @@ def create_app(
             state.refresh()
         if not state.up:
             problems.append(f"flight directory {state.flight_dir}: {state.error}")
+        if cards is not None and not cards.ready():
+            problems.append("the device source has not been tried yet")
         body = {"ready": not problems, "problems": problems}
         return JSONResponse(body, status_code=200 if not problems else 503)
 
@@ -94,14 +98,10 @@ def create_app(
 
     @app.get("/api/v1/phases")
     def phases(boot: str | None = None) -> dict[str, Any]:
-        if phases_report is None:
-            raise HTTPException(501, "this build has no ledger (rankscope.ledger)")
         return phases_report(_read(state, boot))
 
     @app.get("/api/v1/census")
     def census(boot: str | None = None) -> dict[str, Any]:
-        if census_report is None:
-            raise HTTPException(501, "this build has no census report (rankscope.census)")
         return census_report(_read(state, boot))
 
     @app.get("/api/v1/cards")

@@ -9,17 +9,17 @@ with none of them; it is dcgm-exporter's 9400 with a leading 1, for memory.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rankscope.daemon import cards
 from rankscope.record import ENV_DIR
 
 if TYPE_CHECKING:
-    from rankscope.daemon.app import Daemon, Report
+    from rankscope.daemon.app import Daemon
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -72,10 +72,10 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--otlp.interval",
         dest="otlp_interval",
-        type=float,
+        type=_duration,
         default=None,
-        metavar="SECONDS",
-        help="seconds between OTLP pushes (default OTEL_METRIC_EXPORT_INTERVAL, else 15)",
+        metavar="DURATION",
+        help="time between OTLP pushes (default OTEL_METRIC_EXPORT_INTERVAL, else 15s)",
     )
     parser.add_argument(
         "--log.level",
@@ -91,20 +91,14 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
             default=True,
             help=f"enable the {collector} collector (default on)",
         )
-    cards = _cards_module()
-    if cards is not None:
-        cards.add_arguments(parser)
+    cards.add_arguments(parser)
 
 
-def _cards_module() -> Any:
-    """rankscope.daemon.cards (the sampler and the holdings), or None where it is absent;
-    the daemon then serves everything from the flight directory alone."""
+def _duration(text: str) -> float:
     try:
-        return importlib.import_module("rankscope.daemon.cards")
-    except ModuleNotFoundError as exc:
-        if exc.name != "rankscope.daemon.cards":
-            raise
-        return None
+        return cards.parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:
@@ -125,15 +119,6 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host or "0.0.0.0", port
 
 
-def _report(kind: str) -> Report | None:
-    """The pure function the CLI's --json uses for /api/v1/<kind>, where this build has it."""
-    if kind == "phases":
-        from rankscope.ledger import phases_document
-
-        return phases_document
-    return None
-
-
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -148,12 +133,13 @@ def main(args: argparse.Namespace) -> int:
 
 def build(args: argparse.Namespace) -> Daemon:
     """Assemble the daemon from its flags; ValueError/OSError for a flag that cannot work."""
+    from rankscope.census.report import census_document
     from rankscope.daemon.app import Daemon, create_app
     from rankscope.daemon.collectors.arenas import ArenasCollector
     from rankscope.daemon.collectors.census import CensusCollector
     from rankscope.daemon.collectors.phases import PhasesCollector
     from rankscope.daemon.collectors.self import SelfCollector
-    from rankscope.daemon.flightstate import FlightState
+    from rankscope.daemon.flightstate import FlightState, host_pid_resolver
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
     from rankscope.daemon.registry import Collector, TimedCollectors
     from rankscope.daemon.webconfig import (
@@ -162,6 +148,7 @@ def build(args: argparse.Namespace) -> Daemon:
         WebConfigMiddleware,
         load_web_config,
     )
+    from rankscope.ledger import phases_document
 
     if not args.flight_dir:
         raise ValueError(f"no flight directory: pass --flight-dir or set {ENV_DIR}")
@@ -174,10 +161,9 @@ def build(args: argparse.Namespace) -> Daemon:
     web = load_web_config(args.web_config_file) if args.web_config_file else WebConfig()
 
     state = FlightState(flight_dir)
-    cards_module = _cards_module()
     monitor = None
-    if cards_module is not None and (args.collector_cards or args.collector_holdings):
-        monitor = cards_module.CardMonitor.from_args(args, rank_processes=state.rank_processes)
+    if args.collector_cards or args.collector_holdings:
+        monitor = cards.CardMonitor.from_args(args, rank_processes=state.rank_processes)
     collectors: list[Collector] = [
         SelfCollector(state, monitor.up if monitor is not None else None)
     ]
@@ -197,8 +183,10 @@ def build(args: argparse.Namespace) -> Daemon:
         registry=timed.registry(),
         state=state,
         cards=monitor,
-        phases_report=_report("phases"),
-        census_report=_report("census"),
+        phases_report=lambda flight: phases_document(
+            flight, host_pid_resolver(getattr(args, "path_procfs", "/proc"))
+        ),
+        census_report=census_document,
     )
     if web.users or web.headers:
         auth = ReloadingAuth(Path(args.web_config_file), web) if web.users else None

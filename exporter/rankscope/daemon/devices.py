@@ -53,6 +53,7 @@ class DeviceSource(Protocol):
 
     name: str
     label: str
+    incomplete: str | None  # why cards the source counts were left unread at the last open
 
     def open(self) -> list[CardIdentity]:
         """Resolve the cards once; DeviceError when the source is unavailable."""
@@ -85,8 +86,11 @@ class NvmlSource:
 
     def __init__(self) -> None:
         self._nvml: Any = None
-        self._handles: list[Any] = []
+        self._handles: list[Any] = []  # None for a card NVML counts but cannot open
+        self._unopened: dict[int, str] = {}  # slot -> why
         self._meminfo: Callable[[Any], Any] | None = None
+        self._known: dict[int, CardIdentity] = {}  # by index, across opens
+        self.incomplete: str | None = None
 
     def open(self) -> list[CardIdentity]:
         try:
@@ -98,20 +102,41 @@ class NvmlSource:
         except Exception as exc:  # NVMLError, or OSError from a missing libnvidia-ml
             raise DeviceError(f"NVML init failed: {exc}") from exc
         self._nvml = pynvml
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            self.close()
+            raise DeviceError(f"NVML could not count the cards: {exc}") from exc
         cards: list[CardIdentity] = []
         handles: list[Any] = []
-        try:
-            for index in range(pynvml.nvmlDeviceGetCount()):
+        unopened: dict[int, str] = {}
+        problems: list[str] = []
+        for index in range(count):
+            slot = len(handles)
+            try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
                 model = _text(pynvml.nvmlDeviceGetName(handle))
                 total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-                cards.append(CardIdentity(len(handles), index, uuid, model, total))
-                handles.append(handle)
-        except pynvml.NVMLError as exc:
+            except pynvml.NVMLError as exc:
+                # A GPU that fell off the bus must not take the other cards down with it.
+                problems.append(f"card {index}: {exc}")
+                known = self._known.get(index)
+                if known is None:
+                    continue  # never seen: nothing to name it by until it opens
+                cards.append(CardIdentity(slot, index, known.uuid, known.model, known.total))
+                handles.append(None)
+                unopened[slot] = str(exc)
+                continue
+            ident = CardIdentity(slot, index, uuid, model, total)
+            self._known[index] = ident
+            cards.append(ident)
+            handles.append(handle)
+        if count and not cards:
             self.close()
-            raise DeviceError(f"NVML could not enumerate the cards: {exc}") from exc
-        self._handles = handles
+            raise DeviceError(f"NVML could not open any card: {'; '.join(problems)}")
+        self._handles, self._unopened = handles, unopened
+        self.incomplete = "NVML could not open " + "; ".join(problems) if problems else None
         self._meminfo = pynvml.nvmlDeviceGetMemoryInfo
         return cards
 
@@ -120,14 +145,15 @@ class NvmlSource:
 
     def read_free(self, slot: int) -> int:
         assert self._meminfo is not None, "read_free before open"
+        handle = self._handle(slot)
         try:
-            return int(self._meminfo(self._handles[slot]).free)
+            return int(self._meminfo(handle).free)
         except self._nvml.NVMLError as exc:
             raise DeviceError(f"NVML memory info of card slot {slot}: {exc}", slot) from exc
 
     def read_processes(self, slot: int) -> dict[int, int | None]:
         nvml = self._nvml
-        handle = self._handles[slot]
+        handle = self._handle(slot)
         held: dict[int, int | None] = {}
         for what, query in (
             ("compute", nvml.nvmlDeviceGetComputeRunningProcesses),
@@ -148,6 +174,12 @@ class NvmlSource:
                 if held.get(int(p.pid)) is None:
                     held[int(p.pid)] = None if used is None else int(used)
         return held
+
+    def _handle(self, slot: int) -> Any:
+        handle = self._handles[slot]
+        if handle is None:
+            raise DeviceError(f"NVML card slot {slot} did not open: {self._unopened[slot]}", slot)
+        return handle
 
     def close(self) -> None:
         if self._nvml is None:
@@ -284,6 +316,7 @@ class ScriptedSource:
 
     name = "simulated"
     label = "simulated"
+    incomplete: str | None = None  # a script lists every card it has, or fails as a whole
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)

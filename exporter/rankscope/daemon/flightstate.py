@@ -10,17 +10,23 @@ series of a boot whose files were removed disappear too.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rankscope.flight import FILE_SUFFIX, SKIP_REASONS, FlightReader, Record
+from rankscope.ledger import host_pid
+from rankscope.record import read_nspid, read_pidns_inode, read_start_ticks
 
 # A process that marks in a loop must not grow the daemon without bound; past this many
-# marks per process and boot the oldest are dropped and counted.
+# marks per process and boot the daemon forgets the oldest (the file keeps them).
 MAX_MARKS_PER_PROCESS = 4096
+
+log = logging.getLogger("rankscope.daemon")
 
 
 @dataclass(frozen=True)
@@ -64,11 +70,11 @@ class StreamState:
     process: RankProcess
     first_wall: float
     last_wall: float
-    header: Record  # the latest line, for the rank labels (tp_rank, pp_rank, runner)
     marks: list[Record] = field(default_factory=list)
     census: Record | None = None  # latest census or census_dump line
     snapshot: Record | None = None  # latest census line (a snapshot round)
     arenas: Record | None = None  # latest line carrying arena figures
+    marks_forgotten: int = 0  # oldest marks dropped past MAX_MARKS_PER_PROCESS
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,6 @@ class FlightView:
     divergences: dict[str, dict[tuple[str, str], Record]]  # boot -> (group, op) -> line
     boots: tuple[str, ...]  # oldest first, by first record
     skipped: dict[str, int]
-    marks_dropped: int
 
     @property
     def latest_boot(self) -> str | None:
@@ -100,7 +105,6 @@ class FlightState:
         self._lock = threading.Lock()
         self._streams: dict[tuple[str, str], StreamState] = {}
         self._divergences: dict[str, dict[tuple[str, str], tuple[str, Record]]] = {}
-        self._marks_dropped = 0
         self.up: bool | None = None  # None until the first refresh
         self.error: str | None = None
 
@@ -127,14 +131,14 @@ class FlightState:
                 firsts[st.boot] = min(firsts.get(st.boot, st.first_wall), st.first_wall)
             boots = tuple(sorted(firsts, key=lambda b: (firsts[b], b)))
             return FlightView(
-                streams=tuple(self._streams.values()),
+                # Copies of the mark lists: a refresh on another thread may append.
+                streams=tuple(replace(st, marks=list(st.marks)) for st in self._streams.values()),
                 divergences={
                     boot: {key: rec for key, (_file, rec) in by_key.items()}
                     for boot, by_key in self._divergences.items()
                 },
                 boots=boots,
                 skipped={reason: self._reader.skipped[reason] for reason in SKIP_REASONS},
-                marks_dropped=self._marks_dropped,
             )
 
     def latest_boot(self) -> str | None:
@@ -168,19 +172,25 @@ class FlightState:
                 process=rank_process(rec),
                 first_wall=wall,
                 last_wall=wall,
-                header=rec,
             )
         else:
             st.first_wall = min(st.first_wall, wall)
             st.last_wall = max(st.last_wall, wall)
-            st.header = rec
             st.process = rank_process(rec)  # rank fields may be configured late
         kind = rec["kind"]
         if kind == "mark":
             st.marks.append(rec)
             if len(st.marks) > MAX_MARKS_PER_PROCESS:
+                st.marks_forgotten += 1
+                if st.marks_forgotten == 1:
+                    log.warning(
+                        "%s holds more than %d marks of boot %s: the daemon keeps the newest "
+                        "(the file keeps them all)",
+                        file,
+                        MAX_MARKS_PER_PROCESS,
+                        boot,
+                    )
                 del st.marks[0]
-                self._marks_dropped += 1
         elif kind in ("census", "census_dump"):
             st.census = rec
             if kind == "census":
@@ -188,7 +198,11 @@ class FlightState:
         elif kind == "divergence":
             group, op = rec.get("group"), rec.get("op")
             if isinstance(group, str) and isinstance(op, str):
-                self._divergences.setdefault(boot, {})[(group, op)] = (file, rec)
+                # The newest comparison round wins, as in the census report.
+                by_key = self._divergences.setdefault(boot, {})
+                held = by_key.get((group, op))
+                if held is None or _round_wall(held[1]) <= _round_wall(rec):
+                    by_key[(group, op)] = (file, rec)
         if isinstance(rec.get("arenas"), dict):
             st.arenas = rec
 
@@ -209,9 +223,62 @@ def _present_files(flight_dir: Path) -> set[str]:
         return set()  # no job has written yet: nothing recorded, not an error
 
 
+def _round_wall(rec: Record) -> tuple[int, float]:
+    round_ = rec.get("round")
+    return (
+        round_ if isinstance(round_, int) and not isinstance(round_, bool) else -1,
+        float(rec["wall"]),
+    )
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _int_or_none(value: Any) -> int | None:
     return value if _is_int(value) else None
+
+
+def host_pid_resolver(proc: str = "/proc") -> Callable[[Record], int | None]:
+    """For the ledger's card identities: the host pid of the process that wrote a record.
+
+    A record from the host's PID namespace names it; otherwise this daemon's /proc (the
+    host's view) is searched for the process whose NSpid chain ends in the record's pid,
+    with the record's start time and namespace, so a rank in a container counts as a rank
+    and not as a foreign holder. /proc is scanned once, on first use, per resolver.
+    """
+    index: dict[tuple[int, int], list[tuple[int, int | None]]] | None = None
+
+    def resolve(rec: Record) -> int | None:
+        nonlocal index
+        known = host_pid(rec)
+        if known is not None:
+            return known
+        start, pidns = rec.get("start_ticks"), rec.get("pidns")
+        if not isinstance(start, int):
+            return None
+        if index is None:
+            index = _scan_proc(proc)
+        for pid, ns in index.get((rec["pid"], start), []):
+            if pidns is None or ns is None or ns == pidns:
+                return pid
+        return None
+
+    return resolve
+
+
+def _scan_proc(proc: str) -> dict[tuple[int, int], list[tuple[int, int | None]]]:
+    """(pid in its own namespace, start ticks) -> [(host pid, namespace inode)]."""
+    index: dict[tuple[int, int], list[tuple[int, int | None]]] = {}
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return index
+    for entry in entries:
+        nspid = read_nspid(entry, proc)
+        start = read_start_ticks(entry, proc)
+        if nspid and start is not None:
+            index.setdefault((nspid[-1], start), []).append(
+                (int(entry), read_pidns_inode(entry, proc))
+            )
+    return index

@@ -15,14 +15,18 @@ and the daemon can read a host /proc mounted elsewhere (--path.procfs).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from rankscope.daemon.devices import DeviceError
 from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.sampler import CardHoldings, CardState, Holding, Periodic, Sampler
-from rankscope.record import read_nspid, read_pidns_inode, read_start_ticks
+from rankscope.record import (
+    parse_stat_start_ticks,
+    read_nspid,
+    read_pidns_inode,
+    read_start_ticks,
+)
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -66,9 +70,27 @@ def read_proc_info(pid: int, proc: str = "/proc") -> ProcInfo:
     )
 
 
+def parse_stat_comm(stat_line: str) -> str | None:
+    """The comm field of /proc/PID/stat (what /proc/PID/comm holds, in parentheses; it may
+    itself hold spaces and parentheses, so it ends at the last ')')."""
+    start, end = stat_line.find("("), stat_line.rfind(")")
+    return stat_line[start + 1 : end] if 0 <= start < end else None
+
+
+def read_stat(pid: int, proc: str = "/proc") -> tuple[int | None, str | None]:
+    """(start ticks, comm) from one read of /proc/PID/stat; (None, None) when it is gone."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None, None
+    return parse_stat_start_ticks(raw), parse_stat_comm(raw)
+
+
 class ProcCache:
-    """ProcInfo per host pid, re-read only when the start ticks change (a recycled pid) or
-    the comm does; one small read (/proc/P/stat) per pid per holdings read otherwise."""
+    """ProcInfo per host pid. A pid seen before costs one read of /proc/P/stat per holdings
+    read (start ticks and comm); the NSpid chain and the namespace are read again only when
+    the start ticks change, i.e. the pid was recycled."""
 
     def __init__(self, proc: str = "/proc") -> None:
         self.proc = proc
@@ -77,10 +99,10 @@ class ProcCache:
     def lookup(self, pids: Iterable[int]) -> dict[int, ProcInfo]:
         fresh: dict[int, ProcInfo] = {}
         for pid in pids:
-            start = read_start_ticks(pid, self.proc)
             cached = self._infos.get(pid)
+            start, comm = read_stat(pid, self.proc) if cached is not None else (None, None)
             if cached is not None and start is not None and cached.start_ticks == start:
-                comm = read_comm(pid, self.proc)  # a process may rename itself
+                # A process may rename itself (prctl PR_SET_NAME).
                 info = cached if comm == cached.comm else _with_comm(cached, comm)
             else:
                 info = read_proc_info(pid, self.proc)
@@ -179,21 +201,18 @@ class HoldingsReader:
         self.rank_processes = rank_processes
         self.interval = interval
         self.cache = ProcCache(proc)
-        self.reads = 0
-        self.last_duration: float | None = None
         self._warned: set[str] = set()
         self._runner = Periodic("rankscope-holdings", interval, self.read)
 
     def read(self) -> None:
-        started = time.perf_counter()
         try:
             index = RankIndex(self.rank_processes())
         except Exception as exc:  # the flight side failing must not stop the holdings
             self._warn("rank processes", exc)
             index = RankIndex(())
+        per_card: list[tuple[CardState, dict[int, int | None], int]] = []
         with self.sampler.open_cards() as cards:
             source = self.sampler.source
-            per_card: list[tuple[CardState, dict[int, int | None], int]] = []
             for card in cards:
                 slot = card.identity.slot
                 try:
@@ -205,12 +224,11 @@ class HoldingsReader:
                     self._warn(f"card {card.identity.index}", exc)
                     continue
                 per_card.append((card, held, free))
-            infos = self.cache.lookup({pid for _, held, _ in per_card for pid in held})
-            for card, held, free in per_card:
-                holdings = attribute(held, infos, index)
-                self.sampler.set_holdings(card, summarize(holdings, card.identity.total, free))
-        self.reads += 1
-        self.last_duration = time.perf_counter() - started
+        # /proc is read with the source released: a reopen need not wait for it.
+        infos = self.cache.lookup({pid for _, held, _ in per_card for pid in held})
+        for card, held, free in per_card:
+            holdings = attribute(held, infos, index)
+            self.sampler.set_holdings(card, summarize(holdings, card.identity.total, free))
 
     def _warn(self, what: str, exc: Exception) -> None:
         key = f"{what}: {exc}"

@@ -116,21 +116,19 @@ class OtlpPusher:
         endpoint: str | None = None,
         interval: float = 15.0,
         host: str | None = None,
-        exporter_factory: Callable[[], MetricExporter] | None = None,
     ) -> None:
         self.collectors = collectors
         self.latest_boot = latest_boot
         self.endpoint = endpoint
         self.interval = interval
         self.host = host or socket.gethostname()
-        self._exporter_factory = exporter_factory or self._otlp_http_exporter
         self._cache = SampleCache(collectors, max_age=min(1.0, interval / 2))
         self._provider: MeterProvider | None = None
         self._boot: str | None = None
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
 
-    def _otlp_http_exporter(self) -> MetricExporter:
+    def _exporter(self) -> MetricExporter:
         if self.endpoint is None:
             return OTLPMetricExporter()  # OTEL_EXPORTER_OTLP_* from the environment
         return OTLPMetricExporter(endpoint=self.endpoint.rstrip("/") + "/v1/metrics")
@@ -160,12 +158,9 @@ class OtlpPusher:
             self._provider.shutdown()  # flushes one last export
             self._provider = None
 
-    def force_flush(self) -> bool:
-        return self._provider.force_flush() if self._provider is not None else False
-
     def _build(self, boot: str | None) -> MeterProvider:
         reader = PeriodicExportingMetricReader(
-            self._exporter_factory(), export_interval_millis=self.interval * 1000.0
+            self._exporter(), export_interval_millis=self.interval * 1000.0
         )
         provider = MeterProvider(resource=self.resource(boot), metric_readers=[reader])
         meter = provider.get_meter("rankscope", __version__)

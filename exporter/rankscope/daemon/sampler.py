@@ -202,7 +202,6 @@ class Sampler:
         self.clock = clock
         self.samples = 0
         self.duration_sum = 0.0
-        self.overruns = 0
         self.source_errors = 0
         self.source_failing: str | None = None
         self.tried = threading.Event()  # set once the source has been tried (up or down)
@@ -259,7 +258,8 @@ class Sampler:
                 while window and window[-1][1] >= free:
                     window.pop()
                 window.append((now, free))
-                pass
+                while window[0][0] <= cutoff:
+                    window.popleft()
                 floor = card.floor
                 if floor is not None:
                     if free < floor:
@@ -328,12 +328,24 @@ class Sampler:
             self._source_failed(opened_error, now)
             return
         with self._lock:
-            if self.source_failing is not None:
-                log.info("device source %s is up again", self.source.name)
-            self.source_failing = None
-            self._source_backoff = 0.0
-            self._reopen_due = None
             self._open = True
+            incomplete = self.source.incomplete
+            if incomplete is None:
+                if self.source_failing is not None:
+                    log.info("device source %s is up again", self.source.name)
+                self.source_failing = None
+                self._source_backoff = 0.0
+                self._reopen_due = None
+                return
+            # Open, serving the cards that answered, but down: count it, retry the rest.
+            self.source_errors += 1
+            self._source_backoff = min(max(self._source_backoff * 2, self.interval), MAX_BACKOFF_S)
+            self._reopen_due = now + self._source_backoff
+            if self.source_failing != incomplete:
+                log.warning(
+                    "device source %s: %s; serving the other cards", self.source.name, incomplete
+                )
+            self.source_failing = incomplete
 
     def _adopt(self, identities: list[CardIdentity]) -> None:
         """Take the card list of a (re)opened source. State is kept per uuid, so counters
@@ -401,7 +413,11 @@ class Sampler:
 
     def up(self) -> bool:
         with self._lock:
-            return self._open and all(c.failing is None for c in self._cards)
+            return (
+                self._open
+                and self.source_failing is None
+                and all(c.failing is None for c in self._cards)
+            )
 
     def views(self, now: float | None = None) -> list[CardView]:
         now = self.clock() if now is None else now

@@ -12,12 +12,15 @@ import yaml
 
 from rankscope.mixin import render
 
+# How long a foreign holder must stay before it pages, in the demo.
+FOREIGN_HOLDER_FOR_SECONDS = 3
+
 # Only time is shortened; thresholds, selectors and expressions are the shipped ones.
 DEMO_RULES_CONFIG: dict[str, Any] = {
     "corridorBreachWindow": "30s",
     "corridorBreachFor": "0s",
     "censusSkewFor": "2s",
-    "foreignHolderFor": "3s",
+    "foreignHolderFor": f"{FOREIGN_HOLDER_FOR_SECONDS}s",
 }
 
 # The alerts the scenarios expect; each must be an alert of the generated rules.
@@ -73,21 +76,20 @@ def example_routing() -> tuple[str, str]:
 
 
 def demo_routing(example_text: str, webhook_url: str) -> str:
-    """The example routing with each receiver's integrations replaced by one webhook to the
-    demo's receiver (the routing tree, matchers and inhibitions are left as shipped), and
-    route timings shortened."""
+    """The example routing with every notification URL pointed at the demo's receiver and
+    route timings shortened. The routing tree, matchers, inhibitions and receivers are left
+    as shipped, so a receiver that notifies nobody (info alerts) stays silent here too."""
     doc = yaml.safe_load(example_text)
     if not isinstance(doc, dict) or not isinstance(doc.get("route"), dict):
         raise ValueError("the example Alertmanager configuration has no route")
-    # Global settings and templates only feed the integrations replaced below, and may name
-    # files or credentials this machine does not have.
-    doc.pop("global", None)
-    doc.pop("templates", None)
-    receivers = doc.get("receivers") or []
-    for receiver in receivers:
-        for key in [k for k in receiver if k.endswith("_configs")]:
-            del receiver[key]
-        receiver["webhook_configs"] = [{"url": webhook_url, "send_resolved": True}]
+    for receiver in doc.get("receivers") or []:
+        integrations = [k for k in receiver if k.endswith("_configs")]
+        for key in integrations:
+            configs = receiver.pop(key) or []
+            # Any other integration (a pager's API, a chat) becomes a webhook here.
+            receiver.setdefault("webhook_configs", []).extend(
+                {"url": webhook_url, "send_resolved": c.get("send_resolved", True)} for c in configs
+            )
     _shorten(doc["route"], top=True)
     return yaml.safe_dump(doc, sort_keys=False)
 
@@ -104,4 +106,3 @@ def rules_file(workdir: Path) -> Path:
     path = workdir / "rankscope.rules.yml"
     path.write_text(rules_text())
     return path
-

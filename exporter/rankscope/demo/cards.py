@@ -63,6 +63,9 @@ class SimulatedCards:
         for held in self.holders:
             held.pop(pid, None)
 
+    def pids(self) -> set[int]:
+        return {pid for held in self.holders for pid in held}
+
     def clear(self) -> None:
         for held in self.holders:
             held.clear()

@@ -23,6 +23,7 @@ from rankscope.demo import alerting
 from rankscope.demo.cards import FOREIGN_BYTES, SimulatedCards, rank_bytes
 from rankscope.demo.services import Daemon, Page, WebhookReceiver, free_port, start, stop
 from rankscope.demo.view import View, card_lines, gib
+from rankscope.demo.workload import COLLECTIVE_FAILED
 from rankscope.flight import FlightReader
 
 GiB = 1024**3
@@ -64,7 +65,10 @@ SETTLE_SECONDS = 25.0
 # After the expected pages are in, how long the demo keeps listening for unexpected ones.
 QUIET_SECONDS = 3.0
 SUMMARY_EVERY = 4.0
+OBSERVE_EVERY = 0.5
 BOOT_TIMEOUT = 120.0
+# How long the last ranks may stay in a collective after the first rank finished serving.
+STRAGGLER_GRACE = 5.0
 
 
 @dataclass
@@ -89,13 +93,33 @@ class Stack:
     view: View
     options: Options
     counted: set[tuple[str, str]] = field(default_factory=set)  # (fingerprint, startsAt)
+    boots: dict[str, str] = field(default_factory=dict)  # boot id -> scenario name
+    pages: dict[str, list[Page]] = field(default_factory=dict)  # scenario name -> its pages
+    notes: dict[str, list[str]] = field(default_factory=dict)
+
+    shown: dict[str, set[str]] = field(default_factory=dict)
+
+    def result(self, scenario: Scenario) -> Result:
+        return Result(
+            scenario,
+            self.pages.get(scenario.name, []),
+            self.notes.get(scenario.name, []),
+            self.shown.get(scenario.name, set()),
+            checked=self.receiver is not None,
+        )
 
 
 @dataclass
 class Result:
+    """What one scenario produced. ``pages`` when Alertmanager ran (``checked``); ``shown``
+    are the alerts whose condition the daemon's API showed, the verdict's ground without
+    Prometheus and Alertmanager."""
+
     scenario: Scenario
     pages: list[Page]
     notes: list[str]
+    shown: set[str] = field(default_factory=set)
+    checked: bool = True
 
     @property
     def paged(self) -> set[str]:
@@ -103,7 +127,8 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return self.paged == set(self.scenario.expected)
+        got = self.paged if self.checked else self.shown
+        return got == set(self.scenario.expected) and not self.notes
 
 
 class ScenarioRun:
@@ -117,12 +142,15 @@ class ScenarioRun:
         self.boot = f"demo-{scenario.name}-{time.strftime('%H%M%S')}-{os.getpid()}"
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
         self.rank_of_pid: dict[int, int] = {}
-        self.phase: dict[int, str] = {}
         self.booted: set[int] = set()
         self.rounds: dict[int, int] = {}
         self.helpers: list[subprocess.Popen[bytes]] = []
-        self.pages: list[Page] = []
-        self.notes: list[str] = []
+        self.pages = stack.pages.setdefault(scenario.name, [])
+        self.notes = stack.notes.setdefault(scenario.name, [])
+        stack.boots[self.boot] = scenario.name
+        self.shown = stack.shown.setdefault(scenario.name, set())
+        self.foreign_seen: dict[int, tuple[float, float]] = {}  # pid -> first, last seen
+        self.breaches_before: dict[Any, int] | None = None
         self.page_index = stack.receiver.count() if stack.receiver else 0
         self.serving_since: float | None = None
         self.trough_done = False
@@ -144,6 +172,7 @@ class ScenarioRun:
                 MASTER_PORT=str(port),
                 RANKSCOPE_DIR=str(self.stack.flight_dir),
                 RANKSCOPE_BOOT_ID=self.boot,
+                RANKSCOPE_CENSUS="1",  # armed, whatever the calling shell says
                 OMP_NUM_THREADS="1",  # four ranks on a small machine: no thread oversubscription
                 # A census snapshot about once a second, so a skew shows within seconds.
                 RANKSCOPE_CENSUS_EVERY=str(max(round(1.0 / o.step_interval), 1)),
@@ -174,7 +203,9 @@ class ScenarioRun:
                 [sys.executable, "-m", "rankscope.demo.hog", "--gpu", "0", "--bytes", "2GiB"],
                 "foreign",
             )
-            self.view.line(f"foreign holder: pid {proc.pid} takes 2 GiB on GPU 0 (a real allocation)")
+            self.view.line(
+                f"foreign holder: pid {proc.pid} takes 2 GiB on GPU 0 (a real allocation)"
+            )
         else:
             proc = self._helper(["sleep", "600"], "foreign")
             assert self.stack.cards is not None
@@ -233,27 +264,29 @@ class ScenarioRun:
 
     def follow(self, reader: FlightReader) -> None:
         changed = False
+        reached: dict[tuple[int, int], list[str]] = {}
         for rec in reader.poll():
             if rec.get("boot") != self.boot:
                 continue
             rank = rec.get("rank")
             if rec.get("kind") == "mark" and isinstance(rank, int):
                 phase = str(rec.get("phase"))
-                self.phase[rank] = phase
+                reached.setdefault((rank, rec["pid"]), []).append(phase)
                 if phase == "boot_complete":
                     self.booted.add(rank)
-                self.view.phase(rank, rec["pid"], phase)
                 if self.stack.cards is not None and rec["pid"] in self.rank_of_pid:
                     card = self.stack.cards.card_of_rank(rank)
                     self.stack.cards.set_holder(card, rec["pid"], rank_bytes(phase))
                     changed = True
             elif rec.get("kind") == "census" and isinstance(rank, int):
                 self.rounds[rank] = int(rec.get("round") or 0)
-        for rank, proc in self.ranks.items():
-            if proc.poll() is not None and self.stack.cards is not None:
-                if any(proc.pid in held for held in self.stack.cards.holders):
-                    self.stack.cards.drop_holder(proc.pid)
-                    changed = True
+        for (rank, pid), phases in sorted(reached.items()):
+            self.view.phases(rank, pid, phases)
+        cards = self.stack.cards
+        for proc in self.ranks.values():
+            if cards is not None and proc.poll() is not None and proc.pid in cards.pids():
+                cards.drop_holder(proc.pid)
+                changed = True
         if changed and self.stack.cards is not None:
             self.stack.cards.write()
         if self.serving_since is None and len(self.booted) == len(self.ranks):
@@ -269,26 +302,57 @@ class ScenarioRun:
         for page in new:
             key = (page.fingerprint, page.starts_at)
             fresh = page.status == "firing" and key not in self.stack.counted
+            # A page naming a boot belongs to that boot's scenario, whenever it arrives;
+            # a card's page to the scenario running when it arrives.
+            owner = self.stack.boots.get(page.labels.get("boot", ""), self.scenario.name)
             if fresh:
                 self.stack.counted.add(key)
-                self.pages.append(page)
+                self.stack.pages.setdefault(owner, []).append(page)
             if fresh or page.status == "resolved":
-                self.view.page(page, self.scenario.name)
+                self.view.page(page, owner)
+
+    def observe(self) -> dict[str, Any] | None:
+        """Read the daemon's cards and note what an alert would page on: a foreign holder
+        that stays (as long as the rule's `for:`), a breach counted during the scenario."""
+        try:
+            doc: dict[str, Any] = self.stack.daemon.get("/api/v1/cards")
+        except Exception as exc:
+            self.view.line(f"the daemon did not answer ({exc})")
+            return None
+        now = time.monotonic()
+        breaches = {c.get("uuid"): c.get("breaches") or 0 for c in doc.get("cards", [])}
+        if self.breaches_before is None:
+            self.breaches_before = breaches
+        elif any(n > self.breaches_before.get(u, 0) for u, n in breaches.items()):
+            self.shown.add(alerting.CORRIDOR_BREACH)
+        for card in doc.get("cards", []):
+            for proc in card.get("processes") or []:
+                if proc.get("role") == "foreign" and isinstance(proc.get("pid"), int):
+                    first, _ = self.foreign_seen.get(proc["pid"], (now, now))
+                    self.foreign_seen[proc["pid"]] = (first, now)
+                    if now - first >= alerting.FOREIGN_HOLDER_FOR_SECONDS:
+                        self.shown.add(alerting.FOREIGN_HOLDER)
+        return doc
 
     def summary(self) -> None:
-        try:
-            cards = self.stack.daemon.get("/api/v1/cards")
-        except Exception as exc:
-            self.view.line(f"summary: the daemon did not answer ({exc})")
+        cards = self.observe()
+        if cards is None:
             return
         served = ", ".join(f"r{r}:{n}" for r, n in sorted(self.rounds.items())) or "none yet"
         self.view.line(f"rounds served (latest census snapshot per rank): {served}")
         self.view.block(card_lines(cards))
-        self.view.block(census_lines(self.stack.daemon, self.boot))
+        try:
+            census: dict[str, Any] = self.stack.daemon.get(f"/api/v1/census?boot={self.boot}")
+        except Exception as exc:
+            self.view.line(f"  census: no report yet ({exc})")
+            return
+        if census.get("divergent"):
+            self.shown.add(alerting.CENSUS_SKEW)
+        self.view.block(census_summary(census))
 
     # --- the whole scenario ------------------------------------------------------------------
 
-    def run(self) -> Result:
+    def run(self) -> None:
         s, o = self.scenario, self.stack.options
         self.view.banner(f"scenario {s.name}: {s.title}")
         expect = ", ".join(sorted(s.expected)) or "no page"
@@ -299,14 +363,25 @@ class ScenarioRun:
         )
         reader = FlightReader(self.stack.flight_dir)
         started = time.monotonic()
-        last_summary = started
+        last_summary = last_observed = started
         try:
             self.launch()
+            first_done: float | None = None
+            stragglers: list[int] = []
             while any(p.poll() is None for p in self.ranks.values()):
                 self.follow(reader)
                 now = time.monotonic()
                 if self.serving_since is None and now - started > BOOT_TIMEOUT:
                     self.notes.append(f"the ranks did not boot within {BOOT_TIMEOUT:.0f}s")
+                    break
+                if first_done is None and any(p.poll() == 0 for p in self.ranks.values()):
+                    first_done = now
+                if first_done is not None and now - first_done > STRAGGLER_GRACE:
+                    # A rank still inside a collective its peer never issued (NCCL does not
+                    # notice a peer's exit the way gloo's socket does).
+                    stragglers = [r for r, p in self.ranks.items() if p.poll() is None]
+                    for rank in stragglers:
+                        stop(self.ranks[rank], grace=3.0)
                     break
                 if self.serving_since is not None:
                     if s.name == "foreign" and not self.foreign_started:
@@ -319,12 +394,15 @@ class ScenarioRun:
                         self.trough()
                 self.collect_pages()
                 if now - last_summary >= SUMMARY_EVERY:
-                    last_summary = now
+                    last_summary = last_observed = now
                     self.summary()
+                elif now - last_observed >= OBSERVE_EVERY:
+                    last_observed = now
+                    self.observe()
                 time.sleep(0.1)
             self.follow(reader)
-            self.report_exits()
             self.summary()
+            self.report_exits(stragglers)
             self.settle()
         finally:
             for proc in [*self.ranks.values(), *self.helpers]:
@@ -332,27 +410,42 @@ class ScenarioRun:
             if self.stack.cards is not None:
                 self.stack.cards.clear()
                 self.stack.cards.write()
-        return Result(s, self.pages, self.notes)
 
-    def report_exits(self) -> None:
-        failed = {r: p.returncode for r, p in self.ranks.items() if p.returncode not in (0, None)}
-        if not failed:
-            self.view.line(f"all ranks served {self.steps} steps and exited")
-            return
-        for rank, code in sorted(failed.items()):
-            log = self.stack.workdir / f"{self.scenario.name}-rank{rank}.log"
-            if code == 3:
-                self.view.line(
-                    f"rank {rank} was left waiting in a collective its peer never issued, "
-                    "and exited when the peer's connection closed (its last mark says where)"
+    def report_exits(self, stragglers: list[int]) -> None:
+        """Say how each rank ended. In the skip scenario a peer of the skipping rank is
+        expected to end inside the collective that was never matched; anywhere else an
+        unclean end is a failure of the run."""
+        clean = True
+        for rank, proc in sorted(self.ranks.items()):
+            code = proc.returncode
+            if code == 0:
+                continue
+            clean = False
+            if rank in stragglers:
+                text = (
+                    f"rank {rank} was still inside a collective {STRAGGLER_GRACE:.0f}s after "
+                    "its peers finished; the demo stopped it"
+                )
+            elif code == COLLECTIVE_FAILED:
+                text = (
+                    f"rank {rank} was left waiting in a collective its peer never issued and "
+                    "gave up when the peer's connection closed (its last mark and census dump "
+                    "say where)"
                 )
             else:
-                self.notes.append(f"rank {rank} exited with {code}; see {log}")
-                self.view.line(f"rank {rank} exited with {code}; see {log}")
+                log = self.stack.workdir / f"{self.scenario.name}-rank{rank}.log"
+                text = f"rank {rank} exited with {code}; see {log}"
+            self.view.line(text)
+            expected = self.scenario.name == "skip" and (
+                rank in stragglers or code == COLLECTIVE_FAILED
+            )
+            if not expected:
+                self.notes.append(text)
+        if clean:
+            self.view.line(f"all ranks served {self.steps} steps and exited")
 
     def settle(self) -> None:
         if self.stack.receiver is None:
-            self.notes.append("pages not checked: no Prometheus and Alertmanager")
             return
         deadline = time.monotonic() + SETTLE_SECONDS
         satisfied_at: float | None = None
@@ -366,10 +459,24 @@ class ScenarioRun:
             time.sleep(0.2)
 
 
-def census_lines(daemon: Daemon, boot: str) -> list[str]:
-    """The census state as the daemon reports it for this boot."""
-    try:
-        doc: dict[str, Any] = daemon.get(f"/api/v1/census?boot={boot}")
-    except Exception as exc:
-        return [f"  census: not available yet ({exc})"]
-    return [f"  census: {doc}"]
+def census_summary(doc: dict[str, Any]) -> list[str]:
+    entries = doc.get("entries") or []
+    if not entries:
+        return ["  census: no snapshots yet"]
+    rounds = sorted({e.get("round") for e in entries if isinstance(e.get("round"), int)})
+    bad = [e for e in entries if e.get("divergent")]
+    if not bad:
+        return [
+            f"  census: {len(entries)} (group, op) compared at round(s) "
+            f"{', '.join(map(str, rounds))}: every rank agrees"
+        ]
+    lines = []
+    for e in bad:
+        counts = " ".join(f"r{r}:{n}" for r, n in (e.get("counts") or {}).items())
+        lagging = ", ".join(str(r) for r in e.get("lagging") or [])
+        lines.append(
+            f"  census: DIVERGED {e.get('group')} {e.get('op')} at round {e.get('round')}: "
+            f"{counts}; lagging rank {lagging} (first diverged at round "
+            f"{doc.get('first_divergent_round')})"
+        )
+    return lines

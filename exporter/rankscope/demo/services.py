@@ -55,10 +55,8 @@ def http_json(url: str, timeout: float = 3.0) -> Any:
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the demo dies, so a killed demo leaves no
     peer behind (Linux prctl PR_SET_PDEATHSIG; a no-op elsewhere)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -36,8 +36,9 @@ class View:
         self.out.write(f"\n=== {text} ===\n")
         self.out.flush()
 
-    def phase(self, rank: Any, pid: int, phase: str) -> None:
-        self.line(f"rank {rank} (pid {pid}): {phase}")
+    def phases(self, rank: Any, pid: int, phases: list[str]) -> None:
+        """The boot phases one rank reached since the last look, in order."""
+        self.line(f"rank {rank} (pid {pid}): {' > '.join(phases)}")
 
     def page(self, page: Page, scenario: str) -> None:
         labels = ", ".join(
@@ -64,7 +65,9 @@ def card_lines(cards_doc: dict[str, Any]) -> list[str]:
         ranks = [p for p in procs if p.get("role") == "rank"]
         foreign = [p for p in procs if p.get("role") == "foreign"]
         foreign_text = (
-            ", ".join(f"pid {p.get('pid')} {p.get('comm') or '?'} {gib(p.get('bytes'))}" for p in foreign)
+            ", ".join(
+                f"pid {p.get('pid')} {p.get('comm') or '?'} {gib(p.get('bytes'))}" for p in foreign
+            )
             or "none"
         )
         lines.append(

@@ -36,6 +36,8 @@ log = logging.getLogger("rankscope.demo.workload")
 # Bytes of one KV block and how many the arena reserves; serving backs one block per step.
 KV_BLOCK_BYTES = 256 * 1024
 KV_BLOCKS = 64
+# Exit status of a rank whose collective failed because a peer never issued its side.
+COLLECTIVE_FAILED = 3
 
 
 class KVArena:
@@ -114,8 +116,6 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
     # on CPU copies while the model and the KV pool stay on the card.
     nccl = cuda and torch.cuda.device_count() >= world
     comm_device = device if nccl else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
     dist.init_process_group("nccl" if nccl else "gloo", rank=rank, world_size=world)
 
     # Every rank creates every group, in the same order (torch.distributed requires it).
@@ -138,7 +138,11 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
     recv_op = census.p2p_name("recv", prev_rank)
     send_op = census.p2p_name("send", next_rank)
 
+    # The first mark comes before this process touches the GPU: until a process has a
+    # record, the daemon can only call its memory foreign.
     probe.mark("pre_weight_load", device=str(device), backend="nccl" if nccl else "gloo")
+    if cuda:
+        torch.cuda.set_device(device)
     shard = args.hidden // tp
     gen = torch.Generator().manual_seed(1000 + pp_rank)
     full_weight = torch.randn(args.hidden, args.hidden, generator=gen) / args.hidden**0.5
@@ -209,7 +213,7 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
             # finds the peer gone. Record where this rank stood, then leave.
             probe.mark("collective_failed", step=step, error=str(exc).splitlines()[0][:200])
             census.dump_local("collective_failed")
-            status = 3
+            status = COLLECTIVE_FAILED
             break
         arena.fill_block(step)
         census.tick()

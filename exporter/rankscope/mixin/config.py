@@ -26,7 +26,9 @@ DEFAULTS: dict[str, Any] = {
     # RankscopeCorridorThin: margin below this share of the floor, sustained.
     "corridorThinShare": 0.25,
     "corridorThinFor": "10m",
-    # RankscopeCensusSkew: ranks at the same round disagree for this long.
+    # RankscopeCensusSkew: ranks at the same round disagreed within the lookback (a rank one
+    # iteration ahead stands alone at a new round at some scrapes), for this long.
+    "censusSkewLookback": "2m",
     "censusSkewFor": "1m",
     # RankscopeCensusStalled: a live rank's latest snapshot is older than this many seconds.
     "censusStallSeconds": 300,

@@ -164,11 +164,12 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             "critical",
             _expr(
                 """
-                rankscope:census_rank_deficit > 0
+                max_over_time(rankscope:census_rank_deficit[{lookback}]) > 0
                 or on(boot, group, op)
                 max by (boot, group, op) (rankscope_census_divergence{{{s}}}) > 0
                 """,
                 s=s,
+                lookback=c["censusSkewLookback"],
             ),
             c["censusSkewFor"],
             "Ranks of one group instance disagree on a collective count at the same round.",

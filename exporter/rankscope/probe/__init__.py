@@ -91,7 +91,7 @@ def derive(
     }
 
 
-def mark(phase: str, *, runner: str | None = None, **extra: Any) -> dict[str, Any] | None:
+def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> dict[str, Any] | None:
     """Record one mark. ``runner`` overrides the configured runner for this mark only (a
     phase that target and draft both run); ``extra`` keyword values go into the record.
 

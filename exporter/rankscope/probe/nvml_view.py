@@ -64,8 +64,13 @@ def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
         return None
     not_available = nvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
     state = {"buf": (struct * 64)()}
+    lock = threading.Lock()  # the buffer is shared by every thread that marks
 
     def list_processes(handle: Any) -> ProcessList:
+        with lock:
+            return read_into_buffer(handle)
+
+    def read_into_buffer(handle: Any) -> ProcessList:
         while True:
             buf = state["buf"]
             count = ctypes.c_uint(len(buf))

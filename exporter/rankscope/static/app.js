@@ -123,7 +123,7 @@ function holdingsTable(card) {
       "thead",
       {},
       el("tr", {}, el("th", {}, "pid"), el("th", {}, "process"), el("th", {}, "role"),
-        el("th", {}, "boot / rank"), el("th", { class: "num" }, "bytes")),
+        el("th", {}, "rank"), el("th", { class: "num" }, "bytes")),
     ),
     el(
       "tbody",
@@ -131,11 +131,11 @@ function holdingsTable(card) {
       procs.map((p) =>
         el(
           "tr",
-          { class: p.role === "foreign" ? "foreign" : null },
+          { class: null },
           el("td", { class: "mono" }, p.pid),
           el("td", {}, p.comm || "—"),
           el("td", {}, p.role || "—"),
-          el("td", {}, p.role === "rank" ? (p.boot || "?") + " / " + rankLabel(p) : "—"),
+          el("td", { title: p.boot ? "boot " + p.boot : null }, p.role === "rank" ? rankLabel(p) : "—"),
           el("td", { class: "num" }, bytes(p.bytes)),
         ),
       ),
@@ -253,78 +253,68 @@ function renderPhases(doc) {
 
 // ---- census -------------------------------------------------------------------------------
 
-// The census document: {boot, ranks: [{rank, round, wall, counts: [[group, op, n], ...]}],
-// divergences: [{group, op, round, counts: {rank: n}, lagging: [...]}]}. Counts are compared
-// only between ranks of one group instance that stand at the same round.
-function censusRows(doc) {
-  const ranks = (doc && doc.ranks) || [];
-  const rows = new Map();
-  for (const r of ranks) {
-    for (const [group, op, n] of r.counts || []) {
-      const key = group + "\u0000" + op;
-      if (!rows.has(key)) rows.set(key, { group, op, cells: new Map() });
-      rows.get(key).cells.set(r.rank, { n, round: r.round });
-    }
-  }
-  const flagged = new Set(
-    ((doc && doc.divergences) || []).filter((d) => (d.lagging || []).length)
-      .map((d) => d.group + "\u0000" + d.op),
-  );
-  for (const [key, row] of rows) {
-    // Among the ranks at this row's latest round, a count lower than the highest is a lag.
-    const rounds = [...row.cells.values()].map((c) => c.round).filter(isNum);
-    const top = rounds.length ? Math.max(...rounds) : null;
-    const atTop = [...row.cells.values()].filter((c) => c.round === top).map((c) => c.n);
-    const max = atTop.length ? Math.max(...atTop) : null;
-    row.behind = new Set();
-    for (const [rank, c] of row.cells) {
-      if (c.round === top && isNum(max) && c.n < max) row.behind.add(rank);
-    }
-    row.diverged = row.behind.size > 0 || flagged.has(key);
-  }
-  return { ranks: ranks.map((r) => r.rank), rounds: ranks, rows: [...rows.values()] };
-}
-
+// The census document is `rankscope census --json`: per group instance, the counts of its
+// member ranks compared at the latest round every member snapshotted (`entries`), earlier
+// divergences (`history`), and each rank's latest snapshot (`ranks`). The page shows that
+// comparison; it never compares anything itself.
 function renderCensus(doc) {
   const box = document.getElementById("census");
-  const { ranks, rounds, rows } = censusRows(doc);
-  if (!rows.length) {
+  const entries = ((doc && doc.entries) || []).slice();
+  const ranks = ((doc && doc.ranks) || []).slice().sort((a, b) => a.rank - b.rank);
+  if (!entries.length) {
     replace(box, el("p", { class: "empty" }, "no census snapshots for this boot yet"));
     return;
   }
-  rows.sort((a, b) => (a.group + a.op).localeCompare(b.group + b.op));
-  const diverged = rows.filter((r) => r.diverged);
-  const summary = diverged.length
-    ? el("p", { class: "neg", id: "census-verdict" }, "diverged: " +
-        diverged.map((r) => r.group + " " + r.op + " (behind: rank " + [...r.behind].join(", rank ") + ")").join("; "))
-    : el("p", { id: "census-verdict" }, "all ranks agree at their latest common round");
+  entries.sort((a, b) => (a.group + " " + a.op).localeCompare(b.group + " " + b.op));
+  const diverged = entries.filter((e) => e.divergent);
+  const first = doc.first_divergent_round;
+  const verdict = diverged.length
+    ? el(
+        "p",
+        { class: "neg", id: "census-verdict" },
+        "diverged: " +
+          diverged
+            .map((e) => e.group + " " + e.op + " at round " + e.round + " (lagging: rank " + (e.lagging || []).join(", rank ") + ")")
+            .join("; ") +
+          (isNum(first) ? "; first seen at round " + first : ""),
+      )
+    : el(
+        "p",
+        { id: "census-verdict" },
+        "all ranks agree at each group's latest common round" +
+          ((doc.history || []).length ? " (earlier divergences: " + doc.history.length + ", resolved)" : ""),
+      );
   const head = el(
     "tr",
     {},
     el("th", {}, "group"),
     el("th", {}, "op"),
-    ranks.map((r) => el("th", { class: "num" }, "rank " + r)),
+    el("th", { class: "num" }, "round"),
+    ranks.map((r) => el("th", { class: "num" }, "rank " + r.rank)),
   );
-  const roundRow = el(
+  const lastRounds = el(
     "tr",
     { class: "rounds" },
-    el("td", { class: "key" }, "round"),
+    el("td", { class: "key" }, "latest snapshot"),
     el("td", {}, ""),
-    rounds.map((r) => el("td", { class: "num" }, isNum(r.round) ? r.round : "—")),
+    el("td", {}, ""),
+    ranks.map((r) => el("td", { class: "num" }, isNum(r.last_round) ? "round " + r.last_round : "—")),
   );
-  const body = rows.map((row) =>
-    el(
+  const body = entries.map((e) => {
+    const lagging = new Set((e.lagging || []).map(String));
+    return el(
       "tr",
-      { class: row.diverged ? "diverged" : null, "data-group": row.group, "data-op": row.op },
-      el("td", { class: "key mono" }, row.group),
-      el("td", { class: "key" }, row.op),
+      { class: e.divergent ? "diverged" : null, "data-group": e.group, "data-op": e.op },
+      el("td", { class: "key mono" }, e.group),
+      el("td", { class: "key" }, e.op),
+      el("td", { class: "num" }, isNum(e.round) ? e.round : "—"),
       ranks.map((r) => {
-        const c = row.cells.get(r);
-        return el("td", { class: "num" + (row.behind.has(r) ? " diverged" : "") }, c ? c.n : "");
+        const n = (e.counts || {})[String(r.rank)];
+        return el("td", { class: "num" + (lagging.has(String(r.rank)) ? " diverged" : "") }, n === undefined ? "" : n);
       }),
-    ),
-  );
-  replace(box, summary, el("table", { class: "census" }, el("thead", {}, head), el("tbody", {}, roundRow, body)));
+    );
+  });
+  replace(box, verdict, el("table", { class: "census" }, el("thead", {}, head), el("tbody", {}, lastRounds, body)));
 }
 
 // ---- refresh ------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ The scrape settings a ServiceMonitor endpoint and a PodMonitor podMetricsEndpoin
 Called with (dict "monitor" .Values.serviceMonitor "root" $).
 */}}
 {{- define "rankscope.scrapeEndpoint" -}}
-{{- $monitor := .monitor }}
+{{- $monitor := .monitor -}}
 path: /metrics
 scheme: {{ include "rankscope.scheme" .root }}
 {{- with $monitor.interval }}
@@ -131,7 +131,7 @@ tlsConfig:
 basicAuth:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $monitor.relabelings }}
+{{- with (rest $monitor.relabelings) }}
 relabelings:
   {{- toYaml . | nindent 2 }}
 {{- end }}
