@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import base64
 import datetime
+import ipaddress
 import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
@@ -110,32 +112,10 @@ def test_an_unknown_user_costs_a_bcrypt_check_like_a_known_one(
     assert checked == [webconfig._DUMMY_HASH, ALICE_HASH.encode()]
 
 
-def make_self_signed(directory: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+def _write_key_and_cert(directory: Path, stem: str, key: Any, cert: Any) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives import serialization
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    import ipaddress
-
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "server.crt", directory / "server.key"
+    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(
         key.private_bytes(
@@ -145,6 +125,44 @@ def make_self_signed(directory: Path) -> tuple[Path, Path]:
         )
     )
     return cert_path, key_path
+
+
+def _certificate(
+    subject: str, key: Any, issuer: tuple[str, Any] | None = None, *, ca: bool = False
+) -> Any:
+    """A certificate for ``subject`` (self-signed unless an (issuer name, issuer key) is
+    given), valid for 127.0.0.1."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    issuer_name, issuer_key = issuer if issuer else (subject, key)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name(subject))
+        .issuer_name(name(issuer_name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(issuer_key, hashes.SHA256())
+    )
+
+
+def make_self_signed(directory: Path) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    return _write_key_and_cert(directory, "server", key, _certificate("127.0.0.1", key))
 
 
 def https_get(
@@ -205,3 +223,42 @@ def test_serve_refuses_a_web_config_it_cannot_use(flight_dir: Path, tmp_path: Pa
     )  # fmt: skip
     assert result.returncode == 2
     assert "alice is not a bcrypt hash" in result.stderr
+
+
+def test_client_certificates_and_the_minimum_tls_version_are_enforced(
+    flight_dir: Path, tmp_path: Path
+) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    server_cert, _ = make_self_signed(tmp_path)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    _write_key_and_cert(tmp_path, "ca", ca_key, _certificate("test CA", ca_key, ca=True))
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client_cert, client_key_path = _write_key_and_cert(
+        tmp_path, "client", client_key, _certificate("prometheus", client_key, ("test CA", ca_key))
+    )
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
+        "  min_version: TLS13\n"
+    )
+    with serve(
+        flight_dir,
+        f"--web.config.file={cfg}",
+        "--no-collector.cards",
+        "--no-collector.holdings",
+        log=tmp_path / "serve.log",
+    ) as url:
+        https = url.replace("http://", "https://") + "/healthz"
+        with_cert = ssl.create_default_context(cafile=str(server_cert))
+        with_cert.load_cert_chain(str(client_cert), str(client_key_path))
+        assert https_get(https, with_cert)[0] == 200
+        without_cert = ssl.create_default_context(cafile=str(server_cert))
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            https_get(https, without_cert)
+        old_tls = ssl.create_default_context(cafile=str(server_cert))
+        old_tls.load_cert_chain(str(client_cert), str(client_key_path))
+        old_tls.maximum_version = ssl.TLSVersion.TLSv1_2
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            https_get(https, old_tls)
