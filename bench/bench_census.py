@@ -87,6 +87,18 @@ def bench_all_reduce(rank: int, world: int, port: int, calls: int, blocks: int) 
                 patched.append(block(dist.all_reduce))
                 undo()
     if rank == 0:
+        # The wrapper's own cost, measured around a no-op of all_reduce's signature: the
+        # same code path, without the variance of the collective itself.
+        from rankscope.census.torch_patch import _collective_wrapper
+
+        def noop(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> None:
+            return None
+
+        wrapped = _collective_wrapper(dist, "all_reduce", noop)
+        env = {"noop": noop, "wrapped": wrapped, "t": t}
+        bare_ns = per_call_ns("noop(t)", env, 200_000)
+        wrapped_ns = per_call_ns("wrapped(t)", env, 200_000)
+        overhead_us = (wrapped_ns - bare_ns) / 1000
         pair_ratios = [p / u for p, u in zip(patched, unpatched, strict=True)]
         ratio = statistics.median(pair_ratios)
         best = min(patched) / min(unpatched)
@@ -102,9 +114,15 @@ def bench_all_reduce(rank: int, world: int, port: int, calls: int, blocks: int) 
             f"  median of pairwise ratios patched/unpatched = {ratio:.4f} "
             f"({(ratio - 1) * 100:+.2f}%)"
         )
+        share = overhead_us / min(unpatched)
         print(
-            f"  goal within 2%: {'met' if min(best, ratio) <= 1.02 else 'MISSED'}"
-            " (fastest-block ratio is the low-noise estimate on a loaded machine)"
+            f"  the wrapper alone, around a no-op: {wrapped_ns:.0f} ns vs {bare_ns:.0f} ns bare"
+            f" = {overhead_us * 1000:.0f} ns, {share * 100:.2f}% of the fastest unpatched call"
+        )
+        print(
+            f"  goal within 2%: by the blocks {'met' if min(best, ratio) <= 1.02 else 'MISSED'}"
+            f" (noisy on a shared machine), by the wrapper's own cost "
+            f"{'met' if share <= 0.02 else 'MISSED'}"
         )
     dist.destroy_process_group()
 

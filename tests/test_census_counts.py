@@ -17,7 +17,7 @@ import pytest
 from rankscope import census
 from rankscope.census import counts, graphs, snapshots
 from rankscope.census.compare import compare_group, compare_ranks
-from rankscope.record import Recorder, RankIdentity
+from rankscope.record import RankIdentity, Recorder
 
 
 @pytest.fixture(autouse=True)
@@ -73,8 +73,9 @@ def test_disarmed_by_environment_counts_nothing() -> None:
         """
     )
     env = dict(os.environ, RANKSCOPE_CENSUS="0")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == ["False", "{}", "0"]
 
 
@@ -150,8 +151,10 @@ def test_captured_collectives_are_added_on_every_replay() -> None:
     assert census.snapshot() == {("tp:0-1", "all_reduce"): 2 + 7, ("tp:0-1", "all_gather"): 2 + 14}
     payload = graphs.graphs_payload()
     assert payload == {
-        "graph1": {"counts": [["tp:0-1", "all_gather", 2], ["tp:0-1", "all_reduce", 1]],
-                   "replays": 7}
+        "graph1": {
+            "counts": [["tp:0-1", "all_gather", 2], ["tp:0-1", "all_reduce", 1]],
+            "replays": 7,
+        }
     }
 
 
@@ -314,14 +317,14 @@ time.sleep(30)
 """
 
 
-@pytest.mark.parametrize(("sig", "reason"), [(signal.SIGTERM, "SIGTERM"),
-                                              (signal.SIGKILL, None)])
+@pytest.mark.parametrize(("sig", "reason"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGKILL, None)])
 def test_sigterm_dumps_and_sigkill_leaves_the_last_snapshot(
     flight_dir: Path, sig: signal.Signals, reason: str | None
 ) -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", SIGNAL_CHILD, str(flight_dir), "0"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
@@ -348,8 +351,9 @@ def test_previous_sigterm_handler_still_runs(flight_dir: Path) -> None:
         "signal.signal(signal.SIGTERM, lambda s, f: (print('own handler', flush=True), "
         "sys.exit(3)))\n" + SIGNAL_CHILD
     )
-    child = subprocess.Popen([sys.executable, "-c", code, str(flight_dir), "1"],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(flight_dir), "1"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         child.send_signal(signal.SIGTERM)

@@ -15,8 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 WORLD = 3
 TICKS_HEALTHY = 300
 EVERY = 10
@@ -80,9 +78,7 @@ def rank_main(scenario: str) -> None:
     ticks = TICKS_HEALTHY if scenario == "ops" else 100
     for tick in range(1, ticks + 1):
         # The collective really happens every tick; what the census sees is the scenario.
-        skip = scenario == "skip" and (
-            (rank == 2 and tick == 37) or (rank != 2 and tick == 73)
-        )
+        skip = scenario == "skip" and ((rank == 2 and tick == 37) or (rank != 2 and tick == 73))
         if skip:
             pg.allreduce([t]).wait()  # on the wire, matched in size, but never counted
         else:
@@ -91,8 +87,11 @@ def rank_main(scenario: str) -> None:
         census.tick()
     census.disable_comparison()
     assert comparator is not None
-    result.update(compared=comparator.compared, failed=repr(comparator.failed),
-                  divergences=[[r, e] for r, e in comparator.divergences])
+    result.update(
+        compared=comparator.compared,
+        failed=repr(comparator.failed),
+        divergences=[[r, e] for r, e in comparator.divergences],
+    )
     print(json.dumps(result), flush=True)
     if scenario == "skip":
         time.sleep(60)  # wait, like a wedged job, for the launcher's signals
@@ -119,8 +118,11 @@ def start_ranks(scenario: str, flight_dir: Path) -> list[subprocess.Popen[str]]:
             RANKSCOPE_CENSUS_EVERY=str(EVERY),
             GLOO_SOCKET_IFNAME="lo",
         )
-        procs.append(subprocess.Popen([sys.executable, __file__, scenario], env=env,
-                                      stdout=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, scenario], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
     return procs
 
 
@@ -142,8 +144,12 @@ def stop(procs: list[subprocess.Popen[str]]) -> None:
 
 
 def census_json(flight_dir: Path) -> tuple[int, dict[str, Any]]:
-    out = subprocess.run([sys.executable, "-m", "rankscope", "census", str(flight_dir), "--json"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "rankscope", "census", str(flight_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return out.returncode, json.loads(out.stdout)
 
 
@@ -212,7 +218,8 @@ def test_a_skipped_all_reduce_is_named_and_kills_leave_records(flight_dir: Path)
     # SIGKILL: rank 0 left its last snapshot and no dump; SIGTERM: ranks 1 and 2 dumped.
     assert [r["last_round"] for r in doc["ranks"]] == [100, 100, 100]
     assert [(d["rank"], d["reason"]) for d in doc["dumps"]["ranks"]] == [
-        (1, "SIGTERM"), (2, "SIGTERM")
+        (1, "SIGTERM"),
+        (2, "SIGTERM"),
     ]
 
 

@@ -31,7 +31,10 @@ def nccl() -> Iterator[Any]:
 
     torch.cuda.set_device(0)
     dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        rank=0,
+        world_size=1,
         device_id=torch.device("cuda", 0),
     )
     counts.reset()

@@ -22,17 +22,23 @@ CountsAt = Callable[[int, int], dict[tuple[str, str], int]]  # (rank, round) -> 
 
 
 def rank_recorder(flight_dir: Path, rank: int, boot: str = "b1", pid: int = 0) -> Recorder:
-    process = ProcessIdentity(host="h", pid=pid or 1000 + rank, start_ticks=7, nspid=None,
-                              pidns=None)
-    return Recorder(flight_dir=flight_dir, boot=boot, process=process,
-                    rank=RankIdentity(rank=rank, world_size=3))
+    process = ProcessIdentity(
+        host="h", pid=pid or 1000 + rank, start_ticks=7, nspid=None, pidns=None
+    )
+    return Recorder(
+        flight_dir=flight_dir,
+        boot=boot,
+        process=process,
+        rank=RankIdentity(rank=rank, world_size=3),
+    )
 
 
 def write_rounds(rec: Recorder, rank: int, rounds: range, counts_at: CountsAt) -> None:
     for r in rounds:
         rows = sorted([g, op, n] for (g, op), n in counts_at(rank, r).items())
-        assert rec.write("census", "census", {"round": r, "every": 10, "counts": rows,
-                                              "graphs": {}})
+        assert rec.write(
+            "census", "census", {"round": r, "every": 10, "counts": rows, "graphs": {}}
+        )
 
 
 def report_of(flight_dir: Path, boot: str | None = None) -> dict[str, Any]:
@@ -115,12 +121,27 @@ def test_group_instances_compare_only_their_members(flight_dir: Path) -> None:
 def test_dumps_in_process_lines_and_torn_lines(flight_dir: Path) -> None:
     recs = [rank_recorder(flight_dir, r) for r in range(2)]
     for rank, rec in enumerate(recs):
-        rec.write("census", "census", {"round": 10, "every": 10,
-                                       "counts": [["tp:0-1", "all_reduce", 10]], "graphs": {}})
-        rec.write("census", "census_dump", {"reason": "SIGTERM", "round": 12,
-                                            "counts": [["tp:0-1", "all_reduce", 12 - rank]]})
-    recs[0].write("census", "divergence", {"round": 10, "group": "tp:0-1", "op": "all_reduce",
-                                           "counts": {"0": 10, "1": 9}, "lagging": [1]})
+        rec.write(
+            "census",
+            "census",
+            {"round": 10, "every": 10, "counts": [["tp:0-1", "all_reduce", 10]], "graphs": {}},
+        )
+        rec.write(
+            "census",
+            "census_dump",
+            {"reason": "SIGTERM", "round": 12, "counts": [["tp:0-1", "all_reduce", 12 - rank]]},
+        )
+    recs[0].write(
+        "census",
+        "divergence",
+        {
+            "round": 10,
+            "group": "tp:0-1",
+            "op": "all_reduce",
+            "counts": {"0": 10, "1": 9},
+            "lagging": [1],
+        },
+    )
     path = recs[1].path_for("census")
     assert path is not None
     with path.open("a") as f:
@@ -137,11 +158,13 @@ def test_dumps_in_process_lines_and_torn_lines(flight_dir: Path) -> None:
 
 def test_records_without_a_rank_or_with_bad_counts_are_counted() -> None:
     base = {"v": 1, "boot": "b", "host": "h", "pid": 1, "wall": 1.0, "round": 10}
-    report = build_report([
-        dict(base, kind="census", rank=None, counts=[]),
-        dict(base, kind="census", rank=0, counts=[["tp:0-1", "all_reduce", "many"]]),
-        dict(base, kind="mark", rank=0),
-    ])
+    report = build_report(
+        [
+            dict(base, kind="census", rank=None, counts=[]),
+            dict(base, kind="census", rank=0, counts=[["tp:0-1", "all_reduce", "many"]]),
+            dict(base, kind="mark", rank=0),
+        ]
+    )
     assert report["skipped"] == {"bad_census_line": 1, "no_rank": 1}
     assert report["entries"] == [] and report["divergent"] is False
 
@@ -153,10 +176,15 @@ def test_cli_prints_the_table_and_exits_1_on_divergence(
         return {("world:0-2", "all_reduce"): r - (1 if rank == 2 and r >= 30 else 0)}
 
     for rank in range(3):
-        write_rounds(rank_recorder(flight_dir, rank, boot="old"), rank, range(10, 21, 10),
-                     lambda rank, r: {("world:0-2", "all_reduce"): r})
-        write_rounds(rank_recorder(flight_dir, rank, pid=2000 + rank), rank, range(10, 41, 10),
-                     counts_at)
+        write_rounds(
+            rank_recorder(flight_dir, rank, boot="old"),
+            rank,
+            range(10, 21, 10),
+            lambda rank, r: {("world:0-2", "all_reduce"): r},
+        )
+        write_rounds(
+            rank_recorder(flight_dir, rank, pid=2000 + rank), rank, range(10, 41, 10), counts_at
+        )
     args = build_parser(["census", str(flight_dir)]).parse_args(["census", str(flight_dir)])
     assert census_main(args) == 1
     out = capsys.readouterr().out
@@ -176,7 +204,9 @@ def test_cli_json_as_a_real_command(flight_dir: Path) -> None:
         write_rounds(rank_recorder(flight_dir, rank), rank, range(10, 101, 10), skip_then_extra)
     out = subprocess.run(
         [sys.executable, "-m", "rankscope", "census", str(flight_dir), "--json"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)

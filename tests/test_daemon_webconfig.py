@@ -262,3 +262,15 @@ def test_client_certificates_and_the_minimum_tls_version_are_enforced(
         old_tls.maximum_version = ssl.TLSVersion.TLSv1_2
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
             https_get(https, old_tls)
+
+
+def test_a_web_config_broken_while_running_keeps_the_users_it_had(tmp_path: Path) -> None:
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(f"basic_auth_users:\n  alice: '{ALICE_HASH}'\n")
+    auth = webconfig.ReloadingAuth(cfg, load_web_config(cfg))
+    assert auth.check(basic("alice", "wonderland"))
+    cfg.write_text("basic_auth_users:\n  alice: not-a-hash-any-more\n")
+    assert auth.check(basic("alice", "wonderland"))
+    assert not auth.check(basic("alice", "not-a-hash-any-more"))
+    cfg.write_text("basic_auth_users: {}\n# now open\n")
+    assert not auth.enabled  # emptied on purpose: the file says so

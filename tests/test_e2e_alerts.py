@@ -96,7 +96,7 @@ def _simulated_mark(phase: str, rank: int, uuid: str, reserved: int, process: in
     }
 
 
-def rank_main(rank: int, port: int, control: Path, uuid: str) -> None:
+def rank_main(rank: int, store: Path, control: Path, uuid: str) -> None:
     """One rank: a real gloo group, counted all_reduces, census ticks, simulated marks."""
     import datetime
 
@@ -108,7 +108,7 @@ def rank_main(rank: int, port: int, control: Path, uuid: str) -> None:
 
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{store}",
         rank=rank,
         world_size=WORLD,
         timeout=datetime.timedelta(seconds=120),
@@ -282,7 +282,7 @@ def stop(proc: subprocess.Popen[bytes] | None) -> None:
             proc.wait()
 
 
-def start_rank(rank: int, host: Host, port: int, control: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_rank(rank: int, host: Host, store: Path, control: Path, log: Path) -> subprocess.Popen[bytes]:
     env = dict(
         os.environ,
         RANK=str(rank),
@@ -294,7 +294,7 @@ def start_rank(rank: int, host: Host, port: int, control: Path, log: Path) -> su
     )
     code = (
         "import sys; from pathlib import Path; from tests.test_e2e_alerts import rank_main; "
-        f"rank_main({rank}, {port}, Path({str(control)!r}), {host.uuids[rank % 2]!r})"
+        f"rank_main({rank}, Path({str(store)!r}), Path({str(control)!r}), {host.uuids[rank % 2]!r})"
     )
     with open(log, "wb") as out:
         return subprocess.Popen(
@@ -351,7 +351,9 @@ def check_dashboards(prom: services.Prometheus) -> list[str]:
             found = _label_values(prom, substitute(var["definition"], values))
             if not found:
                 failures.append(f"{name}: variable {var['name']} has no values")
-            values[var["name"]] = "(" + "|".join(re.escape(v) for v in found) + ")"
+            # Regex-escaped, then escaped again for the PromQL string, as Grafana does.
+            regex = "(" + "|".join(re.escape(v) for v in found) + ")"
+            values[var["name"]] = regex.replace("\\", "\\\\")
         for panel in board["panels"]:
             for target in panel["targets"]:
                 expr = substitute(target["expr"], values)
@@ -373,11 +375,11 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
     logs = [h.log for h in hosts.values()] + [tmp_path / f"rank{r}.log" for r in range(WORLD)]
     webhook = Webhook()
     sleeper: subprocess.Popen[bytes] | None = None
-    gloo_port = services.free_port()
+    store = tmp_path / "gloo-store"  # a file rendezvous: no port to race for
     try:
         with processes() as started:
             for rank, host in rank_host.items():
-                started.append(start_rank(rank, host, gloo_port, control, tmp_path / f"rank{rank}.log"))
+                started.append(start_rank(rank, host, store, control, tmp_path / f"rank{rank}.log"))
                 host.rank_pids[rank % 2] = started[-1].pid
             for host in hosts.values():
                 host.start()

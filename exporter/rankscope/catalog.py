@@ -278,7 +278,8 @@ CATALOG: tuple[Metric, ...] = (
         "rankscope_up",
         "gauge",
         "",
-        "1 when a source (nvml, flight) answers, 0 when it is down.",
+        "1 when a source answers, 0 when it is down: flight (the flight directory), and "
+        "nvml or simulated (the device source).",
         ("source",),
         "self",
     ),

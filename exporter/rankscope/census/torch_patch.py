@@ -141,6 +141,9 @@ def _peer(dist: Any, group: Any, peer: Any, group_peer: Any) -> int | None:
     )
 
 
+ALL_REDUCE_PARAMS = ["tensor", "op", "group", "async_op"]
+
+
 def _collective_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     if name in P2P:
         return _p2p_wrapper(dist, name, original)
@@ -183,6 +186,23 @@ def _collective_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> C
                 return original(*args, **kwargs)
             finally:
                 guard.depth = 0
+
+    elif default_attr == "_default_pg" and params == ALL_REDUCE_PARAMS:
+        # The hottest collective, with its exact signature: no argument packing.
+        op_default = inspect.signature(original).parameters["op"].default
+
+        @functools.wraps(original)
+        def wrapper(
+            tensor: Any, op: Any = op_default, group: Any = None, async_op: bool = False
+        ) -> Any:
+            if not guard.depth:
+                pg = world._default_pg if group is None else group
+                key = cached(id(pg))
+                if key is None:
+                    count_slow(pg)  # first call on this group, or not a member
+                else:
+                    table[key] += 1
+            return original(tensor, op, group, async_op)
 
     elif default_attr == "_default_pg":
 
@@ -343,6 +363,7 @@ def instrument_torch_distributed() -> Callable[[], None]:
                         dist.__dict__.pop(n, None)
                     else:
                         setattr(dist, n, saved_dist[n])
+                _keys.clear()
                 _undo = None
 
         _undo = undo

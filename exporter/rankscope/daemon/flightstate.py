@@ -68,8 +68,7 @@ class StreamState:
     file: str
     boot: str
     process: RankProcess
-    first_wall: float
-    last_wall: float
+    first_wall: float  # orders the boots: the newest boot is the one that began last
     marks: list[Record] = field(default_factory=list)
     census: Record | None = None  # latest census or census_dump line
     snapshot: Record | None = None  # latest census line (a snapshot round)
@@ -171,11 +170,9 @@ class FlightState:
                 boot=boot,
                 process=rank_process(rec),
                 first_wall=wall,
-                last_wall=wall,
             )
         else:
             st.first_wall = min(st.first_wall, wall)
-            st.last_wall = max(st.last_wall, wall)
             st.process = rank_process(rec)  # rank fields may be configured late
         kind = rec["kind"]
         if kind == "mark":

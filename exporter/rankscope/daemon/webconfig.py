@@ -295,11 +295,13 @@ class ReloadingAuth:
             return self._auth
 
 
-def _mtime(path: Path) -> float | None:
+def _mtime(path: Path) -> tuple[int, int] | None:
+    # With the size: a rewrite within one tick of a coarse file-system clock still shows.
     try:
-        return path.stat().st_mtime
+        st = path.stat()
     except OSError:
         return None
+    return st.st_mtime_ns, st.st_size
 
 
 class WebConfigMiddleware:

@@ -131,7 +131,7 @@ function holdingsTable(card) {
       procs.map((p) =>
         el(
           "tr",
-          { class: null },
+          { class: p.role === "foreign" ? "foreign" : null },
           el("td", { class: "mono" }, p.pid),
           el("td", {}, p.comm || "—"),
           el("td", {}, p.role || "—"),

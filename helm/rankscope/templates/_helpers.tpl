@@ -144,7 +144,7 @@ metricRelabelings:
 {{/* A size as the daemon reads it: a string as is, a number as an integer byte count
 (never 2.147483648e+09, which is how a template prints a large YAML number). */}}
 {{- define "rankscope.size" -}}
-{{- . }}
+{{- if kindIs "string" . }}{{ . }}{{ else }}{{ . | int64 }}{{ end }}
 {{- end }}
 
 {{/* A map as "k1=v1, k2=v2", for NOTES.txt. */}}
