@@ -130,6 +130,9 @@ ALLOCATIONS = """
     torch.cuda.current_stream().wait_stream(side)
     del static_out
     torch.cuda.synchronize()
+    # torch.cuda.graph() empties the cache on entry: release the warm-up blocks first so
+    # the capture post holds only what the capture itself takes.
+    torch.cuda.empty_cache()
     probe.mark("capture_begin")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

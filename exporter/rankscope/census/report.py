@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rankscope.census.compare import Entry, compare_group, members_of, split_by_group
+from rankscope.census.counts import parse_p2p
 
 if TYPE_CHECKING:
     from rankscope.flight import Flight
@@ -174,15 +175,21 @@ def build_report(
             continue
         latest = common[-1]
         summary["round"] = latest
-        entries_at = {
-            r: {
-                e["op"]: e
-                for e in compare_group(
-                    group, {m: ranks[m].rounds[r].get(group, {}) for m in members}
-                )
+        has_p2p = any(
+            parse_p2p(op) is not None
+            for m in members
+            for by_group in ranks[m].rounds.values()
+            for op in by_group.get(group, {})
+        )
+        entries_at: dict[int, dict[str, Entry]] = {}
+        for r in common:
+            at = [ranks[m].rounds[r].get(group, {}) for m in members]
+            if r != latest and not has_p2p and all(ops == at[0] for ops in at[1:]):
+                entries_at[r] = {}  # every member agrees on every op: nothing to list
+                continue
+            entries_at[r] = {
+                e["op"]: e for e in compare_group(group, dict(zip(members, at, strict=True)))
             }
-            for r in common
-        }
         entries.extend(dict(e, round=latest) for e in entries_at[latest].values())
         history.extend(_spans(common, entries_at, latest))
 
