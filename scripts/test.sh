@@ -17,6 +17,11 @@ as_root apt-get install -y -q --no-install-recommends \
 python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
 python3 -m pip install -q --disable-pip-version-check -e ".[test]"
 
+# The Prometheus Operator's CRD schemas (ServiceMonitor, PodMonitor, PrometheusRule), compiled
+# from the operator's API types, for validating the rendered chart.
+npm install --no-audit --no-fund --silent --prefix build/crd-schemas \
+  @kubernetes-models/prometheus-operator@6.0.0
+
 python3 -m ruff check exporter tests bench
 python3 -m ruff format --check exporter tests bench
 python3 -m mypy
