@@ -21,7 +21,9 @@ from rankscope.record import RankIdentity, Recorder
 
 
 @pytest.fixture(autouse=True)
-def fresh_census() -> Any:
+def fresh_census(monkeypatch: pytest.MonkeyPatch) -> Any:
+    # Signal handlers are tested in child processes, never installed in pytest's own.
+    monkeypatch.setattr(snapshots.STATE, "handlers_installed", True)
     counts.reset()
     graphs.reset()
     snapshots.reset()

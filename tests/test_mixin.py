@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.support.services import binary
 
 from rankscope import catalog
 from rankscope.mixin import config, dashboards, render, rules
 from rankscope.mixin.promql import PromQLSyntaxError, metric_names, variable_query_names
-from tests.support.services import binary
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS = ROOT / "alerts"
@@ -36,7 +36,9 @@ def test_generated_files_match_the_generator() -> None:
     stale = render.write(ROOT, check=True)
     assert not stale, f"regenerate with `python3 -m rankscope.mixin`: {stale}"
     shipped = {p.name for p in (ROOT / "dashboards").glob("*.json")}
-    assert shipped == set(dashboards.build()), "dashboards/ holds a file the generator does not write"
+    assert shipped == set(dashboards.build()), (
+        "dashboards/ holds a file the generator does not write"
+    )
 
 
 def test_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
@@ -97,7 +99,10 @@ def test_promtool_unit_tests_pin_the_shipped_values(tmp_path: Path, override: di
     for test in PROMTOOL_TESTS:
         shutil.copy(test, tmp_path / "tests" / test.name)
     result = run(
-        binary("promtool"), "test", "rules", *sorted(str(p) for p in (tmp_path / "tests").glob("*.yml"))
+        binary("promtool"),
+        "test",
+        "rules",
+        *sorted(str(p) for p in (tmp_path / "tests").glob("*.yml")),
     )
     assert result.returncode != 0, f"promtool tests still pass with {override}"
 
@@ -239,10 +244,13 @@ def test_the_catalog_check_catches_an_unknown_metric() -> None:
         ('label_replace(a, "dst", "$1", "src", "(.*)")', {"a"}),
         ('count_values("round", r) @ start()', {"r"}),
         ("rate(x[$__rate_interval]) / ${scale} + $offset", {"x"}),
-        ("rankscope:census_skew{boot=~\"$boot\"}  # a comment naming nothing\n + y", {
-            "rankscope:census_skew",
-            "y",
-        }),
+        (
+            'rankscope:census_skew{boot=~"$boot"}  # a comment naming nothing\n + y',
+            {
+                "rankscope:census_skew",
+                "y",
+            },
+        ),
         ("histogram_quantile(0.99, sum by (le) (rate(h_bucket[5m])))", {"h_bucket"}),
         ("vector(1) + time()", set()),
     ],
@@ -254,7 +262,10 @@ def test_tokenizer_finds_exactly_the_metric_names(expr: str, names: set[str]) ->
 @pytest.mark.parametrize(
     ("query", "names"),
     [
-        ('label_values(rankscope_gpu_total_bytes{job="r", a="b, c"}, gpu)', {"rankscope_gpu_total_bytes"}),
+        (
+            'label_values(rankscope_gpu_total_bytes{job="r", a="b, c"}, gpu)',
+            {"rankscope_gpu_total_bytes"},
+        ),
         ("label_values(boot)", set()),
         ("query_result(max by (boot) (rankscope_census_round))", {"rankscope_census_round"}),
     ],
@@ -291,12 +302,16 @@ def test_dashboards_are_provisionable() -> None:
         assert len(set(ids)) == len(ids)
         for panel in board["panels"]:
             assert panel["datasource"]["uid"] == "${datasource}"
-            assert panel["targets"] and all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
+            assert panel["targets"] and all(
+                t["datasource"]["uid"] == "${datasource}" for t in panel["targets"]
+            )
             grid = panel["gridPos"]
             assert grid["x"] + grid["w"] <= 24
             used = set(re.findall(r"\$(\w+)", " ".join(t["expr"] for t in panel["targets"])))
             assert used - set(variables) - {"__rate_interval"} == set(), f"{name}: {panel['title']}"
-    assert {"boot", "gpu"} <= {v["name"] for v in boards["rankscope-cards.json"]["templating"]["list"]}
+    assert {"boot", "gpu"} <= {
+        v["name"] for v in boards["rankscope-cards.json"]["templating"]["list"]
+    }
     assert {"boot", "gpu"} <= {
         v["name"] for v in boards["rankscope-boot-ledger.json"]["templating"]["list"]
     }
@@ -316,7 +331,10 @@ def test_amtool_checks_the_example() -> None:
 @pytest.mark.parametrize(
     ("labels", "receiver"),
     [
-        (["alertname=RankscopeCorridorBreach", "severity=critical", "gpu=0", "uuid=GPU-a"], "rankscope-pager"),
+        (
+            ["alertname=RankscopeCorridorBreach", "severity=critical", "gpu=0", "uuid=GPU-a"],
+            "rankscope-pager",
+        ),
         (["alertname=RankscopeCensusSkew", "severity=critical", "boot=b1"], "rankscope-pager"),
         (["alertname=RankscopeForeignHolder", "severity=warning", "boot=b1"], "rankscope-tickets"),
         (["alertname=RankscopeSamplerLagging", "severity=warning"], "rankscope-tickets"),
@@ -339,7 +357,11 @@ def test_amtool_routes(labels: list[str], receiver: str) -> None:
 
 
 def test_every_shipped_alert_routes_by_its_severity() -> None:
-    expected = {"critical": "rankscope-pager", "warning": "rankscope-tickets", "info": "rankscope-null"}
+    expected = {
+        "critical": "rankscope-pager",
+        "warning": "rankscope-tickets",
+        "info": "rankscope-null",
+    }
     for alert in _alerts():
         severity = alert["labels"]["severity"]
         result = run(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import sync_playwright
 
 from rankscope.demo.cards import FLOOR, SimulatedCards
 from support.services import free_port, wait_http
@@ -139,10 +140,9 @@ def serve(flight_dir: Path, script: Path) -> Iterator[str]:
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing; scripts/test.sh installs Debian's chromium")
-    with sync_api.sync_playwright() as p:
+    with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             yield b

@@ -136,7 +136,9 @@ _active: Comparator | None = None
 
 
 def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Comparator | None:
-    """Compare counts across ranks at every snapshot round, over the CPU group ``group``.
+    """Compare counts across ranks at every snapshot round, over the CPU group ``group``,
+    which nothing else may use: the comparison gathers on its own thread, and two threads
+    issuing collectives on one group interleave differently on each rank.
 
     Without ``group``, creates one with ``torch.distributed.new_group(backend="gloo",
     timeout=timeout_s)``: new_group is itself a collective, so every rank must call this, in
@@ -155,6 +157,13 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
             return None
         if group is None:
             group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        elif dist.get_backend(group) != "gloo":
+            log.warning(
+                "rankscope census: the comparison group's backend is %s, not gloo; a wedged "
+                "device must not silence the comparison, so it is not enabled",
+                dist.get_backend(group),
+            )
+            return None
         rank = dist.get_rank()
         if RECORDER.rank.rank is None:
             RECORDER.configure(rank=rank, world_size=dist.get_world_size())

@@ -292,8 +292,11 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def render_text(report: Mapping[str, Any]) -> str:
-    lines: list[str] = []
     ranks = report["ranks"]
+    if not ranks:
+        boot = report["boot"]
+        return "no census records" + (f" in boot {boot}" if boot else "") + "\n"
+    lines: list[str] = []
     every = report["every"]
     lines.append(
         f"census of boot {report['boot']}: {len(ranks)} rank(s) with census records"
@@ -332,9 +335,10 @@ def render_text(report: Mapping[str, Any]) -> str:
         )
         for d in report["in_process"]:
             counts = d["counts"] if isinstance(d["counts"], dict) else {}
+            lagging = d["lagging"] or []
+            state = f"lagging {','.join(map(str, lagging))}" if lagging else "agree again"
             lines.append(
-                f"  round {d['round']}: {d['group']} {d['op']} {_counts_text(counts)}, "
-                f"lagging {','.join(map(str, d['lagging'] or []))}"
+                f"  round {d['round']}: {d['group']} {d['op']} {_counts_text(counts)}, {state}"
             )
     dumps = report["dumps"]
     if dumps["ranks"]:

@@ -25,6 +25,7 @@ from typing import Any
 from rankscope.census import counts as _counts
 from rankscope.census.counts import RECV, SEND, group_instance, p2p_name
 from rankscope.census.wrap import GUARD, MARK
+from rankscope.record import RECORDER
 
 log = logging.getLogger("rankscope.census")
 
@@ -341,6 +342,9 @@ def instrument_torch_distributed() -> Callable[[], None]:
         except ImportError as exc:
             log.warning("rankscope census: torch.distributed unavailable (%s); not patched", exc)
             return lambda: None
+        if dist.is_initialized() and RECORDER.rank.rank is None:
+            # Snapshots are compared by rank: take it from torch when the launcher set none.
+            RECORDER.configure(rank=dist.get_rank(), world_size=dist.get_world_size())
         names = [n for n in (*COLLECTIVES, *P2P, BATCH) if hasattr(c10d, n)]
         plain = {n: getattr(c10d, n) for n in names}
         saved_dist = {n: dist.__dict__.get(n, _ABSENT) for n in names}

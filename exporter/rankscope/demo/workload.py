@@ -205,7 +205,7 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     status = 0
     for step in range(1, args.steps + 1):
-        skip = False
+        skip = rank == args.skip_rank and step == args.skip_step
         try:
             forward(step, skip)
         except RuntimeError as exc:

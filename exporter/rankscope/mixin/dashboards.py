@@ -169,7 +169,9 @@ def _layout(panels: list[dict]) -> list[dict]:
     return placed
 
 
-def _dashboard(uid: str, title: str, description: str, variables: list[dict], panels: list[dict]) -> dict:
+def _dashboard(
+    uid: str, title: str, description: str, variables: list[dict], panels: list[dict]
+) -> dict:
     return {
         "uid": uid,
         "title": title,
@@ -183,9 +185,7 @@ def _dashboard(uid: str, title: str, description: str, variables: list[dict], pa
         "refresh": "30s",
         "timezone": "",
         "annotations": {"list": []},
-        "links": [
-            {"type": "dashboards", "tags": TAGS, "asDropdown": True, "title": "rankscope"}
-        ],
+        "links": [{"type": "dashboards", "tags": TAGS, "asDropdown": True, "title": "rankscope"}],
         "templating": {"list": [_datasource_variable(), *variables]},
         "panels": _layout(panels),
     }
@@ -200,9 +200,13 @@ def cards(c: Mapping[str, Any]) -> dict:
         "Per card: free memory at its worst instant against the corridor floor, time below "
         "the floor, who holds the memory (ranks, foreign processes) and the card identity.",
         [
-            _query_variable("instance", "Host", f"label_values(rankscope_gpu_total_bytes{{{s}}}, instance)"),
             _query_variable(
-                "gpu", "Card", f'label_values(rankscope_gpu_total_bytes{{{s}, instance=~"$instance"}}, gpu)'
+                "instance", "Host", f"label_values(rankscope_gpu_total_bytes{{{s}}}, instance)"
+            ),
+            _query_variable(
+                "gpu",
+                "Card",
+                f'label_values(rankscope_gpu_total_bytes{{{s}, instance=~"$instance"}}, gpu)',
             ),
             _query_variable(
                 "boot",
@@ -217,7 +221,10 @@ def cards(c: Mapping[str, Any]) -> dict:
                 "instant, a trough between scrapes included) and the card's floor.",
                 [
                     (f"rankscope_gpu_free_bytes{{{card}}}", "{{instance}} gpu {{gpu}} free"),
-                    (f"rankscope_gpu_free_min_bytes{{{card}}}", "{{instance}} gpu {{gpu}} window min"),
+                    (
+                        f"rankscope_gpu_free_min_bytes{{{card}}}",
+                        "{{instance}} gpu {{gpu}} window min",
+                    ),
                     (f"rankscope_corridor_floor_bytes{{{card}}}", "{{instance}} gpu {{gpu}} floor"),
                 ],
                 unit="bytes",
@@ -248,10 +255,16 @@ def cards(c: Mapping[str, Any]) -> dict:
                 "Total = rank-resident + foreign + free + unattributed. Unattributed is signed "
                 "(context, driver, sampling skew) and shown, not hidden.",
                 [
-                    (f"rankscope_gpu_rank_resident_bytes{{{card}}}", "{{instance}} gpu {{gpu}} rank-resident"),
+                    (
+                        f"rankscope_gpu_rank_resident_bytes{{{card}}}",
+                        "{{instance}} gpu {{gpu}} rank-resident",
+                    ),
                     (f"rankscope_gpu_foreign_bytes{{{card}}}", "{{instance}} gpu {{gpu}} foreign"),
                     (f"rankscope_gpu_free_bytes{{{card}}}", "{{instance}} gpu {{gpu}} free"),
-                    (f"rankscope_gpu_unattributed_bytes{{{card}}}", "{{instance}} gpu {{gpu}} unattributed"),
+                    (
+                        f"rankscope_gpu_unattributed_bytes{{{card}}}",
+                        "{{instance}} gpu {{gpu}} unattributed",
+                    ),
                 ],
                 unit="bytes",
                 stack=True,
@@ -261,7 +274,7 @@ def cards(c: Mapping[str, Any]) -> dict:
                 "Every process NVML lists on the card; role foreign (red) is no rank of any boot.",
                 [
                     (
-                        f'max by (instance, gpu, uuid, pid, comm, role, boot, rank) '
+                        f"max by (instance, gpu, uuid, pid, comm, role, boot, rank) "
                         f'(rankscope_gpu_process_bytes{{{card}, boot=~"$boot|"}})',
                         "",
                     )
@@ -319,7 +332,9 @@ def boot_ledger(c: Mapping[str, Any]) -> dict:
         "driver and process views, the non-torch residue and the KV arenas.",
         [
             _query_variable(
-                "instance", "Host", f"label_values(rankscope_phase_timestamp_seconds{{{s}}}, instance)"
+                "instance",
+                "Host",
+                f"label_values(rankscope_phase_timestamp_seconds{{{s}}}, instance)",
             ),
             _query_variable(
                 "boot",
@@ -386,9 +401,13 @@ def census(c: Mapping[str, Any]) -> dict:
         "Collective counts per rank, group instance and op, compared only between ranks at "
         "the same census round; skew, deficits and how fresh each rank's snapshot is.",
         [
-            _query_variable("instance", "Host", f"label_values(rankscope_census_round{{{s}}}, instance)"),
             _query_variable(
-                "boot", "Boot", f'label_values(rankscope_census_round{{{s}, instance=~"$instance"}}, boot)'
+                "instance", "Host", f"label_values(rankscope_census_round{{{s}}}, instance)"
+            ),
+            _query_variable(
+                "boot",
+                "Boot",
+                f'label_values(rankscope_census_round{{{s}, instance=~"$instance"}}, boot)',
             ),
             _query_variable(
                 "group",
@@ -415,7 +434,12 @@ def census(c: Mapping[str, Any]) -> dict:
             timeseries(
                 "In-process divergence",
                 "1 where the ranks' own comparison (gloo) found a disagreement.",
-                [(f"rankscope_census_divergence{{{rank}, group=~\"$group\"}}", "{{boot}} {{group}} {{op}}")],
+                [
+                    (
+                        f'rankscope_census_divergence{{{rank}, group=~"$group"}}',
+                        "{{boot}} {{group}} {{op}}",
+                    )
+                ],
             ),
             timeseries(
                 "Census round per rank",
@@ -499,7 +523,10 @@ def instrument(c: Mapping[str, Any]) -> dict:
                 "How long Prometheus takes to scrape the daemon, and each collector's share.",
                 [
                     (f"scrape_duration_seconds{{{daemon}}}", "{{instance}} scrape"),
-                    (f"rankscope_collector_duration_seconds{{{daemon}}}", "{{instance}} {{collector}}"),
+                    (
+                        f"rankscope_collector_duration_seconds{{{daemon}}}",
+                        "{{instance}} {{collector}}",
+                    ),
                 ],
                 unit="s",
             ),
