@@ -6,6 +6,7 @@ torch + rankscope only)."""
 
 from __future__ import annotations
 
+import gc
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -49,7 +50,7 @@ def nccl() -> Iterator[Any]:
         graphs.reset()
 
 
-def _capture_and_replay(dist: Any, explicit: bool) -> tuple[int, int, int, float]:
+def _capture_and_replay(dist: Any, explicit: bool) -> tuple[int, int, int, float, Any]:
     import torch
 
     x = torch.zeros(16, device="cuda")
@@ -68,7 +69,9 @@ def _capture_and_replay(dist: Any, explicit: bool) -> tuple[int, int, int, float
         else:
             graph.replay()  # the instrumented CUDAGraph.replay counts it
     torch.cuda.synchronize()
-    return before, captured, counts.COUNTS[("world:0", "all_reduce")], float(x[0].item())
+    after = counts.COUNTS[("world:0", "all_reduce")]
+    # The graph is returned: the census holds graphs weakly, so a dropped one leaves no entry.
+    return before, captured, after, float(x[0].item()), graph
 
 
 class _nothing:
@@ -83,7 +86,7 @@ class _nothing:
 def test_graph_replays_are_counted_through_cuda_graph_hooks(nccl: Any) -> None:
     undo = census.instrument_cuda_graphs()
     try:
-        before, captured, after, value = _capture_and_replay(nccl, explicit=False)
+        before, captured, after, value, graph = _capture_and_replay(nccl, explicit=False)
     finally:
         undo()
     assert before == 1  # the warm-up
@@ -92,9 +95,12 @@ def test_graph_replays_are_counted_through_cuda_graph_hooks(nccl: Any) -> None:
     assert value == K  # the graph really ran K times (the capture itself runs nothing)
     (entry,) = graphs.graphs_payload().values()
     assert entry == {"counts": [["world:0", "all_reduce", 1]], "replays": K}
+    del graph  # dropping the graph drops its entry: the census never keeps a graph alive
+    gc.collect()
+    assert graphs.graphs_payload() == {}
 
 
 @pytest.mark.gpu
 def test_graph_replays_are_counted_through_the_explicit_api(nccl: Any) -> None:
-    before, captured, after, value = _capture_and_replay(nccl, explicit=True)
+    before, captured, after, value, _graph = _capture_and_replay(nccl, explicit=True)
     assert (captured - before, after - before, value) == (1, 1 + K, K)

@@ -13,6 +13,7 @@ import io
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -237,3 +238,19 @@ def test_bad_arguments_are_refused_clearly(args: list[str], message: str) -> Non
     )
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_a_taken_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "rankscope", "demo", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, TMPDIR=str(tmp_path)),
+        )
+    assert proc.returncode == 2
+    assert f"127.0.0.1:{port} is taken" in proc.stdout + proc.stderr
+    assert not list(tmp_path.glob("rankscope-demo-*"))

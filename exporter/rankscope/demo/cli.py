@@ -124,6 +124,10 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
     flight_dir = workdir / "flight"
     flight_dir.mkdir()
     port = args.port or services.free_port()
+    if not services.port_free(port):
+        raise ValueError(
+            f"127.0.0.1:{port} is taken (another rankscope daemon?); pass --port 0 for a free port"
+        )
     daemon_args = ["--sampler.interval=100ms", f"--corridor.floor={floor}"]
     cards: SimulatedCards | None = None
     if gpu:
@@ -145,14 +149,25 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
         daemon = stack.enter_context(services.daemon(workdir, flight_dir, port, daemon_args))
         view.line(f"daemon: {daemon.url}/metrics; watch the status page at {daemon.url}/")
         receiver = None
-        if prometheus_bin and alertmanager_bin:
+        routing = why_not = None
+        if not (prometheus_bin and alertmanager_bin):
+            why_not = (
+                "prometheus and prometheus-alertmanager are not both installed "
+                "(scripts/demo.sh installs them)"
+            )
+        else:
+            try:
+                routing = alerting.example_routing()
+            except FileNotFoundError as exc:
+                why_not = str(exc)
+        if prometheus_bin and alertmanager_bin and routing is not None:
             rules_text = alerting.rules_text()
             alerting.check_expected(
                 rules_text, set().union(*(SCENARIOS[n].expected for n in names))
             )
             rule_file = workdir / "rankscope.rules.yml"
             rule_file.write_text(rules_text)
-            example, origin = alerting.example_routing()
+            example, origin = routing
             receiver = stack.enter_context(services.webhook_receiver())
             am_url = stack.enter_context(
                 services.alertmanager(
@@ -176,8 +191,8 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
             )
         else:
             view.line(
-                "prometheus and prometheus-alertmanager are not both installed (scripts/demo.sh "
-                "installs them): the scenarios run, but no page can be checked"
+                f"no pages: {why_not}. The scenarios run, and each is judged by what the "
+                "daemon's API shows instead"
             )
         options = Options(
             ranks=args.ranks, duration=args.duration, step_interval=0.05, gpu=gpu, floor=floor

@@ -39,6 +39,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def find_binary(names: Sequence[str]) -> str | None:
     for name in names:
         path = shutil.which(name)
