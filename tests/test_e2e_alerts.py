@@ -335,16 +335,20 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{state}\n{tails}")
 
 
-def census_state(prom: services.Prometheus) -> str:
-    """What Prometheus holds of the census, for a failure message."""
+def prometheus_state(prom: services.Prometheus) -> str:
+    """What Prometheus holds of the faults, for a failure message."""
     lines = []
     for expr in (
+        "ALERTS",
+        "rankscope_corridor_breaches_total",
+        "rankscope_gpu_free_min_bytes",
+        "rankscope_sampler_overruns_total",
         "rankscope_census_round",
         "rankscope_census_round_collectives",
         "rankscope:census_rank_deficit",
         "rankscope_census_divergence",
     ):
-        found = [(r["metric"].get("rank"), r["value"][1]) for r in prom.query(expr)]
+        found = [(r["metric"], r["value"][1]) for r in prom.query(expr)]
         lines.append(f"{expr}: {found}")
     return "\n".join(lines)
 
@@ -480,7 +484,7 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                     ),
                     BOUND_S,
                     [*logs, prom.log, am.log],
-                    diagnose=lambda: census_state(prom),
+                    diagnose=lambda: f"pages: {webhook.posts}\n{prometheus_state(prom)}",
                 )
                 pages: dict[str, tuple[float, str, dict[str, Any]]] = {}
                 for at, receiver, alert in webhook.firing():
