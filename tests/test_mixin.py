@@ -84,6 +84,7 @@ def test_promtool_unit_tests_pass() -> None:
         {"corridorThinShare": 0.5},
         {"corridorThinFor": "5m"},
         {"censusSkewFor": "30s"},
+        {"censusSkewLookback": "1s"},
         {"censusStallSeconds": 600},
         {"foreignHolderFor": "1m"},
         {"corridorBreachWindow": "10m"},
