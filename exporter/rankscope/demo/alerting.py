@@ -28,7 +28,6 @@ CENSUS_SKEW = "RankscopeCensusSkew"
 FOREIGN_HOLDER = "RankscopeForeignHolder"
 CORRIDOR_BREACH = "RankscopeCorridorBreach"
 
-EXAMPLE_NAME = "alertmanager.example.yml"
 # Route timings for the demo: a page within seconds, and no repeats while it runs.
 DEMO_TIMINGS = {"group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"}
 
@@ -58,21 +57,9 @@ def check_expected(text: str, expected: set[str]) -> None:
 
 
 def example_routing() -> tuple[str, str]:
-    """(text, where from) of the shipped Alertmanager example: the copy inside the package
-    when there is one (a non-editable install), else the source tree's alerts/."""
-    try:
-        packaged = importlib.resources.files("rankscope.mixin").joinpath(EXAMPLE_NAME)
-        if packaged.is_file():
-            return packaged.read_text(), f"rankscope.mixin/{EXAMPLE_NAME}"
-    except (ModuleNotFoundError, OSError):
-        pass
-    path = render.source_root() / "alerts" / EXAMPLE_NAME
-    try:
-        return path.read_text(), str(path)
-    except OSError as exc:
-        raise FileNotFoundError(
-            f"the example Alertmanager routing is neither in the package nor at {path}: {exc}"
-        ) from exc
+    """(text, where from) of the shipped Alertmanager example, packaged with rankscope.mixin."""
+    example = importlib.resources.files("rankscope.mixin").joinpath(render.EXAMPLE_ROUTING)
+    return example.read_text(), f"rankscope.mixin/{render.EXAMPLE_ROUTING}"
 
 
 def demo_routing(example_text: str, webhook_url: str) -> str:

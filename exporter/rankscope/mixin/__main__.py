@@ -1,21 +1,18 @@
 """``python3 -m rankscope.mixin [--check] [ROOT]``: (re)write the generated files.
 
-Writes alerts/rankscope.rules.yml and dashboards/*.json under ROOT (default: the source tree
-this package lives in), then runs the Helm sync (rankscope.mixin.helm) when it is present.
+Writes alerts/rankscope.rules.yml, alerts/alertmanager.example.yml and dashboards/*.json under
+ROOT (default: the source tree this package lives in), then the Helm chart's copies
+(rankscope.mixin.helm).
 With --check nothing is written; the exit status is 1 when any file differs.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import runpy
 import sys
 from pathlib import Path
 
-from rankscope.mixin import render
-
-HELM_SYNC = "rankscope.mixin.helm"
+from rankscope.mixin import helm, render
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,18 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     stale = render.write(args.root, check=args.check)
     for path in stale:
         print(f"{'stale' if args.check else 'wrote'} {path}")
-    if not args.check and importlib.util.find_spec(HELM_SYNC) is not None:
-        # Run the chart sync exactly as `python3 -m rankscope.mixin.helm` would.
-        saved_argv = sys.argv
-        sys.argv = [HELM_SYNC]
-        try:
-            runpy.run_module(HELM_SYNC, run_name="__main__", alter_sys=True)
-        except SystemExit as done:
-            if done.code not in (None, 0):
-                print(f"{HELM_SYNC} failed with {done.code}", file=sys.stderr)
-                return 1
-        finally:
-            sys.argv = saved_argv
+    # The chart's copies (PrometheusRule template, dashboards, values) come from the same
+    # builders; the sync reports and writes its own files.
+    helm_status = helm.main([*(["--check"] if args.check else []), str(args.root)])
+    if helm_status > 1:
+        return helm_status
+    if args.check and helm_status:
+        return 1
     return 1 if args.check and stale else 0
 
 
