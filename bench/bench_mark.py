@@ -1,6 +1,6 @@
 """What one mark costs, as ratios to what it cannot avoid, measured in the same run.
 
-    python3 bench/bench_mark.py [--iterations N]
+    python3 bench/bench_mark.py [--iterations N] [--holders N]
 
 - disarmed: mark() with no flight directory, in ns, against a bare call of a function with
   the same signature;
@@ -12,6 +12,9 @@
   The mark lists processes with one NVML call into a reused buffer, cheaper than pynvml's
   wrapper (two calls and a Python object per process); that leaner read is printed too.
 
+With ``--holders N`` (GPU only), N other processes hold a CUDA context on the card while it
+measures, as on a serving card where the process list a mark reads is a dozen long.
+
 Each figure is the median of several repeats of a timed loop.
 """
 
@@ -21,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +57,25 @@ def line_writer(directory: str, sample: dict[str, Any]) -> Callable[[], None]:
     return write
 
 
+HOLDER = (
+    "import sys, torch; torch.cuda.set_device(0); x = torch.ones(1 << 20, device='cuda'); "
+    "torch.cuda.synchronize(); print('holding', flush=True); sys.stdin.read()"
+)
+
+
+def start_holders(count: int) -> list[subprocess.Popen[str]]:
+    """Other processes with a context on card 0, each waiting on its stdin."""
+    holders = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(count)
+    ]
+    for holder in holders:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    return holders
+
+
 def report(name: str, ns: float, baselines: dict[str, float]) -> None:
     ratios = "  ".join(f"{ns / base:.2f}x {label}" for label, base in baselines.items())
     print(f"{name:<44} {ns / 1000:9.2f} us  {ratios}")
@@ -61,7 +84,9 @@ def report(name: str, ns: float, baselines: dict[str, float]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2000)
-    n = parser.parse_args().iterations
+    parser.add_argument("--holders", type=int, default=0, help="other processes on the card")
+    args = parser.parse_args()
+    n = args.iterations
     import torch
 
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} cpus")
@@ -84,6 +109,7 @@ def main() -> int:
         write = line_writer(tmp, {**recorder.header("mark"), **sample})
         write_ns = per_call_ns(write, n)
 
+        holders = start_holders(args.holders) if torch.cuda.is_available() else []
         if torch.cuda.is_available():
             torch.cuda.set_device(0)
             hold = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
@@ -132,6 +158,9 @@ def main() -> int:
         print(f"{'raw reads':<44} {reads / 1000:9.2f} us")
         print(f"{'raw reads + write(2) of the line':<44} {(reads + write_ns) / 1000:9.2f} us")
         report("armed mark", armed, {"raw reads": reads, "reads+write": reads + write_ns})
+        for holder in holders:
+            holder.kill()
+            holder.wait()
     RECORDER.configure()  # the global recorder was never armed by this bench
     return 0
 
