@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rankscope import catalog
 from rankscope.flight import read_flight
 from rankscope.ledger import phases_document
-from support.services import binary, free_port, prometheus
+from support.services import binary, free_port, prometheus, stop
 from test_daemon_flightstate import GiB, census, mark, rank_recorder
 
 BOOT = "boot-serve"
@@ -138,12 +138,7 @@ def serve(
                 time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace=10)
 
 
 @dataclass

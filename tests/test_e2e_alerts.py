@@ -275,16 +275,6 @@ class Host:
             )
 
 
-def stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def start_rank(
     rank: int, host: Host, store: Path, control: Path, log: Path
 ) -> subprocess.Popen[bytes]:
@@ -314,7 +304,7 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
         yield started
     finally:
         for proc in started:
-            stop(proc)
+            services.stop(proc, grace=10)
 
 
 def wait_for(
@@ -562,5 +552,6 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                 failures = check_dashboards(prom)
                 assert failures == [], "\n".join(failures)
     finally:
-        stop(sleeper)
+        if sleeper is not None:
+            services.stop(sleeper, grace=10)
         webhook.close()

@@ -43,7 +43,7 @@ from rankscope.daemon.webconfig import parse_web_config
 from rankscope.mixin import config as mixin_config
 from rankscope.mixin import dashboards as mixin_dashboards
 from rankscope.mixin import rules as mixin_rules
-from support.services import binary, free_port, prometheus
+from support.services import binary, free_port, prometheus, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "rankscope"
@@ -765,12 +765,7 @@ def running_pod(
         wait_tcp(port, proc)
         yield Pod(port=port, ca_file=cert, container=main)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace=10)
 
 
 def test_the_daemon_runs_with_what_the_chart_renders(chart: helm.Chart, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -21,11 +20,7 @@ from typing import Any
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from rankscope.demo.services import free_port, stop
 
 
 def binary(*names: str) -> str:
@@ -123,7 +118,7 @@ def prometheus(
         wait_http(f"{url}/-/ready", proc=proc)
         yield Prometheus(url=url, proc=proc, log=log)
     finally:
-        _stop(proc)
+        stop(proc, grace=10)
 
 
 @dataclass
@@ -161,14 +156,4 @@ def alertmanager(workdir: Path, config_text: str) -> Iterator[Alertmanager]:
         wait_http(f"{url}/-/ready", proc=proc)
         yield Alertmanager(url=url, proc=proc, log=log)
     finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace=10)

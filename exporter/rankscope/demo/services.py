@@ -83,7 +83,7 @@ def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subp
         )
 
 
-def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+def stop(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:

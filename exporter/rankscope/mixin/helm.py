@@ -290,19 +290,7 @@ def write(root: Path, *, check: bool = False) -> list[Path]:
     """Write the chart's generated files under ``root`` and remove dashboards the mixin no
     longer makes; return the files that differed (with ``check``, only return them)."""
     files = outputs(root)
-    changed = []
-    for relative, text in files.items():
-        path = root / relative
-        try:
-            current = path.read_text()
-        except FileNotFoundError:
-            current = None
-        if current == text:
-            continue
-        changed.append(path)
-        if not check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+    changed = render.write_files(root, files, check=check)
     for path in sorted((root / CHART_DASHBOARDS).glob("*.json")):
         if path.relative_to(root) not in files:
             changed.append(path)

@@ -61,8 +61,14 @@ def source_root() -> Path:
 def write(root: Path, *, check: bool = False) -> list[Path]:
     """Write every output under ``root``; return the files that differed (with ``check``,
     only return them)."""
+    return write_files(root, outputs(), check=check)
+
+
+def write_files(root: Path, files: Mapping[Path, str], *, check: bool) -> list[Path]:
+    """Write ``files`` (relative path -> text) under ``root`` where they differ; return the
+    paths that differed. With ``check`` nothing is written."""
     changed = []
-    for relative, text in outputs().items():
+    for relative, text in files.items():
         path = root / relative
         try:
             current = path.read_text()
