@@ -380,6 +380,17 @@ def test_an_unserialisable_extra_is_recorded_as_text(recorder: Recorder, flight_
     assert rec["extra"] == {"obj": "opaque-thing", "path": str(flight_dir), "ids": [3]}
 
 
+def test_a_cyclic_extra_costs_its_line_never_an_exception(
+    recorder: Recorder, flight_dir: Path
+) -> None:
+    loop: list[object] = []
+    loop.append(loop)
+    assert probe.mark("a", loop=loop) is not None
+    assert recorder.lines_dropped == 1
+    assert probe.mark("b", ok=[1]) is not None  # the encoder is still usable
+    assert [r["phase"] for r in records(flight_dir)] == ["b"]
+
+
 def test_a_failing_view_costs_one_warning_never_an_exception(
     recorder: Recorder,
     flight_dir: Path,

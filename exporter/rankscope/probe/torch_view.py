@@ -48,24 +48,34 @@ def nvml_uuid(raw: Any) -> str:
 
 
 def view_from_stats(stats: dict[str, Any]) -> dict[str, Any]:
-    """The mark's allocator fields from torch's nested memory-stats dict (a pure function)."""
-
-    def nested(*path: str) -> int | None:
-        node: Any = stats
-        for key in path:
-            if not isinstance(node, dict) or key not in node:
-                return None
-            node = node[key]
-        return int(node) if isinstance(node, int) else None
-
+    """The mark's allocator fields from torch's nested memory-stats dict (a pure function).
+    A key torch stops reporting gives null, never 0."""
+    reserved = _current_and_peak(stats, "reserved_bytes")
+    allocated = _current_and_peak(stats, "allocated_bytes")
     return {
-        "reserved": nested("reserved_bytes", "all", "current"),
-        "allocated": nested("allocated_bytes", "all", "current"),
-        "peak_allocated": nested("allocated_bytes", "all", "peak"),
-        "num_alloc_retries": nested("num_alloc_retries"),
-        "num_ooms": nested("num_ooms"),
+        "reserved": reserved[0],
+        "allocated": allocated[0],
+        "peak_allocated": allocated[1],
+        "num_alloc_retries": _int(stats.get("num_alloc_retries")),
+        "num_ooms": _int(stats.get("num_ooms")),
         "why": None,
     }
+
+
+def _current_and_peak(stats: dict[str, Any], key: str) -> tuple[int | None, int | None]:
+    # Direct lookups: a mark runs this on every call, and a generic path walk cost more than
+    # the rest of the view.
+    try:
+        node = stats[key]["all"]
+    except (KeyError, TypeError):
+        return None, None
+    if not isinstance(node, dict):
+        return None, None
+    return _int(node.get("current")), _int(node.get("peak"))
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) else None
 
 
 class TorchView:
