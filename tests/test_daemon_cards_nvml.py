@@ -7,6 +7,7 @@ the real library."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from rankscope.daemon.devices import DeviceError, NvmlSource
+from rankscope.daemon.devices import DeviceError, NvmlSource, free_reader
 from rankscope.daemon.sampler import REOPEN_AFTER_FAILURES, Sampler
 
 GiB = 1 << 30
@@ -180,3 +181,46 @@ def test_processes_compute_and_graphics_counted_once(fake: FakeNvml) -> None:
     with pytest.raises(DeviceError, match=r"slot 1.*GPU is lost"):
         src.read_free(1)
     src.close()
+
+
+class FakeMemoryInfoFunction:
+    """Stands in for the C function nvmlDeviceGetMemoryInfo (no NVML here): fills the
+    struct it is handed, as the driver does, or returns an error code."""
+
+    def __init__(self) -> None:
+        self.free = {"h0": 7 * 2**30, "h1": 3 * 2**30}
+        self.structs: set[int] = set()
+
+    def __call__(self, handle: str, ref: Any) -> int:
+        memory = ref._obj  # the struct behind ctypes.byref
+        self.structs.add(id(memory))
+        if handle not in self.free:
+            return pynvml.NVML_ERROR_GPU_IS_LOST
+        memory.total, memory.free, memory.used = 8 * 2**30, self.free[handle], 0
+        return pynvml.NVML_SUCCESS
+
+
+def test_the_direct_memory_read_returns_free_bytes_and_raises_nvmls_errors() -> None:
+    fn = FakeMemoryInfoFunction()
+    nvml = SimpleNamespace(
+        _nvmlGetFunctionPointer=lambda name: fn if name == "nvmlDeviceGetMemoryInfo" else None,
+        NVML_SUCCESS=pynvml.NVML_SUCCESS,
+        NVMLError=pynvml.NVMLError,
+    )
+    read = free_reader(nvml)
+    assert (read("h0"), read("h1")) == (7 * 2**30, 3 * 2**30)
+    fn.free["h0"] = 2**30
+    assert read("h0") == 2**30  # read again, not cached
+    with pytest.raises(pynvml.NVMLError) as lost:
+        read("gone")
+    assert lost.value.value == pynvml.NVML_ERROR_GPU_IS_LOST
+    # The sampler and the holdings read from their own threads: each gets its own struct.
+    thread = threading.Thread(target=read, args=("h1",))
+    thread.start()
+    thread.join()
+    assert len(fn.structs) == 2
+
+
+def test_without_the_function_lookup_the_read_goes_through_pynvmls_wrapper() -> None:
+    nvml = SimpleNamespace(nvmlDeviceGetMemoryInfo=lambda handle: SimpleNamespace(free=5))
+    assert free_reader(nvml)("h0") == 5
