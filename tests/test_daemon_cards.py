@@ -29,6 +29,7 @@ from rankscope.daemon.devices import NvmlSource, ScriptedSource, write_script
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.sampler import parse_floors
+from support.waiting import wait_for
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -53,16 +54,6 @@ def scrape(monitor: CardMonitor) -> dict[str, dict[tuple[tuple[str, str], ...], 
 def one(samples: dict[str, dict[Any, float]], name: str, gpu: str = "0") -> float:
     [value] = [v for labels, v in samples[name].items() if ("gpu", gpu) in labels]
     return value
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 @pytest.fixture

@@ -11,10 +11,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.exposition import generate_latest
@@ -35,6 +33,7 @@ from rankscope.daemon.holdings import (
 )
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.sampler import Holding
+from support.waiting import wait_for
 
 GiB = 1 << 30
 
@@ -204,16 +203,6 @@ def exposition(monitor: CardMonitor) -> dict[tuple[str, ...], float]:
                 key = tuple(labels[k] for k in ("pid", "comm", "role", "boot", "rank"))
                 out[key] = s.value
     return out
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_a_rank_in_another_pid_namespace_is_recognised(

@@ -10,7 +10,6 @@ import http.server
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from rankscope import catalog
 from rankscope.daemon.otlp import instrument_names
 from support.services import free_port
+from support.waiting import wait_for
 from test_daemon_flightstate import GiB, census, mark, rank_recorder
 from test_daemon_serve import serve
 
@@ -85,17 +85,6 @@ def points(metric: Any) -> list[tuple[dict[str, str], float]]:
     ]
 
 
-def wait_until(check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError("the OTLP receiver never got what was expected")
-        time.sleep(0.2)
-
-
 def test_the_daemon_pushes_the_catalog_over_otlp_http(flight_dir: Path, tmp_path: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-otlp-1", 0, pid=3100)
     rec.write("marks", "mark", mark("weights_loaded", reserved=12 * GiB))
@@ -106,12 +95,15 @@ def test_the_daemon_pushes_the_catalog_over_otlp_http(flight_dir: Path, tmp_path
             flight_dir, "--otlp.interval=500ms", "--no-collector.cards", "--no-collector.holdings",
             log=tmp_path / "serve.log", env=env,
         ):  # fmt: skip
-            got = wait_until(
+            got = wait_for(
                 lambda: (
                     {name: (res, m) for res, name, m in receiver.metrics()}
                     if any(n == "rankscope_collectives" for _r, n, _m in receiver.metrics())
                     else None
-                )
+                ),
+                timeout=20.0,
+                interval=0.2,
+                what="the OTLP push of the catalog",
             )
             resource, reserved = got["rankscope_phase_reserved_bytes"]
             assert resource["service.name"] == "rankscope"
@@ -134,8 +126,11 @@ def test_the_daemon_pushes_the_catalog_over_otlp_http(flight_dir: Path, tmp_path
             # A new boot: the resource follows it.
             new = rank_recorder(flight_dir, "boot-otlp-2", 0, pid=3200)
             new.write("marks", "mark", mark("pre_weight_load"))
-            wait_until(
+            wait_for(
                 lambda: any(
                     res.get("rankscope.boot") == "boot-otlp-2" for res, _n, _m in receiver.metrics()
-                )
+                ),
+                timeout=20.0,
+                interval=0.2,
+                what="a push with the new boot's resource",
             )
