@@ -335,6 +335,30 @@ class Recorder:
             self.lines_written += 1
             return True
 
+    def write_detached(self, stream: str, kind: str, payload: dict[str, Any]) -> bool:
+        """``write`` for a signal handler, which may interrupt code holding the writer's lock:
+        the same line through a descriptor of its own, opened, written once and closed. A
+        leading newline ends whatever partial line the interrupted write left. Never raises."""
+        if not self.armed:
+            return False
+        try:
+            data = b"\n" + self._encode(kind, payload)
+            path = self.path_for(stream)
+            assert path is not None
+            path.parent.mkdir(parents=True, exist_ok=True)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+            fd = os.open(path, flags, 0o644)
+            try:
+                written = os.write(fd, data) == len(data)
+            finally:
+                os.close(fd)
+        except Exception as exc:
+            self._drop(stream, f"{type(exc).__name__}: {exc}")
+            return False
+        if written:
+            self.lines_written += 1
+        return written
+
     def path_for(self, stream: str) -> Path | None:
         if self.flight_dir is None:
             return None

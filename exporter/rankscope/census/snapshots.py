@@ -15,7 +15,6 @@ that call returns; its last snapshot is on disk either way.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import signal
@@ -139,26 +138,13 @@ def dump_local(reason: str = "manual") -> bool:
 
 
 def _dump_from_signal(reason: str) -> bool:
-    """dump_local for a signal handler: the interrupted code may hold the recorder's lock,
-    so this appends through its own descriptor (O_APPEND, one write) instead."""
+    """dump_local for a signal handler: the interrupted code may hold the recorder's lock."""
     if not _counts.ARMED or not RECORDER.armed:
         return False
     try:
-        line = RECORDER.header("census_dump")
-        line.update(_payload(_counts.snapshot()))
-        line["reason"] = reason
-        # A leading newline ends whatever partial line the interrupted write left.
-        data = b"\n" + json.dumps(line, separators=(",", ":")).encode() + b"\n"
-        path = RECORDER.path_for(STREAM)
-        if path is None:
-            return False
-        path.parent.mkdir(parents=True, exist_ok=True)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
-        fd = os.open(path, flags, 0o644)
-        try:
-            return os.write(fd, data) == len(data)
-        finally:
-            os.close(fd)
+        payload = _payload(_counts.snapshot())
+        payload["reason"] = reason
+        return RECORDER.write_detached(STREAM, "census_dump", payload)
     except Exception as exc:
         _failed("dump", exc)
         return False
