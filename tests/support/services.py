@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from rankscope.demo.services import free_port, stop
+from rankscope.demo.services import free_port, start, stop, wait_ready
 
 
 def binary(*names: str) -> str:
@@ -101,21 +101,19 @@ def prometheus(
     cfg = workdir / "prometheus.yml"
     cfg.write_text(json.dumps(config))  # JSON is YAML
     log = workdir / "prometheus.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                binary("prometheus"),
-                f"--config.file={cfg}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--web.enable-lifecycle",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start(
+        [
+            binary("prometheus"),
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+        ],
+        log,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{url}/-/ready", proc=proc)
+        wait_ready(f"{url}/-/ready", proc, log)
         yield Prometheus(url=url, proc=proc, log=log)
     finally:
         stop(proc, grace=10)
@@ -139,21 +137,19 @@ def alertmanager(workdir: Path, config_text: str) -> Iterator[Alertmanager]:
     cfg = workdir / "alertmanager.yml"
     cfg.write_text(config_text)
     log = workdir / "alertmanager.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                binary("prometheus-alertmanager", "alertmanager"),
-                f"--config.file={cfg}",
-                f"--storage.path={workdir / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--cluster.listen-address=127.0.0.1:{cluster_port}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start(
+        [
+            binary("prometheus-alertmanager", "alertmanager"),
+            f"--config.file={cfg}",
+            f"--storage.path={workdir / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--cluster.listen-address=127.0.0.1:{cluster_port}",
+        ],
+        log,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{url}/-/ready", proc=proc)
+        wait_ready(f"{url}/-/ready", proc, log)
         yield Alertmanager(url=url, proc=proc, log=log)
     finally:
         stop(proc, grace=10)

@@ -126,25 +126,21 @@ def _failed(what: str, exc: BaseException) -> None:
 
 def dump_local(reason: str = "manual") -> bool:
     """Write this rank's counts now, with no collective. True when a line was written."""
-    if not _counts.ARMED or not RECORDER.armed:
-        return False
-    try:
-        payload = _payload(_counts.snapshot())
-        payload["reason"] = reason
-        return RECORDER.write(STREAM, "census_dump", payload)
-    except Exception as exc:
-        _failed("dump", exc)
-        return False
+    return _dump(reason, RECORDER.write)
 
 
 def _dump_from_signal(reason: str) -> bool:
     """dump_local for a signal handler: the interrupted code may hold the recorder's lock."""
+    return _dump(reason, RECORDER.write_detached)
+
+
+def _dump(reason: str, write: Callable[[str, str, dict[str, Any]], bool]) -> bool:
     if not _counts.ARMED or not RECORDER.armed:
         return False
     try:
         payload = _payload(_counts.snapshot())
         payload["reason"] = reason
-        return RECORDER.write_detached(STREAM, "census_dump", payload)
+        return write(STREAM, "census_dump", payload)
     except Exception as exc:
         _failed("dump", exc)
         return False
