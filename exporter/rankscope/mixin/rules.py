@@ -70,13 +70,42 @@ def recording_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             ),
         },
         {
-            # How many collectives a rank is behind the most advanced rank at the same round.
+            # The latest round each host's daemon reports for the group instance. Two hosts
+            # are scraped at different moments, so their ranks can stand a snapshot apart at
+            # every evaluation; ranks of one host are read in one scrape and still meet.
+            "record": "rankscope:census_host_round",
+            "expr": "max by (boot, group, op, instance) (rankscope:census_rank_round)",
+        },
+        {
+            "record": "rankscope:census_collectives_at_host_round",
+            "expr": _expr(
+                """
+                rankscope_census_round_collectives{{{s}}}
+                and
+                (rankscope:census_rank_round == on(boot, group, op, instance) group_left rankscope:census_host_round)
+                """,
+                s=s,
+            ),
+        },
+        {
+            # How many collectives a rank is behind the most advanced rank at the same round:
+            # compared across hosts where the hosts report the same round, else among the
+            # ranks of its own host (only a shortfall found there is added).
             "record": "rankscope:census_rank_deficit",
             "expr": _expr(
                 """
-                max by (boot, group, op) (rankscope:census_collectives_at_group_round)
-                - on(boot, group, op) group_right
-                rankscope:census_collectives_at_group_round
+                (
+                  max by (boot, group, op) (rankscope:census_collectives_at_group_round)
+                  - on(boot, group, op) group_right
+                  rankscope:census_collectives_at_group_round
+                )
+                or
+                (
+                  max by (boot, group, op, instance) (rankscope:census_collectives_at_host_round)
+                  - on(boot, group, op, instance) group_right
+                  rankscope:census_collectives_at_host_round
+                  > 0
+                )
                 """
             ),
         },
