@@ -1,0 +1,76 @@
+"""What the SGLang and vLLM adapters do alike: count a GroupCoordinator-shaped class, read
+ranks from the framework's parallel_state, mark a runner's phases, hold KV arena views."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from rankscope import census, probe
+from rankscope.adapters.points import AttachError, HookPoint, Undo, resolve
+from rankscope.census.wrap import OpNamer
+
+
+def group_of(coordinator: Any) -> str | None:
+    """The group instance of a coordinator or device communicator; None (not counted) for a
+    group of one rank, where the framework returns before any collective."""
+    if getattr(coordinator, "world_size", 2) == 1:
+        return None
+    return census.coordinator_group(coordinator)
+
+
+def count_methods(
+    module: Any, points: list[HookPoint], table: Mapping[str, str | OpNamer]
+) -> list[Undo]:
+    """Count the methods of ``points`` (all of one class) under the ops of ``table``. The
+    census's shared guard counts a call that reaches another counted one once, under the
+    outermost name (a coordinator method calling its device communicator or
+    torch.distributed)."""
+    if not points:
+        return []
+    owners = {resolve(module, p)[0] for p in points}
+    if len(owners) != 1:
+        raise AttachError(points[0].name, "count points span more than one class")
+    cls = owners.pop()
+    methods = {p.qualname.rsplit(".", 1)[1]: table[p.qualname.rsplit(".", 1)[1]] for p in points}
+    return [census.instrument_methods(cls, methods, group_of=group_of)]
+
+
+def configure_ranks(parallel_state: str, *, runner: str | None) -> None:
+    """rank, local_rank, world_size from the world group; tp_rank, pp_rank from the TP and PP
+    groups: the framework's own state (its ranks start without RANK in the environment)."""
+    ps = sys.modules[parallel_state]
+    world, tp, pp = ps.get_world_group(), ps.get_tp_group(), ps.get_pp_group()
+    probe.configure(
+        rank=int(world.rank),
+        local_rank=int(world.local_rank),
+        world_size=int(world.world_size),
+        tp_rank=int(tp.rank_in_group),
+        pp_rank=int(pp.rank_in_group),
+        runner=runner,
+    )
+
+
+class Once:
+    """Remembers which events already happened in this process: first_forward is marked once
+    per runner."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def first(self, event: str) -> bool:
+        if event in self._seen:
+            return False
+        self._seen.add(event)
+        return True
+
+
+# KV arena views, held here: the arena registry holds views weakly, and a view holds its
+# framework object weakly, so observing a KV pool never keeps it alive.
+ARENA_VIEWS: dict[str, Any] = {}
+
+
+def register_arena(name: str, view: Any) -> None:
+    ARENA_VIEWS[name] = view
+    probe.arenas.register(name, view)
