@@ -206,7 +206,9 @@ class Adapter:
             self._give_up(exc.point, exc.why)
             return
         self._done.add(name)
-        self.hooks.extend(p.name for p in self.points if p.module == name and p.use != "read")
+        self.hooks.extend(
+            p.name for p in self.points if p.module == name and p.use in ("wrap", "count")
+        )
         required = set(self.installers()) - set(self.deferred)
         if self.state == "attaching" and required <= self._done:
             self.state = "attached"

@@ -1,0 +1,1 @@
+"""STAND-IN package (rankscope tests): not the real framework."""
