@@ -1,5 +1,5 @@
 """STAND-IN fake boot (rankscope tests): one rank of a tiny "serving job" run through the
-stand-in SGLang or vLLM packages beside this file, over real torch.distributed (gloo).
+stand-in SGLang or vLLM packages (packages/, which the caller puts on PYTHONPATH), over real torch.distributed (gloo).
 
     python boot.py sglang|vllm RANK WORLD PORT STEPS
 
@@ -44,8 +44,7 @@ def main() -> int:
         from sglang.srt.managers.scheduler import Scheduler
 
         scheduler = Scheduler(gpu_id=rank, tp_size=world, speculative=True)
-        scheduler.event_loop_normal(steps)
-        result = scheduler.run_batch([object()])
+        result = scheduler.event_loop_normal(steps)
     else:
         from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
         from vllm.v1.worker.gpu_worker import Worker

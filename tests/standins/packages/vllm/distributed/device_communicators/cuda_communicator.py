@@ -24,10 +24,14 @@ class CudaCommunicator(DeviceCommunicatorBase):
     def reduce_scatter(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
         raise NotImplementedError("stand-in")
 
-    def all_gatherv(self, input_: torch.Tensor, dim: int = 0, sizes: list[int] | None = None) -> torch.Tensor:
+    def all_gatherv(
+        self, input_: torch.Tensor, dim: int = 0, sizes: list[int] | None = None
+    ) -> torch.Tensor:
         raise NotImplementedError("stand-in")
 
-    def reduce_scatterv(self, input_: torch.Tensor, dim: int = -1, sizes: list[int] | None = None) -> torch.Tensor:
+    def reduce_scatterv(
+        self, input_: torch.Tensor, dim: int = -1, sizes: list[int] | None = None
+    ) -> torch.Tensor:
         raise NotImplementedError("stand-in")
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:

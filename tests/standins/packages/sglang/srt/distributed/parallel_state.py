@@ -55,7 +55,9 @@ class GroupCoordinator:
         inplace_all_reduce(input_, group_name=self.unique_name)
         return input_
 
-    def _all_reduce_out_place(self, input_: torch.Tensor, outplace_all_reduce_method: str) -> torch.Tensor:
+    def _all_reduce_out_place(
+        self, input_: torch.Tensor, outplace_all_reduce_method: str
+    ) -> torch.Tensor:
         out = input_.clone()
         dist.all_reduce(out, group=self.device_group)
         return out

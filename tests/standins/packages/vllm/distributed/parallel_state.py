@@ -59,10 +59,14 @@ class GroupCoordinator:
     def _reduce_scatter_out_place(self, input_: torch.Tensor, dim: int) -> torch.Tensor:
         return self.device_communicator.reduce_scatter(input_, dim)
 
-    def all_gatherv(self, input_: torch.Tensor, dim: int = 0, sizes: list[int] | None = None) -> Any:
+    def all_gatherv(
+        self, input_: torch.Tensor, dim: int = 0, sizes: list[int] | None = None
+    ) -> Any:
         raise NotImplementedError("stand-in")
 
-    def reduce_scatterv(self, input_: torch.Tensor, dim: int = -1, sizes: list[int] | None = None) -> Any:
+    def reduce_scatterv(
+        self, input_: torch.Tensor, dim: int = -1, sizes: list[int] | None = None
+    ) -> Any:
         raise NotImplementedError("stand-in")
 
     def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1) -> Any:

@@ -7,7 +7,9 @@ from typing import Any
 
 
 class DeviceCommunicatorBase:
-    def __init__(self, device_group: Any, ranks: list[int], rank_in_group: int, unique_name: str) -> None:
+    def __init__(
+        self, device_group: Any, ranks: list[int], rank_in_group: int, unique_name: str
+    ) -> None:
         self.device_group = device_group
         self.ranks = ranks
         self.rank_in_group = rank_in_group

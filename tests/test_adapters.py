@@ -1,0 +1,258 @@
+"""The SGLang and vLLM adapters attaching to STAND-IN framework packages (tests/standins/,
+shaped like the manifest of the real wheels) during a fake two-rank boot over real
+torch.distributed (gloo), read back from the flight record as the CLI reads it.
+
+The stand-ins are not SGLang or vLLM: they have the real module paths, class and method
+names and the parameters the adapters read (checked here against the manifest), and bodies
+that only boot a toy job. The version under test comes from a generated dist-info."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.support.services import free_port
+
+from rankscope.adapters import ADAPTERS
+from rankscope.adapters.manifest import check_point, extract, module_path, wanted
+from rankscope.census.report import census_document
+from rankscope.flight import read_flight
+from rankscope.ledger import marks_of
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDINS = ROOT / "tests" / "standins" / "packages"
+BOOT = ROOT / "tests" / "standins" / "boot.py"
+BY_NAME = {a.framework: a for a in ADAPTERS}
+WORLD = 2
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.framework)
+def test_standins_have_the_shape_of_the_manifest(adapter):
+    """Every hook point the manifest holds from the real wheels (test_adapters_manifest) is in
+    the stand-in too, with the parameters the adapter reads at the same positions."""
+    problems = []
+    for module, (members, functions) in wanted(adapter).items():
+        path = STANDINS / module_path(module)
+        standin = extract(path.read_text(), members, functions) if path.exists() else None
+        for point in (p for p in adapter.points if p.module == module):
+            if point.optional and standin is None:
+                continue  # read with a fallback: the stand-in plays a version without it
+            problems += check_point(point, standin)
+    assert problems == []
+
+
+def _site(tmp_path: Path, framework: str, version: str, tree: Path = STANDINS) -> Path:
+    site = tmp_path / "site"
+    info = site / f"{framework}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {framework}\nVersion: {version}\n"
+    )
+    shutil.copytree(tree / framework, site / framework)
+    return site
+
+
+def _boot(tmp_path: Path, framework: str, site: Path, *, adapters: bool = True, steps: int = 4):
+    """Run the fake boot as WORLD real processes; (flight dir, {rank: stdout}, {rank: rc})."""
+    flight = tmp_path / ("flight" if adapters else "flight-off")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "exporter")]),
+        "RANKSCOPE_DIR": str(flight),
+        "RANKSCOPE_BOOT_ID": f"standin-{framework}",
+        "RANKSCOPE_CENSUS_EVERY": "1",
+        "STANDIN_ADAPTERS": "1" if adapters else "0",
+        "PYTHONWARNINGS": "ignore",
+    }
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # SGLang and vLLM ranks start without
+        env.pop(name, None)
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(BOOT), framework, str(rank), str(WORLD), str(port), str(steps)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(WORLD)
+    ]
+    outs, rcs = {}, {}
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outs[rank], rcs[rank] = out, proc.returncode
+    return flight, outs, rcs
+
+
+def _job_output(out: str) -> str:
+    return "".join(line for line in out.splitlines(True) if not line.startswith("WRAPPED "))
+
+
+def _wrapped(out: str) -> list[str]:
+    line = next(line for line in out.splitlines() if line.startswith("WRAPPED "))
+    return json.loads(line.removeprefix("WRAPPED "))
+
+
+def _adapter_lines(records):
+    return [r for r in records if r["kind"] == "adapter"]
+
+
+def _phases(records, pid):
+    return [(m["runner"], m["phase"]) for m in marks_of(records) if m["pid"] == pid]
+
+
+def _dump_counts(doc):
+    return {(e["group"], e["op"]): e["counts"] for e in doc["dumps"]["entries"]}
+
+
+def test_sglang_adapter_marks_arenas_and_census_through_standins(tmp_path):
+    site = _site(tmp_path, "sglang", "0.5.23")
+    flight, outs, _ = _boot(tmp_path, "sglang", site)
+    _, baseline, _ = _boot(tmp_path, "sglang", site, adapters=False)
+    records = read_flight(flight).records
+    for rank in range(WORLD):
+        assert _job_output(outs[rank]) == _job_output(baseline[rank])  # the job's own output
+        assert _wrapped(baseline[rank]) == []
+    pids = sorted({r["pid"] for r in records})
+    assert len(pids) == WORLD
+    lines = _adapter_lines(records)
+    assert [(a["pid"], a["status"], a["framework"], a["version"]) for a in lines] == [
+        (pid, "attached", "sglang", "0.5.23") for pid in sorted(a["pid"] for a in lines)
+    ]
+    assert len(lines) == WORLD
+    assert "sglang.srt.managers.scheduler:Scheduler.ingest_requests" in lines[0]["hooks"]
+    for pid in pids:
+        # Target and draft runners through the same phases; the draft's marks say so.
+        assert _phases(records, pid) == [
+            ("target", "pre_weight_load"),
+            ("target", "weights_loaded"),
+            ("draft", "pre_weight_load"),
+            ("draft", "weights_loaded"),
+            ("target", "kv_pool_sized"),
+            ("draft", "kv_pool_sized"),
+            ("target", "capture_begin"),
+            ("target", "capture_end"),
+            ("draft", "capture_begin"),
+            ("draft", "capture_end"),
+            ("target", "first_forward"),
+            ("target", "boot_complete"),
+        ]
+    marks = marks_of(records)
+    # Ranks from SGLang's own groups: the environment had no RANK.
+    assert sorted({(m["rank"], m["tp_rank"], m["pp_rank"]) for m in marks}) == [
+        (0, 0, 0),
+        (1, 1, 0),
+    ]
+    last = marks[-1]
+    # K + V of 2 layers x tokens x 2 heads x 8 dims x 2 bytes (float16)
+    assert last["arenas"]["kv"]["reserved"] == 2 * 2 * 512 * 2 * 8 * 2
+    assert last["arenas"]["kv"]["backed"] == last["arenas"]["kv"]["reserved"]
+    assert last["arenas"]["kv"]["retained"] is None
+    assert last["arenas"]["kv_draft"]["reserved"] == 2 * 2 * 128 * 2 * 8 * 2
+    doc = census_document(read_flight(flight))
+    # all_reduce: 2 captures x 2 runners + 1 loop batch + 1 final batch; each call crosses
+    # the coordinator, the custom-op function, the private method and torch.distributed
+    # (instrumented too) and counts once. broadcast: one per scheduler iteration.
+    assert _dump_counts(doc) == {
+        ("tp:0-1", "all_reduce"): {"0": 6, "1": 6},
+        ("tp:0-1", "broadcast"): {"0": 4, "1": 4},
+    }
+    assert doc["ranks"][0]["snapshots"] == 4  # one tick per scheduler iteration
+
+
+def test_vllm_adapter_marks_arenas_and_census_through_standins(tmp_path):
+    site = _site(tmp_path, "vllm", "0.33.0")
+    flight, outs, _ = _boot(tmp_path, "vllm", site, steps=3)
+    _, baseline, _ = _boot(tmp_path, "vllm", site, adapters=False, steps=3)
+    records = read_flight(flight).records
+    for rank in range(WORLD):
+        assert _job_output(outs[rank]) == _job_output(baseline[rank])
+    lines = _adapter_lines(records)
+    assert len(lines) == WORLD and {a["status"] for a in lines} == {"attached"}
+    # The device communicator module comes mid-boot (imported by the coordinator).
+    assert lines[0]["pending"] == ["vllm.distributed.device_communicators.cuda_communicator"]
+    assert (
+        "vllm.distributed.device_communicators.cuda_communicator:CudaCommunicator.broadcast"
+        in _wrapped(outs[0])
+    )
+    for pid in {r["pid"] for r in records}:
+        assert _phases(records, pid) == [
+            ("target", phase)
+            for phase in (
+                "pre_weight_load",
+                "weights_loaded",
+                "kv_pool_sized",
+                "capture_begin",
+                "capture_end",
+                "first_forward",
+                "boot_complete",
+            )
+        ]
+    marks = marks_of(records)
+    assert sorted({(m["rank"], m["tp_rank"], m["pp_rank"]) for m in marks}) == [
+        (0, 0, 0),
+        (1, 1, 0),
+    ]
+    kv = marks[-1]["arenas"]["kv"]
+    assert (kv["reserved"], kv["backed"], kv["retained"]) == (2 << 20, 2 << 20, None)
+    doc = census_document(read_flight(flight))
+    # all_reduce: 2 warm-up forwards + 3 steps, through the coordinator's private method and
+    # its device communicator, once each; broadcast: 3 direct device communicator calls.
+    assert _dump_counts(doc) == {
+        ("tp:0-1", "all_reduce"): {"0": 5, "1": 5},
+        ("tp:0-1", "broadcast"): {"0": 3, "1": 3},
+    }
+    assert doc["ranks"][0]["snapshots"] == 3  # one tick per engine step
+
+
+def test_an_unknown_version_leaves_one_line_and_an_untouched_job(tmp_path):
+    site = _site(tmp_path, "sglang", "0.4.0")
+    flight, outs, _ = _boot(tmp_path, "sglang", site)
+    _, baseline, _ = _boot(tmp_path, "sglang", site, adapters=False)
+    records = read_flight(flight).records
+    for rank in range(WORLD):
+        assert _job_output(outs[rank]) == _job_output(baseline[rank])
+        assert _wrapped(outs[rank]) == []
+    lines = _adapter_lines(records)
+    assert len(lines) == WORLD  # one a process
+    for line in lines:
+        assert line["status"] == "not_attached"
+        assert line["version"] == "0.4.0"
+        assert line["failed"]["why"] == "sglang 0.4.0 is not a checked version"
+        assert line["hooks"] == []
+    assert marks_of(records) == []
+    # Only the generic torch.distributed layer counted: no coordinator group instance.
+    assert all(group != "tp:0-1" for group, _ in _dump_counts(census_document(read_flight(flight))))
+
+
+def test_a_missing_hook_point_detaches_everything_with_one_line(tmp_path):
+    """A checked version whose Scheduler lacks run_batch (a copy of the stand-in with the
+    hook target renamed): the coordinator and runner hooks that attached before it are
+    undone, one line names the hook, and the job runs as without the adapter."""
+    tree = tmp_path / "renamed"
+    shutil.copytree(STANDINS / "sglang", tree / "sglang")
+    scheduler = tree / "sglang" / "srt" / "managers" / "scheduler.py"
+    scheduler.write_text(scheduler.read_text().replace("run_batch", "run_batch_v2"))
+    site = _site(tmp_path, "sglang", "0.5.22", tree=tree)
+    flight, outs, _ = _boot(tmp_path, "sglang", site)
+    _, baseline, _ = _boot(tmp_path, "sglang", site, adapters=False)
+    records = read_flight(flight).records
+    for rank in range(WORLD):
+        assert _job_output(outs[rank]) == _job_output(baseline[rank])
+        assert _wrapped(outs[rank]) == []
+    lines = _adapter_lines(records)
+    assert len(lines) == WORLD
+    assert {(a["status"], a["failed"]["hook"], a["failed"]["why"]) for a in lines} == {
+        (
+            "not_attached",
+            "sglang.srt.managers.scheduler:Scheduler.run_batch",
+            "Scheduler has no run_batch",
+        )
+    }
+    assert marks_of(records) == []
