@@ -256,3 +256,25 @@ def test_a_missing_hook_point_detaches_everything_with_one_line(tmp_path):
         )
     }
     assert marks_of(records) == []
+
+
+def test_install_import_hooks_is_idempotent_and_imports_no_framework():
+    from rankscope import adapters
+
+    before = list(sys.meta_path)
+    try:
+        assert adapters.install_import_hooks() is True
+        assert adapters.install_import_hooks() is True
+        finders = [f for f in sys.meta_path if isinstance(f, adapters.PostImportFinder)]
+        assert len(finders) == 1
+        assert "sglang.srt.managers.scheduler" in finders[0].watch
+        assert "vllm.v1.worker.gpu_worker" in finders[0].watch
+        assert not any(m.split(".")[0] in ("sglang", "vllm") for m in sys.modules)
+        # An unwatched module imports through its own loader.
+        sys.modules.pop("colorsys", None)
+        import colorsys
+
+        assert type(colorsys.__loader__).__name__ == "SourceFileLoader"
+    finally:
+        adapters.uninstall_import_hooks()
+    assert sys.meta_path == before

@@ -24,7 +24,7 @@ from typing import Any
 from rankscope.adapters import sglang, vllm
 from rankscope.adapters.points import Adapter
 
-__all__ = ["ADAPTERS", "install_import_hooks", "uninstall_import_hooks"]
+__all__ = ["ADAPTERS", "PostImportFinder", "install_import_hooks", "uninstall_import_hooks"]
 
 log = logging.getLogger("rankscope.adapters")
 
