@@ -29,6 +29,9 @@ STANDINS = ROOT / "tests" / "standins" / "packages"
 BOOT = ROOT / "tests" / "standins" / "boot.py"
 BY_NAME = {a.framework: a for a in ADAPTERS}
 WORLD = 2
+# What the fake job prints on each rank: the checksum of its last forward, all-reduced over
+# the TP group (the test of an unknown version shows it is the output without rankscope).
+JOB_OUTPUT = "standin job rank {rank}: checksum 32768.0\n"
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.framework)
@@ -114,11 +117,9 @@ def _dump_counts(doc):
 def test_sglang_adapter_marks_arenas_and_census_through_standins(tmp_path):
     site = _site(tmp_path, "sglang", "0.5.23")
     flight, outs, _ = _boot(tmp_path, "sglang", site)
-    _, baseline, _ = _boot(tmp_path, "sglang", site, adapters=False)
     records = read_flight(flight).records
     for rank in range(WORLD):
-        assert _job_output(outs[rank]) == _job_output(baseline[rank])  # the job's own output
-        assert _wrapped(baseline[rank]) == []
+        assert _job_output(outs[rank]) == JOB_OUTPUT.format(rank=rank)
     pids = sorted({r["pid"] for r in records})
     assert len(pids) == WORLD
     lines = _adapter_lines(records)
@@ -169,10 +170,9 @@ def test_sglang_adapter_marks_arenas_and_census_through_standins(tmp_path):
 def test_vllm_adapter_marks_arenas_and_census_through_standins(tmp_path):
     site = _site(tmp_path, "vllm", "0.33.0")
     flight, outs, _ = _boot(tmp_path, "vllm", site, steps=3)
-    _, baseline, _ = _boot(tmp_path, "vllm", site, adapters=False, steps=3)
     records = read_flight(flight).records
     for rank in range(WORLD):
-        assert _job_output(outs[rank]) == _job_output(baseline[rank])
+        assert _job_output(outs[rank]) == JOB_OUTPUT.format(rank=rank)
     lines = _adapter_lines(records)
     assert len(lines) == WORLD and {a["status"] for a in lines} == {"attached"}
     # The device communicator module comes mid-boot (imported by the coordinator).
@@ -217,7 +217,9 @@ def test_an_unknown_version_leaves_one_line_and_an_untouched_job(tmp_path):
     _, baseline, _ = _boot(tmp_path, "sglang", site, adapters=False)
     records = read_flight(flight).records
     for rank in range(WORLD):
+        # The job's output is what it prints without rankscope at all.
         assert _job_output(outs[rank]) == _job_output(baseline[rank])
+        assert _job_output(baseline[rank]) == JOB_OUTPUT.format(rank=rank)
         assert _wrapped(outs[rank]) == []
     lines = _adapter_lines(records)
     assert len(lines) == WORLD  # one a process
@@ -241,10 +243,9 @@ def test_a_missing_hook_point_detaches_everything_with_one_line(tmp_path):
     scheduler.write_text(scheduler.read_text().replace("run_batch", "run_batch_v2"))
     site = _site(tmp_path, "sglang", "0.5.22", tree=tree)
     flight, outs, _ = _boot(tmp_path, "sglang", site)
-    _, baseline, _ = _boot(tmp_path, "sglang", site, adapters=False)
     records = read_flight(flight).records
     for rank in range(WORLD):
-        assert _job_output(outs[rank]) == _job_output(baseline[rank])
+        assert _job_output(outs[rank]) == JOB_OUTPUT.format(rank=rank)
         assert _wrapped(outs[rank]) == []
     lines = _adapter_lines(records)
     assert len(lines) == WORLD
@@ -278,3 +279,33 @@ def test_install_import_hooks_is_idempotent_and_imports_no_framework():
     finally:
         adapters.uninstall_import_hooks()
     assert sys.meta_path == before
+
+
+def test_a_process_importing_part_of_a_framework_gets_its_line_at_exit(tmp_path):
+    """A front-end process that imports only SGLang's parallel_state: its coordinator is
+    counted, and the one adapter line comes at exit with the other modules pending."""
+    site = _site(tmp_path, "sglang", "0.5.23")
+    flight = tmp_path / "flight"
+    code = (
+        "from rankscope import adapters; adapters.install_import_hooks(); "
+        "import sglang.srt.distributed.parallel_state as ps; "
+        "print(hasattr(ps.GroupCoordinator.all_reduce, '__wrapped__'))"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "exporter")]),
+        "RANKSCOPE_DIR": str(flight),
+        "PYTHONWARNINGS": "ignore",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+    (line,) = _adapter_lines(read_flight(flight).records)
+    assert line["status"] == "attached"
+    assert line["pending"] == [
+        "sglang.srt.model_executor.model_runner",
+        "sglang.srt.managers.scheduler",
+    ]
+    assert line["hooks"] and all(h.startswith("sglang.srt.distributed") for h in line["hooks"])

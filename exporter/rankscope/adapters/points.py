@@ -17,6 +17,7 @@ own work runs inside a guard that costs a log line, and the framework's call alw
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.metadata
 import logging
@@ -199,6 +200,9 @@ class Adapter:
                 self._give_up(name, why)
                 return
             self.state = "attaching"
+            # A process that imports only some of the modules (a front-end process) still
+            # gets its one line, at exit, with the modules that never came as pending.
+            atexit.register(self._at_exit)
         install = self.installers()[name]
         try:
             self._undo.extend(install(module))
@@ -213,6 +217,12 @@ class Adapter:
         if self.state == "attaching" and required <= self._done:
             self.state = "attached"
             self._write("attached", None)
+
+    def _at_exit(self) -> None:
+        with self._lock:
+            if self.state == "attaching":
+                self.state = "attached"
+                self._write("attached", None)
 
     def _give_up(self, point: str, why: str) -> None:
         was = self.state
