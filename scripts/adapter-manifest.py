@@ -28,6 +28,17 @@ sys.path.insert(0, str(ROOT / "exporter"))
 from rankscope.adapters import ADAPTERS  # noqa: E402
 from rankscope.adapters.manifest import MANIFEST_PATH, extract, module_path, wanted  # noqa: E402
 
+# One wheel per version whatever interpreter runs this script (SGLang publishes one per
+# CPython version, with the same Python source): CPython 3.11 on x86-64 Linux.
+WHEEL_TAGS = (
+    "--python-version=3.11",
+    "--implementation=cp",
+    "--abi=cp311",
+    "--abi=abi3",
+    "--platform=manylinux_2_34_x86_64",
+    "--platform=manylinux_2_28_x86_64",
+)
+
 
 def wheel_for(distribution: str, version: str, cache: Path) -> Path:
     target = cache / f"{distribution}-{version}"
@@ -41,6 +52,7 @@ def wheel_for(distribution: str, version: str, cache: Path) -> Path:
                 "download",
                 "--no-deps",
                 "--only-binary=:all:",
+                *WHEEL_TAGS,
                 "--quiet",
                 f"{distribution}=={version}",
                 "-d",
