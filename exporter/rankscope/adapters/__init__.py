@@ -120,7 +120,7 @@ def install_import_hooks(adapters: Sequence[Adapter] = ADAPTERS) -> bool:
 
 
 def uninstall_import_hooks() -> None:
-    """Stop watching (tests); hooks already attached stay until their adapter's undo_all."""
+    """Stop watching (tests); hooks already attached stay attached."""
     global _finder
     with _lock:
         if _finder is not None and _finder in sys.meta_path:

@@ -81,8 +81,6 @@ def resolve(module: ModuleType, point: HookPoint) -> tuple[Any, str]:
         if owner is None:
             raise AttachError(point.name, f"{point.module} has no {part}")
     member = parts[-1]
-    if point.use == "read":
-        return owner, member
     current = getattr(owner, member, None)
     if current is None or not callable(current):
         raise AttachError(point.name, f"{'.'.join(parts[:-1]) or point.module} has no {member}")
@@ -259,16 +257,6 @@ class Adapter:
                 "failed": failed,
             },
         )
-
-    def undo_all(self) -> None:
-        """Detach everything (tests); writes nothing."""
-        with self._lock:
-            for undo in reversed(self._undo):
-                undo()
-            self._undo.clear()
-            self._done.clear()
-            self.hooks = []
-            self.state = "idle"
 
 
 def points_of(adapter: Adapter, module: str, use: tuple[Use, ...]) -> list[HookPoint]:
