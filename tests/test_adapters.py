@@ -23,6 +23,7 @@ from rankscope.adapters.manifest import check_point, extract, module_path, wante
 from rankscope.census.report import census_document
 from rankscope.flight import read_flight
 from rankscope.ledger import marks_of
+from rankscope.schema import AdapterStatus, of_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDINS = ROOT / "tests" / "standins" / "packages"
@@ -103,11 +104,11 @@ def _wrapped(out: str) -> list[str]:
 
 
 def _adapter_lines(records):
-    return [r for r in records if r["kind"] == "adapter"]
+    return of_kind(records, AdapterStatus)
 
 
 def _phases(records, pid):
-    return [(m["runner"], m["phase"]) for m in marks_of(records) if m["pid"] == pid]
+    return [(m.header.runner, m.body.phase) for m in marks_of(records) if m.header.pid == pid]
 
 
 def _dump_counts(doc):
@@ -120,14 +121,14 @@ def test_sglang_adapter_marks_arenas_and_census_through_standins(tmp_path):
     records = read_flight(flight).records
     for rank in range(WORLD):
         assert _job_output(outs[rank]) == JOB_OUTPUT.format(rank=rank)
-    pids = sorted({r["pid"] for r in records})
+    pids = sorted({r.header.pid for r in records})
     assert len(pids) == WORLD
     lines = _adapter_lines(records)
-    assert [(a["pid"], a["status"], a["framework"], a["version"]) for a in lines] == [
-        (pid, "attached", "sglang", "0.5.23") for pid in sorted(a["pid"] for a in lines)
+    assert [(a.header.pid, a.body.status, a.body.framework, a.body.version) for a in lines] == [
+        (pid, "attached", "sglang", "0.5.23") for pid in sorted(a.header.pid for a in lines)
     ]
     assert len(lines) == WORLD
-    assert "sglang.srt.managers.scheduler:Scheduler.ingest_requests" in lines[0]["hooks"]
+    assert "sglang.srt.managers.scheduler:Scheduler.ingest_requests" in lines[0].body.hooks
     for pid in pids:
         # Target and draft runners through the same phases; the draft's marks say so.
         assert _phases(records, pid) == [
@@ -146,16 +147,17 @@ def test_sglang_adapter_marks_arenas_and_census_through_standins(tmp_path):
         ]
     marks = marks_of(records)
     # Ranks from SGLang's own groups: the environment had no RANK.
-    assert sorted({(m["rank"], m["tp_rank"], m["pp_rank"]) for m in marks}) == [
+    assert sorted({(m.header.rank, m.header.tp_rank, m.header.pp_rank) for m in marks}) == [
         (0, 0, 0),
         (1, 1, 0),
     ]
     last = marks[-1]
     # K + V of 2 layers x tokens x 2 heads x 8 dims x 2 bytes (float16)
-    assert last["arenas"]["kv"]["reserved"] == 2 * 2 * 512 * 2 * 8 * 2
-    assert last["arenas"]["kv"]["backed"] == last["arenas"]["kv"]["reserved"]
-    assert last["arenas"]["kv"]["retained"] is None
-    assert last["arenas"]["kv_draft"]["reserved"] == 2 * 2 * 128 * 2 * 8 * 2
+    kv, kv_draft = last.body.arenas["kv"], last.body.arenas["kv_draft"]
+    assert kv.reserved == 2 * 2 * 512 * 2 * 8 * 2
+    assert kv.backed == kv.reserved
+    assert kv.retained is None
+    assert kv_draft.reserved == 2 * 2 * 128 * 2 * 8 * 2
     doc = census_document(read_flight(flight))
     # all_reduce: 2 captures x 2 runners + 1 loop batch + 1 final batch; each call crosses
     # the coordinator, the custom-op function, the private method and torch.distributed
@@ -174,14 +176,14 @@ def test_vllm_adapter_marks_arenas_and_census_through_standins(tmp_path):
     for rank in range(WORLD):
         assert _job_output(outs[rank]) == JOB_OUTPUT.format(rank=rank)
     lines = _adapter_lines(records)
-    assert len(lines) == WORLD and {a["status"] for a in lines} == {"attached"}
+    assert len(lines) == WORLD and {a.body.status for a in lines} == {"attached"}
     # The device communicator module comes mid-boot (imported by the coordinator).
-    assert lines[0]["pending"] == ["vllm.distributed.device_communicators.cuda_communicator"]
+    assert lines[0].body.pending == ("vllm.distributed.device_communicators.cuda_communicator",)
     assert (
         "vllm.distributed.device_communicators.cuda_communicator:CudaCommunicator.broadcast"
         in _wrapped(outs[0])
     )
-    for pid in {r["pid"] for r in records}:
+    for pid in {r.header.pid for r in records}:
         assert _phases(records, pid) == [
             ("target", phase)
             for phase in (
@@ -195,12 +197,12 @@ def test_vllm_adapter_marks_arenas_and_census_through_standins(tmp_path):
             )
         ]
     marks = marks_of(records)
-    assert sorted({(m["rank"], m["tp_rank"], m["pp_rank"]) for m in marks}) == [
+    assert sorted({(m.header.rank, m.header.tp_rank, m.header.pp_rank) for m in marks}) == [
         (0, 0, 0),
         (1, 1, 0),
     ]
-    kv = marks[-1]["arenas"]["kv"]
-    assert (kv["reserved"], kv["backed"], kv["retained"]) == (2 << 20, 2 << 20, None)
+    kv = marks[-1].body.arenas["kv"]
+    assert (kv.reserved, kv.backed, kv.retained) == (2 << 20, 2 << 20, None)
     doc = census_document(read_flight(flight))
     # all_reduce: 2 warm-up forwards + 3 steps, through the coordinator's private method and
     # its device communicator, once each; broadcast: 3 direct device communicator calls.
@@ -224,10 +226,10 @@ def test_an_unknown_version_leaves_one_line_and_an_untouched_job(tmp_path):
     lines = _adapter_lines(records)
     assert len(lines) == WORLD  # one a process
     for line in lines:
-        assert line["status"] == "not_attached"
-        assert line["version"] == "0.4.0"
-        assert line["failed"]["why"] == "sglang 0.4.0 is not a checked version"
-        assert line["hooks"] == []
+        assert line.body.status == "not_attached"
+        assert line.body.version == "0.4.0"
+        assert line.body.failed_why == "sglang 0.4.0 is not a checked version"
+        assert line.body.hooks == ()
     assert marks_of(records) == []
     # Only the generic torch.distributed layer counted: no coordinator group instance.
     assert all(group != "tp:0-1" for group, _ in _dump_counts(census_document(read_flight(flight))))
@@ -249,7 +251,7 @@ def test_a_missing_hook_point_detaches_everything_with_one_line(tmp_path):
         assert _wrapped(outs[rank]) == []
     lines = _adapter_lines(records)
     assert len(lines) == WORLD
-    assert {(a["status"], a["failed"]["hook"], a["failed"]["why"]) for a in lines} == {
+    assert {(a.body.status, a.body.failed_hook, a.body.failed_why) for a in lines} == {
         (
             "not_attached",
             "sglang.srt.managers.scheduler:Scheduler.run_batch",
@@ -303,9 +305,10 @@ def test_a_process_importing_part_of_a_framework_gets_its_line_at_exit(tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
     (line,) = _adapter_lines(read_flight(flight).records)
-    assert line["status"] == "attached"
-    assert line["pending"] == [
+    assert line.body.status == "attached"
+    assert line.body.pending == (
         "sglang.srt.model_executor.model_runner",
         "sglang.srt.managers.scheduler",
-    ]
-    assert line["hooks"] and all(h.startswith("sglang.srt.distributed") for h in line["hooks"])
+    )
+    assert line.body.hooks
+    assert all(h.startswith("sglang.srt.distributed") for h in line.body.hooks)

@@ -152,3 +152,33 @@ def test_a_wrapped_static_method_fails_the_check():
 
     problems = check_point(HookPoint("m", "Runner.helper", "wrap"), module)
     assert problems and "not a plain method" in problems[0]
+
+
+def test_the_adapter_kind_round_trips_through_the_flight_reader(tmp_path):
+    """An adapter line written as the adapters write it parses back into AdapterStatus; a
+    bad field is named and nulled, and a line without a framework is malformed."""
+    from rankscope.flight import parse_line, read_flight
+    from rankscope.record import Recorder
+    from rankscope.schema import AdapterStatus, of_kind
+
+    rec = Recorder(flight_dir=tmp_path)
+    body = AdapterStatus(
+        framework="vllm",
+        status="not_attached",
+        version="0.9.0",
+        checked_versions=("0.33.0", "0.34.0"),
+        failed_hook="vllm.v1.worker.gpu_worker:Worker.execute_model",
+        failed_why="vllm 0.9.0 is not a checked version",
+    )
+    assert rec.write_record(body)
+    (line,) = of_kind(read_flight(tmp_path).records, AdapterStatus)
+    assert line.body == body
+    raw = json.loads((tmp_path / next(p.name for p in tmp_path.iterdir())).read_text())
+    assert raw["failed"] == {"hook": body.failed_hook, "why": body.failed_why}
+
+    bad: list[str] = []
+    raw["hooks"] = ["ok", 3]
+    parsed = parse_line(json.dumps(raw).encode(), bad=bad)
+    assert parsed.body.hooks == () and bad == ["adapter.hooks"]
+    del raw["framework"]
+    assert parse_line(json.dumps(raw).encode()) == "malformed"

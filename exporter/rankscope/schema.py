@@ -9,6 +9,7 @@ identity, times) and a typed ``body``, one class per kind:
     census       Census      (stream census) round, every, counts, graphs
     census_dump  CensusDump  (stream census) the same, plus the reason of the dump
     divergence   Divergence  (stream census) the in-process comparison's finding
+    adapter      AdapterStatus (stream marks) what a framework adapter attached, or why not
 
 A body knows its own JSON: ``to_json()`` builds the object the writer appends (a plain dict
 built field by field: the mark is on a benchmarked hot path, so no ``dataclasses.asdict``),
@@ -635,6 +636,69 @@ class Divergence:
 
 
 @dataclass(slots=True)
+class AdapterStatus:
+    """What a framework adapter (rankscope.adapters) did in this process: ``attached`` with
+    the methods it wrapped and the modules still to come, or ``not_attached`` / ``detached``
+    with the hook point that could not attach and why. One line a process and adapter."""
+
+    KIND: ClassVar[str] = "adapter"
+    STREAM: ClassVar[str] = "marks"
+
+    framework: str
+    status: str  # attached | not_attached | detached
+    version: str | None = None
+    checked_versions: tuple[str, ...] = ()
+    hooks: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+    failed_hook: str | None = None
+    failed_why: str | None = None
+
+    def to_json(self) -> Json:
+        failed = (
+            {"hook": self.failed_hook, "why": self.failed_why}
+            if self.failed_hook is not None
+            else None
+        )
+        return {
+            "framework": self.framework,
+            "version": self.version,
+            "checked_versions": list(self.checked_versions),
+            "status": self.status,
+            "hooks": list(self.hooks),
+            "pending": list(self.pending),
+            "failed": failed,
+        }
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any], bad: Bad) -> AdapterStatus | None:
+        w = cls.KIND
+        framework, status = obj.get("framework"), obj.get("status")
+        if not isinstance(framework, str) or not isinstance(status, str):
+            return None  # an adapter line of no framework or status says nothing
+        failed = _section(obj, "failed", bad, w)
+        return cls(
+            framework=framework,
+            status=status,
+            version=_str(obj, "version", bad, w),
+            checked_versions=_strings(obj, "checked_versions", bad, w),
+            hooks=_strings(obj, "hooks", bad, w),
+            pending=_strings(obj, "pending", bad, w),
+            failed_hook=_str(failed, "hook", bad, f"{w}.failed"),
+            failed_why=_str(failed, "why", bad, f"{w}.failed"),
+        )
+
+
+def _strings(obj: Mapping[str, Any], key: str, bad: Bad, where: str) -> tuple[str, ...]:
+    value = obj.get(key)
+    if value is None:
+        return ()
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    bad.append(f"{where}.{key}")
+    return ()
+
+
+@dataclass(slots=True)
 class UnknownKind:
     """A line of a kind this reader does not know; its header still counts."""
 
@@ -656,6 +720,7 @@ Body = Union[  # noqa: UP007 (the trailing comma keeps one kind per line)
     Census,
     CensusDump,
     Divergence,
+    AdapterStatus,
     UnknownKind,
 ]
 

@@ -10,7 +10,7 @@ module by module, as the import hook reports each of its modules imported:
 - then every hook point of that module is resolved before any is installed;
 - on any failure, everything already installed is undone, so the job runs untouched.
 
-Either way the process's record gets one ``adapter`` line (stream ``marks``) saying what
+Either way the process's record gets one ``adapter`` line (rankscope.schema.AdapterStatus) saying what
 attached, or which hook could not and why. Nothing here raises into the framework: a hook's
 own work runs inside a guard that costs a log line, and the framework's call always runs.
 """
@@ -28,11 +28,9 @@ from types import ModuleType
 from typing import Any, Literal
 
 from rankscope.record import RECORDER
+from rankscope.schema import AdapterStatus
 
 log = logging.getLogger("rankscope.adapters")
-
-STREAM = "marks"
-KIND = "adapter"
 
 # wrap: the adapter replaces the method (marks, ticks); count: a census counter wraps it;
 # call: the adapter calls it; read: the adapter reads it from the framework's objects.
@@ -237,25 +235,24 @@ class Adapter:
             point,
             why,
         )
-        self._write(
-            "detached" if was == "attached" else "not_attached", {"hook": point, "why": why}
-        )
+        self._write("detached" if was == "attached" else "not_attached", (point, why))
         self.hooks = []
 
-    def _write(self, status: str, failed: dict[str, str] | None) -> None:
-        pending = [m for m in self.installers() if m not in self._done]
-        RECORDER.write(
-            STREAM,
-            KIND,
-            {
-                "framework": self.framework,
-                "version": self.version,
-                "checked_versions": list(self.checked_versions),
-                "status": status,
-                "hooks": list(self.hooks) if status == "attached" else [],
-                "pending": pending if status == "attached" else [],
-                "failed": failed,
-            },
+    def _write(self, status: str, failed: tuple[str, str] | None) -> None:
+        attached = status == "attached"
+        RECORDER.write_record(
+            AdapterStatus(
+                framework=self.framework,
+                status=status,
+                version=self.version,
+                checked_versions=self.checked_versions,
+                hooks=tuple(self.hooks) if attached else (),
+                pending=tuple(m for m in self.installers() if m not in self._done)
+                if attached
+                else (),
+                failed_hook=failed[0] if failed else None,
+                failed_why=failed[1] if failed else None,
+            )
         )
 
 
