@@ -312,3 +312,30 @@ def test_a_process_importing_part_of_a_framework_gets_its_line_at_exit(tmp_path)
     )
     assert line.body.hooks
     assert all(h.startswith("sglang.srt.distributed") for h in line.body.hooks)
+
+
+def test_a_forked_child_of_an_attached_process_gets_its_own_line(tmp_path):
+    """vLLM forks its workers by default: the child inherits the hooks and says so in its
+    own record file."""
+    site = _site(tmp_path, "vllm", "0.34.0")
+    flight = tmp_path / "flight"
+    code = (
+        "import os; from rankscope import adapters; adapters.install_import_hooks(); "
+        "import vllm.distributed.parallel_state, vllm.v1.worker.gpu_worker; "
+        "pid = os.fork()\n"
+        "if pid == 0: os._exit(0)\n"
+        "os.waitpid(pid, 0)"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "exporter")]),
+        "RANKSCOPE_DIR": str(flight),
+        "PYTHONWARNINGS": "ignore",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    lines = _adapter_lines(read_flight(flight).records)
+    assert len({line.header.pid for line in lines}) == 2
+    assert [line.body.status for line in lines] == ["attached", "attached"]

@@ -21,6 +21,7 @@ import atexit
 import functools
 import importlib.metadata
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,6 +166,18 @@ class Adapter:
         self._undo: list[Undo] = []
         self._done: set[str] = set()
         self.hooks: list[str] = []
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child (vLLM's default worker start) inherits the hooks: it is a new
+        process with its own record files, so it gets its own line."""
+        self._lock = threading.RLock()
+        if self.state == "attached":
+            try:
+                self._write("attached", None)
+            except Exception as exc:
+                log.warning("rankscope adapter %s: %r", self.framework, exc)
 
     def installers(self) -> dict[str, Installer]:
         raise NotImplementedError
