@@ -182,3 +182,15 @@ def test_the_adapter_kind_round_trips_through_the_flight_reader(tmp_path):
     assert parsed.body.hooks == () and bad == ["adapter.hooks"]
     del raw["framework"]
     assert parse_line(json.dumps(raw).encode()) == "malformed"
+
+
+def test_a_checked_version_is_the_release_whatever_its_local_build_label():
+    from rankscope.adapters.points import is_checked
+
+    checked = ("0.33.0", "0.34.0")
+    assert is_checked("0.34.0", checked)
+    assert is_checked("0.34.0+cu130", checked)
+    assert not is_checked("0.34.1", checked)
+    assert not is_checked("0.34.0rc1", checked)
+    assert not is_checked("0.34", checked)
+    assert not is_checked(None, checked)

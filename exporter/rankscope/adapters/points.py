@@ -147,6 +147,12 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+def is_checked(version: str | None, checked: tuple[str, ...]) -> bool:
+    """Whether an installed version is one the adapter was checked against. A local label
+    (``0.34.0+cu130``, a build of the same release for another CUDA) is the same source."""
+    return version is not None and version.split("+", 1)[0] in checked
+
+
 class Adapter:
     """One framework's adapter: its checked versions, its hook points, one installer per
     module. Subclasses fill the class attributes; ``installers`` maps each module to the
@@ -200,7 +206,7 @@ class Adapter:
             return
         if self.state == "idle":
             self.version = installed_version(self.distribution)
-            if self.version not in self.checked_versions:
+            if not is_checked(self.version, self.checked_versions):
                 why = (
                     f"{self.distribution} {self.version} is not a checked version"
                     if self.version is not None
