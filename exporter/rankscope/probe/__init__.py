@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
-from rankscope.probe import arenas
+from rankscope.probe import arenas, oom
 from rankscope.probe.nvml_view import NvmlView
 from rankscope.probe.torch_view import TorchView
 from rankscope.record import RECORDER, publish_boot_id
 
-__all__ = ["arenas", "configure", "derive", "mark", "publish_boot_id"]
+__all__ = ["arenas", "configure", "derive", "mark", "oom", "publish_boot_id"]
 
 log = logging.getLogger("rankscope")
 
@@ -65,6 +66,8 @@ def configure(
         boot_id=boot_id,
         **{k: v for k, v in fields.items() if v is not None},
     )
+    if RECORDER.armed:
+        oom.install()
 
 
 def derive(
@@ -99,6 +102,8 @@ def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> dict[str,
     the mark itself failed; never raises."""
     if not RECORDER.armed:
         return None
+    if not oom.STATE.settled:
+        oom.install()  # torch may have been imported since the last try
     try:
         payload = _measure(str(phase), extra)
         if runner is not None:
@@ -106,6 +111,7 @@ def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> dict[str,
     except Exception as exc:  # an instrument may cost a log line, never a boot
         _warn_once("measure", f"rankscope: mark({phase!r}) failed and was skipped: {exc!r}")
         return None
+    oom.note_phase(payload["phase"], time.time())
     RECORDER.write(STREAM, "mark", payload)
     return payload
 
@@ -148,3 +154,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+if RECORDER.armed:  # armed by RANKSCOPE_DIR: watch for the OOM instant from the start
+    oom.install()
