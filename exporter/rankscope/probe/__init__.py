@@ -104,6 +104,7 @@ def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> dict[str,
         return None
     if not oom.STATE.settled:
         oom.install()  # torch may have been imported since the last try
+    oom.note_phase(str(phase), time.time())
     try:
         payload = _measure(str(phase), extra)
         if runner is not None:
@@ -111,7 +112,6 @@ def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> dict[str,
     except Exception as exc:  # an instrument may cost a log line, never a boot
         _warn_once("measure", f"rankscope: mark({phase!r}) failed and was skipped: {exc!r}")
         return None
-    oom.note_phase(payload["phase"], time.time())
     RECORDER.write(STREAM, "mark", payload)
     return payload
 

@@ -37,7 +37,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.record import RECORDER
+from rankscope.record import RECORDER, parse_stat_start_ticks
 
 STREAM = "oom"
 KIND = "oom"
@@ -163,8 +163,32 @@ def bare_payload(device: Any, alloc_size: Any, device_total: Any, device_free: A
         "phase": STATE.last_phase,
         "phase_wall": STATE.last_phase_wall,
         "capturing": None,
+        "holders": None,
         "why": None,
     }
+
+
+def holders(procs: dict[str, int | None] | None, proc: str = "/proc") -> list[dict[str, Any]] | None:
+    """Every process on the card, as NVML listed it, with its comm and start ticks from
+    /proc read right then (so a reader can tell a rank from a recycled pid later). Null
+    fields where this process's /proc cannot see the pid (another PID namespace)."""
+    if procs is None:
+        return None
+    out = []
+    for pid_text, nbytes in procs.items():
+        start, comm = _stat_of(pid_text, proc)
+        out.append({"pid": int(pid_text), "bytes": nbytes, "comm": comm, "start_ticks": start})
+    return out
+
+
+def _stat_of(pid: str, proc: str) -> tuple[int | None, str | None]:
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None, None
+    start, end = raw.find("("), raw.rfind(")")
+    return parse_stat_start_ticks(raw), (raw[start + 1 : end] if 0 <= start < end else None)
 
 
 def measure(device: int, alloc_size: int, device_total: int, device_free: int) -> dict[str, Any]:
@@ -198,6 +222,7 @@ def measure(device: int, alloc_size: int, device_total: int, device_free: int) -
     payload["device"]["uuid"] = uuid
     payload["device"]["nvml_index"] = nvml_index
     payload["driver"], payload["nvml"] = driver, nvml
+    payload["holders"] = holders(nvml.get("procs"))
     if STATE.last_phase is None:
         payload["phase_why"] = "no mark before the OOM"
     return payload
