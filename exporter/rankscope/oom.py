@@ -153,10 +153,12 @@ def oom_events(
     records: list[Record],
     every_record: Iterable[Record] | None = None,
     resolve: HostPid = host_pid,
+    namer: RankNamer | None = None,
 ) -> list[OomEvent]:
-    """The OOM events among ``records``, oldest first; holders named against
-    ``every_record`` (default: ``records`` themselves), host pids found by ``resolve``."""
-    name = rank_namer(records if every_record is None else every_record, resolve)
+    """The OOM events among ``records``, oldest first; holders named by ``namer``, else
+    against ``every_record`` (default: ``records`` themselves), host pids found by
+    ``resolve``."""
+    name = namer or rank_namer(records if every_record is None else every_record, resolve)
     events = [parse_oom(r, name, resolve) for r in records if r["kind"] == KIND]
     events.sort(key=lambda e: e.wall)
     return events

@@ -26,6 +26,9 @@ from rankscope.record import read_nspid, read_pidns_inode, read_start_ticks
 # marks per process and boot the daemon forgets the oldest (the file keeps them).
 MAX_MARKS_PER_PROCESS = 4096
 
+# A process OOMs a few times before it dies (torch retries some allocations); keep the newest.
+MAX_OOMS_PER_PROCESS = 64
+
 log = logging.getLogger("rankscope.daemon")
 
 
@@ -74,6 +77,8 @@ class StreamState:
     snapshot: Record | None = None  # latest census line (a snapshot round)
     arenas: Record | None = None  # latest line carrying arena figures
     marks_forgotten: int = 0  # oldest marks dropped past MAX_MARKS_PER_PROCESS
+    ooms: list[Record] = field(default_factory=list)  # oom lines (rankscope.oom), newest last
+    oom_counts: dict[tuple[int | None, str | None], int] = field(default_factory=dict)  # by card
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,10 @@ class FlightState:
             boots = tuple(sorted(firsts, key=lambda b: (firsts[b], b)))
             return FlightView(
                 # Copies of the mark lists: a refresh on another thread may append.
-                streams=tuple(replace(st, marks=list(st.marks)) for st in self._streams.values()),
+                streams=tuple(
+                    replace(st, marks=list(st.marks), ooms=list(st.ooms), oom_counts=dict(st.oom_counts))
+                    for st in self._streams.values()
+                ),
                 divergences={
                     boot: {key: rec for key, (_file, rec) in by_key.items()}
                     for boot, by_key in self._divergences.items()
@@ -188,6 +196,12 @@ class FlightState:
                         boot,
                     )
                 del st.marks[0]
+        elif kind == "oom":
+            st.ooms.append(rec)
+            del st.ooms[:-MAX_OOMS_PER_PROCESS]
+            device = rec.get("device") if isinstance(rec.get("device"), dict) else {}
+            card = (_int_or_none(device.get("nvml_index")), _str_or_none(device.get("uuid")))
+            st.oom_counts[card] = st.oom_counts.get(card, 0) + 1
         elif kind in ("census", "census_dump"):
             st.census = rec
             if kind == "census":
@@ -230,6 +244,10 @@ def _round_wall(rec: Record) -> tuple[int, float]:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _int_or_none(value: Any) -> int | None:
