@@ -161,6 +161,7 @@ def test_alerts_carry_severity_summary_description_and_runbook() -> None:
         "RankscopeCensusSkew",
         "RankscopeCensusStalled",
         "RankscopeForeignHolder",
+        "RankscopeOutOfMemory",
         "RankscopeExporterDown",
         "RankscopeSamplerLagging",
     }
