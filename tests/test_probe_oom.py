@@ -147,6 +147,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, flight_dir: Path) -> Any:
     allocator, cuda = StandInAllocator(), StandInCuda()
     torch = SimpleNamespace(_C=allocator, cuda=cuda)
     monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.cuda", cuda)
     monkeypatch.setattr(oom, "STATE", oom.OomState())
     monkeypatch.setattr(probe, "NVML", NvmlView(FakeNvml([(os.getpid(), 6 * GiB), (1, 70 * GiB)])))
     monkeypatch.setattr(probe.TORCH, "_uuids", {})
@@ -272,17 +273,19 @@ def test_the_record_names_ranks_by_pid_and_start_ticks(stand_in: Any, flight_dir
 
 
 def test_real_cpu_torch_has_no_observer_to_attach_and_says_so(flight_dir: Path) -> None:
-    """A real process armed by RANKSCOPE_DIR, the probe imported before torch: install is
-    retried at the mark, finds no CUDA allocator, and the host's output and exit are its own."""
+    """A real process armed by RANKSCOPE_DIR, the probe imported before torch: the import
+    watch installs as torch.cuda is imported (no mark needed), finds no CUDA allocator, and
+    the host's output and exit are its own."""
     script = textwrap.dedent(
         """
         import sys
         from rankscope import probe
         from rankscope.probe import oom
         print("before torch", oom.STATE.why == oom.NOT_IMPORTED, "torch" in sys.modules)
-        import torch
+        import torch  # the import watch runs install() here, with no mark
+        print("after import", oom.STATE.settled, oom.STATE.why == oom.NO_CUDA_ALLOCATOR)
+        print("watch gone", oom._WATCH not in sys.meta_path, torch.cuda.__spec__.name)
         probe.mark("start")
-        print("after mark", oom.STATE.settled, oom.STATE.why == oom.NO_CUDA_ALLOCATOR)
         oom.observe(0, 1 << 30, 80 << 30, 5 << 20)  # what torch would pass, called directly
         sys.exit(7)
         """
@@ -292,7 +295,11 @@ def test_real_cpu_torch_has_no_observer_to_attach_and_says_so(flight_dir: Path) 
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 7, done.stderr
-    assert done.stdout.splitlines() == ["before torch True False", "after mark True True"]
+    assert done.stdout.splitlines() == [
+        "before torch True False",
+        "after import True True",
+        "watch gone True torch.cuda",
+    ]
     (line,) = oom_lines(flight_dir)
     assert line["requested"] == 1 << 30 and line["phase"] == "start"
     assert line["allocator"]["reserved"] is None and line["allocator"]["why"]

@@ -24,15 +24,19 @@ What the observer does, and why it is safe there:
 
 Attaching: ``_cuda_attach_out_of_memory_observer`` initialises CUDA itself, so it is called
 only once the host program has initialised CUDA; before that it is queued on torch.cuda's own
-lazy-init queue (the same one torch uses for its capability checks), and without torch
-imported nothing is done until a later ``install()`` (the probe retries at each configure and
-mark until torch answers). Contract for the generic hooks of ``rankscope run``: call
+lazy-init queue (the same one torch uses for its capability checks). Without torch imported,
+a one-shot import watch (a sys.meta_path finder that only looks at ``torch.cuda``) runs
+``install()`` when torch.cuda has been imported, so a process armed before importing torch
+that never marks is covered too; the probe also retries at each configure and mark. Contract for the generic hooks of ``rankscope run``: call
 :func:`install` when arming a process and :func:`on_cuda_init` once CUDA is initialised; both
 are idempotent, cheap after the first success and never raise.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -90,17 +94,17 @@ def on_cuda_init() -> bool:
 
 
 def _install() -> bool:
-    torch = sys.modules.get("torch")
-    if torch is None:
+    torch, cuda = sys.modules.get("torch"), sys.modules.get("torch.cuda")
+    if torch is None or cuda is None:
         STATE.why = NOT_IMPORTED
+        _watch_torch_cuda_import()
         return False
     c = getattr(torch, "_C", None)
-    if c is None or not hasattr(c, "_cuda_attach_out_of_memory_observer"):
-        if c is None:  # torch is mid-import: try again later
-            return False
+    if c is None:  # torch is mid-import: try again later
+        return False
+    if not hasattr(c, "_cuda_attach_out_of_memory_observer"):
         STATE.why, STATE.settled = NO_CUDA_ALLOCATOR, True
         return False
-    cuda = torch.cuda
     if cuda.is_initialized():
         _attach(c)
         return True
@@ -108,6 +112,50 @@ def _install() -> bool:
     STATE.why = "queued: attaches when CUDA initialises"
     cuda._lazy_call(_attach_at_init)
     return True
+
+
+class _TorchCudaWatch(importlib.abc.MetaPathFinder):
+    """Armed before torch was imported (and perhaps never marking): install once
+    ``torch.cuda`` has been imported, from inside that import. One-shot: it leaves
+    sys.meta_path at its first sight of torch.cuda. The module's own loader does the work;
+    this only runs ``install`` after it."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch.cuda":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        except Exception:
+            return None
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _InstallAfter(spec.loader)
+        return spec
+
+
+class _InstallAfter(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        install()
+
+    def __getattr__(self, name: str) -> Any:  # resource readers and the like
+        return getattr(self._loader, name)
+
+
+_WATCH = _TorchCudaWatch()
+
+
+def _watch_torch_cuda_import() -> None:
+    if _WATCH not in sys.meta_path:
+        sys.meta_path.insert(0, _WATCH)
 
 
 def _attach_at_init() -> None:
