@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_daemon_serve import get, serve
-from test_oom_cli import header, oom_line, write
 
 from rankscope.daemon.devices import ScriptedSource, write_script
 from rankscope.daemon.flightstate import RankProcess
@@ -24,6 +22,8 @@ from rankscope.daemon.oom import ExhaustionWatch
 from rankscope.daemon.sampler import FloorValue, Sampler
 from rankscope.record import read_start_ticks
 from support.waiting import wait_for
+from test_daemon_serve import get, serve
+from test_oom_cli import header, oom_line, write
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -76,7 +76,10 @@ def test_one_process_list_read_per_onset_and_the_worst_minimum_followed(
     assert (event.onset_free, event.worst_free) == (200 * MiB, 40 * MiB)
     assert event.worst_wall > event.onset_wall
     roles = [(h.pid, h.comm, h.role, h.rank, h.bytes) for h in event.holders or ()]
-    assert roles == [(holder.pid, "sleep", "foreign", None, 70 * GiB), (me, roles[1][1], "rank", 2, 9 * GiB)]
+    assert roles == [
+        (holder.pid, "sleep", "foreign", None, 70 * GiB),
+        (me, roles[1][1], "rank", 2, 9 * GiB),
+    ]
     at(0.4, 2 * GiB)  # recovered
     at(0.5, 0)  # a new onset: a new event, a second read
     assert watch.process_list_reads == 2
@@ -117,12 +120,21 @@ def test_serve_counts_both_sources_and_serves_the_latest_oom_per_card(
     # recorded an OOM; the foreign `sleep` held 70 GiB of the simulated card.
     me, start = os.getpid(), read_start_ticks()
     assert start is not None
-    write(flight_dir, f"marks-h1-{me}-{start}.jsonl", {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"})
+    write(
+        flight_dir,
+        f"marks-h1-{me}-{start}.jsonl",
+        {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
+    )
     line = oom_line("b1", me, start, 3, 1796000000.0)
     line["device"]["uuid"] = "GPU-sim-0"
     line["device"]["nvml_index"] = 0
     line["holders"] = [
-        {"pid": holder.pid, "bytes": 70 * GiB, "comm": "sleep", "start_ticks": read_start_ticks(holder.pid)},
+        {
+            "pid": holder.pid,
+            "bytes": 70 * GiB,
+            "comm": "sleep",
+            "start_ticks": read_start_ticks(holder.pid),
+        },
         {"pid": me, "bytes": 6 * GiB, "comm": "python3", "start_ticks": start},
     ]
     write(flight_dir, f"oom-h1-{me}-{start}.jsonl", line, line)  # torch retried: two OOMs
@@ -137,7 +149,13 @@ def test_serve_counts_both_sources_and_serves_the_latest_oom_per_card(
         log=tmp_path / "serve.log",
         env=env,
     ) as url:
-        probe_key = (("boot", "b1"), ("gpu", "0"), ("pid", str(me)), ("rank", "3"), ("uuid", "GPU-sim-0"))
+        probe_key = (
+            ("boot", "b1"),
+            ("gpu", "0"),
+            ("pid", str(me)),
+            ("rank", "3"),
+            ("uuid", "GPU-sim-0"),
+        )
         assert wait_for(lambda: scrape_oom(url).get(probe_key), what="probe OOM counted") == 2
         sampler_key = (("boot", ""), ("gpu", "0"), ("pid", ""), ("rank", ""), ("uuid", "GPU-sim-0"))
         assert sampler_key not in scrape_oom(url)  # 10 GiB free: no exhaustion

@@ -17,7 +17,9 @@ def card_alert(name: str, severity: str, uuid: str, **extra: str) -> dict[str, s
 
 
 ALERTS = [
-    card_alert("RankscopeOutOfMemory", "critical", "GPU-a", gpu="0", boot="b1", rank="3", pid="500"),
+    card_alert(
+        "RankscopeOutOfMemory", "critical", "GPU-a", gpu="0", boot="b1", rank="3", pid="500"
+    ),
     card_alert("RankscopeForeignHolder", "warning", "GPU-a", gpu="0", pid="4242"),
     card_alert("RankscopeCorridorBreach", "critical", "GPU-a", gpu="0"),
     card_alert("RankscopeForeignHolder", "warning", "GPU-b", gpu="1", pid="4243"),

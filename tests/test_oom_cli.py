@@ -18,7 +18,9 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
-def header(kind: str, boot: str, pid: int, start: int, rank: int | None, wall: float) -> dict[str, Any]:
+def header(
+    kind: str, boot: str, pid: int, start: int, rank: int | None, wall: float
+) -> dict[str, Any]:
     return {
         "v": 1,
         "kind": kind,
@@ -39,7 +41,9 @@ def write(flight_dir: Path, name: str, *records: dict[str, Any]) -> None:
             f.write(json.dumps(rec) + "\n")
 
 
-def oom_line(boot: str, pid: int, start: int, rank: int, wall: float, **over: Any) -> dict[str, Any]:
+def oom_line(
+    boot: str, pid: int, start: int, rank: int, wall: float, **over: Any
+) -> dict[str, Any]:
     rec = header("oom", boot, pid, start, rank, wall)
     rec.update(
         {
@@ -80,10 +84,22 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def make_flight(flight_dir: Path) -> None:
     # boot b0 (older): rank 0 was pid 300 (start 30) and rank 1 is pid 400 (start 40).
-    write(flight_dir, "marks-h1-300-30.jsonl", {**header("mark", "b0", 300, 30, 0, 100.0), "phase": "x"})
-    write(flight_dir, "marks-h1-400-40.jsonl", {**header("mark", "b0", 400, 40, 1, 101.0), "phase": "x"})
+    write(
+        flight_dir,
+        "marks-h1-300-30.jsonl",
+        {**header("mark", "b0", 300, 30, 0, 100.0), "phase": "x"},
+    )
+    write(
+        flight_dir,
+        "marks-h1-400-40.jsonl",
+        {**header("mark", "b0", 400, 40, 1, 101.0), "phase": "x"},
+    )
     # boot b1 (latest): rank 3 is pid 500, and it fails.
-    write(flight_dir, "marks-h1-500-50.jsonl", {**header("mark", "b1", 500, 50, 3, 200.0), "phase": "x"})
+    write(
+        flight_dir,
+        "marks-h1-500-50.jsonl",
+        {**header("mark", "b1", 500, 50, 3, 200.0), "phase": "x"},
+    )
     write(flight_dir, "oom-h1-500-50.jsonl", oom_line("b1", 500, 50, 3, 1796000000.0))
 
 

@@ -9,27 +9,37 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from test_oom_cli import header, oom_line, write
-from test_status_page import browser, serve  # noqa: F401 - the browser fixture
-
 from rankscope.demo.cards import CARD_TOTAL, DRIVER_RESERVED, SimulatedCards
 from rankscope.record import read_start_ticks
+from test_oom_cli import header, oom_line, write
+from test_status_page import browser, serve  # noqa: F401 - the browser fixture
 
 GiB = 1 << 30
 
 
 def test_the_last_oom_per_card_with_its_holders(
-    tmp_path: Path, flight_dir: Path, browser: Any  # noqa: F811
+    tmp_path: Path,
+    flight_dir: Path,
+    browser: Any,  # noqa: F811
 ) -> None:
     foreign = subprocess.Popen(["sleep", "120"])
     try:
         me, start = os.getpid(), read_start_ticks()
         assert start is not None
-        write(flight_dir, f"marks-h1-{me}-{start}.jsonl", {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"})
+        write(
+            flight_dir,
+            f"marks-h1-{me}-{start}.jsonl",
+            {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
+        )
         line = oom_line("b1", me, start, 3, 1796000000.0)
         line["device"].update(uuid="GPU-simulated-demo-1", nvml_index=1)
         line["holders"] = [
-            {"pid": foreign.pid, "bytes": 9 * GiB, "comm": "sleep", "start_ticks": read_start_ticks(foreign.pid)},
+            {
+                "pid": foreign.pid,
+                "bytes": 9 * GiB,
+                "comm": "sleep",
+                "start_ticks": read_start_ticks(foreign.pid),
+            },
             {"pid": me, "bytes": 6 * GiB, "comm": "python3", "start_ticks": start},
         ]
         write(flight_dir, f"oom-h1-{me}-{start}.jsonl", line)

@@ -20,7 +20,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_probe_views import UUID, FakeNvml
 
 from rankscope import probe
 from rankscope.flight import read_flight
@@ -28,6 +27,7 @@ from rankscope.oom import oom_events
 from rankscope.probe import oom
 from rankscope.probe.nvml_view import NvmlView
 from rankscope.record import RECORDER, read_start_ticks
+from test_probe_views import UUID, FakeNvml
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -95,12 +95,8 @@ def parse_oom(rec: Record, name: RankNamer, resolve: HostPid = host_pid) -> OomE
     """An ``oom`` line (validated header) -> the event, holders named by ``name``."""
     device, allocator = _dict(rec.get("device")), _dict(rec.get("allocator"))
     driver, nvml = _dict(rec.get("driver")), _dict(rec.get("nvml"))
-    whys = [
-        f"{what}: {part['why']}"
-        for what, part in (("device", device), ("allocator", allocator), ("driver", driver))
-        + (("nvml", nvml),)
-        if isinstance(part.get("why"), str)
-    ]
+    parts = {"device": device, "allocator": allocator, "driver": driver, "nvml": nvml}
+    whys = [f"{what}: {p['why']}" for what, p in parts.items() if isinstance(p.get("why"), str)]
     for key in ("pools_why", "phase_why", "why"):
         if isinstance(rec.get(key), str):
             whys.append(f"{key.removesuffix('_why') or 'measure'}: {rec[key]}")

@@ -36,7 +36,9 @@ def main(args: argparse.Namespace) -> int:
     # holds the card is no stranger.
     events = oom_events(chosen.records, every.records)
     if args.json:
-        json.dump({"boot": chosen.boot, "ooms": [e.as_json() for e in events]}, sys.stdout, indent=2)
+        json.dump(
+            {"boot": chosen.boot, "ooms": [e.as_json() for e in events]}, sys.stdout, indent=2
+        )
         sys.stdout.write("\n")
     else:
         print_events(events, chosen.boot, sys.stdout)
@@ -65,9 +67,7 @@ def line(e: OomEvent) -> str:
     )
     if not e.holders:
         return head + "  holders: unknown (" + "; ".join(e.why or ("not recorded",)) + ")"
-    held = "; ".join(
-        f"{h.pid} {h.comm or '?'} {role(h)} {gib(h.bytes)}" for h in e.holders
-    )
+    held = "; ".join(f"{h.pid} {h.comm or '?'} {role(h)} {gib(h.bytes)}" for h in e.holders)
     return f"{head}  holders: {held}"
 
 

@@ -22,8 +22,8 @@ from rankscope.daemon.collectors.holdings import HoldingsCollector
 from rankscope.daemon.devices import DeviceSource, make_source
 from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.holdings import HoldingsReader
-from rankscope.daemon.registry import Collector
 from rankscope.daemon.oom import DEFAULT_EXHAUSTED_BELOW, ExhaustionWatch
+from rankscope.daemon.registry import Collector
 from rankscope.daemon.sampler import (
     CardView,
     Floors,

@@ -137,7 +137,9 @@ class FlightState:
             return FlightView(
                 # Copies of the mark lists: a refresh on another thread may append.
                 streams=tuple(
-                    replace(st, marks=list(st.marks), ooms=list(st.ooms), oom_counts=dict(st.oom_counts))
+                    replace(
+                        st, marks=list(st.marks), ooms=list(st.ooms), oom_counts=dict(st.oom_counts)
+                    )
                     for st in self._streams.values()
                 ),
                 divergences={
@@ -199,7 +201,7 @@ class FlightState:
         elif kind == "oom":
             st.ooms.append(rec)
             del st.ooms[:-MAX_OOMS_PER_PROCESS]
-            device = rec.get("device") if isinstance(rec.get("device"), dict) else {}
+            device = rec["device"] if isinstance(rec.get("device"), dict) else {}
             card = (_int_or_none(device.get("nvml_index")), _str_or_none(device.get("uuid")))
             st.oom_counts[card] = st.oom_counts.get(card, 0) + 1
         elif kind in ("census", "census_dump"):

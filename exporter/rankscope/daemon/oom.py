@@ -66,7 +66,14 @@ class Exhaustion:
 
 
 def _holder_json(h: Holding) -> dict[str, Any]:
-    return {"pid": h.pid, "comm": h.comm, "bytes": h.bytes, "role": h.role, "boot": h.boot, "rank": h.rank}
+    return {
+        "pid": h.pid,
+        "comm": h.comm,
+        "bytes": h.bytes,
+        "role": h.role,
+        "boot": h.boot,
+        "rank": h.rank,
+    }
 
 
 @dataclass
@@ -124,9 +131,9 @@ class ExhaustionWatch:
                 )
                 return
             with self._lock:
-                book = self._cards.get(ident.uuid)
-                if book and book.events and free < book.events[-1].worst_free:
-                    book.events[-1].worst_free, book.events[-1].worst_wall = free, wall
+                current = self._cards.get(ident.uuid)
+                if current and current.events and free < current.events[-1].worst_free:
+                    current.events[-1].worst_free, current.events[-1].worst_wall = free, wall
         except Exception:  # the sampler's thread goes on whatever happens here
             log.exception("exhaustion watch failed on card %s", card.identity.index)
 
@@ -155,9 +162,7 @@ class ExhaustionWatch:
 
     def events(self) -> list[Exhaustion]:
         with self._lock:
-            return [
-                Exhaustion(**vars(e)) for book in self._cards.values() for e in book.events
-            ]
+            return [Exhaustion(**vars(e)) for book in self._cards.values() for e in book.events]
 
 
 def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:

@@ -191,11 +191,13 @@ def observe(device: int, alloc_size: int, device_total: int, device_free: int) -
             payload = bare_payload(device, alloc_size, device_total, device_free)
             payload["why"] = f"measuring the OOM instant failed: {exc!r}"
         RECORDER.write(STREAM, KIND, payload)
-    except Exception:  # noqa: S110 - nothing may reach torch's failure path
+    except Exception:
         pass
 
 
-def bare_payload(device: Any, alloc_size: Any, device_total: Any, device_free: Any) -> dict[str, Any]:
+def bare_payload(
+    device: Any, alloc_size: Any, device_total: Any, device_free: Any
+) -> dict[str, Any]:
     """What torch handed the observer, with every read of ours null."""
     return {
         "device": {"index": _int(device), "uuid": None, "nvml_index": None, "why": None},
@@ -216,7 +218,9 @@ def bare_payload(device: Any, alloc_size: Any, device_total: Any, device_free: A
     }
 
 
-def holders(procs: dict[str, int | None] | None, proc: str = "/proc") -> list[dict[str, Any]] | None:
+def holders(
+    procs: dict[str, int | None] | None, proc: str = "/proc"
+) -> list[dict[str, Any]] | None:
     """Every process on the card, as NVML listed it, with its comm and start ticks from
     /proc read right then (so a reader can tell a rank from a recycled pid later). Null
     fields where this process's /proc cannot see the pid (another PID namespace)."""

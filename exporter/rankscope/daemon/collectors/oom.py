@@ -25,17 +25,19 @@ class OomCollector:
         book = self.book
         book.state.refresh()
         resolve = host_pid_resolver(book.proc)
-        counts: dict[tuple[object, ...], int] = {}
+        # (gpu, uuid, boot, rank, pid): None is an empty label (no boot, rank or pid).
+        Key = tuple[int | None, str | None, str | None, int | None, int | None]
+        counts: dict[Key, int] = {}
         for st in book.state.view().streams:
             p = st.process
             pid = resolve({"pid": p.pid, "start_ticks": p.start_ticks, "pidns": p.pidns})
             for (gpu, uuid), n in st.oom_counts.items():
-                key = (gpu, uuid, st.boot, p.rank, pid if pid is not None else p.pid)
+                key: Key = (gpu, uuid, st.boot, p.rank, pid if pid is not None else p.pid)
                 counts[key] = counts.get(key, 0) + n
         if book.watch is not None:
             for (gpu, uuid), n in book.watch.counts().items():
-                key = (gpu, uuid, None, None, None)
-                counts[key] = counts.get(key, 0) + n
+                exhausted: Key = (gpu, uuid, None, None, None)
+                counts[exhausted] = counts.get(exhausted, 0) + n
         events = counter("rankscope_oom_events_total")
         for labels, n in sorted(counts.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
             add(events, labels, n)
