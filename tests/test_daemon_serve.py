@@ -166,6 +166,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             "marks", "mark", mark("kv_pool_sized", gpu=1, reserved=30 * GiB, arenas={"kv": kv})
         )
         gpu_rank.write("census", "census", census(2, [["tp:0-1", "all_reduce", 10]]))
+        # An OOM instant of that rank on card 1, with the card's holders right then.
+        gpu_rank.write(
+            "oom",
+            "oom",
+            {
+                "device": {"index": 1, "uuid": "GPU-sim-1", "nvml_index": 1, "why": None},
+                "requested": 2 * GiB,
+                "torch_free": 40 * GiB,
+                "holders": [{"pid": ranks[1].pid, "bytes": 30 * GiB, "comm": "python3"}],
+            },
+        )
         script = root / "cards.json"
         script.write_text(
             json.dumps(
