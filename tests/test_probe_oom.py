@@ -27,6 +27,7 @@ from rankscope.oom import oom_events
 from rankscope.probe import oom
 from rankscope.probe.nvml_view import NvmlView
 from rankscope.record import RECORDER, read_start_ticks
+from rankscope.schema import Oom
 from test_probe_views import UUID, FakeNvml
 
 MiB = 1 << 20
@@ -160,7 +161,17 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, flight_dir: Path) -> Any:
 
 
 def oom_lines(flight_dir: Path) -> list[dict[str, Any]]:
-    return [r for r in read_flight(flight_dir).records if r["kind"] == "oom"]
+    """The oom lines as written (the on-disk JSON); each parses as the typed kind with no
+    field rejected."""
+    flight = read_flight(flight_dir)
+    assert all(isinstance(ln.body, Oom) for ln in flight.records if ln.header.kind == "oom")
+    assert not flight.invalid, flight.invalid
+    return [
+        json.loads(raw)
+        for path in sorted(flight_dir.glob("oom-*.jsonl"))
+        for raw in path.read_text().splitlines()
+        if raw.strip()
+    ]
 
 
 def test_attach_waits_for_cuda_init_then_the_failure_path_writes_one_line(

@@ -8,14 +8,14 @@ Used by ``rankscope oom DIR`` and by the daemon (/api/v1/oom, rankscope_oom_even
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from rankscope.flight import Record
 from rankscope.ledger import host_pid
+from rankscope.schema import Line, Oom, of_kind
 
-KIND = "oom"
 ROLE_RANK = "rank"
 ROLE_FOREIGN = "foreign"
 
@@ -51,7 +51,7 @@ class OomEvent:
     reserved: int | None  # the allocator's reserved bytes
     allocated: int | None
     largest_free_block: int | None
-    pools: dict[str, dict[str, int]] | None
+    pools: dict[str, dict[str, int | None]] | None
     phase: str | None
     capturing: bool | None
     holders: tuple[OomHolder, ...]
@@ -64,14 +64,6 @@ class OomEvent:
         return doc
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 RankNamer = Callable[[int, int | None], tuple[str, int | None] | None]
 HostPid = Callable[[Record], int | None]
 
@@ -81,9 +73,9 @@ def rank_namer(records: Iterable[Record], resolve: HostPid = host_pid) -> RankNa
     process, or None (foreign). A pid without start ticks never matches: it may be recycled."""
     index: dict[tuple[int, int], tuple[str, int | None]] = {}
     for rec in records:
-        start, pid = _int(rec.get("start_ticks")), resolve(rec)
+        start, pid = rec.header.start_ticks, resolve(rec)
         if start is not None and pid is not None:
-            index.setdefault((pid, start), (rec["boot"], _int(rec.get("rank"))))
+            index.setdefault((pid, start), (rec.header.boot, rec.header.rank))
 
     def name(pid: int, start: int | None) -> tuple[str, int | None] | None:
         return index.get((pid, start)) if start is not None else None
@@ -91,62 +83,62 @@ def rank_namer(records: Iterable[Record], resolve: HostPid = host_pid) -> RankNa
     return name
 
 
-def parse_oom(rec: Record, name: RankNamer, resolve: HostPid = host_pid) -> OomEvent:
-    """An ``oom`` line (validated header) -> the event, holders named by ``name``."""
-    device, allocator = _dict(rec.get("device")), _dict(rec.get("allocator"))
-    driver, nvml = _dict(rec.get("driver")), _dict(rec.get("nvml"))
-    parts = {"device": device, "allocator": allocator, "driver": driver, "nvml": nvml}
-    whys = [f"{what}: {p['why']}" for what, p in parts.items() if isinstance(p.get("why"), str)]
-    for key in ("pools_why", "phase_why", "why"):
-        if isinstance(rec.get(key), str):
-            whys.append(f"{key.removesuffix('_why') or 'measure'}: {rec[key]}")
-    holders: list[OomHolder] = []
-    raw_holders = rec.get("holders")
-    for h in raw_holders if isinstance(raw_holders, list) else ():
-        if not isinstance(h, dict) or _int(h.get("pid")) is None:
-            continue
-        pid, start = h["pid"], _int(h.get("start_ticks"))
-        named = name(pid, start)
-        comm = h.get("comm") if isinstance(h.get("comm"), str) else None
+def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> OomEvent:
+    """An ``oom`` line -> the event, holders named by ``name``."""
+    h, body = line.header, line.body
+    parts = {
+        "device": body.device.why,
+        "allocator": body.allocator.why,
+        "driver": body.driver.why,
+        "nvml": body.nvml.why,
+        "pools": body.pools_why,
+        "phase": body.phase_why,
+        "measure": body.why,
+    }
+    whys = tuple(f"{what}: {why}" for what, why in parts.items() if why is not None)
+    holders = []
+    for held in body.holders or ():
+        named = name(held.pid, held.start_ticks)
         holders.append(
             OomHolder(
-                pid=pid,
-                bytes=_int(h.get("bytes")),
-                comm=comm,
-                start_ticks=start,
+                pid=held.pid,
+                bytes=held.bytes,
+                comm=held.comm,
+                start_ticks=held.start_ticks,
                 role=ROLE_RANK if named else ROLE_FOREIGN,
                 boot=named[0] if named else None,
                 rank=named[1] if named else None,
             )
         )
-    holders.sort(key=lambda h: (h.bytes is None, -(h.bytes or 0), h.pid))
-    pools = rec.get("pools")
-    capturing = rec.get("capturing")
+    holders.sort(key=lambda x: (x.bytes is None, -(x.bytes or 0), x.pid))
+    pools = None
+    if body.pools is not None:
+        pools = {n: p.to_json() for n, p in body.pools.items()}
     return OomEvent(
-        wall=float(rec["wall"]),
-        boot=rec["boot"],
-        rank=_int(rec.get("rank")),
-        pid=rec["pid"],
-        host_pid=resolve(rec),
-        start_ticks=_int(rec.get("start_ticks")),
-        gpu=_int(device.get("nvml_index")),
-        uuid=device.get("uuid") if isinstance(device.get("uuid"), str) else None,
-        requested=_int(rec.get("requested")),
-        free=_int(rec.get("torch_free")),
-        total=_int(driver.get("total")) or _int(rec.get("torch_limit")),
-        reserved=_int(allocator.get("reserved")),
-        allocated=_int(allocator.get("allocated")),
-        largest_free_block=_int(rec.get("largest_free_block")),
-        pools=pools if isinstance(pools, dict) else None,
-        phase=rec.get("phase") if isinstance(rec.get("phase"), str) else None,
-        capturing=capturing if isinstance(capturing, bool) else None,
+        wall=h.wall,
+        boot=h.boot,
+        rank=h.rank,
+        pid=h.pid,
+        host_pid=resolve(line),
+        start_ticks=h.start_ticks,
+        gpu=body.device.nvml_index,
+        uuid=body.device.uuid,
+        requested=body.requested,
+        free=body.torch_free,
+        total=body.driver.total if body.driver.total is not None else body.torch_limit,
+        reserved=body.allocator.reserved,
+        allocated=body.allocator.allocated,
+        largest_free_block=body.largest_free_block,
+        pools=pools,
+        phase=body.phase,
+        capturing=body.capturing,
         holders=tuple(holders),
-        why=tuple(whys),
+        why=whys,
     )
 
 
 def oom_events(
-    records: list[Record],
+    records: Sequence[Record],
     every_record: Iterable[Record] | None = None,
     resolve: HostPid = host_pid,
     namer: RankNamer | None = None,
@@ -155,6 +147,6 @@ def oom_events(
     against ``every_record`` (default: ``records`` themselves), host pids found by
     ``resolve``."""
     name = namer or rank_namer(records if every_record is None else every_record, resolve)
-    events = [parse_oom(r, name, resolve) for r in records if r["kind"] == KIND]
+    events = [parse_oom(line, name, resolve) for line in of_kind(records, Oom)]
     events.sort(key=lambda e: e.wall)
     return events

@@ -27,6 +27,7 @@ from rankscope.daemon.flightstate import FlightState, RankProcess, host_pid_reso
 from rankscope.daemon.holdings import RankIndex, attribute, read_proc_info
 from rankscope.daemon.sampler import CardState, FloorValue, Holding, Sampler
 from rankscope.oom import OomEvent, RankNamer, oom_events
+from rankscope.schema import SCHEMA_VERSION, AnyLine, Header, Line, UnknownKind
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -165,6 +166,23 @@ class ExhaustionWatch:
             return [Exhaustion(**vars(e)) for book in self._cards.values() for e in book.events]
 
 
+def as_line(rp: RankProcess) -> AnyLine:
+    """A header-only line of a rank process, for the resolvers that take a record."""
+    header = Header(
+        v=SCHEMA_VERSION,
+        kind="",
+        boot=rp.boot,
+        host=rp.host,
+        pid=rp.pid,
+        wall=0.0,
+        rank=rp.rank,
+        start_ticks=rp.start_ticks,
+        nspid=rp.nspid,
+        pidns=rp.pidns,
+    )
+    return Line(header, UnknownKind(""))
+
+
 def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
     """(host pid, start ticks) -> (boot, rank), for the processes the flight records; a rank
     in another PID namespace is found through the daemon's /proc (host_pid_resolver)."""
@@ -173,7 +191,7 @@ def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
     for rp in ranks:
         if rp.start_ticks is None:
             continue
-        host = resolve({"pid": rp.pid, "start_ticks": rp.start_ticks, "pidns": rp.pidns})
+        host = resolve(as_line(rp))
         if host is not None:
             index.setdefault((host, rp.start_ticks), (rp.boot, rp.rank))
 

@@ -41,10 +41,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from rankscope.probe.torch_view import Device
 from rankscope.record import RECORDER, parse_stat_start_ticks
-
-STREAM = "oom"
-KIND = "oom"
+from rankscope.schema import MarkDevice, MarkDriver, MarkNvml, Oom, OomAllocator, OomHolder, OomPool
 
 # Above this many allocator blocks the segment summary is skipped: the snapshot walks every
 # block, and the failure path must stay short.
@@ -186,54 +185,45 @@ def observe(device: int, alloc_size: int, device_total: int, device_free: int) -
     try:
         STATE.observed += 1
         try:
-            payload = measure(int(device), int(alloc_size), int(device_total), int(device_free))
+            body = measure(int(device), int(alloc_size), int(device_total), int(device_free))
         except Exception as exc:
-            payload = bare_payload(device, alloc_size, device_total, device_free)
-            payload["why"] = f"measuring the OOM instant failed: {exc!r}"
-        RECORDER.write(STREAM, KIND, payload)
+            body = bare(device, alloc_size, device_total, device_free)
+            body.why = f"measuring the OOM instant failed: {exc!r}"
+        RECORDER.write_record(body)
     except Exception:
         pass
 
 
-def bare_payload(
-    device: Any, alloc_size: Any, device_total: Any, device_free: Any
-) -> dict[str, Any]:
+def bare(device: Any, alloc_size: Any, device_total: Any, device_free: Any) -> Oom:
     """What torch handed the observer, with every read of ours null."""
-    return {
-        "device": {"index": _int(device), "uuid": None, "nvml_index": None, "why": None},
-        "requested": _int(alloc_size),
-        "torch_free": _int(device_free),
-        "torch_limit": _int(device_total),
-        "allocator": allocator_view(None, "not read"),
-        "pools": None,
-        "largest_free_block": None,
-        "pools_why": "not read",
-        "driver": {"free": None, "total": None, "why": "not read"},
-        "nvml": {"self_bytes": None, "procs": None, "why": "not read"},
-        "phase": STATE.last_phase,
-        "phase_wall": STATE.last_phase_wall,
-        "capturing": None,
-        "holders": None,
-        "why": None,
-    }
+    return Oom(
+        requested=_int(alloc_size),
+        torch_free=_int(device_free),
+        torch_limit=_int(device_total),
+        device=MarkDevice(index=_int(device)),
+        allocator=OomAllocator(why="not read"),
+        pools_why="not read",
+        driver=MarkDriver(why="not read"),
+        nvml=MarkNvml(why="not read"),
+        phase=STATE.last_phase,
+        phase_wall=STATE.last_phase_wall,
+    )
 
 
-def holders(
-    procs: dict[str, int | None] | None, proc: str = "/proc"
-) -> list[dict[str, Any]] | None:
+def holders(procs: dict[int, int | None] | None, proc: str = "/proc") -> list[OomHolder] | None:
     """Every process on the card, as NVML listed it, with its comm and start ticks from
     /proc read right then (so a reader can tell a rank from a recycled pid later). Null
     fields where this process's /proc cannot see the pid (another PID namespace)."""
     if procs is None:
         return None
     out = []
-    for pid_text, nbytes in procs.items():
-        start, comm = _stat_of(pid_text, proc)
-        out.append({"pid": int(pid_text), "bytes": nbytes, "comm": comm, "start_ticks": start})
+    for pid, nbytes in procs.items():
+        start, comm = _stat_of(pid, proc)
+        out.append(OomHolder(pid, nbytes, comm, start))
     return out
 
 
-def _stat_of(pid: str, proc: str) -> tuple[int | None, str | None]:
+def _stat_of(pid: int, proc: str) -> tuple[int | None, str | None]:
     try:
         with open(f"{proc}/{pid}/stat", "rb") as f:
             raw = f.read().decode("utf-8", "replace")
@@ -243,59 +233,54 @@ def _stat_of(pid: str, proc: str) -> tuple[int | None, str | None]:
     return parse_stat_start_ticks(raw), (raw[start + 1 : end] if 0 <= start < end else None)
 
 
-def measure(device: int, alloc_size: int, device_total: int, device_free: int) -> dict[str, Any]:
+def measure(device: int, alloc_size: int, device_total: int, device_free: int) -> Oom:
     from rankscope import probe  # the probe's cached views (imported: it imported us)
 
-    payload = bare_payload(device, alloc_size, device_total, device_free)
+    body = bare(device, alloc_size, device_total, device_free)
     torch = sys.modules.get("torch")
     c = getattr(torch, "_C", None)
     stats: dict[str, Any] | None = None
     try:
         stats = c._cuda_memoryStats(device)  # type: ignore[union-attr]
-        payload["allocator"] = allocator_view(stats, None)
+        body.allocator = allocator_view(stats, None)
     except Exception as exc:
-        payload["allocator"] = allocator_view(None, f"memory stats failed: {exc!r}")
-    payload["pools"], payload["largest_free_block"], payload["pools_why"] = _pools(c, device, stats)
+        body.allocator = allocator_view(None, f"memory stats failed: {exc!r}")
+    body.pools, body.largest_free_block, body.pools_why = _pools(c, device, stats)
     try:
-        payload["capturing"] = bool(c._cuda_isCurrentStreamCapturing())  # type: ignore[union-attr]
+        body.capturing = bool(c._cuda_isCurrentStreamCapturing())  # type: ignore[union-attr]
     except Exception:
-        payload["capturing"] = None
+        body.capturing = None
     uuid: str | None = None
     try:
         uuid = probe.TORCH._uuid(torch.cuda, device)  # type: ignore[union-attr]
     except Exception as exc:
-        payload["device"]["why"] = f"device uuid unread: {exc!r}"
+        body.device.why = f"device uuid unread: {exc!r}"
     process = RECORDER.process
-    from rankscope.probe.torch_view import Device
-
-    nvml_index, driver, nvml = probe.NVML.read(
-        Device(device, uuid), payload["device"]["why"], process.pid, process.pidns
+    nvml_index, body.driver, body.nvml = probe.NVML.read(
+        Device(device, uuid), body.device.why, process.pid, process.pidns
     )
-    payload["device"]["uuid"] = uuid
-    payload["device"]["nvml_index"] = nvml_index
-    payload["driver"], payload["nvml"] = driver, nvml
-    payload["holders"] = holders(nvml.get("procs"))
+    body.device.uuid, body.device.nvml_index = uuid, nvml_index
+    body.holders = holders(body.nvml.procs)
     if STATE.last_phase is None:
-        payload["phase_why"] = "no mark before the OOM"
-    return payload
+        body.phase_why = "no mark before the OOM"
+    return body
 
 
-def allocator_view(stats: dict[str, Any] | None, why: str | None) -> dict[str, Any]:
+def allocator_view(stats: dict[str, Any] | None, why: str | None) -> OomAllocator:
     """The allocator's own counters at the OOM (a pure function of torch's nested stats)."""
     if stats is None:
-        return {"reserved": None, "allocated": None, "num_ooms": None, "segments": None, "why": why}
-    return {
-        "reserved": _stat(stats, "reserved_bytes"),
-        "allocated": _stat(stats, "allocated_bytes"),
-        "num_ooms": _int(stats.get("num_ooms")),
-        "segments": _stat(stats, "segment"),
-        "why": None,
-    }
+        return OomAllocator(why=why)
+    return OomAllocator(
+        reserved=_stat(stats, "reserved_bytes"),
+        allocated=_stat(stats, "allocated_bytes"),
+        num_ooms=_int(stats.get("num_ooms")),
+        segments=_stat(stats, "segment"),
+    )
 
 
 def _pools(
     c: Any, device: int, stats: dict[str, Any] | None
-) -> tuple[dict[str, dict[str, int]] | None, int | None, str | None]:
+) -> tuple[dict[str, OomPool] | None, int | None, str | None]:
     if stats is None:
         return None, None, "allocator stats unread, so the snapshot size is unknown"
     blocks = (_stat(stats, "active") or 0) + (_stat(stats, "inactive_split") or 0)
@@ -314,13 +299,13 @@ def _pools(
 
 def pool_summary(
     segments: list[dict[str, Any]], device: int
-) -> tuple[dict[str, dict[str, int]], int | None]:
+) -> tuple[dict[str, OomPool], int | None]:
     """(bytes per pool, largest free block) of one device from torch's snapshot segments (a
     pure function). Pools: ``large`` and ``small`` for the default pools, ``private:A,B`` for
     a private pool (a CUDA graph's, or a user MemPool) with id (A, B). The largest free block
     counts inactive blocks of the default pools only: a private pool's free blocks serve only
     its own graph."""
-    pools: dict[str, dict[str, int]] = {}
+    pools: dict[str, OomPool] = {}
     largest: int | None = None
     for seg in segments:
         if seg.get("device") != device:
@@ -332,10 +317,10 @@ def pool_summary(
             if private
             else str(seg.get("segment_type"))
         )
-        p = pools.setdefault(name, {"segments": 0, "reserved": 0, "allocated": 0})
-        p["segments"] += 1
-        p["reserved"] += int(seg.get("total_size") or 0)
-        p["allocated"] += int(seg.get("allocated_size") or 0)
+        p = pools.setdefault(name, OomPool(0, 0, 0))
+        p.segments = (p.segments or 0) + 1
+        p.reserved = (p.reserved or 0) + int(seg.get("total_size") or 0)
+        p.allocated = (p.allocated or 0) + int(seg.get("allocated_size") or 0)
         if not private:
             for block in seg.get("blocks") or ():
                 if block.get("state") == "inactive":

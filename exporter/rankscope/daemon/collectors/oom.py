@@ -9,7 +9,7 @@ from prometheus_client.core import Metric
 
 from rankscope.daemon.flightstate import host_pid_resolver
 from rankscope.daemon.holdings import ROLE_FOREIGN, ROLE_RANK, cap
-from rankscope.daemon.oom import OomBook
+from rankscope.daemon.oom import OomBook, as_line
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.daemon.sampler import Holding
 
@@ -30,7 +30,7 @@ class OomCollector:
         counts: dict[Key, int] = {}
         for st in book.state.view().streams:
             p = st.process
-            pid = resolve({"pid": p.pid, "start_ticks": p.start_ticks, "pidns": p.pidns})
+            pid = resolve(as_line(p))
             for (gpu, uuid), n in st.oom_counts.items():
                 key: Key = (gpu, uuid, st.boot, p.rank, pid if pid is not None else p.pid)
                 counts[key] = counts.get(key, 0) + n
