@@ -315,3 +315,19 @@ def test_real_cpu_torch_has_no_observer_to_attach_and_says_so(flight_dir: Path) 
     assert line["requested"] == 1 << 30 and line["phase"] == "start"
     assert line["allocator"]["reserved"] is None and line["allocator"]["why"]
     json.dumps(line)  # a plain JSON document
+
+
+def test_the_oom_kind_round_trips_and_rejects_bad_values_by_name() -> None:
+    body = oom.bare(0, 2 * GiB, 80 * GiB, 3 * GiB)
+    body.pools, _ = oom.pool_summary(SEGMENTS, 0)
+    body.holders = oom.holders({os.getpid(): 6 * GiB})
+    bad: list[str] = []
+    assert Oom.parse(json.loads(json.dumps(body.to_json())), bad) == body and bad == []
+    raw = body.to_json()
+    raw["requested"] = -1
+    raw["holders"] = [{"bytes": 5}, {"pid": 7, "bytes": "lots"}]
+    raw["capturing"] = "yes"
+    parsed = Oom.parse(raw, bad)
+    assert parsed.requested is None and parsed.capturing is None
+    assert parsed.holders == [oom.OomHolder(7, None, None, None)]
+    assert sorted(bad) == ["oom.capturing", "oom.holders.bytes", "oom.holders.pid", "oom.requested"]
