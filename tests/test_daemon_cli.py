@@ -133,7 +133,7 @@ def test_each_collector_exposes_what_the_catalog_assigns_it(
         families = _families(daemon)
     finally:
         daemon.monitor.stop()
-    assert set(families) == {"self", "phases", "arenas", "census", "cards", "holdings"}
+    assert set(families) == {"self", "phases", "arenas", "census", "cards", "holdings", "oom"}
     # The registry itself adds the per-collector success and duration, as "self".
     families["self"] |= {"rankscope_collector_success", "rankscope_collector_duration_seconds"}
     for m in catalog.CATALOG:
@@ -149,6 +149,7 @@ def test_collector_switches_turn_collectors_off(flight_dir: Path) -> None:
             "--no-collector.census",
             "--no-collector.cards",
             "--no-collector.holdings",
+            "--no-collector.oom",
         )
     )
     assert daemon.monitor is None

@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rankscope import catalog
 from rankscope.flight import read_flight
 from rankscope.ledger import phases_document
-from rankscope.schema import MarkArena
+from rankscope.schema import MarkArena, MarkDevice, Oom, OomHolder
 from support.services import binary, free_port, prometheus, stop
 from test_daemon_flightstate import GiB, census, mark, rank_recorder
 
@@ -163,6 +163,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         kv = MarkArena(reserved=40 * GiB, backed=24 * GiB, retained=1 * GiB)
         gpu_rank.write_record(mark("kv_pool_sized", gpu=1, reserved=30 * GiB, arenas={"kv": kv}))
         gpu_rank.write_record(census(2, [["tp:0-1", "all_reduce", 10]]))
+        # An OOM instant of that rank on card 1, with the card's holders right then.
+        gpu_rank.write_record(
+            Oom(
+                requested=2 * GiB,
+                torch_free=40 * GiB,
+                device=MarkDevice(index=1, uuid="GPU-sim-1", nvml_index=1),
+                holders=[OomHolder(ranks[1].pid, 30 * GiB, "python3")],
+            )
+        )
         script = root / "cards.json"
         script.write_text(
             json.dumps(

@@ -68,7 +68,7 @@ def test_an_unknown_config_key_is_an_error() -> None:
 def test_promtool_checks_the_rules() -> None:
     result = run(binary("promtool"), "check", "rules", str(ALERTS / "rankscope.rules.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 15 rules found" in result.stdout
+    assert "SUCCESS: 16 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
@@ -161,6 +161,7 @@ def test_alerts_carry_severity_summary_description_and_runbook() -> None:
         "RankscopeCensusSkew",
         "RankscopeCensusStalled",
         "RankscopeForeignHolder",
+        "RankscopeOutOfMemory",
         "RankscopeExporterDown",
         "RankscopeSamplerLagging",
     }
@@ -326,7 +327,7 @@ def test_amtool_checks_the_example() -> None:
     result = run(binary("amtool"), "check-config", str(AM_EXAMPLE))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
-    assert "3 inhibit rules" in result.stdout
+    assert "5 inhibit rules" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -337,6 +338,11 @@ def test_amtool_checks_the_example() -> None:
             "rankscope-pager",
         ),
         (["alertname=RankscopeCensusSkew", "severity=critical", "boot=b1"], "rankscope-pager"),
+        (
+            ["alertname=RankscopeOutOfMemory", "severity=critical", "boot=b1", "uuid=GPU-a"],
+            "rankscope-pager",
+        ),
+        (["alertname=RankscopeOutOfMemory", "severity=critical", "uuid=GPU-a"], "rankscope-pager"),
         (["alertname=RankscopeForeignHolder", "severity=warning", "boot=b1"], "rankscope-tickets"),
         (["alertname=RankscopeSamplerLagging", "severity=warning"], "rankscope-tickets"),
         (["alertname=RankscopeSomethingInfo", "severity=info"], "rankscope-null"),

@@ -23,6 +23,7 @@ HOLDING_LABELS = ("gpu", "uuid", "pid", "comm", "role", "boot", "rank")
 CENSUS_RANK_LABELS = ("boot", "rank")
 CENSUS_OP_LABELS = ("boot", "rank", "group", "op")
 DIVERGENCE_LABELS = ("boot", "group", "op")
+OOM_LABELS = ("gpu", "uuid", "boot", "rank", "pid")
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,26 @@ CATALOG: tuple[Metric, ...] = (
         "(overflow when the per-card cap is reached).",
         HOLDING_LABELS,
         "holdings",
+    ),
+    # --- OOM instants ---
+    Metric(
+        "rankscope_oom_events_total",
+        "counter",
+        "",
+        "Out-of-memory instants on the card: those a rank's probe recorded (boot, rank and "
+        "the failing pid set), and those the sampler saw as free memory at or below "
+        "--oom.free-below (boot, rank and pid empty: no allocator reported them).",
+        OOM_LABELS,
+        "oom",
+    ),
+    Metric(
+        "rankscope_oom_holder_bytes",
+        "gauge",
+        "bytes",
+        "Device memory each process held on the card at the card's latest OOM instant; role "
+        "is rank or foreign (overflow past the per-card cap).",
+        HOLDING_LABELS,
+        "oom",
     ),
     # --- census ---
     Metric(

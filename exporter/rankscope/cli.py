@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "boots": ("rankscope.ledger_cli", "list the boots recorded in a flight directory"),
     "phases": ("rankscope.ledger_cli", "per-process posts between boot phases, per card"),
     "census": ("rankscope.census.cli", "per-rank collective counts and their divergence"),
+    "oom": ("rankscope.oom_cli", "every OOM instant: who failed, and who held the card"),
     "serve": ("rankscope.daemon.cli", "run the host daemon (metrics, sampler, holdings)"),
     "demo": ("rankscope.demo.cli", "run a small instrumented multi-rank job end to end"),
 }

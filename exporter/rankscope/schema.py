@@ -10,6 +10,8 @@ identity, times) and a typed ``body``, one class per kind:
     census_dump  CensusDump  (stream census) the same, plus the reason of the dump
     divergence   Divergence  (stream census) the in-process comparison's finding
     adapter      AdapterStatus (stream marks) what a framework adapter attached, or why not
+    oom          Oom         (stream oom)    the OOM instant: what torch asked, the allocator,
+                                             the card's holders (rankscope.probe.oom)
 
 A body knows its own JSON: ``to_json()`` builds the object the writer appends (a plain dict
 built field by field: the mark is on a benchmarked hot path, so no ``dataclasses.asdict``),
@@ -635,6 +637,186 @@ class Divergence:
         )
 
 
+# --- kind oom --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class OomAllocator:
+    """The caching allocator's own counters at the OOM."""
+
+    reserved: int | None = None
+    allocated: int | None = None
+    num_ooms: int | None = None
+    segments: int | None = None
+    why: str | None = None
+
+    def to_json(self) -> Json:
+        return {
+            "reserved": self.reserved,
+            "allocated": self.allocated,
+            "num_ooms": self.num_ooms,
+            "segments": self.segments,
+            "why": self.why,
+        }
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any], bad: Bad) -> OomAllocator:
+        w = "oom.allocator"
+        return cls(
+            reserved=_bytes(obj, "reserved", bad, w),
+            allocated=_bytes(obj, "allocated", bad, w),
+            num_ooms=_count(obj, "num_ooms", bad, w),
+            segments=_count(obj, "segments", bad, w),
+            why=_str(obj, "why", bad, w),
+        )
+
+
+@dataclass(slots=True)
+class OomPool:
+    """One allocator pool's segments at the OOM: ``large``, ``small``, or ``private:A,B``
+    (a CUDA graph's or MemPool's private pool)."""
+
+    segments: int | None = None
+    reserved: int | None = None
+    allocated: int | None = None
+
+    def to_json(self) -> Json:
+        return {"segments": self.segments, "reserved": self.reserved, "allocated": self.allocated}
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any], bad: Bad) -> OomPool:
+        w = "oom.pools"
+        return cls(
+            segments=_count(obj, "segments", bad, w),
+            reserved=_bytes(obj, "reserved", bad, w),
+            allocated=_bytes(obj, "allocated", bad, w),
+        )
+
+
+@dataclass(slots=True)
+class OomHolder:
+    """One process on the card at the OOM: NVML's pid and bytes, with the comm and start
+    ticks /proc gave right then (null where this process's /proc cannot see the pid)."""
+
+    pid: int
+    bytes: int | None = None
+    comm: str | None = None
+    start_ticks: int | None = None
+
+    def to_json(self) -> Json:
+        return {
+            "pid": self.pid,
+            "bytes": self.bytes,
+            "comm": self.comm,
+            "start_ticks": self.start_ticks,
+        }
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any], bad: Bad) -> OomHolder | None:
+        w = "oom.holders"
+        pid = _int_or_none(obj.get("pid"))
+        if pid is None:
+            bad.append(f"{w}.pid")
+            return None
+        return cls(
+            pid=pid,
+            bytes=_bytes(obj, "bytes", bad, w),
+            comm=_str(obj, "comm", bad, w),
+            start_ticks=_int(obj, "start_ticks", bad, w),
+        )
+
+
+@dataclass(slots=True)
+class Oom:
+    """The OOM instant torch's caching allocator reported (docs/probe.md). ``requested``,
+    ``torch_free`` and ``torch_limit`` are what torch handed the observer; every other field
+    is a read of the probe's, null with a why where it failed."""
+
+    KIND: ClassVar[str] = "oom"
+    STREAM: ClassVar[str] = "oom"
+
+    requested: int | None = None  # the segment size the allocator failed to get
+    torch_free: int | None = None  # cudaMemGetInfo's free at the instant
+    torch_limit: int | None = None  # the card's total, or the allowed maximum
+    device: MarkDevice = field(default_factory=MarkDevice)
+    allocator: OomAllocator = field(default_factory=OomAllocator)
+    pools: dict[str, OomPool] | None = None
+    largest_free_block: int | None = None
+    pools_why: str | None = None
+    driver: MarkDriver = field(default_factory=MarkDriver)
+    nvml: MarkNvml = field(default_factory=MarkNvml)
+    holders: list[OomHolder] | None = None
+    phase: str | None = None  # the last mark's
+    phase_wall: float | None = None
+    phase_why: str | None = None
+    capturing: bool | None = None  # the current stream was capturing a CUDA graph
+    why: str | None = None  # the measurement itself failed
+
+    def to_json(self) -> Json:
+        return {
+            "requested": self.requested,
+            "torch_free": self.torch_free,
+            "torch_limit": self.torch_limit,
+            "device": self.device.to_json(),
+            "allocator": self.allocator.to_json(),
+            "pools": None
+            if self.pools is None
+            else {name: p.to_json() for name, p in self.pools.items()},
+            "largest_free_block": self.largest_free_block,
+            "pools_why": self.pools_why,
+            "driver": self.driver.to_json(),
+            "nvml": self.nvml.to_json(),
+            "holders": None if self.holders is None else [h.to_json() for h in self.holders],
+            "phase": self.phase,
+            "phase_wall": self.phase_wall,
+            "phase_why": self.phase_why,
+            "capturing": self.capturing,
+            "why": self.why,
+        }
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any], bad: Bad) -> Oom:
+        w = cls.KIND
+        pools: dict[str, OomPool] | None = None
+        raw_pools = obj.get("pools")
+        if isinstance(raw_pools, dict):
+            pools = {
+                str(name): OomPool.parse(raw if isinstance(raw, dict) else {}, bad)
+                for name, raw in raw_pools.items()
+            }
+        elif raw_pools is not None:
+            bad.append(f"{w}.pools")
+        holders: list[OomHolder] | None = None
+        raw_holders = obj.get("holders")
+        if isinstance(raw_holders, list):
+            parsed = (OomHolder.parse(h, bad) if isinstance(h, dict) else None for h in raw_holders)
+            holders = [h for h in parsed if h is not None]
+        elif raw_holders is not None:
+            bad.append(f"{w}.holders")
+        capturing = obj.get("capturing")
+        if capturing is not None and not isinstance(capturing, bool):
+            bad.append(f"{w}.capturing")
+            capturing = None
+        return cls(
+            requested=_bytes(obj, "requested", bad, w),
+            torch_free=_bytes(obj, "torch_free", bad, w),
+            torch_limit=_bytes(obj, "torch_limit", bad, w),
+            device=MarkDevice.parse(_section(obj, "device", bad, w), bad),
+            allocator=OomAllocator.parse(_section(obj, "allocator", bad, w), bad),
+            pools=pools,
+            largest_free_block=_bytes(obj, "largest_free_block", bad, w),
+            pools_why=_str(obj, "pools_why", bad, w),
+            driver=MarkDriver.parse(_section(obj, "driver", bad, w), bad),
+            nvml=MarkNvml.parse(_section(obj, "nvml", bad, w), bad),
+            holders=holders,
+            phase=_str(obj, "phase", bad, w),
+            phase_wall=_time(obj, "phase_wall", bad, w),
+            phase_why=_str(obj, "phase_why", bad, w),
+            capturing=capturing,
+            why=_str(obj, "why", bad, w),
+        )
+
+
 @dataclass(slots=True)
 class AdapterStatus:
     """What a framework adapter (rankscope.adapters) did in this process: ``attached`` with
@@ -721,6 +903,7 @@ Body = Union[  # noqa: UP007 (the trailing comma keeps one kind per line)
     CensusDump,
     Divergence,
     AdapterStatus,
+    Oom,
     UnknownKind,
 ]
 

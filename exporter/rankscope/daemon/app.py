@@ -35,6 +35,7 @@ LINKS = (
     ("/api/v1/phases", "posts between phases, latest boot"),
     ("/api/v1/census", "collective census, latest boot"),
     ("/api/v1/cards", "cards, corridor and holdings"),
+    ("/api/v1/oom", "OOM instants and who held the card"),
 )
 
 
@@ -48,6 +49,14 @@ class CardSource(Protocol):
     def ready(self) -> bool: ...
 
 
+class OomSource(Protocol):
+    """What the app needs of the OOM book (rankscope.daemon.oom.OomBook)."""
+
+    def documents(self) -> list[dict[str, Any]]: ...
+
+    def latest_by_uuid(self) -> dict[str, dict[str, Any]]: ...
+
+
 # A report function turns the records of one boot into what the CLI's --json prints.
 Report = Callable[[Flight], dict[str, Any]]
 
@@ -59,6 +68,7 @@ def create_app(
     phases_report: Report,
     census_report: Report,
     cards: CardSource | None = None,
+    ooms: OomSource | None = None,
     static_dir: Path = STATIC_DIR,
 ) -> FastAPI:
     app = FastAPI(title="rankscope", version=__version__, docs_url=None, redoc_url=None)
@@ -108,7 +118,17 @@ def create_app(
     def cards_api() -> dict[str, Any]:
         if cards is None:
             return {"cards": [], "why": "the card monitor is not running"}
-        return cards.cards_json()
+        body = cards.cards_json()
+        latest = ooms.latest_by_uuid() if ooms is not None else {}
+        for card in body["cards"]:
+            card["last_oom"] = latest.get(card["uuid"])
+        return body
+
+    @app.get("/api/v1/oom")
+    def oom_api() -> dict[str, Any]:
+        if ooms is None:
+            return {"ooms": [], "why": "the oom collector is off"}
+        return {"ooms": ooms.documents()}
 
     index = static_dir / "index.html"
     if static_dir.is_dir():

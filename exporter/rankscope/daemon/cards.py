@@ -22,8 +22,16 @@ from rankscope.daemon.collectors.holdings import HoldingsCollector
 from rankscope.daemon.devices import DeviceSource, make_source
 from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.holdings import HoldingsReader
+from rankscope.daemon.oom import DEFAULT_EXHAUSTED_BELOW, ExhaustionWatch
 from rankscope.daemon.registry import Collector
-from rankscope.daemon.sampler import CardView, Floors, Sampler, parse_floors
+from rankscope.daemon.sampler import (
+    CardView,
+    Floors,
+    FloorValue,
+    Sampler,
+    parse_floor_value,
+    parse_floors,
+)
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -123,6 +131,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "series summing the smallest holders (default 32)",
     )
     g.add_argument(
+        "--oom.free-below",
+        dest="oom_free_below",
+        type=_argtype(parse_floor_value),
+        default=parse_floor_value(DEFAULT_EXHAUSTED_BELOW),
+        metavar="SIZE",
+        help="a card whose free memory falls to this or less is exhausted: an OOM instant "
+        "even where no allocator reports one; its holders are read once at the onset "
+        f"('256MiB', or '0.5%%' of the card's total; default {DEFAULT_EXHAUSTED_BELOW})",
+    )
+    g.add_argument(
         "--path.procfs",
         dest="path_procfs",
         default="/proc",
@@ -157,8 +175,14 @@ class CardMonitor:
         proc: str = "/proc",
         cards: bool = True,
         holdings: bool = True,
+        exhausted_below: FloorValue | None = None,
     ) -> None:
         self.sampler = Sampler(source, floors=floors, interval=interval, window=window)
+        self.exhaustion: ExhaustionWatch | None = None
+        if exhausted_below is not None:
+            self.exhaustion = ExhaustionWatch(
+                self.sampler, rank_processes, exhausted_below, proc=proc
+            )
         self.holdings: HoldingsReader | None = None
         if holdings:
             self.holdings = HoldingsReader(
@@ -189,6 +213,7 @@ class CardMonitor:
             proc=args.path_procfs,
             cards=_switch(args, "cards"),
             holdings=_switch(args, "holdings"),
+            exhausted_below=args.oom_free_below if _switch(args, "oom") else None,
         )
 
     def start(self) -> None:

@@ -26,7 +26,7 @@ log = logging.getLogger("rankscope.daemon")
 DEFAULT_PORT = 19400
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 # Every collector that can be switched off; the self collector always runs.
-FLIGHT_COLLECTORS = ("phases", "arenas", "census")
+FLIGHT_COLLECTORS = ("phases", "arenas", "census", "oom")
 CARD_COLLECTORS = ("cards", "holdings")
 
 
@@ -137,9 +137,11 @@ def build(args: argparse.Namespace) -> Daemon:
     from rankscope.daemon.app import Daemon, create_app
     from rankscope.daemon.collectors.arenas import ArenasCollector
     from rankscope.daemon.collectors.census import CensusCollector
+    from rankscope.daemon.collectors.oom import OomCollector
     from rankscope.daemon.collectors.phases import PhasesCollector
     from rankscope.daemon.collectors.self import SelfCollector
     from rankscope.daemon.flightstate import FlightState, host_pid_resolver
+    from rankscope.daemon.oom import OomBook
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
     from rankscope.daemon.registry import Collector, TimedCollectors
     from rankscope.daemon.webconfig import (
@@ -173,6 +175,11 @@ def build(args: argparse.Namespace) -> Daemon:
         collectors.append(ArenasCollector(state))
     if args.collector_census:
         collectors.append(CensusCollector(state))
+    ooms = None
+    if args.collector_oom:
+        watch = monitor.exhaustion if monitor is not None else None
+        ooms = OomBook(state, watch, getattr(args, "path_procfs", "/proc"))
+        collectors.append(OomCollector(ooms, getattr(args, "holdings_max_per_card", 32)))
     if monitor is not None:
         collectors.extend(
             c for c in monitor.collectors() if getattr(args, f"collector_{c.name}", True)
@@ -187,6 +194,7 @@ def build(args: argparse.Namespace) -> Daemon:
             flight, host_pid_resolver(getattr(args, "path_procfs", "/proc"))
         ),
         census_report=census_document,
+        ooms=ooms,
     )
     if web.users or web.headers:
         auth = ReloadingAuth(Path(args.web_config_file), web) if web.users else None

@@ -20,11 +20,14 @@ from pathlib import Path
 from rankscope.flight import FILE_SUFFIX, SKIP_REASONS, FlightReader, Record
 from rankscope.ledger import host_pid
 from rankscope.record import read_nspid, read_pidns_inode, read_start_ticks
-from rankscope.schema import Census, CensusDump, Divergence, Line, Mark
+from rankscope.schema import Census, CensusDump, Divergence, Line, Mark, Oom
 
 # A process that marks in a loop must not grow the daemon without bound; past this many
 # marks per process and boot the daemon forgets the oldest (the file keeps them).
 MAX_MARKS_PER_PROCESS = 4096
+
+# A process OOMs a few times before it dies (torch retries some allocations); keep the newest.
+MAX_OOMS_PER_PROCESS = 64
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -74,6 +77,8 @@ class StreamState:
     snapshot: Line[Census] | None = None  # latest census line (a snapshot round)
     arenas: Line[Mark] | None = None  # latest line carrying arena figures (a mark)
     marks_forgotten: int = 0  # oldest marks dropped past MAX_MARKS_PER_PROCESS
+    ooms: list[Line[Oom]] = field(default_factory=list)  # oom lines, newest last
+    oom_counts: dict[tuple[int | None, str | None], int] = field(default_factory=dict)  # by card
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,12 @@ class FlightState:
             boots = tuple(sorted(firsts, key=lambda b: (firsts[b], b)))
             return FlightView(
                 # Copies of the mark lists: a refresh on another thread may append.
-                streams=tuple(replace(st, marks=list(st.marks)) for st in self._streams.values()),
+                streams=tuple(
+                    replace(
+                        st, marks=list(st.marks), ooms=list(st.ooms), oom_counts=dict(st.oom_counts)
+                    )
+                    for st in self._streams.values()
+                ),
                 divergences={boot: dict(by_key) for boot, by_key in self._divergences.items()},
                 boots=boots,
                 skipped={reason: self._reader.skipped[reason] for reason in SKIP_REASONS},
@@ -189,6 +199,11 @@ class FlightState:
                         h.boot,
                     )
                 del st.marks[0]
+        elif isinstance(body, Oom):
+            st.ooms.append(Line(h, body))
+            del st.ooms[:-MAX_OOMS_PER_PROCESS]
+            card = (body.device.nvml_index, body.device.uuid)
+            st.oom_counts[card] = st.oom_counts.get(card, 0) + 1
         elif isinstance(body, Census):
             st.census = st.snapshot = Line(h, body)
         elif isinstance(body, CensusDump):

@@ -152,6 +152,8 @@ class CardState:
     retry_at: float = 0.0
     backoff: float = 0.0
     holdings: CardHoldings | None = None
+    exhaust_below: int | None = None  # free at or below this: the card is exhausted
+    exhausted: bool = False
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,10 @@ class Sampler:
         self._lock = threading.Lock()  # card state: sampler and holdings write, scrapes read
         self._source_lock = threading.Lock()  # (re)opening vs the holdings' reads
         self._runner = Periodic("rankscope-sampler", interval, self._tick)
+        # The OOM instant torch does not see (rankscope.daemon.oom.ExhaustionWatch): a card's
+        # threshold, and the hook called on each exhausted sample, on this thread.
+        self.exhaust_below: Callable[[CardIdentity], int | None] | None = None
+        self.on_exhausted: Callable[[CardState, float, int, bool], None] | None = None
 
     # -- one sample --
 
@@ -248,6 +254,7 @@ class Sampler:
             except DeviceError as exc:
                 self._card_failed(card, exc, now)
         cutoff = now - self.window
+        exhausted: list[tuple[CardState, int, bool]] = []
         with self._lock:
             for card, free in reads:
                 if card.failing is not None:
@@ -271,6 +278,13 @@ class Sampler:
                     else:
                         card.below = False
                 card.last_t = now
+                if card.exhaust_below is not None:
+                    if free <= card.exhaust_below:
+                        exhausted.append((card, free, not card.exhausted))
+                    card.exhausted = free <= card.exhaust_below
+        if exhausted and self.on_exhausted is not None:
+            for card, free, onset in exhausted:
+                self.on_exhausted(card, now, free, onset)
 
     def _card_failed(self, card: CardState, exc: DeviceError, now: float) -> None:
         with self._lock:
@@ -364,6 +378,8 @@ class Sampler:
                 if card is None:
                     card = self._known[ident.uuid] = CardState(ident, floor)
                 card.identity, card.floor, card.present = ident, floor, True
+                if self.exhaust_below is not None:
+                    card.exhaust_below = self.exhaust_below(ident)
                 card.retry_at, card.last_t = 0.0, None
                 cards.append(card)
             for uuid, card in self._known.items():

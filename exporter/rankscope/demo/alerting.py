@@ -21,12 +21,14 @@ DEMO_RULES_CONFIG: dict[str, Any] = {
     "corridorBreachFor": "0s",
     "censusSkewFor": "2s",
     "foreignHolderFor": f"{FOREIGN_HOLDER_FOR_SECONDS}s",
+    "oomWindow": "30s",
 }
 
 # The alerts the scenarios expect; each must be an alert of the generated rules.
 CENSUS_SKEW = "RankscopeCensusSkew"
 FOREIGN_HOLDER = "RankscopeForeignHolder"
 CORRIDOR_BREACH = "RankscopeCorridorBreach"
+OUT_OF_MEMORY = "RankscopeOutOfMemory"
 
 # Route timings for the demo: a page within seconds, and no repeats while it runs.
 DEMO_TIMINGS = {"group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"}

@@ -56,10 +56,20 @@ SCENARIOS: dict[str, Scenario] = {
             "a process takes card 0 below its floor for 400 ms",
             frozenset({alerting.CORRIDOR_BREACH}),
         ),
+        Scenario(
+            "oom",
+            "a process takes all of card 0's free memory; the OOM page names it (and holds "
+            "back the breach that comes with it)",
+            frozenset({alerting.OUT_OF_MEMORY}),
+        ),
     )
 }
 
 TROUGH_SECONDS = 0.4
+# The exhaustion: all but this much of card 0 is taken, for this long (shorter than the
+# foreign-holder rule's `for:`, so the OOM page is the one page).
+EXHAUST_LEAVE_FREE = 128 * 1024**2
+EXHAUST_SECONDS = 1.5
 # Seconds the demo waits after serving for pages still on their way (rule `for:`, scrape
 # and evaluation intervals, Alertmanager's group_wait).
 SETTLE_SECONDS = 25.0
@@ -152,10 +162,14 @@ class ScenarioRun:
         self.shown = stack.shown.setdefault(scenario.name, set())
         self.foreign_seen: dict[int, tuple[float, float]] = {}  # pid -> first, last seen
         self.breaches_before: dict[Any, int] | None = None
+        self.breached: set[Any] = set()  # cards whose breach counter rose in this scenario
+        self.oomed: set[Any] = set()  # cards with an OOM instant in this scenario
         self.page_index = stack.receiver.count() if stack.receiver else 0
         self.serving_since: float | None = None
         self.trough_done = False
         self.foreign_started = False
+        self.exhaust_done = False
+        self.started_wall = time.time()
 
     # --- launching ------------------------------------------------------------------------
 
@@ -256,6 +270,46 @@ class ScenarioRun:
         cards.write()
         stop(proc)
 
+    def exhaust(self) -> None:
+        """A real process takes all but EXHAUST_LEAVE_FREE of card 0 for EXHAUST_SECONDS:
+        the daemon's sampler sees the card exhausted, reads its holders once, and counts an
+        OOM instant no allocator reported."""
+        self.exhaust_done = True
+        if self.stack.options.gpu:
+            proc = self._helper(
+                [
+                    sys.executable,
+                    "-m",
+                    "rankscope.demo.hog",
+                    "--gpu",
+                    "0",
+                    "--leave-free",
+                    str(EXHAUST_LEAVE_FREE),
+                    "--hold",
+                    str(EXHAUST_SECONDS),
+                ],
+                "oom",
+            )
+            self.view.line(
+                f"oom: pid {proc.pid} takes all but {gib(EXHAUST_LEAVE_FREE)} of GPU 0 for "
+                f"{EXHAUST_SECONDS:.1f} s (real allocations)"
+            )
+            return
+        cards = self.stack.cards
+        assert cards is not None
+        proc = self._helper(["sleep", "600"], "oom")
+        take = max(cards.free(0) - EXHAUST_LEAVE_FREE, 0)
+        cards.set_holder(0, proc.pid, take)
+        cards.write()
+        self.view.line(
+            f"oom: pid {proc.pid} (a real `sleep`) is scripted to take {gib(take)} on simulated "
+            f"card 0 for {EXHAUST_SECONDS:.1f} s, leaving {gib(cards.free(0))} free"
+        )
+        time.sleep(EXHAUST_SECONDS)
+        cards.drop_holder(proc.pid)
+        cards.write()
+        stop(proc)
+
     def _helper(self, argv: list[str], what: str) -> subprocess.Popen[bytes]:
         proc = start(argv, self.stack.workdir / f"{self.scenario.name}-{what}.log")
         self.helpers.append(proc)
@@ -323,10 +377,25 @@ class ScenarioRun:
             return None
         now = time.monotonic()
         breaches = {c.get("uuid"): c.get("breaches") or 0 for c in doc.get("cards", [])}
+        # An OOM of this scenario on a card: its page holds back that card's breach (the
+        # shipped inhibition), so a breach there is not shown apart.
+        oomed = {
+            c.get("uuid")
+            for c in doc.get("cards", [])
+            if (c.get("last_oom") or {}).get("wall", 0) >= self.started_wall
+        }
+        self.oomed |= oomed
+        if self.oomed:
+            self.shown.add(alerting.OUT_OF_MEMORY)
         if self.breaches_before is None:
             self.breaches_before = breaches
-        elif any(n > self.breaches_before.get(u, 0) for u, n in breaches.items()):
+        else:
+            self.breached |= {u for u, n in breaches.items() if n > self.breaches_before.get(u, 0)}
+        # The breach may be read a moment before the OOM of the same sample: judged anew.
+        if self.breached - self.oomed:
             self.shown.add(alerting.CORRIDOR_BREACH)
+        else:
+            self.shown.discard(alerting.CORRIDOR_BREACH)
         for card in doc.get("cards", []):
             for proc in card.get("processes") or []:
                 if proc.get("role") == "foreign" and isinstance(proc.get("pid"), int):
@@ -394,6 +463,12 @@ class ScenarioRun:
                         and now - self.serving_since > 0.3 * o.duration
                     ):
                         self.trough()
+                    if (
+                        s.name == "oom"
+                        and not self.exhaust_done
+                        and now - self.serving_since > 0.3 * o.duration
+                    ):
+                        self.exhaust()
                 self.collect_pages()
                 if now - last_summary >= SUMMARY_EVERY:
                     last_summary = last_observed = now

@@ -36,6 +36,9 @@ DEFAULTS: dict[str, Any] = {
     # RankscopeForeignHolder: a foreign process holds more than this many bytes, sustained.
     "foreignHolderMinBytes": 0,
     "foreignHolderFor": "2m",
+    # RankscopeOutOfMemory: an OOM instant (probe or sampler) within this window pages.
+    "oomWindow": "10m",
+    "oomFor": "0s",
     # RankscopeExporterDown: the target or one of its sources is down this long.
     "exporterDownFor": "5m",
     # RankscopeSamplerLagging: share of samples that started late, over the window; or a

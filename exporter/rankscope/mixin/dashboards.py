@@ -293,6 +293,32 @@ def cards(c: Mapping[str, Any]) -> dict:
                 ],
                 unit="bytes",
             ),
+            timeseries(
+                "Out-of-memory instants",
+                "OOMs per interval: a rank's allocator failed (boot, rank, pid), or the sampler "
+                "saw the card's free memory at or below --oom.free-below (no pid).",
+                [
+                    (
+                        f"increase(rankscope_oom_events_total{{{card}}}[$__rate_interval])",
+                        "{{instance}} gpu {{gpu}} rank {{rank}} pid {{pid}}",
+                    )
+                ],
+            ),
+            table(
+                "Holders at the latest OOM",
+                "Every process on the card at its latest OOM instant, largest first; role "
+                "foreign (red) is no rank of any boot. `rankscope oom DIR` prints the whole "
+                "instant.",
+                [
+                    (
+                        f"sort_desc(max by (instance, gpu, uuid, pid, comm, role, boot, rank) "
+                        f"(rankscope_oom_holder_bytes{{{card}}}))",
+                        "",
+                    )
+                ],
+                unit="bytes",
+                overrides=_foreign_stands_out(),
+            ),
             table(
                 "Cards",
                 "Card identity: model, and whether the device source is NVML or simulated.",

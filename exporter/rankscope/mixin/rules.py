@@ -255,6 +255,32 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             c,
         ),
         _alert(
+            "RankscopeOutOfMemory",
+            "critical",
+            # A counter series is born at its first OOM, which increase() cannot see: a
+            # series that exists now and did not a window ago is a new OOM too.
+            _expr(
+                """
+                increase(rankscope_oom_events_total{{{s}}}[{w}]) > 0
+                or
+                (rankscope_oom_events_total{{{s}}} unless rankscope_oom_events_total{{{s}}} offset {w})
+                """,
+                s=s,
+                w=c["oomWindow"],
+            ),
+            c["oomFor"],
+            "A process ran out of GPU memory, or a card's free memory reached zero.",
+            """{{ if $labels.pid }}Rank {{ $labels.rank }} (pid {{ $labels.pid }}) of boot
+            {{ $labels.boot }} ran out of memory on card <card>.{{ else }}Card <card> ran out
+            of free memory where no allocator reported it (NCCL, an extension's cudaMalloc,
+            another process).{{ end }} Holders at that instant:{{ range printf
+            "sort_desc(rankscope_oom_holder_bytes{instance=%q,uuid=%q})" $labels.instance
+            $labels.uuid | query }} {{ .Labels.pid }} ({{ .Labels.comm }}, {{ .Labels.role
+            }}{{ if .Labels.rank }} {{ .Labels.rank }} of boot {{ .Labels.boot }}{{ end }})
+            {{ .Value | humanize1024 }}B;{{ end }} see rankscope oom.""",
+            c,
+        ),
+        _alert(
             "RankscopeExporterDown",
             "warning",
             _expr(

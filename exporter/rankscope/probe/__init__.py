@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
-from rankscope.probe import arenas
+from rankscope.probe import arenas, oom
 from rankscope.probe.nvml_view import NvmlView
 from rankscope.probe.torch_view import TorchView
 from rankscope.record import RECORDER, publish_boot_id
 from rankscope.schema import Mark, MarkArena, MarkDerived, MarkDevice, MarkNvml, MarkTorch
 
-__all__ = ["arenas", "configure", "derive", "mark", "publish_boot_id"]
+__all__ = ["arenas", "configure", "derive", "mark", "oom", "publish_boot_id"]
 
 log = logging.getLogger("rankscope")
 
@@ -66,6 +67,8 @@ def configure(
         boot_id=boot_id,
         **{k: v for k, v in fields.items() if v is not None},
     )
+    if RECORDER.armed:
+        oom.install()
 
 
 def derive(
@@ -96,6 +99,9 @@ def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> Mark | No
     the mark itself failed; never raises."""
     if not RECORDER.armed:
         return None
+    if not oom.STATE.settled:
+        oom.install()  # torch may have been imported since the last try
+    oom.note_phase(str(phase), time.time())
     try:
         recorded = _measure(str(phase), extra)
     except Exception as exc:  # an instrument may cost a log line, never a boot
@@ -143,3 +149,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+if RECORDER.armed:  # armed by RANKSCOPE_DIR: watch for the OOM instant from the start
+    oom.install()

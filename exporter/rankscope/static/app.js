@@ -143,6 +143,27 @@ function holdingsTable(card) {
   );
 }
 
+// The card's latest OOM instant (GET /api/v1/cards: last_oom), with its holders right then.
+function lastOom(card) {
+  const oom = card.last_oom;
+  if (!oom) return null;
+  const when = new Date(oom.wall * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+  const what =
+    oom.source === "probe"
+      ? "rank " + (oom.rank ?? "?") + " pid " + (oom.host_pid ?? oom.pid) + " asked " +
+        bytes(oom.requested) + ", " + bytes(oom.free) + " free" +
+        (oom.phase ? " (" + oom.phase + (oom.capturing ? ", in graph capture" : "") + ")" : "")
+      : "free memory fell to " + bytes(oom.free) + " (seen by the sampler; no allocator reported it)";
+  return el(
+    "div",
+    { class: "oom" },
+    el("h4", {}, "Last OOM " + when),
+    el("p", {}, what),
+    oom.holders ? holdingsTable({ processes: oom.holders }) : el("p", { class: "empty" },
+      "holders unknown: " + (oom.why || []).join("; ")),
+  );
+}
+
 function renderCard(card) {
   const breach = isNum(card.margin) && card.margin < 0;
   const simulated = card.source === "simulated";
@@ -174,6 +195,7 @@ function renderCard(card) {
       fact("unattributed", bytes(card.unattributed, true)),
     ),
     holdingsTable(card),
+    lastOom(card),
   );
 }
 

@@ -1,0 +1,54 @@
+"""The OOM collector: rankscope_oom_events_total per card and failing process (probe records)
+or per card alone (sampler exhaustions), and the holders of each card at its latest OOM."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+
+from rankscope.daemon.flightstate import host_pid_resolver
+from rankscope.daemon.holdings import ROLE_FOREIGN, ROLE_RANK, cap
+from rankscope.daemon.oom import OomBook, as_line
+from rankscope.daemon.registry import add, counter, gauge
+from rankscope.daemon.sampler import Holding
+
+
+class OomCollector:
+    name = "oom"
+
+    def __init__(self, book: OomBook, max_per_card: int = 32) -> None:
+        self.book = book
+        self.max_per_card = max_per_card
+
+    def collect(self) -> Iterator[Metric]:
+        book = self.book
+        book.state.refresh()
+        resolve = host_pid_resolver(book.proc)
+        # (gpu, uuid, boot, rank, pid): None is an empty label (no boot, rank or pid).
+        Key = tuple[int | None, str | None, str | None, int | None, int | None]
+        counts: dict[Key, int] = {}
+        for st in book.state.view().streams:
+            p = st.process
+            pid = resolve(as_line(p))
+            for (gpu, uuid), n in st.oom_counts.items():
+                key: Key = (gpu, uuid, st.boot, p.rank, pid if pid is not None else p.pid)
+                counts[key] = counts.get(key, 0) + n
+        if book.watch is not None:
+            for (gpu, uuid), n in book.watch.counts().items():
+                exhausted: Key = (gpu, uuid, None, None, None)
+                counts[exhausted] = counts.get(exhausted, 0) + n
+        events = counter("rankscope_oom_events_total")
+        for labels, n in sorted(counts.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+            add(events, labels, n)
+        yield events
+        holders = gauge("rankscope_oom_holder_bytes")
+        for uuid, doc in book.latest_by_uuid().items():
+            held = [
+                Holding(h["pid"], h["comm"] or "", h["bytes"], h["role"], h["boot"], h["rank"])
+                for h in doc["holders"] or ()
+                if h["role"] in (ROLE_RANK, ROLE_FOREIGN)
+            ]
+            for h in cap(held, self.max_per_card):
+                add(holders, (doc["gpu"], uuid, h.pid, h.comm, h.role, h.boot, h.rank), h.bytes)
+        yield holders

@@ -1,0 +1,240 @@
+"""The daemon's OOM instants: those the ranks' probes recorded (``oom`` lines in the flight
+directory, rankscope.oom), and those no allocator saw (an NCCL buffer, a raw cudaMalloc in an
+extension, another process), which the corridor sampler sees as a card's free memory at or
+near zero.
+
+:class:`ExhaustionWatch` is the sampler's hook for the latter: at the onset of an exhaustion
+(free at or below the threshold after a sample above it) it reads the card's process list
+once, right then, and attributes it; while the card stays exhausted it only follows the
+worst minimum (its free bytes and instant) without reading again. So there is at most one
+process-list read per onset, on the sampler's thread.
+
+:class:`OomBook` merges both sources for the collector and the JSON API: the OOM count per
+(card, boot, rank, pid) and the latest OOM per card with its holders.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankscope.daemon.devices import CardIdentity
+from rankscope.daemon.flightstate import FlightState, RankProcess, host_pid_resolver
+from rankscope.daemon.holdings import RankIndex, attribute, read_proc_info
+from rankscope.daemon.sampler import CardState, FloorValue, Holding, Sampler
+from rankscope.oom import OomEvent, RankNamer, oom_events
+from rankscope.schema import SCHEMA_VERSION, AnyLine, Header, Line, UnknownKind
+
+log = logging.getLogger("rankscope.daemon")
+
+DEFAULT_EXHAUSTED_BELOW = "256MiB"
+MAX_EXHAUSTIONS_PER_CARD = 64  # the newest are kept; the count goes on
+
+
+@dataclass
+class Exhaustion:
+    """One exhaustion of a card: free at or below the threshold, seen by the sampler."""
+
+    gpu: int
+    uuid: str
+    onset_wall: float
+    onset_free: int
+    worst_free: int
+    worst_wall: float
+    holders: tuple[Holding, ...] | None  # read once, at the onset
+    why: str | None = None  # why the holders are unknown
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "source": "sampler",
+            "wall": self.worst_wall,
+            "gpu": self.gpu,
+            "uuid": self.uuid,
+            "boot": None,
+            "rank": None,
+            "pid": None,
+            "requested": None,
+            "free": self.worst_free,
+            "onset_wall": self.onset_wall,
+            "onset_free": self.onset_free,
+            "holders": None if self.holders is None else [_holder_json(h) for h in self.holders],
+            "why": [self.why] if self.why else [],
+        }
+
+
+def _holder_json(h: Holding) -> dict[str, Any]:
+    return {
+        "pid": h.pid,
+        "comm": h.comm,
+        "bytes": h.bytes,
+        "role": h.role,
+        "boot": h.boot,
+        "rank": h.rank,
+    }
+
+
+@dataclass
+class _CardBook:
+    count: int = 0
+    events: list[Exhaustion] = field(default_factory=list)
+
+
+class ExhaustionWatch:
+    """The sampler hook. ``threshold``: free bytes at or below which a card is exhausted
+    (an absolute size, or a share of the card's total)."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        rank_processes: Callable[[], list[RankProcess]],
+        threshold: FloorValue,
+        *,
+        proc: str = "/proc",
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.sampler = sampler
+        self.rank_processes = rank_processes
+        self.threshold = threshold
+        self.proc = proc
+        self.wall = wall
+        self.process_list_reads = 0
+        self._lock = threading.Lock()
+        self._cards: dict[str, _CardBook] = {}
+        sampler.exhaust_below = self.below
+        sampler.on_exhausted = self.exhausted
+
+    def below(self, identity: CardIdentity) -> int:
+        return self.threshold.resolve(identity.total)
+
+    def exhausted(self, card: CardState, now: float, free: int, onset: bool) -> None:
+        """Called by the sampler on each sample that finds ``card`` exhausted. Never raises."""
+        try:
+            wall = self.wall()
+            ident = card.identity
+            if onset:
+                holders, why = self._read_holders(card)
+                event = Exhaustion(ident.index, ident.uuid, wall, free, free, wall, holders, why)
+                with self._lock:
+                    book = self._cards.setdefault(ident.uuid, _CardBook())
+                    book.count += 1
+                    book.events.append(event)
+                    del book.events[:-MAX_EXHAUSTIONS_PER_CARD]
+                log.warning(
+                    "card %s (%s) exhausted: %d bytes free; holders %s",
+                    ident.index,
+                    ident.uuid,
+                    free,
+                    ", ".join(f"{h.pid} {h.comm} {h.role} {h.bytes}" for h in holders or ()),
+                )
+                return
+            with self._lock:
+                current = self._cards.get(ident.uuid)
+                if current and current.events and free < current.events[-1].worst_free:
+                    current.events[-1].worst_free, current.events[-1].worst_wall = free, wall
+        except Exception:  # the sampler's thread goes on whatever happens here
+            log.exception("exhaustion watch failed on card %s", card.identity.index)
+
+    def _read_holders(self, card: CardState) -> tuple[tuple[Holding, ...] | None, str | None]:
+        self.process_list_reads += 1
+        try:
+            held = self.sampler.source.read_processes(card.identity.slot)
+        except Exception as exc:
+            return None, f"process list read failed: {exc}"
+        try:
+            index = RankIndex(self.rank_processes())
+        except Exception as exc:
+            log.warning("exhaustion: rank processes unread (%s); every holder is foreign", exc)
+            index = RankIndex(())
+        infos = {pid: read_proc_info(pid, self.proc) for pid in held}
+        return tuple(attribute(held, infos, index)), None
+
+    def counts(self) -> dict[tuple[int, str], int]:
+        with self._lock:
+            out: dict[tuple[int, str], int] = {}
+            for book in self._cards.values():
+                if book.events:
+                    e = book.events[-1]
+                    out[(e.gpu, e.uuid)] = book.count
+            return out
+
+    def events(self) -> list[Exhaustion]:
+        with self._lock:
+            return [Exhaustion(**vars(e)) for book in self._cards.values() for e in book.events]
+
+
+def as_line(rp: RankProcess) -> AnyLine:
+    """A header-only line of a rank process, for the resolvers that take a record."""
+    header = Header(
+        v=SCHEMA_VERSION,
+        kind="",
+        boot=rp.boot,
+        host=rp.host,
+        pid=rp.pid,
+        wall=0.0,
+        rank=rp.rank,
+        start_ticks=rp.start_ticks,
+        nspid=rp.nspid,
+        pidns=rp.pidns,
+    )
+    return Line(header, UnknownKind(""))
+
+
+def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
+    """(host pid, start ticks) -> (boot, rank), for the processes the flight records; a rank
+    in another PID namespace is found through the daemon's /proc (host_pid_resolver)."""
+    resolve = host_pid_resolver(proc)
+    index: dict[tuple[int, int], tuple[str, int | None]] = {}
+    for rp in ranks:
+        if rp.start_ticks is None:
+            continue
+        host = resolve(as_line(rp))
+        if host is not None:
+            index.setdefault((host, rp.start_ticks), (rp.boot, rp.rank))
+
+    def name(pid: int, start: int | None) -> tuple[str, int | None] | None:
+        return index.get((pid, start)) if start is not None else None
+
+    return name
+
+
+class OomBook:
+    """Both sources of OOM instants, for the collector and the API."""
+
+    def __init__(
+        self, state: FlightState, watch: ExhaustionWatch | None, proc: str = "/proc"
+    ) -> None:
+        self.state = state
+        self.watch = watch
+        self.proc = proc
+
+    def probe_events(self) -> list[OomEvent]:
+        """Every oom line of every boot in the flight directory, oldest first."""
+        self.state.refresh()
+        view = self.state.view()
+        records = [rec for st in view.streams for rec in st.ooms]
+        if not records:
+            return []
+        name = rank_namer_of(self.state.rank_processes(), self.proc)
+        resolve = host_pid_resolver(self.proc)
+        return oom_events(records, namer=name, resolve=resolve)
+
+    def exhaustions(self) -> list[Exhaustion]:
+        return self.watch.events() if self.watch is not None else []
+
+    def documents(self) -> list[dict[str, Any]]:
+        """Every OOM both sources know, oldest first, as the API returns them."""
+        docs = [{"source": "probe", **e.as_json()} for e in self.probe_events()]
+        docs += [e.as_json() for e in self.exhaustions()]
+        docs.sort(key=lambda d: d["wall"])
+        return docs
+
+    def latest_by_uuid(self) -> dict[str, dict[str, Any]]:
+        latest: dict[str, dict[str, Any]] = {}
+        for doc in self.documents():
+            if doc["uuid"] is not None:
+                latest[doc["uuid"]] = doc
+        return latest

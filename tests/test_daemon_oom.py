@@ -1,0 +1,191 @@
+"""The daemon's OOM instants: the sampler's exhaustion hook (one process-list read per onset,
+the worst minimum followed without reads), and a real `rankscope serve` that counts the
+probe's oom lines and the exhaustions in rankscope_oom_events_total and serves them in
+/api/v1/oom and /api/v1/cards. Cards are the SIMULATED scripted source (no GPU here); the
+holders are real processes, named through the real /proc."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rankscope.daemon.devices import ScriptedSource, write_script
+from rankscope.daemon.flightstate import RankProcess
+from rankscope.daemon.oom import ExhaustionWatch
+from rankscope.daemon.sampler import FloorValue, Sampler
+from rankscope.record import read_start_ticks
+from support.waiting import wait_for
+from test_daemon_serve import get, serve
+from test_oom_cli import header, oom_line, write
+
+GiB = 1 << 30
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def holder() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def card(free: int, procs: dict[int, int]) -> dict[str, Any]:
+    return {
+        "index": 0,
+        "uuid": "GPU-sim-0",
+        "total": 80 * GiB,
+        "free": free,
+        "processes": {str(p): b for p, b in procs.items()},
+    }
+
+
+def test_one_process_list_read_per_onset_and_the_worst_minimum_followed(
+    tmp_path: Path, holder: subprocess.Popen[bytes]
+) -> None:
+    script = tmp_path / "cards.json"
+    me = os.getpid()
+    ranks = [RankProcess("h", me, read_start_ticks(), (me,), None, "b1", 2, 2)]
+    procs = {holder.pid: 70 * GiB, me: 9 * GiB}
+    write_script(script, [card(1 * GiB, procs)])
+    sampler = Sampler(ScriptedSource(script), interval=0.1)
+    walls = iter(float(t) for t in range(1000, 2000))
+    watch = ExhaustionWatch(
+        sampler, lambda: ranks, FloorValue(bytes=256 * MiB), wall=lambda: next(walls)
+    )
+
+    def at(t: float, free: int) -> None:
+        write_script(script, [card(free, procs)])
+        sampler.sample(now=t)
+
+    at(0.0, 1 * GiB)
+    assert watch.events() == [] and watch.process_list_reads == 0
+    at(0.1, 200 * MiB)  # onset
+    at(0.2, 40 * MiB)  # deeper: the worst minimum moves, no new read
+    at(0.3, 90 * MiB)
+    assert watch.process_list_reads == 1
+    (event,) = watch.events()
+    assert (event.onset_free, event.worst_free) == (200 * MiB, 40 * MiB)
+    assert event.worst_wall > event.onset_wall
+    roles = [(h.pid, h.comm, h.role, h.rank, h.bytes) for h in event.holders or ()]
+    assert roles == [
+        (holder.pid, "sleep", "foreign", None, 70 * GiB),
+        (me, roles[1][1], "rank", 2, 9 * GiB),
+    ]
+    at(0.4, 2 * GiB)  # recovered
+    at(0.5, 0)  # a new onset: a new event, a second read
+    assert watch.process_list_reads == 2
+    assert [e.worst_free for e in watch.events()] == [40 * MiB, 0]
+    assert watch.counts() == {(0, "GPU-sim-0"): 2}
+
+
+def test_a_failing_process_list_keeps_the_event_with_a_why(tmp_path: Path) -> None:
+    script = tmp_path / "cards.json"
+    write_script(script, [card(0, {})])
+    sampler = Sampler(ScriptedSource(script), interval=0.1)
+    watch = ExhaustionWatch(sampler, lambda: [], FloorValue(bytes=256 * MiB))
+
+    def broken(slot: int) -> dict[int, int | None]:
+        raise RuntimeError("GPU is lost")
+
+    sampler.source.read_processes = broken  # type: ignore[method-assign]
+    sampler.sample(now=0.0)
+    (event,) = watch.events()
+    assert event.holders is None and "GPU is lost" in (event.why or "")
+    assert sampler.samples == 1  # the sample itself completed
+
+
+def scrape_oom(url: str) -> dict[tuple[tuple[str, str], ...], float]:
+    _, _, body = get(url + "/metrics")
+    out = {}
+    for fam in text_string_to_metric_families(body.decode()):
+        for s in fam.samples:
+            if s.name == "rankscope_oom_events_total":
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_serve_counts_both_sources_and_serves_the_latest_oom_per_card(
+    tmp_path: Path, flight_dir: Path, holder: subprocess.Popen[bytes]
+) -> None:
+    # A rank of boot b1 (this test process stands for it: its pid and start ticks are real)
+    # recorded an OOM; the foreign `sleep` held 70 GiB of the simulated card.
+    me, start = os.getpid(), read_start_ticks()
+    assert start is not None
+    write(
+        flight_dir,
+        f"marks-h1-{me}-{start}.jsonl",
+        {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
+    )
+    line = oom_line("b1", me, start, 3, 1796000000.0)
+    line["device"]["uuid"] = "GPU-sim-0"
+    line["device"]["nvml_index"] = 0
+    line["holders"] = [
+        {
+            "pid": holder.pid,
+            "bytes": 70 * GiB,
+            "comm": "sleep",
+            "start_ticks": read_start_ticks(holder.pid),
+        },
+        {"pid": me, "bytes": 6 * GiB, "comm": "python3", "start_ticks": start},
+    ]
+    write(flight_dir, f"oom-h1-{me}-{start}.jsonl", line, line)  # torch retried: two OOMs
+    script = tmp_path / "cards.json"
+    write_script(script, [card(10 * GiB, {holder.pid: 70 * GiB})])
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    with serve(
+        flight_dir,
+        f"--device.script={script}",
+        "--sampler.interval=50ms",
+        "--oom.free-below=256MiB",
+        log=tmp_path / "serve.log",
+        env=env,
+    ) as url:
+        probe_key = (
+            ("boot", "b1"),
+            ("gpu", "0"),
+            ("pid", str(me)),
+            ("rank", "3"),
+            ("uuid", "GPU-sim-0"),
+        )
+        assert wait_for(lambda: scrape_oom(url).get(probe_key), what="probe OOM counted") == 2
+        sampler_key = (("boot", ""), ("gpu", "0"), ("pid", ""), ("rank", ""), ("uuid", "GPU-sim-0"))
+        assert sampler_key not in scrape_oom(url)  # 10 GiB free: no exhaustion
+
+        write_script(script, [card(30 * MiB, {holder.pid: 70 * GiB})])
+        assert wait_for(lambda: scrape_oom(url).get(sampler_key), what="exhaustion counted") == 1
+
+        _, _, body = get(url + "/api/v1/oom")
+        docs = json.loads(body)["ooms"]
+        assert [d["source"] for d in docs] == ["probe", "probe", "sampler"]  # oldest first
+        assert docs[0]["requested"] == 20 * GiB and docs[0]["rank"] == 3
+        assert docs[0]["holders"][0]["pid"] == holder.pid
+        assert docs[0]["holders"][0]["role"] == "foreign"
+        assert docs[0]["holders"][1]["role"] == "rank" and docs[0]["holders"][1]["boot"] == "b1"
+        assert docs[2]["free"] == 30 * MiB
+        assert [(h["pid"], h["comm"], h["role"]) for h in docs[2]["holders"]] == [
+            (holder.pid, "sleep", "foreign")
+        ]
+
+        _, _, body = get(url + "/api/v1/cards")
+        (card_doc,) = json.loads(body)["cards"]
+        assert card_doc["last_oom"]["source"] == "sampler"
+
+        _, _, body = get(url + "/metrics")
+        held = [
+            s
+            for fam in text_string_to_metric_families(body.decode())
+            for s in fam.samples
+            if s.name == "rankscope_oom_holder_bytes"
+        ]
+        assert [(s.labels["pid"], s.labels["comm"], s.labels["role"], s.value) for s in held] == [
+            (str(holder.pid), "sleep", "foreign", 70 * GiB)
+        ]

@@ -1,0 +1,155 @@
+"""`rankscope oom DIR`: one line per OOM, holders named as ranks (by pid and start ticks against
+every process's records) or foreign, largest first. Run as the real command on flight
+directories written line by line here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from rankscope.record import HOST_PIDNS_INODE
+
+REPO = Path(__file__).resolve().parents[1]
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def header(
+    kind: str, boot: str, pid: int, start: int, rank: int | None, wall: float
+) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "kind": kind,
+        "boot": boot,
+        "rank": rank,
+        "host": "h1",
+        "pid": pid,
+        "start_ticks": start,
+        "pidns": HOST_PIDNS_INODE,
+        "mono": wall,
+        "wall": wall,
+    }
+
+
+def write(flight_dir: Path, name: str, *records: dict[str, Any]) -> None:
+    with open(flight_dir / name, "a") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+
+
+def oom_line(
+    boot: str, pid: int, start: int, rank: int, wall: float, **over: Any
+) -> dict[str, Any]:
+    rec = header("oom", boot, pid, start, rank, wall)
+    rec.update(
+        {
+            "device": {"index": 0, "uuid": "GPU-aaaa", "nvml_index": 2, "why": None},
+            "requested": 20 * GiB,
+            "torch_free": 76 * MiB,
+            "torch_limit": 80 * GiB,
+            "allocator": {"reserved": 6 * GiB, "allocated": 5 * GiB, "num_ooms": 1, "why": None},
+            "driver": {"free": 70 * MiB, "total": 80 * GiB, "why": None},
+            "nvml": {"self_bytes": 6 * GiB, "procs": {}, "why": None},
+            "pools": {"large": {"segments": 2, "reserved": 6 * GiB, "allocated": 5 * GiB}},
+            "largest_free_block": 512 * MiB,
+            "phase": "kv_pool_sized",
+            "capturing": False,
+            "holders": [
+                {"pid": pid, "bytes": 6 * GiB, "comm": "python3", "start_ticks": start},
+                # The same pid number as an old rank of boot b0 but a later start: recycled.
+                {"pid": 300, "bytes": 70 * GiB, "comm": "pytest", "start_ticks": 999},
+                {"pid": 400, "bytes": 3 * GiB, "comm": "python3", "start_ticks": 40},
+            ],
+            "why": None,
+        }
+    )
+    rec.update(over)
+    return rec
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    return subprocess.run(
+        [sys.executable, "-m", "rankscope", "oom", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def make_flight(flight_dir: Path) -> None:
+    # boot b0 (older): rank 0 was pid 300 (start 30) and rank 1 is pid 400 (start 40).
+    write(
+        flight_dir,
+        "marks-h1-300-30.jsonl",
+        {**header("mark", "b0", 300, 30, 0, 100.0), "phase": "x"},
+    )
+    write(
+        flight_dir,
+        "marks-h1-400-40.jsonl",
+        {**header("mark", "b0", 400, 40, 1, 101.0), "phase": "x"},
+    )
+    # boot b1 (latest): rank 3 is pid 500, and it fails.
+    write(
+        flight_dir,
+        "marks-h1-500-50.jsonl",
+        {**header("mark", "b1", 500, 50, 3, 200.0), "phase": "x"},
+    )
+    write(flight_dir, "oom-h1-500-50.jsonl", oom_line("b1", 500, 50, 3, 1796000000.0))
+
+
+def test_one_line_per_oom_with_every_holder_named_largest_first(flight_dir: Path) -> None:
+    make_flight(flight_dir)
+    done = run(str(flight_dir))
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert "gpu 2 (GPU-aaaa)  rank 3 pid 500 (kv_pool_sized) asked 20.00 GiB" in line
+    assert "free 0.07 GiB of 80.00 GiB" in line
+    holders = line.split("holders: ")[1].split("; ")
+    assert holders == [
+        "300 pytest foreign 70.00 GiB",  # pid 300 of boot b0 had another start time
+        "500 python3 rank 3 of boot b1 6.00 GiB",
+        "400 python3 rank 1 of boot b0 3.00 GiB",  # a rank of an older boot, named as such
+    ]
+
+
+def test_json_in_bytes_and_boot_selection(flight_dir: Path) -> None:
+    make_flight(flight_dir)
+    doc = json.loads(run(str(flight_dir), "--json").stdout)
+    (event,) = doc["ooms"]
+    assert doc["boot"] == "b1" and event["requested"] == 20 * GiB and event["free"] == 76 * MiB
+    assert [(h["pid"], h["role"], h["rank"]) for h in event["holders"]] == [
+        (300, "foreign", None),
+        (500, "rank", 3),
+        (400, "rank", 1),
+    ]
+    older = run(str(flight_dir), "--boot", "b0")
+    assert older.returncode == 0 and older.stdout == "no OOM recorded for boot b0\n"
+    missing = run(str(flight_dir), "--boot", "nope")
+    assert missing.returncode == 2 and "no boot 'nope'" in missing.stderr
+
+
+def test_an_oom_without_holders_says_why(flight_dir: Path) -> None:
+    write(
+        flight_dir,
+        "oom-h1-500-50.jsonl",
+        oom_line(
+            "b1",
+            500,
+            50,
+            3,
+            1796000000.0,
+            holders=None,
+            phase=None,
+            phase_why="no mark before the OOM",
+            nvml={"self_bytes": None, "procs": None, "why": "NVML unavailable: no driver"},
+        ),
+    )
+    (line,) = run(str(flight_dir)).stdout.splitlines()
+    assert "(no mark)" in line
+    assert "holders: unknown (nvml: NVML unavailable: no driver; phase: no mark" in line
