@@ -11,7 +11,7 @@ arenas. A real Prometheus (`prometheus` on PATH) scrapes each host as its own ta
 (instance="host-N:19400", job="rankscope") every 15 s and evaluates
 alerts/rankscope.rules.yml every 15 s. After --wait seconds it reports:
 
-- series per host (count by instance);
+- series per host as scraped (count by instance, recording rules left out);
 - each rule group's evaluation time from /api/v1/rules, read four times 15 s apart, as a
   fraction of its interval (goal < 1%), and the slowest rule of each group;
 - every dashboard panel's query (dashboards/*.json, variables set to every value: $instance,
@@ -250,7 +250,7 @@ def main() -> None:
             print(f"{args.hosts} simulated hosts ({body_kb:.0f} KB gzipped each); Prometheus up; "
                   f"waiting {args.wait:.0f} s for scrapes and evaluations", flush=True)  # fmt: skip
             time.sleep(args.wait)
-            query = 'count by (instance) ({job="rankscope"})'
+            query = 'count by (instance) ({job="rankscope", __name__!~"rankscope:.*"})'
             per_host = api(base, "/api/v1/query", query=query)["result"]
             counts = sorted(int(s["value"][1]) for s in per_host)
             up = api(base, "/api/v1/query", query='sum(up{job="rankscope"})')["result"]
