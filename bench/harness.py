@@ -14,6 +14,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -54,12 +55,13 @@ class Daemon:
     def __init__(self, interval_ms: int, extra: Sequence[str] = (), log: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.flight_dir = tempfile.TemporaryDirectory(prefix="rankscope-bench-flight-")
         self._log = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rankscope", "serve",
              f"--web.listen-address=127.0.0.1:{self.port}",
              f"--sampler.interval={interval_ms}ms", "--device.source=nvml",
-             "--log.level=warning", *extra],
+             f"--flight-dir={self.flight_dir.name}", "--log.level=warning", *extra],
             env=child_env(), stdout=self._log, stderr=self._log,
         )  # fmt: skip
         deadline = time.monotonic() + 60
@@ -97,6 +99,7 @@ class Daemon:
                 self.proc.wait()
         if self._log is not subprocess.DEVNULL:
             self._log.close()
+        self.flight_dir.cleanup()
 
 
 class Scraper:
