@@ -14,8 +14,8 @@ alerts/rankscope.rules.yml every 15 s. After --wait seconds it reports:
 - series per host as scraped (count by instance, recording rules left out);
 - each rule group's evaluation time from /api/v1/rules, read four times 15 s apart, as a
   fraction of its interval (goal < 1%), and the slowest rule of each group;
-- every dashboard panel's query (dashboards/*.json, variables set to every value: $instance,
-  $gpu, $boot, $group as .*, $__rate_interval as 1m) as a range query over the last
+- every dashboard panel's query (dashboards/*.json; $gpu, $boot, $group as .*,
+  $__rate_interval as 1m; $instance as every host, then as one host) as a range query over the last
   2 minutes at a 15 s step, timed by Prometheus itself (stats=all: evalTotalTime), the
   median of three runs (one for a panel over 2 s), and the series it returns.
 
@@ -195,9 +195,10 @@ def panel_queries() -> list[tuple[str, str, str]]:
     return out
 
 
-def substitute(expr: str) -> str:
+def substitute(expr: str, instance: str = ".*") -> str:
     expr = expr.replace("$__rate_interval", "1m")
-    return re.sub(r"\$\{?(instance|gpu|boot|group)(?::[a-z]+)?\}?", ".*", expr)
+    expr = re.sub(r"\$\{?instance(?::[a-z]+)?\}?", instance, expr)
+    return re.sub(r"\$\{?(gpu|boot|group)(?::[a-z]+)?\}?", ".*", expr)
 
 
 def main() -> None:
@@ -294,8 +295,12 @@ def main() -> None:
             end = time.time()
             panels = []
             print("\ndashboard panels (range query, last 2 min, 15 s step, every value selected):")
-            for dash, title, expr in panel_queries():
-                query = substitute(expr)
+            for (dash, title, expr), instance in (
+                (panel, instance)
+                for panel in panel_queries()
+                for instance in (".*", "host-0:19400")
+            ):
+                query = substitute(expr, instance)
                 times, series = [], 0
                 for _ in range(3):
                     if times and times[0] > 2.0:
@@ -305,9 +310,10 @@ def main() -> None:
                     times.append(float(data["stats"]["timings"]["evalTotalTime"]))
                     series = len(data["result"])
                 t = statistics.median(times)
+                which = "all hosts" if instance == ".*" else "one host"
                 panels.append({"dashboard": dash, "panel": title, "query": query,
-                               "seconds": t, "series": series})  # fmt: skip
-                print(f"  {t * 1e3:8.1f} ms {series:6d} series  {dash}: {title}")
+                               "instance": which, "seconds": t, "series": series})  # fmt: skip
+                print(f"  {t * 1e3:8.1f} ms {series:6d} series  {which:9s} {dash}: {title}")
             result["panels"] = panels
         finally:
             prom.terminate()
