@@ -13,7 +13,9 @@ alerts/rankscope.rules.yml every 15 s. After --wait seconds it reports:
 
 - series per host as scraped (count by instance, recording rules left out);
 - each rule group's evaluation time from /api/v1/rules, read four times 15 s apart, as a
-  fraction of its interval (goal < 1%), and the slowest rule of each group;
+  fraction of its interval (goal < 1%), and the slowest rule of each group: first while
+  Prometheus ingests every 15 s, then with ingestion paused (the config reloaded with an
+  hourly scrape), which leaves the evaluation the machine to itself;
 - every dashboard panel's query (dashboards/*.json; $gpu, $boot, $group as .*,
   $__rate_interval as 1m; $instance as every host, then as one host) as a range query over the last
   2 minutes at a 15 s step, timed by Prometheus itself (stats=all: evalTotalTime), the
@@ -30,6 +32,7 @@ import gzip
 import json
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -201,6 +204,43 @@ def substitute(expr: str, instance: str = ".*") -> str:
     return re.sub(r"\$\{?(gpu|boot|group)(?::[a-z]+)?\}?", ".*", expr)
 
 
+def rule_groups(base: str, when: str) -> dict[str, Any]:
+    """Each rule group's evaluation time, read four times 15 s apart, as printed."""
+    readings: dict[str, list[dict[str, Any]]] = {}
+    for n in range(4):
+        if n:
+            time.sleep(15)
+        for g in api(base, "/api/v1/rules")["groups"]:
+            slowest = max(g["rules"], key=lambda r: r.get("evaluationTime", 0))
+            readings.setdefault(g["name"], []).append({
+                "seconds": g["evaluationTime"], "interval": g["interval"],
+                "last": g.get("lastEvaluation"), "slowest_rule": slowest.get("name"),
+                "slowest_seconds": slowest.get("evaluationTime"),
+                "rule_seconds": {r["name"]: r.get("evaluationTime") for r in g["rules"]},
+            })  # fmt: skip
+    out: dict[str, Any] = {}
+    print(f"\nrule group evaluation {when} (four readings, 15 s apart):")
+    for name, rs in readings.items():
+        secs = [r["seconds"] for r in rs]
+        interval = rs[0]["interval"]
+        worst = max(rs, key=lambda r: r["seconds"])
+        out[name] = {
+            "interval_s": interval, "seconds": secs, "evaluated_at": [r["last"] for r in rs],
+            "max_fraction": max(secs) / interval,
+            "median_fraction": statistics.median(secs) / interval,
+            "slowest_rule": worst["slowest_rule"],
+            "slowest_rule_seconds": worst["slowest_seconds"],
+            "rule_seconds": worst["rule_seconds"],
+        }  # fmt: skip
+        print(
+            f"  {name:18s} {statistics.median(secs) * 1e3:8.1f} ms median, "
+            f"{max(secs) * 1e3:8.1f} ms max = {max(secs) / interval:6.2%} of {interval:.0f} s"
+            f" (goal < 1%); slowest rule {worst['slowest_rule']} "
+            f"{worst['slowest_seconds'] * 1e3:.1f} ms"
+        )
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--hosts", type=int, default=64)
@@ -260,38 +300,15 @@ def main() -> None:
             result["series_total"] = sum(counts)
             print(f"series per host {counts[0]}..{counts[-1]}, {sum(counts)} in all, "
                   f"{result['targets_up']:.0f} of {args.hosts} targets up")  # fmt: skip
-            readings: dict[str, list[dict[str, Any]]] = {}
-            for n in range(4):
-                if n:
-                    time.sleep(15)
-                for g in api(base, "/api/v1/rules")["groups"]:
-                    slowest = max(g["rules"], key=lambda r: r.get("evaluationTime", 0))
-                    readings.setdefault(g["name"], []).append({
-                        "seconds": g["evaluationTime"], "interval": g["interval"],
-                        "slowest_rule": slowest.get("name"),
-                        "slowest_seconds": slowest.get("evaluationTime"),
-                        "rule_seconds": {r["name"]: r.get("evaluationTime") for r in g["rules"]},
-                    })  # fmt: skip
-            result["rule_groups"] = {}
-            print("\nrule group evaluation (four readings, 15 s apart):")
-            for name, rs in readings.items():
-                secs = [r["seconds"] for r in rs]
-                interval = rs[0]["interval"]
-                worst = max(rs, key=lambda r: r["seconds"])
-                result["rule_groups"][name] = {
-                    "interval_s": interval, "seconds": secs,
-                    "max_fraction": max(secs) / interval,
-                    "median_fraction": statistics.median(secs) / interval,
-                    "slowest_rule": worst["slowest_rule"],
-                    "slowest_rule_seconds": worst["slowest_seconds"],
-                    "rule_seconds": worst["rule_seconds"],
-                }  # fmt: skip
-                print(
-                    f"  {name:18s} {statistics.median(secs) * 1e3:8.1f} ms median, "
-                    f"{max(secs) * 1e3:8.1f} ms max = {max(secs) / interval:6.2%} of {interval:.0f} s"
-                    f" (goal < 1%); slowest rule {worst['slowest_rule']} "
-                    f"{worst['slowest_seconds'] * 1e3:.1f} ms"
-                )
+            result["rule_groups"] = rule_groups(base, "while Prometheus ingests every 15 s")
+            # The same rules with ingestion paused: scrapes every hour from now on (one
+            # scrape on reload, then none), so the samples stay fresh for the 5 minutes the
+            # readings take and the evaluation has the CPU to itself.
+            config["global"]["scrape_interval"] = "1h"
+            (Path(tmp) / "prometheus.yml").write_text(json.dumps(config))
+            prom.send_signal(signal.SIGHUP)
+            time.sleep(30)
+            result["rule_groups_quiet"] = rule_groups(base, "with ingestion paused")
             end = time.time()
             panels = []
             print("\ndashboard panels (range query, last 2 min, 15 s step, every value selected):")
