@@ -22,9 +22,11 @@ baseline / condition (B c B c B ...), the conditions shuffled (seeded) in each r
 every condition block has a baseline block on each side, and decoding never pauses between
 blocks. Figures: per block ITL p50 / p99 / p99.9 / mean; per condition the paired ratio of
 each of its blocks to the mean of its two neighbouring baseline blocks (median, min, max)
-and the pooled ratio (all its steps against all baseline steps). The noise floor is the same
-paired ratio for each baseline block against the baseline blocks two away (its neighbours
-of the same kind), and the spread between baseline blocks (max / min - 1). Raw per-block
+(mean with its standard error, min, max) and the pooled ratio (all its steps against all
+baseline steps). The noise floor is the same paired ratio for each baseline block against
+the baseline blocks two away (its neighbours of the same kind): one standard error of a
+mean of as many such ratios as a condition has blocks; and the spread between baseline
+blocks (max / min - 1). Raw per-block
 figures go to DIR/interference.json and every step to DIR/steps.csv.
 
 Budget: about 5 minutes on an H200 in full, about 2 with --quick.
@@ -252,8 +254,14 @@ def analyse(blocks: list[dict[str, Any]]) -> dict[str, Any]:
         for h in (0, 1)
     ]
     q_half = [harness.quantiles(h) for h in half]
+    blocks_per_condition = max(1, sum(b["condition"] == CONDITIONS[0] for b in blocks))
     out["noise_floor"] = {
         s: {
+            # One standard error of a condition's mean paired ratio, had it no effect: the
+            # spread of baseline-against-baseline ratios over as many blocks.
+            "se_of_condition_mean": statistics.stdev(null[s]) / blocks_per_condition**0.5
+            if len(null[s]) > 1
+            else None,
             "paired_median": statistics.median(null[s]) if null[s] else None,
             "paired_min": min(null[s], default=None),
             "paired_max": max(null[s], default=None),
@@ -274,6 +282,10 @@ def analyse(blocks: list[dict[str, Any]]) -> dict[str, Any]:
         q = harness.quantiles([t for i in idx for t in blocks[i]["steps"]])
         out[name] = {
             s: {
+                "paired_mean": statistics.fmean(paired[s]),
+                "paired_se": statistics.stdev(paired[s]) / len(paired[s]) ** 0.5
+                if len(paired[s]) > 1
+                else None,
                 "paired_median": statistics.median(paired[s]),
                 "paired_min": min(paired[s]),
                 "paired_max": max(paired[s]),
@@ -323,24 +335,29 @@ def print_report(mode: str, result: dict[str, Any]) -> None:
         f"\n{mode}: baseline ITL p50 {base['p50']:.3f} ms, p99 {base['p99']:.3f}, "
         f"p99.9 {base['p999']:.3f}, mean {base['mean']:.3f}"
     )
-    print(f"{'':10s}" + "".join(f"{s:>28s}" for s in ("p50", "p99", "p99.9")))
-    print(f"{'':10s}" + "   paired med [min..max] pooled" * 3)
-    for name in ("noise_floor", *CONDITIONS):
-        row = result[name]
+    floor = result["noise_floor"]
+    print(
+        "noise floor (1 SE of a condition's mean paired ratio, from baseline-vs-baseline): "
+        + ", ".join(
+            f"{s} {floor[s]['se_of_condition_mean']:.3%}"
+            for s in ("p50", "p99", "p999")
+            if floor[s]["se_of_condition_mean"] is not None
+        )
+        + "; spread between baseline blocks (max/min-1): "
+        + ", ".join(f"{s} {floor[s]['spread_max_over_min']:.2%}" for s in ("p50", "p99", "p999"))
+    )
+    print(f"{'':10s}" + "".join(f"{s:>40s}" for s in ("p50", "p99", "p99.9")))
+    print(f"{'':10s}" + "     paired mean +- SE [min..max]  pooled" * 3)
+    for name in CONDITIONS:
         cells = []
         for s in ("p50", "p99", "p999"):
-            r = row[s]
-            if name == "noise_floor":
-                cells.append(
-                    f"{r['paired_median'] or float('nan'):7.4f} spread {r['spread_max_over_min']:6.2%}"
-                    f" sh {r['split_half_ratio']:6.4f}"
-                )
-            else:
-                cells.append(
-                    f"{r['paired_median']:7.4f} [{r['paired_min']:.3f}..{r['paired_max']:.3f}]"
-                    f" {r['pooled']:6.4f}"
-                )
-        print(f"{name:10s}" + "  ".join(f"{c:>28s}" for c in cells))
+            r = result[name][s]
+            se = r["paired_se"] if r["paired_se"] is not None else float("nan")
+            cells.append(
+                f"{r['paired_mean']:.4f}+-{se:.4f} [{r['paired_min']:.3f}..{r['paired_max']:.3f}]"
+                f" {r['pooled']:.4f}"
+            )
+        print(f"{name:10s}" + "".join(f"{c:>40s}" for c in cells))
 
 
 def main() -> None:
