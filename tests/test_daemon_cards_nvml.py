@@ -6,8 +6,10 @@ the real library."""
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -16,7 +18,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from rankscope.daemon.devices import DeviceError, NvmlSource, free_reader
+from rankscope.daemon.devices import DeviceError, NvmlSource, free_reader, hold_gil
 from rankscope.daemon.sampler import REOPEN_AFTER_FAILURES, Sampler
 
 GiB = 1 << 30
@@ -224,3 +226,33 @@ def test_the_direct_memory_read_returns_free_bytes_and_raises_nvmls_errors() -> 
 def test_without_the_function_lookup_the_read_goes_through_pynvmls_wrapper() -> None:
     nvml = SimpleNamespace(nvmlDeviceGetMemoryInfo=lambda handle: SimpleNamespace(free=5))
     assert free_reader(nvml)("h0") == 5
+
+
+def test_hold_gil_calls_the_same_c_function_without_releasing_the_gil() -> None:
+    """A real C function (libc usleep, a stand-in for NVML's) made through hold_gil keeps
+    every other Python thread out for its whole length; through ctypes.CDLL it does not."""
+    usleep = ctypes.CDLL(None).usleep
+    held = hold_gil(usleep)
+    assert held is not usleep
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        time.sleep(0.02)
+        start = time.perf_counter()
+        assert held(100_000) == 0
+        end = time.perf_counter()
+    finally:
+        stop.set()
+        spinner.join()
+    during = [t for t in stamps if start + 0.01 < t < end - 0.01]
+    assert during == [], f"another thread ran {len(during)} times inside the held call"
+    # Stand-ins that are no C function pointer pass through unchanged.
+    fake = FakeMemoryInfoFunction()
+    assert hold_gil(fake) is fake

@@ -19,15 +19,16 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
+from typing import TYPE_CHECKING
 
 from rankscope import __version__, catalog
 from rankscope.daemon.registry import TimedCollectors
+
+if TYPE_CHECKING:  # imported where used: a daemon without OTLP never loads opentelemetry
+    from opentelemetry.metrics import CallbackOptions, Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.resources import Resource
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -101,6 +102,8 @@ class SampleCache:
 def _callback(
     cache: SampleCache, sample_name: str
 ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    from opentelemetry.metrics import Observation
+
     def observe(_options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(value, attrs) for attrs, value in cache.samples(sample_name)]
 
@@ -129,11 +132,15 @@ class OtlpPusher:
         self._watcher: threading.Thread | None = None
 
     def _exporter(self) -> MetricExporter:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
         if self.endpoint is None:
             return OTLPMetricExporter()  # OTEL_EXPORTER_OTLP_* from the environment
         return OTLPMetricExporter(endpoint=self.endpoint.rstrip("/") + "/v1/metrics")
 
     def resource(self, boot: str | None) -> Resource:
+        from opentelemetry.sdk.resources import Resource
+
         # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME.
         attributes = {
             "service.name": "rankscope",
@@ -159,6 +166,9 @@ class OtlpPusher:
             self._provider = None
 
     def _build(self, boot: str | None) -> MeterProvider:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
         reader = PeriodicExportingMetricReader(
             self._exporter(), export_interval_millis=self.interval * 1000.0
         )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import logging
 import os
@@ -33,8 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
-import bcrypt
-import yaml
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -110,6 +109,8 @@ class WebConfig:
 
 def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> WebConfig:
     """Parse the YAML of a web config; paths resolve against ``base_dir``."""
+    import yaml  # only a daemon given --web.config.file loads it
+
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -203,9 +204,17 @@ def _parse_tls(raw: dict[str, Any], base_dir: Path, source: str) -> TLSConfig:
 
 # --- basic auth ---------------------------------------------------------------------------
 
-# Checked against when the user is unknown, so a refusal costs one bcrypt either way and the
-# response time does not tell which user names exist.
-_DUMMY_HASH = bcrypt.hashpw(b"rankscope: no such user", bcrypt.gensalt(rounds=10))
+
+@functools.cache
+def dummy_hash() -> bytes:
+    """Checked against when the user is unknown, so a refusal costs one bcrypt either way
+    and the response time does not tell which user names exist. Made on first use: a daemon
+    without basic auth never loads bcrypt nor pays for a hash at start."""
+    import bcrypt
+
+    return bcrypt.hashpw(b"rankscope: no such user", bcrypt.gensalt(rounds=10))
+
+
 _CACHE_SIZE = 256
 
 
@@ -227,13 +236,15 @@ class BasicAuth:
         user, password = parse_basic(authorization)
         hashed = self.users.get(user) if user is not None else None
         known = hashed is not None
-        hashed = hashed if hashed is not None else _DUMMY_HASH
+        hashed = hashed if hashed is not None else dummy_hash()
         pw = (password or "").encode()
         key = hashlib.sha256(b"\0".join([(user or "").encode(), hashed, pw])).digest()
         with self._lock:
             cached = self._cache.get(key)
         if cached is not None:
             return cached
+        import bcrypt
+
         try:
             matches = bcrypt.checkpw(pw, hashed)
         except ValueError:  # a malformed hash in the config

@@ -231,12 +231,15 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             is hung in a collective or wedged.""",
             c,
         ),
+        # The largest foreign holder of each card only: one alert per card at most, where one
+        # per pid (a per-node agent on every card, a card shared by dozens) made the alert
+        # group's evaluation outgrow its interval at fleet scale (docs/benchmarks.md).
         _alert(
             "RankscopeForeignHolder",
             "warning",
             _expr(
                 """
-                (rankscope_gpu_process_bytes{{{s}, role="foreign"}} > {min_bytes})
+                topk by ({card}) (1, rankscope_gpu_process_bytes{{{s}, role="foreign"}} > {min_bytes})
                 * on({card}) group_left(boot)
                 (
                   0 * topk by ({card}) (1, sum by ({card}, boot) (rankscope_gpu_process_bytes{{{s}, role="rank"}}))
@@ -249,8 +252,8 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             ),
             c["foreignHolderFor"],
             "A process that is no rank holds memory on a card that serves a boot.",
-            """Process {{ $labels.pid }} ({{ $labels.comm }}) holds
-            {{ $value | humanize1024 }}B on card <card>, which serves boot
+            """Process {{ $labels.pid }} ({{ $labels.comm }}), the largest foreign holder
+            there, holds {{ $value | humanize1024 }}B on card <card>, which serves boot
             {{ $labels.boot }}; it is no rank of any boot.""",
             c,
         ),

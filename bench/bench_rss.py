@@ -1,0 +1,134 @@
+"""The daemon's resident memory for one card, and what it imports.
+
+    python3 bench/bench_rss.py [--source script|nvml] [--scrapes 5] [--out DIR]
+                               [--against 'nvitop-exporter --bind-address 127.0.0.1']
+
+Starts a real `rankscope serve` from this checkout (default: the scripted source, one
+SIMULATED card, an empty flight directory; --source nvml on a GPU machine), scrapes /metrics
+--scrapes times, and reads VmRSS and VmHWM from /proc. A second, separate interpreter
+builds the same daemon without serving and lists which optional heavy packages that pulled
+in (opentelemetry, bcrypt, yaml, torch, numpy, pynvml): a run without OTLP or basic auth
+should load none of them but what fastapi itself imports (it imports the opentelemetry API
+when that is installed); pynvml loads only when the NVML source opens, after the build. With --against CMD (a GPU machine with nvitop-exporter installed), CMD runs
+too, is given the same warm-up, and the ratio of the two RSS is printed (goal <= 1.0x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import harness
+
+HEAVY = ("opentelemetry", "bcrypt", "yaml", "torch", "numpy", "pynvml")
+
+IMPORTS = """
+import sys
+from rankscope.daemon import cli
+import argparse
+parser = argparse.ArgumentParser()
+cli.configure_parser(parser, "serve")
+cli.build(parser.parse_args(sys.argv[1:]))
+print(" ".join(sorted({m.split(".")[0] for m in sys.modules})))
+"""
+
+
+def rss_kib(pid: int) -> dict[str, int]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0])
+    return out
+
+
+def warm(url: str, scrapes: int) -> None:
+    for _ in range(scrapes):
+        with urllib.request.urlopen(url, timeout=10) as r:
+            r.read()
+        time.sleep(0.2)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--source", choices=("script", "nvml"), default="script")
+    p.add_argument("--scrapes", type=int, default=5)
+    p.add_argument("--against", help="another exporter's command line, serving on --against-url")
+    p.add_argument("--against-url", default="http://127.0.0.1:5050/metrics")
+    p.add_argument("--out", type=Path, help="directory for rss.json")
+    args = p.parse_args()
+    result: dict[str, Any] = {"source": args.source}
+    with tempfile.TemporaryDirectory() as tmp:
+        flight = Path(tmp) / "flight"
+        flight.mkdir()
+        flags = [f"--flight-dir={flight}"]
+        if args.source == "script":
+            script = Path(tmp) / "cards.json"
+            script.write_text(json.dumps({"cards": [
+                {"index": 0, "uuid": "GPU-sim-0", "total": "80GiB", "free": "40GiB"}]}))  # fmt: skip
+            flags.append(f"--device.script={script}")
+        port = harness.free_port()
+        cmd = [sys.executable, "-m", "rankscope", "serve", f"--web.listen-address=127.0.0.1:{port}",
+               f"--device.source={'nvml' if args.source == 'nvml' else 'script'}",
+               "--log.level=warning", *flags]  # fmt: skip
+        daemon = subprocess.Popen(cmd, env=harness.child_env(), stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(url + "/readyz", timeout=2).read()
+                    break
+                except OSError:
+                    if daemon.poll() is not None or time.monotonic() > deadline:
+                        raise SystemExit("bench_rss: rankscope serve did not start") from None
+                    time.sleep(0.2)
+            warm(url + "/metrics", args.scrapes)
+            result["rankscope_kib"] = rss_kib(daemon.pid)
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=15)
+        imports = subprocess.run(
+            [sys.executable, "-c", IMPORTS, *cmd[4:]],
+            env=harness.child_env(), capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        result["heavy_imports"] = [m for m in HEAVY if m in imports]
+        result["top_level_modules"] = len(imports)
+    r = result["rankscope_kib"]
+    print(
+        f"rankscope serve, {args.source} source, one card, after {args.scrapes} scrapes: "
+        f"RSS {r['VmRSS'] / 1024:.1f} MiB (peak {r['VmHWM'] / 1024:.1f} MiB)"
+    )
+    print(
+        f"  optional heavy packages loaded: {', '.join(result['heavy_imports']) or 'none'} "
+        f"({result['top_level_modules']} top-level modules)"
+    )
+    if args.against:
+        other = subprocess.Popen(shlex.split(args.against), stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(5)
+            warm(args.against_url, args.scrapes)
+            result["against"] = {"cmd": args.against, "kib": rss_kib(other.pid)}
+        finally:
+            other.terminate()
+            other.wait(timeout=15)
+        o = result["against"]["kib"]
+        print(
+            f"  {args.against}: RSS {o['VmRSS'] / 1024:.1f} MiB; rankscope / it = "
+            f"{r['VmRSS'] / o['VmRSS']:.2f}x (goal <= 1.00x)"
+        )
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "rss.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
