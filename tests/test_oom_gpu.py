@@ -41,7 +41,11 @@ LEAVE_FREE = 2 * GiB
 
 FOREIGN = textwrap.dedent(
     """
-    import sys, torch
+    import sys
+    # The kernel's comm, what NVML's holders are named by: set before the context exists.
+    with open("/proc/self/comm", "w") as comm:
+        comm.write("squatter")
+    import torch
     free, _ = torch.cuda.mem_get_info()
     block = torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device="cuda")
     block.fill_(1)
@@ -97,10 +101,9 @@ def env_with(**extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def squatter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
     """(pid, bytes it allocated): a real process named `squatter` holding the card."""
-    exe = tmp_path_factory.mktemp("bin") / "squatter"
-    exe.symlink_to(sys.executable)
+    # Not a symlink to the interpreter: a venv's python behind a symlink loses its venv.
     proc = subprocess.Popen(
-        [str(exe), "-c", FOREIGN, str(LEAVE_FREE)],
+        [sys.executable, "-c", FOREIGN, str(LEAVE_FREE)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
