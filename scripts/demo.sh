@@ -15,11 +15,8 @@ if ! command -v prometheus >/dev/null || ! command -v prometheus-alertmanager >/
   as_root apt-get install -y -q --no-install-recommends prometheus prometheus-alertmanager >/dev/null
 fi
 
-# torch first and pinned: an unpinned "torch" pulls a multi-GB CUDA build onto a machine
-# that may have no GPU. (With a GPU, install the CUDA build of your choice first instead.)
-if ! python3 -c "import torch" 2>/dev/null; then
-  python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
-fi
-python3 -m pip install -q --disable-pip-version-check -e .
+# The Python packages go into .venv (scripts/venv.sh), never the system Python.
+source scripts/venv.sh
+venv_install_rankscope ""
 
-exec python3 -m rankscope demo "$@"
+exec "$PY" -m rankscope demo "$@"
