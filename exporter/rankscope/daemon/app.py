@@ -5,6 +5,9 @@ from __future__ import annotations
 import gzip
 import html
 import logging
+import socket
+import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +195,8 @@ class Daemon:
     otlp: Pusher | None = None
 
     def server(self) -> uvicorn.Server:
+        """The uvicorn server; ValueError naming the files for a certificate and key that
+        cannot be loaded together (a key not matching its certificate, say)."""
         tls: dict[str, Any] = {}
         if self.tls is not None:
             tls = {
@@ -209,24 +214,60 @@ class Daemon:
             server_header=False,
             **tls,
         )
-        config.load()
+        try:
+            config.load()
+        except ssl.SSLError as exc:
+            assert self.tls is not None
+            raise TLSError(
+                f"TLS: cannot use certificate {self.tls.cert_file} with key "
+                f"{self.tls.key_file}: {exc.reason or exc}"
+            ) from None
         if self.tls is not None and config.ssl is not None:
             self.tls.apply(config.ssl)
+            expired = self.tls.expired(time.time())
+            if expired:
+                log.warning(
+                    "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
+                    self.tls.cert_file,
+                    expired,
+                )
         return uvicorn.Server(config)
 
-    def run(self) -> int:
-        server = self.server()  # a bad certificate fails here, before anything starts
+    def bind(self) -> socket.socket:
+        """The listening socket, bound before anything says it serves: a taken port is an
+        OSError here, at start-up, not after the log line."""
+        family, kind, proto, _, address = socket.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+        except OSError as exc:
+            sock.close()
+            raise OSError(
+                f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from None
+        return sock
+
+    def run(self, server: uvicorn.Server, sock: socket.socket) -> int:
         if self.monitor is not None:
             self.monitor.start()
         try:
             if self.otlp is not None:
                 self.otlp.start()
             scheme = "https" if self.tls is not None else "http"
-            log.info("rankscope serving on %s://%s:%d/metrics", scheme, self.host, self.port)
-            server.run()
+            host, port = sock.getsockname()[:2]
+            log.info("rankscope serving on %s://%s:%d/metrics", scheme, host, port)
+            server.run(sockets=[sock])
         finally:
+            sock.close()
             if self.otlp is not None:
                 self.otlp.stop()
             if self.monitor is not None:
                 self.monitor.stop()
         return 0 if server.started else 1
+
+
+class TLSError(ValueError):
+    """A certificate and key that cannot serve together."""

@@ -123,12 +123,19 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from rankscope.daemon.app import TLSError
+
     try:
         daemon = build(args)
+        server = daemon.server()  # a certificate that cannot serve fails here
+        sock = daemon.bind()  # and a taken port here, before any "serving on"
+    except TLSError as exc:
+        print(f"rankscope serve: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, OSError) as exc:
         print(f"rankscope serve: {exc}", file=sys.stderr)
         return 2
-    return daemon.run()
+    return daemon.run(server, sock)
 
 
 def build(args: argparse.Namespace) -> Daemon:
