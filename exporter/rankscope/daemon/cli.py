@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +47,10 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="FILE",
         help="exporter-toolkit web config: TLS, basic auth (bcrypt), response headers",
     )
+    # A value like '-2GiB' is a value (refused by its own parser with a reason), not a flag.
+    parser._negative_number_matcher = re.compile(r"^-\d+(\.\d+)?[A-Za-z%]*$")
     parser.add_argument(
+        "--flight.dir",
         "--flight-dir",
         dest="flight_dir",
         default=os.environ.get(ENV_DIR),
@@ -82,6 +86,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         dest="log_level",
         default="info",
         choices=("debug", "info", "warning", "error"),
+        help="log only messages at this level or above (default info)",
     )
     for collector in (*FLIGHT_COLLECTORS, *CARD_COLLECTORS):
         parser.add_argument(

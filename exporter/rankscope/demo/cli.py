@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
+from rankscope.daemon.cards import parse_duration
 from rankscope.demo import alerting, services
 from rankscope.demo.cards import FLOOR, SimulatedCards
 from rankscope.demo.scenarios import SCENARIOS, Options, Result, ScenarioRun, Stack
@@ -42,9 +43,11 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     )
     parser.add_argument(
         "--duration",
-        type=float,
+        type=_duration,
         default=15.0,
-        help="seconds each scenario serves after its ranks booted (default 15)",
+        metavar="DURATION",
+        help="how long each scenario serves after its ranks booted: seconds, or with a unit "
+        "like the daemon's flags (20, 20s, 1m; default 15s)",
     )
     parser.add_argument(
         "--ranks",
@@ -92,6 +95,17 @@ def main(args: argparse.Namespace) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     return verdict(results, view)
+
+
+def _duration(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def check_args(args: argparse.Namespace) -> str | None:
