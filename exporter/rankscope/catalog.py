@@ -275,6 +275,15 @@ CATALOG: tuple[Metric, ...] = (
     # --- the instrument itself ---
     Metric("rankscope_build_info", "info", "", "rankscope version.", ("version",), "self"),
     Metric(
+        "process_start_time_seconds",
+        "gauge",
+        "seconds",
+        "Start time of the daemon since the Unix epoch (client_python's process metric): a "
+        "restart, after which every counter starts again from 0, is visible.",
+        (),
+        "self",
+    ),
+    Metric(
         "rankscope_up",
         "gauge",
         "",

@@ -28,6 +28,9 @@ from rankscope.flight import BootNotFoundError, Flight, read_flight
 
 log = logging.getLogger("rankscope.daemon")
 
+# Prometheus's default scrape timeout: a collection running longer is stuck, not slow.
+STUCK_SCRAPE_SECONDS = 10.0
+
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 LINKS = (
@@ -63,6 +66,7 @@ def create_app(
     census_report: Report,
     cards: CardSource | None = None,
     static_dir: Path = STATIC_DIR,
+    collecting: Callable[[], float | None] | None = None,
 ) -> FastAPI:
     app = FastAPI(title="rankscope", version=__version__, docs_url=None, redoc_url=None)
 
@@ -91,6 +95,9 @@ def create_app(
             problems.append(f"flight directory {state.flight_dir}: {state.error}")
         if cards is not None and not cards.ready():
             problems.append("the device source has not been tried yet")
+        running = collecting() if collecting is not None else None
+        if running is not None and running > STUCK_SCRAPE_SECONDS:
+            problems.append(f"a scrape has been collecting for {running:.0f}s")
         body = {"ready": not problems, "problems": problems}
         return JSONResponse(body, status_code=200 if not problems else 503)
 

@@ -199,6 +199,7 @@ def build(args: argparse.Namespace) -> Daemon:
             flight, host_pid_resolver(getattr(args, "path_procfs", "/proc"))
         ),
         census_report=census_document,
+        collecting=timed.running_for,
     )
     if web.users or web.headers:
         auth = ReloadingAuth(Path(args.web_config_file), web) if web.users else None
