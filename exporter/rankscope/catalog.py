@@ -328,7 +328,7 @@ CATALOG: tuple[Metric, ...] = (
         "rankscope_flight_lines_skipped_total",
         "counter",
         "",
-        "Flight-record lines skipped by the reader, by reason (torn, malformed, newer_schema).",
+        "Flight-record lines skipped by the reader, by reason (torn, malformed, newer_schema, oversized).",
         ("reason",),
         "self",
     ),

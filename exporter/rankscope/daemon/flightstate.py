@@ -102,6 +102,9 @@ class FlightState:
         self.flight_dir = Path(flight_dir)
         self._reader = FlightReader(self.flight_dir)
         self._lock = threading.Lock()
+        self._polling = threading.Lock()
+        self._dir_seen = False
+        self._dir_lost = False
         self._streams: dict[tuple[str, str], StreamState] = {}
         self._divergences: dict[str, dict[tuple[str, str], tuple[str, Record]]] = {}
         self.up: bool | None = None  # None until the first refresh
@@ -110,18 +113,41 @@ class FlightState:
     def refresh(self) -> bool:
         """Read what was appended since the last refresh; False (and ``error`` set) when the
         directory cannot be read. Never raises: an unreadable directory is a down source."""
-        with self._lock:
+        # The reading happens outside the state lock (views are never held up by I/O); one
+        # refresh reads at a time.
+        with self._polling:
             try:
                 records = self._reader.poll()
+                restarted = self._reader.restarted
                 present = _present_files(self.flight_dir)
             except OSError as exc:
-                self.up, self.error = False, str(exc)
+                with self._lock:
+                    self.up, self.error = False, str(exc)
                 return False
-            for rec in records:
-                self._add(rec)
-            self._forget_missing(present)
-            self.up, self.error = True, None
+            self._note_directory()
+            with self._lock:
+                # A file truncated or replaced is read again from its start: what it held
+                # before is dropped first, so nothing is counted twice.
+                self._forget_missing(present - restarted)
+                for rec in records:
+                    self._add(rec)
+                self._forget_missing(present)
+                self.up, self.error = True, None
             return True
+
+    def _note_directory(self) -> None:
+        """Log the flight directory going away (and coming back): its series vanish."""
+        exists = self.flight_dir.is_dir()
+        if self._dir_seen and not exists:
+            self._dir_lost = True
+            log.warning(
+                "flight directory %s is gone; its series are dropped until it is back",
+                self.flight_dir,
+            )
+        elif self._dir_lost and exists:
+            self._dir_lost = False
+            log.warning("flight directory %s is back", self.flight_dir)
+        self._dir_seen = exists
 
     def view(self) -> FlightView:
         with self._lock:
