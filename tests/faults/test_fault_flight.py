@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fault_daemon import Daemon, daemon, phase_stamps, run_rank
@@ -144,4 +145,22 @@ def test_a_404_does_not_echo_a_huge_query(flight_dir: Path, tmp_path: Path) -> N
     with daemon(flight_dir, tmp_path) as d:
         status, body = d.get("/api/v1/phases?boot=" + "A" * 100_000)
         assert status == 404 and len(body) < 2000 and b"AAAA" in body
+        assert phase_stamps(d, BOOT) == ["kept"]
+
+
+def test_the_cards_api_says_why_when_nvml_is_down(flight_dir: Path, tmp_path: Path) -> None:
+    # No NVML on this machine: the real NVML source fails to open, as on a broken driver.
+    write_marks(flight_dir, ["kept"])
+    with daemon(flight_dir, tmp_path, "--collector.cards", "--device.source=nvml") as d:
+        deadline = time.monotonic() + 20
+        while True:
+            status, body = d.get("/api/v1/cards")
+            doc = json.loads(body)
+            if doc.get("why") and "not been tried" not in doc["why"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert status == 200 and doc["cards"] == []
+        assert doc["why"].startswith("device source nvml is down: ") and "NVML" in doc["why"]
+        up = {lab["source"]: v for lab, v in d.samples("rankscope_up")}
+        assert up == {"flight": 1.0, "nvml": 0.0}
         assert phase_stamps(d, BOOT) == ["kept"]
