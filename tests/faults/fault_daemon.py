@@ -58,14 +58,16 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def daemon(flight_dir: Path, tmp_path: Path, *args: str) -> Iterator[Daemon]:
-    port = free_port()
+def daemon(
+    flight_dir: Path, tmp_path: Path, *args: str, port: int | None = None
+) -> Iterator[Daemon]:
+    port = port or free_port()
     log = tmp_path / "serve.log"
     cmd = [
         sys.executable, "-m", "rankscope", "serve", f"--flight.dir={flight_dir}",
         f"--web.listen-address=127.0.0.1:{port}", "--no-collector.cards",
         "--no-collector.holdings", *args,
-    ]  # fmt: skip
+    ]  # fmt: skip  (a later --web.listen-address or --collector.cards wins)
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     d = Daemon(f"http://127.0.0.1:{port}", proc, log)
