@@ -58,7 +58,7 @@ def test_the_top_level_help_is_for_users(capsys) -> None:
 def test_readers_take_rankscope_dir_when_dir_is_left_out(
     command: str, flight_dir, monkeypatch, capsys
 ) -> None:
-    rank_recorder(flight_dir, "boot-env", 0).write("marks", "mark", mark("pre_weight_load"))
+    rank_recorder(flight_dir, "boot-env", 0).write_record(mark("pre_weight_load"))
     monkeypatch.setenv(ENV_DIR, str(flight_dir))
     assert cli.main([command, "--json"]) == 0
     assert "boot-env" in json.dumps(json.loads(capsys.readouterr().out))
@@ -70,7 +70,7 @@ def test_readers_take_rankscope_dir_when_dir_is_left_out(
 def test_boots_on_the_parent_of_a_flight_directory_points_at_it(tmp_path, capsys) -> None:
     flight = tmp_path / "flight"
     flight.mkdir()
-    rank_recorder(flight, "boot-nested", 0).write("marks", "mark", mark("pre_weight_load"))
+    rank_recorder(flight, "boot-nested", 0).write_record(mark("pre_weight_load"))
     assert cli.main(["boots", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "no boots recorded" in out and f"{flight}: try that directory" in out

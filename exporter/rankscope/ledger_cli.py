@@ -157,9 +157,7 @@ def _who(process: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def print_phases(
-    document: dict[str, Any], out: TextIO, empty: str = "no boots recorded\n"
-) -> None:
+def print_phases(document: dict[str, Any], out: TextIO, empty: str = "no boots recorded\n") -> None:
     if document["boot"] is None:
         out.write(empty)
         return

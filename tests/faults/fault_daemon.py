@@ -64,9 +64,15 @@ def daemon(
     port = port or free_port()
     log = tmp_path / "serve.log"
     cmd = [
-        sys.executable, "-m", "rankscope", "serve", f"--flight.dir={flight_dir}",
-        f"--web.listen-address=127.0.0.1:{port}", "--no-collector.cards",
-        "--no-collector.holdings", *args,
+        sys.executable,
+        "-m",
+        "rankscope",
+        "serve",
+        f"--flight.dir={flight_dir}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--no-collector.cards",
+        "--no-collector.holdings",
+        *args,
     ]  # fmt: skip  (a later --web.listen-address or --collector.cards wins)
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)

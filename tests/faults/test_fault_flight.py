@@ -5,6 +5,7 @@ directory lost, a huge query. Each test asserts the daemon keeps serving, promto
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from fault_daemon import Daemon, daemon, phase_stamps, run_rank
+
 from test_daemon_flightstate import GiB, mark, rank_recorder
 
 BOOT = "boot-fault"
@@ -30,7 +32,7 @@ def posts(d: Daemon, boot: str) -> set[str]:
 def write_marks(flight_dir: Path, phases: list[str], pid: int = 4242) -> Path:
     rec = rank_recorder(flight_dir, BOOT, 0, pid=pid)
     for i, phase in enumerate(phases):
-        rec.write("marks", "mark", mark(phase, reserved=(i + 1) * GiB, self_bytes=(i + 2) * GiB))
+        rec.write_record(mark(phase, reserved=(i + 1) * GiB, self_bytes=(i + 2) * GiB))
     (path,) = [p for p in flight_dir.iterdir() if str(pid) in p.name]
     return path
 
@@ -57,7 +59,7 @@ def test_a_file_replaced_or_truncated_while_tailed_replaces_its_state(
 ) -> None:
     phases = [f"phase_{i:03d}" for i in range(10)]
     path = write_marks(flight_dir, phases)
-    chain = {f"{a}->{b}" for a, b in zip(phases, phases[1:])}
+    chain = {f"{a}->{b}" for a, b in itertools.pairwise(phases)}
     with daemon(flight_dir, tmp_path) as d:
         assert phase_stamps(d, BOOT) == phases and posts(d, BOOT) == chain
         inode = path.stat().st_ino
@@ -65,7 +67,7 @@ def test_a_file_replaced_or_truncated_while_tailed_replaces_its_state(
         assert path.stat().st_ino != inode  # sed -i writes a new file
         renamed = [*phases[:9], "phase_999"]
         assert phase_stamps(d, BOOT) == renamed  # no duplicated marks
-        assert posts(d, BOOT) == {f"{a}->{b}" for a, b in zip(renamed, renamed[1:])}
+        assert posts(d, BOOT) == {f"{a}->{b}" for a, b in itertools.pairwise(renamed)}
         # The API and the CLI agree with /metrics.
         status, body = d.get(f"/api/v1/phases?boot={BOOT}")
         cli = subprocess.run(
@@ -108,7 +110,7 @@ def test_symlinks_out_of_the_directory_are_not_followed(flight_dir: Path, tmp_pa
     outside = tmp_path / "outside"
     outside.mkdir()
     rec = rank_recorder(outside, "boot-outside", 0, pid=5151)
-    rec.write("marks", "mark", mark("secret"))
+    rec.write_record(mark("secret"))
     (target,) = outside.iterdir()
     (flight_dir / "leak.jsonl").symlink_to(target)
     (flight_dir / "shadow.jsonl").symlink_to("/etc/shadow")
@@ -156,7 +158,9 @@ def test_the_cards_api_says_why_when_nvml_is_down(flight_dir: Path, tmp_path: Pa
         while True:
             status, body = d.get("/api/v1/cards")
             doc = json.loads(body)
-            if doc.get("why") and "not been tried" not in doc["why"] or time.monotonic() > deadline:
+            if (
+                doc.get("why") and "not been tried" not in doc["why"]
+            ) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert status == 200 and doc["cards"] == []

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 from rankscope.flight import read_flight
+from rankscope.schema import Mark
 
 RANK = textwrap.dedent(
     """
@@ -36,8 +37,8 @@ def test_an_arena_reporting_inf_keeps_its_mark_with_the_field_null(flight_dir: P
         [sys.executable, "-c", RANK], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and out.stdout == "done\n", out.stderr  # the host is untouched
-    marks = [r for r in read_flight(flight_dir).records if r["kind"] == "mark"]
-    assert [m["phase"] for m in marks] == ["kv_pool_sized"]
-    kv = marks[0]["arenas"]["kv"]
-    assert kv["reserved"] is None and kv["backed"] is None and kv["retained"] is None
-    assert "inf" in kv["why"] and "nan" in kv["why"] and "negative" in kv["why"]
+    marks = [r.body for r in read_flight(flight_dir).records if isinstance(r.body, Mark)]
+    assert [m.phase for m in marks] == ["kv_pool_sized"]
+    kv = marks[0].arenas["kv"]
+    assert kv.reserved is None and kv.backed is None and kv.retained is None
+    assert kv.why and "inf" in kv.why and "nan" in kv.why and "negative" in kv.why

@@ -6,11 +6,14 @@ The card is the SIMULATED scripted source, held below its floor the whole time."
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fault_daemon import Daemon, daemon
-from support.services import free_port, prometheus
+
+from support.services import Prometheus, free_port, prometheus
 
 COUNTER = "rankscope_corridor_breach_seconds_total"
 
@@ -24,9 +27,18 @@ def test_increase_over_a_restart_equals_the_true_breach_seconds(
     flight_dir: Path, tmp_path: Path
 ) -> None:
     script = tmp_path / "cards.json"
-    script.write_text(
-        json.dumps({"cards": [{"index": 0, "uuid": "GPU-sim-0", "total": "80GiB", "free": "1GiB"}]})
-    )
+
+    def set_free(gib: int) -> None:
+        card = {"index": 0, "uuid": "GPU-sim-0", "total": "80GiB", "free": f"{gib}GiB"}
+        tmp = tmp_path / "cards.tmp"
+        tmp.write_text(json.dumps({"cards": [card]}))
+        os.replace(tmp, script)
+
+    def prom_value(prom: Prometheus) -> float | None:
+        got = prom.query(COUNTER)
+        return float(got[0]["value"][1]) if got else None
+
+    set_free(10)  # above the floor until Prometheus has seen the daemon
     port = free_port()
     args = (
         f"--web.listen-address=127.0.0.1:{port}",
@@ -42,20 +54,29 @@ def test_increase_over_a_restart_equals_the_true_breach_seconds(
         for run in ("a", "b"):
             (tmp_path / run).mkdir()
             with daemon(flight_dir, tmp_path / run, *args, port=port) as d:
-                deadline = time.monotonic() + 30
                 # Scraped, and this daemon's figures, not the previous one's.
-                fresh = f"{COUNTER} > 0 and on() (process_start_time_seconds > {started})"
-                while not prom.query(fresh):
-                    assert time.monotonic() < deadline, "Prometheus never scraped the daemon"
-                    time.sleep(0.5)
-                time.sleep(5)
-                true_seconds += breach(d)  # what this daemon counted, read just before it stops
+                fresh = f"{COUNTER} and on() (process_start_time_seconds > {started})"
+                wait_until(lambda q=fresh: prom.query(q), "Prometheus never scraped the daemon")
+                set_free(1)  # below the floor: breach seconds accrue
+                time.sleep(4)
+                set_free(10)
+                # What this daemon counted, once Prometheus has scraped its final figure.
+                wait_until(lambda: prom_value(prom) == breach(d), "the final figure unscraped")
+                final = breach(d)
+                true_seconds += final
                 started = max(v for _, v in d.samples("process_start_time_seconds"))
-        time.sleep(2.5)  # the last scrapes are in
         window = f"{int(time.time() - t0) + 2}s"
         (increase,) = prom.query(f"increase({COUNTER}[{window}])")
         (changes,) = prom.query(f"changes(process_start_time_seconds[{window}])")
     assert float(changes["value"][1]) == 1  # one restart, visible
+    assert true_seconds > 6
+    # Exact but for increase()'s extrapolation at the window's end (the series is flat there).
     measured = float(increase["value"][1])
-    # Each daemon's last second before its stop may fall between scrapes.
-    assert abs(measured - true_seconds) <= 2.5, (measured, true_seconds)
+    assert true_seconds - 0.2 <= measured <= true_seconds * 1.1, (measured, true_seconds)
+
+
+def wait_until(check: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.3)

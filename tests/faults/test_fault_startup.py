@@ -12,10 +12,18 @@ import sys
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
+
 from test_daemon_serve import get, serve
 from test_daemon_webconfig import ALICE_HASH, _certificate, _write_key_and_cert, https_get
 
-SERVE = [sys.executable, "-m", "rankscope", "serve", "--no-collector.cards", "--no-collector.holdings"]
+SERVE = [
+    sys.executable,
+    "-m",
+    "rankscope",
+    "serve",
+    "--no-collector.cards",
+    "--no-collector.holdings",
+]
 
 
 def run_serve(flight_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
