@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from fault_daemon import Daemon, daemon, phase_stamps
+
 from test_daemon_flightstate import mark, rank_recorder
 
 EVIL = 'q"uo\\te\nnew\u2028line\u00e9\u4e2d}{'
