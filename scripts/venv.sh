@@ -22,7 +22,8 @@ pip_install() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
 # torch pinned: the CPU build where there is no NVIDIA GPU (an unpinned "torch" from PyPI is
 # a multi-GB CUDA build). PyTorch's CPU index first, failing fast where it is unreachable,
 # then the plain pin (which a local CPU wheel or PyPI satisfies).
-if ! "$PY" -c "import torch" 2>/dev/null; then
+# (find_spec, not import: importing torch costs seconds on a busy machine)
+if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)"; then
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     pip_install "torch==2.13.0"
   elif ! pip_install --timeout 5 --retries 0 \
