@@ -35,8 +35,11 @@ from rankscope.demo.cards import (
 from rankscope.demo.cli import MAX_RANKS, verdict
 from rankscope.demo.scenarios import SCENARIOS, Result
 from rankscope.demo.services import Page
-from rankscope.demo.view import View
+from rankscope.demo.view import View, card_lines
 from support.services import binary
+
+GiB = 1024**3
+MiB = 1024**2
 
 PAGE_LINE = re.compile(r"PAGE FIRING (\w+) \[\w+\] to ([\w-]+) during (\w+):")
 PID_LINE = re.compile(r"\(pid (\d+)\)")
@@ -340,3 +343,26 @@ def test_demo_sh_refuses_a_taken_port_before_installing_anything(tmp_path: Path)
             assert proc.returncode == 2, proc.stdout + proc.stderr
             assert f"127.0.0.1:{port} is taken" in proc.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+def test_the_card_summary_never_mixes_instants() -> None:
+    # The latest sample says free 79.75 GiB (the ranks just exited) while the last holdings
+    # scan still saw two ranks holding 65 GiB: each figure is said with its instant, the
+    # scan's free is the scan's own, the worst is the scenario's, and an exited holder is
+    # named as exited.
+    card = {
+        "gpu": 0, "uuid": "GPU-0", "source": "simulated", "total": 80 * GiB,
+        "free": 79 * GiB + 768 * MiB, "free_min": 1 * GiB, "floor": 6 * GiB,
+        "margin": 73 * GiB + 768 * MiB, "breaches": 0, "rank_resident": 65 * GiB,
+        "foreign": 4 * GiB, "unattributed": 256 * MiB,
+        "processes": [
+            {"pid": 1, "comm": "python3", "bytes": 65 * GiB, "role": "rank"},
+            {"pid": 2, "comm": None, "bytes": 4 * GiB, "role": "foreign"},
+        ],
+    }  # fmt: skip
+    (line,) = card_lines({"cards": [card]}, worst={"GPU-0": 10 * GiB})
+    assert "now free 79.75 GiB (worst this scenario 10.00 GiB)" in line
+    assert "last holdings scan: ranks 1 holding 65.00 GiB" in line
+    assert "pid 2 (exited) 4.00 GiB" in line and "?" not in line
+    assert line.endswith("free 10.75 GiB")  # 80 - 65 - 4 - 0.25, from the same scan
+    assert "1.00 GiB" not in line  # the daemon's window, spanning an earlier scenario
