@@ -58,6 +58,15 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         help=f"flight directory the probes write (default ${ENV_DIR})",
     )
     parser.add_argument(
+        "--flight.exited-grace",
+        dest="exited_grace",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="how long the series of a process that exited stay published (default 5m; "
+        "its record file stays, and the API and CLI still show it)",
+    )
+    parser.add_argument(
         "--phases.boots",
         dest="phase_boots",
         type=int,
@@ -151,7 +160,7 @@ def build(args: argparse.Namespace) -> Daemon:
     from rankscope.daemon.collectors.census import CensusCollector
     from rankscope.daemon.collectors.phases import PhasesCollector
     from rankscope.daemon.collectors.self import SelfCollector
-    from rankscope.daemon.flightstate import FlightState, host_pid_resolver
+    from rankscope.daemon.flightstate import EXITED_GRACE_S, FlightState, host_pid_resolver
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
     from rankscope.daemon.registry import Collector, TimedCollectors
     from rankscope.daemon.webconfig import (
@@ -172,7 +181,11 @@ def build(args: argparse.Namespace) -> Daemon:
     host, port = parse_listen_address(args.listen_address)
     web = load_web_config(args.web_config_file) if args.web_config_file else WebConfig()
 
-    state = FlightState(flight_dir)
+    state = FlightState(
+        flight_dir,
+        exited_grace=args.exited_grace or EXITED_GRACE_S,
+        proc=getattr(args, "path_procfs", "/proc"),
+    )
     monitor = None
     if args.collector_cards or args.collector_holdings:
         monitor = cards.CardMonitor.from_args(args, rank_processes=state.rank_processes)
