@@ -6,6 +6,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The demo's port first, before minutes of installs: --port N or --port=N (default 19400;
+# 0 picks a free one, so there is nothing to check).
+port=19400 prev=
+for arg in "$@"; do
+  if [ "$prev" = --port ]; then port=$arg; fi
+  case "$arg" in --port=*) port=${arg#--port=} ;; esac
+  prev=$arg
+done
+if [[ "$port" =~ ^[0-9]+$ ]] && [ "$port" -ne 0 ] && ! python3 -c \
+    'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+  echo "rankscope demo: 127.0.0.1:$port is taken (another rankscope daemon?); pass --port 0 for a free port" >&2
+  exit 2
+fi
+
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # The real Prometheus and Alertmanager the demo pages through (Debian's packages).
@@ -15,11 +29,8 @@ if ! command -v prometheus >/dev/null || ! command -v prometheus-alertmanager >/
   as_root apt-get install -y -q --no-install-recommends prometheus prometheus-alertmanager >/dev/null
 fi
 
-# torch first and pinned: an unpinned "torch" pulls a multi-GB CUDA build onto a machine
-# that may have no GPU. (With a GPU, install the CUDA build of your choice first instead.)
-if ! python3 -c "import torch" 2>/dev/null; then
-  python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
-fi
-python3 -m pip install -q --disable-pip-version-check -e .
+# The Python packages go into .venv (scripts/venv.sh), never the system Python.
+source scripts/venv.sh
+venv_install_rankscope ""
 
-exec python3 -m rankscope demo "$@"
+exec "$PY" -m rankscope demo "$@"

@@ -12,17 +12,16 @@ as_root apt-get update -q
 as_root apt-get install -y -q --no-install-recommends \
   prometheus prometheus-alertmanager chromium util-linux procps >/dev/null
 
-# torch first and pinned: the CPU build is what the tests run; an unpinned "torch" would
-# pull a multi-GB CUDA build onto a machine with no GPU.
-python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
-python3 -m pip install -q --disable-pip-version-check -e ".[test]"
+# The Python packages go into .venv (scripts/venv.sh), never the system Python.
+source scripts/venv.sh
+venv_install_rankscope "[test]"
 
 # The Prometheus Operator's CRD schemas (ServiceMonitor, PodMonitor, PrometheusRule), compiled
 # from the operator's API types, for validating the rendered chart.
 npm install --no-audit --no-fund --silent --prefix build/crd-schemas \
   @kubernetes-models/prometheus-operator@6.0.0
 
-python3 -m ruff check exporter tests bench
-python3 -m ruff format --check exporter tests bench
-python3 -m mypy
-python3 -m pytest "$@"
+"$PY" -m ruff check exporter tests bench
+"$PY" -m ruff format --check exporter tests bench
+"$PY" -m mypy
+"$PY" -m pytest "$@"

@@ -188,7 +188,8 @@ def test_without_nvml_the_source_is_down_and_the_collectors_still_answer() -> No
     try:
         wait_for(m.ready)
         assert m.up() == {"nvml": False}
-        assert m.cards_json() == {"cards": []}
+        doc = m.cards_json()
+        assert doc["cards"] == [] and doc["why"].startswith("device source nvml is down: ")
         samples = scrape(m)
         errors = samples["rankscope_device_errors_total"]
         assert errors[(("gpu", ""), ("source", "nvml"), ("uuid", ""))] >= 1

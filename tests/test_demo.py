@@ -24,12 +24,22 @@ import yaml
 
 from rankscope.daemon.devices import parse_script
 from rankscope.demo import alerting
-from rankscope.demo.cards import CARD_TOTAL, DRIVER_RESERVED, FLOOR, SimulatedCards
-from rankscope.demo.cli import verdict
+from rankscope.demo.cards import (
+    CARD_TOTAL,
+    DRIVER_RESERVED,
+    FLOOR,
+    FOREIGN_BYTES,
+    SimulatedCards,
+    rank_bytes,
+)
+from rankscope.demo.cli import MAX_RANKS, verdict
 from rankscope.demo.scenarios import SCENARIOS, Result
 from rankscope.demo.services import Page
-from rankscope.demo.view import View
+from rankscope.demo.view import View, card_lines
 from support.services import binary
+
+GiB = 1024**3
+MiB = 1024**2
 
 PAGE_LINE = re.compile(r"PAGE FIRING (\w+) \[\w+\] to ([\w-]+) during (\w+):")
 PID_LINE = re.compile(r"\(pid (\d+)\)")
@@ -254,3 +264,105 @@ def test_a_taken_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert f"127.0.0.1:{port} is taken" in proc.stdout + proc.stderr
     assert not list(tmp_path.glob("rankscope-demo-*"))
+
+
+@pytest.mark.parametrize("ranks", range(4, MAX_RANKS + 1, 2))
+def test_every_offered_rank_count_fits_its_simulated_cards(tmp_path: Path, ranks: int) -> None:
+    # The healthy scenario's worst instant: every rank at its full holding and the foreign
+    # holder on card 0; each card, as the daemon reads it, stays above the floor.
+    cards = SimulatedCards.for_ranks(tmp_path / "cards.json", ranks)
+    for rank in range(ranks):
+        cards.set_holder(cards.card_of_rank(rank), 1000 + rank, rank_bytes("kv_pool_sized"))
+    cards.set_holder(0, 999, FOREIGN_BYTES)
+    cards.write()
+    parsed = parse_script(cards.path.read_text())
+    assert parsed and all(c.free is not None and c.free > FLOOR for c in parsed), [
+        (c.identity.index, c.free) for c in parsed
+    ]
+    assert f"or {MAX_RANKS}" in subprocess.run(
+        [sys.executable, "-m", "rankscope", "demo", "--help"], capture_output=True, text=True
+    ).stdout.replace("\n", " ")
+
+
+def test_too_many_ranks_are_refused() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rankscope", "demo", "--ranks", str(MAX_RANKS + 2)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and f"--ranks {MAX_RANKS + 2}" in proc.stderr
+
+
+def test_ctrl_c_stops_the_demo_even_when_its_parent_ignored_sigint(tmp_path: Path) -> None:
+    # A background job or a CI runner starts children with SIGINT ignored; the demo installs
+    # its own handler all the same.
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "demo", "--port", "0", "--scenario", "healthy"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if PID_LINE.search(line):  # a rank is running: there is something to stop
+            break
+    else:
+        pytest.fail("the demo ended before it started a rank:\n" + "".join(lines))
+    proc.send_signal(signal.SIGINT)
+    try:
+        rest, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rest, _ = proc.communicate()
+        pytest.fail("SIGINT did not stop the demo:\n" + "".join(lines) + rest)
+    out = "".join(lines) + rest
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted" in out
+    assert_cleaned_up(tmp_path, out)
+
+
+def test_demo_sh_refuses_a_taken_port_before_installing_anything(tmp_path: Path) -> None:
+    # A scratch checkout holding only the script: had it gone on to install, it would build
+    # tmp_path/.venv (and fail for want of pyproject.toml, later, after the wait).
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "demo.sh"
+    script.write_text((Path(__file__).parent.parent / "scripts" / "demo.sh").read_text())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args in (["--port", str(port)], [f"--port={port}", "--keep"]):
+            proc = subprocess.run(
+                ["bash", str(script), *args], capture_output=True, text=True, timeout=60
+            )
+            assert proc.returncode == 2, proc.stdout + proc.stderr
+            assert f"127.0.0.1:{port} is taken" in proc.stderr
+    assert not (tmp_path / ".venv").exists()
+
+
+def test_the_card_summary_never_mixes_instants() -> None:
+    # The latest sample says free 79.75 GiB (the ranks just exited) while the last holdings
+    # scan still saw two ranks holding 65 GiB: each figure is said with its instant, the
+    # scan's free is the scan's own, the worst is the scenario's, and an exited holder is
+    # named as exited.
+    card = {
+        "gpu": 0, "uuid": "GPU-0", "source": "simulated", "total": 80 * GiB,
+        "free": 79 * GiB + 768 * MiB, "free_min": 1 * GiB, "floor": 6 * GiB,
+        "margin": 73 * GiB + 768 * MiB, "breaches": 0, "rank_resident": 65 * GiB,
+        "foreign": 4 * GiB, "unattributed": 256 * MiB,
+        "processes": [
+            {"pid": 1, "comm": "python3", "bytes": 65 * GiB, "role": "rank"},
+            {"pid": 2, "comm": None, "bytes": 4 * GiB, "role": "foreign"},
+        ],
+    }  # fmt: skip
+    (line,) = card_lines({"cards": [card]}, worst={"GPU-0": 10 * GiB})
+    assert "now free 79.75 GiB (worst this scenario 10.00 GiB)" in line
+    assert "last holdings scan: ranks 1 holding 65.00 GiB" in line
+    assert "pid 2 (exited) 4.00 GiB" in line and "?" not in line
+    assert line.endswith("free 10.75 GiB")  # 80 - 65 - 4 - 0.25, from the same scan
+    assert "1.00 GiB" not in line  # the daemon's window, spanning an earlier scenario

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,10 @@ def test_status_page_shows_cards_ranks_census_and_follows_the_flight_dir(
                 )
                 page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
                 page.goto(url + "/")
+                # Before its first answer the page says it is loading, not that nothing is there.
+                with urllib.request.urlopen(url + "/", timeout=10) as resp:
+                    first = resp.read().decode()
+                assert "loading…" in first and "no cards reported yet" not in first
 
                 # Each card, with its bar, its floor mark and its holdings.
                 page.wait_for_selector(".card[data-gpu='1']")
@@ -205,6 +210,8 @@ def test_status_page_shows_cards_ranks_census_and_follows_the_flight_dir(
                 page.wait_for_selector("table.census")
                 header = page.locator("table.census thead").inner_text()
                 assert all(f"rank {r}" in header for r in range(WORLD))
+                caption = page.locator("table.census caption").inner_text()
+                assert "calls each rank counted" in caption  # the cells are counts
                 assert page.locator("table.census tr.diverged").count() == 0
 
                 # The flight directory changes: rank 3 reaches boot_complete and skips one

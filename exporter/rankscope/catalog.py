@@ -296,6 +296,15 @@ CATALOG: tuple[Metric, ...] = (
     # --- the instrument itself ---
     Metric("rankscope_build_info", "info", "", "rankscope version.", ("version",), "self"),
     Metric(
+        "process_start_time_seconds",
+        "gauge",
+        "seconds",
+        "Start time of the daemon since the Unix epoch (client_python's process metric): a "
+        "restart, after which every counter starts again from 0, is visible.",
+        (),
+        "self",
+    ),
+    Metric(
         "rankscope_up",
         "gauge",
         "",
@@ -340,7 +349,7 @@ CATALOG: tuple[Metric, ...] = (
         "rankscope_flight_lines_skipped_total",
         "counter",
         "",
-        "Flight-record lines skipped by the reader, by reason (torn, malformed, newer_schema).",
+        "Flight-record lines skipped by the reader, by reason (torn, malformed, newer_schema, oversized).",
         ("reason",),
         "self",
     ),

@@ -1,5 +1,10 @@
-"""The `rankscope` command. Each subcommand lives in its own module, imported only when
-that subcommand runs, so `rankscope boots` never pays for torch or the web stack."""
+"""rankscope: where every byte of VRAM went on a multi-GPU inference job, who else holds
+the cards, how close each card came to its floor, and whether every rank issued the same
+collectives. Read a flight record (boots, phases, census), run the host daemon (serve), or
+see it all work on this machine (demo). `rankscope COMMAND --help` for each."""
+
+# Each subcommand lives in its own module, imported only when that subcommand runs, so
+# `rankscope boots` never pays for torch or the web stack.
 
 from __future__ import annotations
 
@@ -21,7 +26,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     from rankscope import __version__
 
-    parser = argparse.ArgumentParser(prog="rankscope", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="rankscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)

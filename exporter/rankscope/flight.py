@@ -7,7 +7,13 @@ A flight directory holds one append-only JSON-lines file per process and stream
   a one-shot read, while the tail holds it back until it is completed;
 - ``malformed``: a line that is not a JSON object carrying the record header;
 - ``newer_schema``: a line whose ``v`` is newer than this reader knows; reported (counted),
-  never misread.
+  never misread;
+- ``oversized``: a line longer than MAX_LINE_BYTES (a probe line is a few KiB), terminated or
+  not: dropped as it streams, so it never costs more memory than the cap.
+
+Only regular files are read: a symlink (which could point anywhere) or a FIFO, socket or
+device named like a flight file is skipped and logged, and nothing is opened in a way that
+can block. A skipped line is logged with its file, once per file and reason.
 
 Each line is parsed once, here, into its typed record (:mod:`rankscope.schema`): readers get
 :class:`rankscope.schema.Line` objects, never raw dicts. A value that fails validation (a
@@ -22,7 +28,9 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +40,12 @@ from rankscope.schema import SCHEMA_VERSION, AnyLine, Bad, parse_object
 
 Record = AnyLine
 
-SKIP_REASONS = ("torn", "malformed", "newer_schema")
+SKIP_REASONS = ("torn", "malformed", "newer_schema", "oversized")
 FILE_SUFFIX = ".jsonl"
+MAX_LINE_BYTES = 4 << 20  # a mark with a large NVML process map is ~10 KiB
+READ_CHUNK = 1 << 20
+
+log = logging.getLogger("rankscope")
 
 
 class BootNotFoundError(LookupError):
@@ -43,7 +55,8 @@ class BootNotFoundError(LookupError):
         self.boot = boot
         self.known = known
         listed = ", ".join(known) if known else "none"
-        super().__init__(f"no boot {boot!r} in the flight directory (boots recorded: {listed})")
+        shown = boot if len(boot) <= 80 else boot[:80] + "..."  # never echo a huge query
+        super().__init__(f"no boot {shown!r} in the flight directory (boots recorded: {listed})")
 
 
 def parse_line(raw: bytes, file: str = "", bad: Bad | None = None) -> Record | str | None:
@@ -83,7 +96,35 @@ def _flight_files(flight_dir: Path) -> list[Path]:
         raise OSError(
             exc.errno, f"cannot list flight directory {flight_dir}: {exc.strerror}"
         ) from exc
-    return sorted(Path(e.path) for e in entries if e.name.endswith(FILE_SUFFIX) and e.is_file())
+    files = []
+    for e in entries:
+        if not e.name.endswith(FILE_SUFFIX):
+            continue
+        if e.is_symlink():
+            _warn_once(e.path, "is a symlink; not followed")
+            continue
+        files.append(Path(e.path))
+    return sorted(files)
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(path: str, what: str) -> None:
+    if (path, what) not in _warned:
+        _warned.add((path, what))
+        log.warning("flight file %s %s", path, what)
+
+
+def _open_regular(path: Path) -> int | None:
+    """A descriptor for reading ``path`` if it is a regular file, else None (logged). Opened
+    non-blocking and without following a symlink, so a FIFO renamed in never blocks."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    _warn_once(str(path), "is not a regular file; skipped")
+    return None
 
 
 def _parse_into(
@@ -95,11 +136,12 @@ def _parse_into(
 ) -> None:
     bad: Bad = []
     for raw in chunk.split(b"\n"):
-        parsed = parse_line(raw, name, bad)
+        parsed = parse_line(raw, name, bad) if len(raw) <= MAX_LINE_BYTES else "oversized"
         if parsed is None:
             continue
         if isinstance(parsed, str):
             skipped[parsed] += 1
+            _warn_once(name, f"has {parsed} lines; skipped and counted")
             continue
         records.append(parsed)
     invalid.update(bad)
@@ -113,6 +155,7 @@ class _Tail:
     inode: int
     offset: int = 0  # bytes consumed: everything before it was parsed
     pending: bytes = b""  # an unterminated last line, held back until its newline arrives
+    oversized: bool = False  # inside a line past MAX_LINE_BYTES: dropped up to its newline
 
 
 class FlightReader:
@@ -120,18 +163,21 @@ class FlightReader:
 
     Each poll returns the complete, valid lines appended since the previous poll, from every
     file, files that appeared since included. A file replaced in place (new inode, or shorter
-    than what was read) is read again from its start.
+    than what was read) is read again from its start, and named in ``restarted`` after that
+    poll so that a reader holding its earlier records drops them first.
     """
 
     def __init__(self, flight_dir: str | os.PathLike[str]) -> None:
         self.flight_dir = Path(flight_dir)
         self.skipped: collections.Counter[str] = collections.Counter()
         self.invalid: collections.Counter[str] = collections.Counter()  # per field name
+        self.restarted: set[str] = set()
         self._tails: dict[str, _Tail] = {}
 
     def poll(self) -> list[Record]:
         records: list[Record] = []
         present: set[str] = set()
+        self.restarted = set()
         for path in _flight_files(self.flight_dir):
             name = path.name
             present.add(name)
@@ -144,21 +190,42 @@ class FlightReader:
         return records
 
     def _poll_file(self, path: Path, records: list[Record]) -> None:
-        with open(path, "rb") as f:
+        fd = _open_regular(path)
+        if fd is None:
+            return
+        with open(fd, "rb") as f:
             st = os.fstat(f.fileno())
             tail = self._tails.get(path.name)
             if tail is None or tail.inode != st.st_ino or st.st_size < tail.offset:
+                if tail is not None:
+                    self.restarted.add(path.name)
                 tail = self._tails[path.name] = _Tail(inode=st.st_ino)
-            if st.st_size == tail.offset:
-                return
             f.seek(tail.offset)
-            data = f.read(st.st_size - tail.offset)
-        tail.offset += len(data)
-        data = tail.pending + data
+            # Read what was appended in bounded chunks: memory stays within the cap
+            # whatever one poll finds (a giant line is dropped as it streams).
+            while tail.offset < st.st_size:
+                data = f.read(min(st.st_size - tail.offset, READ_CHUNK))
+                if not data:
+                    break
+                tail.offset += len(data)
+                self._take(tail, data, path.name, records)
+
+    def _take(self, tail: _Tail, data: bytes, name: str, records: list[Record]) -> None:
+        if tail.oversized:  # the rest of a dropped line, up to its newline
+            end = data.find(b"\n")
+            if end < 0:
+                return
+            data, tail.oversized = data[end + 1 :], False
         cut = data.rfind(b"\n")
-        tail.pending = data[cut + 1 :]
-        if cut >= 0:
-            _parse_into(data[:cut], path.name, records, self.skipped, self.invalid)
+        if cut < 0:
+            tail.pending += data
+        else:
+            _parse_into(tail.pending + data[:cut], name, records, self.skipped, self.invalid)
+            tail.pending = data[cut + 1 :]
+        if len(tail.pending) > MAX_LINE_BYTES:
+            self.skipped["oversized"] += 1
+            _warn_once(name, "has oversized lines; skipped and counted")
+            tail.pending, tail.oversized = b"", True
 
 
 # --- one-shot reads -----------------------------------------------------------------------
@@ -245,7 +312,11 @@ def read_flight(
     invalid: collections.Counter[str] = collections.Counter()
     for path in _flight_files(root):
         try:
-            data = path.read_bytes()
+            fd = _open_regular(path)
+            if fd is None:
+                continue
+            with open(fd, "rb") as f:
+                data = f.read()
         except FileNotFoundError:
             continue
         except OSError as exc:

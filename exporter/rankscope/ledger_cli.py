@@ -8,25 +8,56 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from rankscope.flight import BootNotFoundError, Flight, read_flight
 from rankscope.ledger import MiB, phases_document
+from rankscope.record import ENV_DIR
 
 NA = "n/a"
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument("flight_dir", metavar="DIR", help="the flight directory (RANKSCOPE_DIR)")
+    add_flight_dir(parser)
     if name == "phases":
         parser.add_argument("--boot", metavar="ID", help="the boot to show (default: the latest)")
     parser.add_argument("--json", action="store_true", help="print JSON (bytes) instead of a table")
     parser.set_defaults(_command=name)
 
 
+def add_flight_dir(parser: argparse.ArgumentParser) -> None:
+    """DIR, or $RANKSCOPE_DIR when it is left out."""
+    parser.add_argument(
+        "flight_dir",
+        metavar="DIR",
+        nargs="?",
+        default=os.environ.get(ENV_DIR),
+        help=f"the flight directory the probes write (default ${ENV_DIR})",
+    )
+
+
+def no_flight_dir(args: argparse.Namespace) -> bool:
+    if args.flight_dir:
+        return False
+    print(f"rankscope {args._command}: give DIR or set {ENV_DIR}", file=sys.stderr)
+    return True
+
+
+def no_boots_hint(flight_dir: str) -> str:
+    """What to try when a directory holds no boots: its flight/ subdirectory, if it has one."""
+    nested = Path(flight_dir) / "flight"
+    if nested.is_dir():
+        return f"no boots recorded in {flight_dir}; it holds {nested}: try that directory\n"
+    return f"no boots recorded in {flight_dir} (the directory the probes write, {ENV_DIR})\n"
+
+
 def main(args: argparse.Namespace) -> int:
+    if no_flight_dir(args):
+        return 2
     try:
         if args._command == "boots":
             flight = read_flight(args.flight_dir, all_boots=True)
@@ -41,14 +72,14 @@ def main(args: argparse.Namespace) -> int:
             json.dump({"boots": [b.as_json() for b in flight.boots]}, out, indent=2)
             out.write("\n")
         else:
-            print_boots(flight, out)
+            print_boots(flight, out, empty=no_boots_hint(args.flight_dir))
         return 0
     document = phases_document(flight)
     if args.json:
         json.dump(document, out, indent=2)
         out.write("\n")
     else:
-        print_phases(document, out)
+        print_phases(document, out, empty=no_boots_hint(args.flight_dir))
     return 0
 
 
@@ -90,9 +121,9 @@ def skipped_note(skipped: dict[str, int]) -> str | None:
     return note
 
 
-def print_boots(flight: Flight, out: TextIO) -> None:
+def print_boots(flight: Flight, out: TextIO, empty: str = "no boots recorded\n") -> None:
     if not flight.boots:
-        out.write("no boots recorded\n")
+        out.write(empty)
     else:
         rows = [
             [
@@ -126,9 +157,9 @@ def _who(process: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def print_phases(document: dict[str, Any], out: TextIO) -> None:
+def print_phases(document: dict[str, Any], out: TextIO, empty: str = "no boots recorded\n") -> None:
     if document["boot"] is None:
-        out.write("no boots recorded\n")
+        out.write(empty)
         return
     processes = document["processes"]
     out.write(f"boot {document['boot']}: {len(processes)} processes\n")

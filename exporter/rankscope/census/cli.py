@@ -14,15 +14,23 @@ import sys
 
 from rankscope.census.report import census_document, render_text
 from rankscope.flight import BootNotFoundError, read_flight
+from rankscope.ledger_cli import add_flight_dir, no_flight_dir
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument("flight_dir", metavar="DIR", help="the flight directory")
+    parser.epilog = (
+        "exit status: 0 when the ranks agree at the latest common round, 1 when they "
+        "diverge there, 2 when the directory or boot cannot be read"
+    )
+    add_flight_dir(parser)
+    parser.set_defaults(_command=name)
     parser.add_argument("--boot", metavar="ID", help="the boot to read (default: the latest)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
+    if no_flight_dir(args):
+        return 2
     try:
         flight = read_flight(args.flight_dir, boot=args.boot)
     except (OSError, BootNotFoundError) as exc:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import gzip
 import html
 import logging
+import socket
+import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,9 @@ from rankscope.daemon.webconfig import TLSConfig
 from rankscope.flight import BootNotFoundError, Flight, read_flight
 
 log = logging.getLogger("rankscope.daemon")
+
+# Prometheus's default scrape timeout: a collection running longer is stuck, not slow.
+STUCK_SCRAPE_SECONDS = 10.0
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -70,6 +76,7 @@ def create_app(
     cards: CardSource | None = None,
     ooms: OomSource | None = None,
     static_dir: Path = STATIC_DIR,
+    collecting: Callable[[], float | None] | None = None,
 ) -> FastAPI:
     app = FastAPI(title="rankscope", version=__version__, docs_url=None, redoc_url=None)
 
@@ -98,6 +105,9 @@ def create_app(
             problems.append(f"flight directory {state.flight_dir}: {state.error}")
         if cards is not None and not cards.ready():
             problems.append("the device source has not been tried yet")
+        running = collecting() if collecting is not None else None
+        if running is not None and running > STUCK_SCRAPE_SECONDS:
+            problems.append(f"a scrape has been collecting for {running:.0f}s")
         body = {"ready": not problems, "problems": problems}
         return JSONResponse(body, status_code=200 if not problems else 503)
 
@@ -212,6 +222,8 @@ class Daemon:
     otlp: Pusher | None = None
 
     def server(self) -> uvicorn.Server:
+        """The uvicorn server; ValueError naming the files for a certificate and key that
+        cannot be loaded together (a key not matching its certificate, say)."""
         tls: dict[str, Any] = {}
         if self.tls is not None:
             tls = {
@@ -229,24 +241,60 @@ class Daemon:
             server_header=False,
             **tls,
         )
-        config.load()
+        try:
+            config.load()
+        except ssl.SSLError as exc:
+            assert self.tls is not None
+            raise TLSError(
+                f"TLS: cannot use certificate {self.tls.cert_file} with key "
+                f"{self.tls.key_file}: {exc.reason or exc}"
+            ) from None
         if self.tls is not None and config.ssl is not None:
             self.tls.apply(config.ssl)
+            expired = self.tls.expired(time.time())
+            if expired:
+                log.warning(
+                    "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
+                    self.tls.cert_file,
+                    expired,
+                )
         return uvicorn.Server(config)
 
-    def run(self) -> int:
-        server = self.server()  # a bad certificate fails here, before anything starts
+    def bind(self) -> socket.socket:
+        """The listening socket, bound before anything says it serves: a taken port is an
+        OSError here, at start-up, not after the log line."""
+        family, kind, proto, _, address = socket.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+        except OSError as exc:
+            sock.close()
+            raise OSError(
+                f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from None
+        return sock
+
+    def run(self, server: uvicorn.Server, sock: socket.socket) -> int:
         if self.monitor is not None:
             self.monitor.start()
         try:
             if self.otlp is not None:
                 self.otlp.start()
             scheme = "https" if self.tls is not None else "http"
-            log.info("rankscope serving on %s://%s:%d/metrics", scheme, self.host, self.port)
-            server.run()
+            host, port = sock.getsockname()[:2]
+            log.info("rankscope serving on %s://%s:%d/metrics", scheme, host, port)
+            server.run(sockets=[sock])
         finally:
+            sock.close()
             if self.otlp is not None:
                 self.otlp.stop()
             if self.monitor is not None:
                 self.monitor.stop()
         return 0 if server.started else 1
+
+
+class TLSError(ValueError):
+    """A certificate and key that cannot serve together."""

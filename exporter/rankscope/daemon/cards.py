@@ -243,7 +243,11 @@ class CardMonitor:
     def cards_json(self) -> dict[str, Any]:
         """The body of GET /api/v1/cards (docs/architecture.md): bytes as integers,
         unmeasured values null, every process listed (the metric is capped, this is not)."""
-        return {"cards": [_card_json(v) for v in self.sampler.views()]}
+        failing = self.sampler.source_failing
+        why = f"device source {self.sampler.source.name} is down: {failing}" if failing else None
+        if why is None and not self.ready():
+            why = "the device source has not been tried yet"
+        return {"cards": [_card_json(v) for v in self.sampler.views()], "why": why}
 
 
 def _card_json(v: CardView) -> dict[str, Any]:

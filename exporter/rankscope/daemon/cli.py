@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,12 +47,24 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="FILE",
         help="exporter-toolkit web config: TLS, basic auth (bcrypt), response headers",
     )
+    # A value like '-2GiB' is a value (refused by its own parser with a reason), not a flag.
+    parser._negative_number_matcher = re.compile(r"^-\d+(\.\d+)?[A-Za-z%]*$")
     parser.add_argument(
+        "--flight.dir",
         "--flight-dir",
         dest="flight_dir",
         default=os.environ.get(ENV_DIR),
         metavar="DIR",
         help=f"flight directory the probes write (default ${ENV_DIR})",
+    )
+    parser.add_argument(
+        "--flight.exited-grace",
+        dest="exited_grace",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="how long the series of a process that exited stay published (default 5m; "
+        "its record file stays, and the API and CLI still show it)",
     )
     parser.add_argument(
         "--phases.boots",
@@ -82,6 +95,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         dest="log_level",
         default="info",
         choices=("debug", "info", "warning", "error"),
+        help="log only messages at this level or above (default info)",
     )
     for collector in (*FLIGHT_COLLECTORS, *CARD_COLLECTORS):
         parser.add_argument(
@@ -123,12 +137,19 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from rankscope.daemon.app import TLSError
+
     try:
         daemon = build(args)
+        server = daemon.server()  # a certificate that cannot serve fails here
+        sock = daemon.bind()  # and a taken port here, before any "serving on"
+    except TLSError as exc:
+        print(f"rankscope serve: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, OSError) as exc:
         print(f"rankscope serve: {exc}", file=sys.stderr)
         return 2
-    return daemon.run()
+    return daemon.run(server, sock)
 
 
 def build(args: argparse.Namespace) -> Daemon:
@@ -140,7 +161,7 @@ def build(args: argparse.Namespace) -> Daemon:
     from rankscope.daemon.collectors.oom import OomCollector
     from rankscope.daemon.collectors.phases import PhasesCollector
     from rankscope.daemon.collectors.self import SelfCollector
-    from rankscope.daemon.flightstate import FlightState, host_pid_resolver
+    from rankscope.daemon.flightstate import EXITED_GRACE_S, FlightState, host_pid_resolver
     from rankscope.daemon.oom import OomBook
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
     from rankscope.daemon.registry import Collector, TimedCollectors
@@ -162,7 +183,11 @@ def build(args: argparse.Namespace) -> Daemon:
     host, port = parse_listen_address(args.listen_address)
     web = load_web_config(args.web_config_file) if args.web_config_file else WebConfig()
 
-    state = FlightState(flight_dir)
+    state = FlightState(
+        flight_dir,
+        exited_grace=args.exited_grace or EXITED_GRACE_S,
+        proc=getattr(args, "path_procfs", "/proc"),
+    )
     monitor = None
     if args.collector_cards or args.collector_holdings:
         monitor = cards.CardMonitor.from_args(args, rank_processes=state.rank_processes)
@@ -195,6 +220,7 @@ def build(args: argparse.Namespace) -> Daemon:
         ),
         census_report=census_document,
         ooms=ooms,
+        collecting=timed.running_for,
     )
     if web.users or web.headers:
         auth = ReloadingAuth(Path(args.web_config_file), web) if web.users else None

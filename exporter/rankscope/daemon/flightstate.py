@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rankscope.flight import FILE_SUFFIX, SKIP_REASONS, FlightReader, Record
 from rankscope.ledger import host_pid
-from rankscope.record import read_nspid, read_pidns_inode, read_start_ticks
+from rankscope.record import HOST_PIDNS_INODE, read_nspid, read_pidns_inode, read_start_ticks
 from rankscope.schema import Census, CensusDump, Divergence, Line, Mark, Oom
 
 # A process that marks in a loop must not grow the daemon without bound; past this many
 # marks per process and boot the daemon forgets the oldest (the file keeps them).
 MAX_MARKS_PER_PROCESS = 4096
+# How long the series of a process that exited stay published (DESIGN.md: series of exited
+# processes are removed; a short grace lets a last scrape and a post-mortem glance see them).
+EXITED_GRACE_S = 300.0
 
 # A process OOMs a few times before it dies (torch retries some allocations); keep the newest.
 MAX_OOMS_PER_PROCESS = 64
@@ -104,10 +109,22 @@ class FlightState:
     """The tailed flight directory. ``refresh()`` reads what was appended; the collectors,
     the API and the holdings read a :class:`FlightView` of it."""
 
-    def __init__(self, flight_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        flight_dir: str | os.PathLike[str],
+        exited_grace: float = EXITED_GRACE_S,
+        proc: str = "/proc",
+    ) -> None:
         self.flight_dir = Path(flight_dir)
+        self.exited_grace = exited_grace
+        self._proc = proc
+        self._host = socket.gethostname()
+        self._exited_at: dict[RankProcess, float] = {}  # first refresh that found it gone
         self._reader = FlightReader(self.flight_dir)
         self._lock = threading.Lock()
+        self._polling = threading.Lock()
+        self._dir_seen = False
+        self._dir_lost = False
         self._streams: dict[tuple[str, str], StreamState] = {}
         self._divergences: dict[str, dict[tuple[str, str], Line[Divergence]]] = {}
         self.up: bool | None = None  # None until the first refresh
@@ -116,18 +133,58 @@ class FlightState:
     def refresh(self) -> bool:
         """Read what was appended since the last refresh; False (and ``error`` set) when the
         directory cannot be read. Never raises: an unreadable directory is a down source."""
-        with self._lock:
+        # The reading happens outside the state lock (views are never held up by I/O); one
+        # refresh reads at a time.
+        with self._polling:
             try:
                 records = self._reader.poll()
+                restarted = self._reader.restarted
                 present = _present_files(self.flight_dir)
             except OSError as exc:
-                self.up, self.error = False, str(exc)
+                with self._lock:
+                    self.up, self.error = False, str(exc)
                 return False
-            for rec in records:
-                self._add(rec)
-            self._forget_missing(present)
-            self.up, self.error = True, None
+            self._note_directory()
+            self._note_exits()
+            with self._lock:
+                # A file truncated or replaced is read again from its start: what it held
+                # before is dropped first, so nothing is counted twice.
+                self._forget_missing(present - restarted)
+                for rec in records:
+                    self._add(rec)
+                self._forget_missing(present)
+                self.up, self.error = True, None
             return True
+
+    def _note_exits(self) -> None:
+        """When each process of this host's PID namespace was first found gone. A process
+        elsewhere (another host, a container's namespace) is never judged gone here."""
+        with self._lock:
+            processes = {st.process for st in self._streams.values()}
+        now = time.monotonic()
+        for p in processes:
+            if p.host != self._host or p.pidns != HOST_PIDNS_INODE or p.start_ticks is None:
+                continue
+            if read_start_ticks(p.pid, self._proc) == p.start_ticks:
+                self._exited_at.pop(p, None)
+            else:
+                self._exited_at.setdefault(p, now)
+        for p in [p for p in self._exited_at if p not in processes]:
+            del self._exited_at[p]
+
+    def _note_directory(self) -> None:
+        """Log the flight directory going away (and coming back): its series vanish."""
+        exists = self.flight_dir.is_dir()
+        if self._dir_seen and not exists:
+            self._dir_lost = True
+            log.warning(
+                "flight directory %s is gone; its series are dropped until it is back",
+                self.flight_dir,
+            )
+        elif self._dir_lost and exists:
+            self._dir_lost = False
+            log.warning("flight directory %s is back", self.flight_dir)
+        self._dir_seen = exists
 
     def view(self) -> FlightView:
         with self._lock:
@@ -135,13 +192,21 @@ class FlightState:
             for st in self._streams.values():
                 firsts[st.boot] = min(firsts.get(st.boot, st.first_wall), st.first_wall)
             boots = tuple(sorted(firsts, key=lambda b: (firsts[b], b)))
+            # Series of a process gone for longer than the grace go (its file stays, and the
+            # API and CLI, which read the files, still show it): pid churn stays bounded.
+            gone_before = time.monotonic() - self.exited_grace
+            live = [
+                st
+                for st in self._streams.values()
+                if self._exited_at.get(st.process, gone_before + 1) > gone_before
+            ]
             return FlightView(
                 # Copies of the mark lists: a refresh on another thread may append.
                 streams=tuple(
                     replace(
                         st, marks=list(st.marks), ooms=list(st.ooms), oom_counts=dict(st.oom_counts)
                     )
-                    for st in self._streams.values()
+                    for st in live
                 ),
                 divergences={boot: dict(by_key) for boot, by_key in self._divergences.items()},
                 boots=boots,

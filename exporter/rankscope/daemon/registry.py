@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
 from prometheus_client.core import (
@@ -119,6 +120,7 @@ class TimedCollectors:
     def __init__(self, collectors: Iterable[Collector] = ()) -> None:
         self._collectors: list[Collector] = []
         self._lock = threading.Lock()
+        self._running: _Collection | None = None
         self._warned: set[str] = set()
         for c in collectors:
             self.add(c)
@@ -133,33 +135,68 @@ class TimedCollectors:
         return list(self._collectors)
 
     def collect(self) -> Iterator[Metric]:
-        # One scrape at a time: collectors read shared state and a second concurrent scrape
-        # would only duplicate the work.
+        # Concurrent scrapes share one collection: a scrape that arrives while one runs
+        # waits for it and serves its families (begun at most one collection ago) instead
+        # of queueing for a collection of its own.
         with self._lock:
-            success = gauge("rankscope_collector_success")
-            duration = gauge("rankscope_collector_duration_seconds")
-            families: list[Metric] = []
-            for c in self._collectors:
-                start = time.perf_counter()
-                try:
-                    got = list(c.collect())
-                    ok = True
-                except Exception as exc:
-                    got, ok = [], False
-                    if c.name not in self._warned:
-                        self._warned.add(c.name)
-                        log.exception("collector %s failed: %s", c.name, exc)
-                    else:
-                        log.debug("collector %s failed again: %r", c.name, exc)
-                elapsed = time.perf_counter() - start
-                families.extend(got)
-                success.add_metric([c.name], 1.0 if ok else 0.0)
-                duration.add_metric([c.name], elapsed)
-            families.append(success)
-            families.append(duration)
-        return iter(families)
+            shared = self._running
+            if shared is None:
+                shared = self._running = _Collection(time.monotonic())
+                leader = True
+            else:
+                leader = False
+        if leader:
+            try:
+                shared.families = self._collect_once()
+            finally:
+                with self._lock:
+                    self._running = None
+                shared.done.set()
+        else:
+            shared.done.wait()
+        return iter(shared.families)
+
+    def running_for(self) -> float | None:
+        """Seconds the collection in progress has run; None when none runs (readiness
+        reports a collection stuck past a scrape timeout)."""
+        with self._lock:
+            running = self._running
+        return None if running is None else time.monotonic() - running.started
+
+    def _collect_once(self) -> list[Metric]:
+        success = gauge("rankscope_collector_success")
+        duration = gauge("rankscope_collector_duration_seconds")
+        families: list[Metric] = []
+        for c in self._collectors:
+            start = time.perf_counter()
+            try:
+                got = list(c.collect())
+                ok = True
+            except Exception as exc:
+                got, ok = [], False
+                if c.name not in self._warned:
+                    self._warned.add(c.name)
+                    log.exception("collector %s failed: %s", c.name, exc)
+                else:
+                    log.debug("collector %s failed again: %r", c.name, exc)
+            elapsed = time.perf_counter() - start
+            families.extend(got)
+            success.add_metric([c.name], 1.0 if ok else 0.0)
+            duration.add_metric([c.name], elapsed)
+        families.append(success)
+        families.append(duration)
+        return families
 
     def registry(self) -> CollectorRegistry:
         reg = CollectorRegistry(auto_describe=False)
         reg.register(self)
         return reg
+
+
+@dataclass
+class _Collection:
+    """One collection in progress, shared by every scrape that arrives during it."""
+
+    started: float
+    done: threading.Event = field(default_factory=threading.Event)
+    families: list[Metric] = field(default_factory=list)

@@ -97,7 +97,8 @@ def parse_floors(text: str) -> Floors:
         try:
             floor = parse_floor_value(value)
         except ValueError as exc:
-            raise ValueError(f"corridor floor {item!r}: {exc}") from None
+            detail = str(exc).removeprefix(f"{value!r}: ")  # the item already names it
+            raise ValueError(f"corridor floor {item!r}: {detail}") from None
         if not sep:
             default = floor
         elif re.fullmatch(r"\d+", key.strip()):

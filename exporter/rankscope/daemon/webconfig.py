@@ -93,6 +93,16 @@ class TLSConfig:
     def cert_reqs(self) -> int:
         return int(CLIENT_AUTH[self.client_auth_type])
 
+    def expired(self, now: float) -> str | None:
+        """When the certificate's validity ended, if it has (served all the same, with a
+        warning: refusing to start would turn an expiry into an outage of the metrics)."""
+        try:
+            # The stdlib's only certificate decoder without a handshake.
+            not_after = ssl._ssl._test_decode_cert(str(self.cert_file))["notAfter"]  # type: ignore[attr-defined]
+        except (OSError, ValueError, KeyError, AttributeError):
+            return None
+        return not_after if ssl.cert_time_to_seconds(not_after) < now else None
+
     def apply(self, context: ssl.SSLContext) -> None:
         """Settings uvicorn's own options cannot express (the version bounds)."""
         context.minimum_version = TLS_VERSIONS[self.min_version]
@@ -295,8 +305,18 @@ class ReloadingAuth:
             if mtime != self._mtime:
                 self._mtime = mtime
                 try:
+                    had_users = bool(self._auth.users)
                     self._auth = BasicAuth(load_web_config(self.path).users)
-                    log.info("web config %s changed: %d user(s)", self.path, len(self._auth.users))
+                    if had_users and not self._auth.users:
+                        log.warning(
+                            "web config %s changed: basic_auth_users is now empty, so every "
+                            "request is served WITHOUT authentication",
+                            self.path,
+                        )
+                    else:
+                        log.info(
+                            "web config %s changed: %d user(s)", self.path, len(self._auth.users)
+                        )
                 except WebConfigError as exc:
                     log.error(
                         "web config %s changed but cannot be used, keeping the previous users: %s",

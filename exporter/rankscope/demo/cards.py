@@ -22,6 +22,9 @@ CARD_MODEL = "simulated 80 GiB card"
 # Held by the driver and no process: the card's unattributed share.
 DRIVER_RESERVED = 256 * MiB
 FLOOR = 6 * GiB
+# Two ranks' full holdings (2 x 32.5 GiB) plus the foreign holder fit one card above its
+# floor; more ranks get more cards, as a real job would.
+RANKS_PER_CARD = 2
 
 # What a rank holds once it has reached a phase (cumulative): CUDA context, weights, KV pool.
 RANK_BYTES_BY_PHASE: dict[str, int] = {
@@ -52,6 +55,10 @@ class SimulatedCards:
 
     def __post_init__(self) -> None:
         self.holders = [{} for _ in range(self.count)]
+
+    @classmethod
+    def for_ranks(cls, path: Path, ranks: int) -> SimulatedCards:
+        return cls(path, count=max(-(-ranks // RANKS_PER_CARD), 1))
 
     def card_of_rank(self, rank: int) -> int:
         return rank % self.count

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
+from rankscope.daemon.cards import parse_duration
 from rankscope.demo import alerting, services
 from rankscope.demo.cards import FLOOR, SimulatedCards
 from rankscope.demo.scenarios import SCENARIOS, Options, Result, ScenarioRun, Stack
@@ -27,6 +28,7 @@ from rankscope.demo.view import View, gib
 GiB = 1024**3
 GPU_FLOOR = 8 * GiB
 DEFAULT_PORT = 19400  # the daemon's own default, so the status page is where a user expects
+MAX_RANKS = 8  # one host's cards
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
@@ -41,15 +43,18 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     )
     parser.add_argument(
         "--duration",
-        type=float,
+        type=_duration,
         default=15.0,
-        help="seconds each scenario serves after its ranks booted (default 15)",
+        metavar="DURATION",
+        help="how long each scenario serves after its ranks booted: seconds, or with a unit "
+        "like the daemon's flags (20, 20s, 1m; default 15s)",
     )
     parser.add_argument(
         "--ranks",
         type=int,
         default=4,
-        help="ranks: 2 pipeline stages of RANKS/2 tensor-parallel ranks (even, >= 4; default 4)",
+        help="ranks: 2 pipeline stages of RANKS/2 tensor-parallel ranks "
+        f"(4, 6 or {MAX_RANKS}; default 4)",
     )
     parser.add_argument(
         "--port",
@@ -71,7 +76,9 @@ def main(args: argparse.Namespace) -> int:
     names = chosen_scenarios(args.scenario)
     view = View()
     workdir = Path(tempfile.mkdtemp(prefix="rankscope-demo-"))
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    # Our own handlers for both, whatever was inherited: a parent that started the demo
+    # with SIGINT ignored (a background job, some CI runners) must still be able to stop it.
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         results = run(args, names, workdir, view)
     except KeyboardInterrupt:
@@ -81,7 +88,8 @@ def main(args: argparse.Namespace) -> int:
         view.line(f"rankscope demo: {exc}")
         return 2
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if args.keep:
             view.line(f"kept {workdir}")
         else:
@@ -89,9 +97,23 @@ def main(args: argparse.Namespace) -> int:
     return verdict(results, view)
 
 
+def _duration(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def check_args(args: argparse.Namespace) -> str | None:
-    if args.ranks < 4 or args.ranks % 2:
-        return f"--ranks {args.ranks}: the job is 2 pipeline stages of tensor-parallel pairs or more, so an even number >= 4"
+    if args.ranks < 4 or args.ranks % 2 or args.ranks > MAX_RANKS:
+        return (
+            f"--ranks {args.ranks}: the job is 2 pipeline stages of tensor-parallel pairs or "
+            f"more on one host, so 4, 6 or {MAX_RANKS}"
+        )
     if args.duration < 3:
         return f"--duration {args.duration}: give each scenario at least 3 seconds of serving"
     if not 0 <= args.port <= 65535:
@@ -133,7 +155,7 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
     if gpu:
         view.line(f"GPU present: the cards are real (NVML); floor {gib(floor)} per card")
     else:
-        cards = SimulatedCards(workdir / "cards.json")
+        cards = SimulatedCards.for_ranks(workdir / "cards.json", args.ranks)
         cards.write()
         daemon_args += ["--device.source=script", f"--device.script={cards.path}"]
         view.line(

@@ -164,6 +164,7 @@ class ScenarioRun:
         self.breaches_before: dict[Any, int] | None = None
         self.breached: set[Any] = set()  # cards whose breach counter rose in this scenario
         self.oomed: set[Any] = set()  # cards with an OOM instant in this scenario
+        self.worst_free: dict[str, int] = {}  # by card uuid, over this scenario's samples
         self.page_index = stack.receiver.count() if stack.receiver else 0
         self.serving_since: float | None = None
         self.trough_done = False
@@ -397,6 +398,9 @@ class ScenarioRun:
         else:
             self.shown.discard(alerting.CORRIDOR_BREACH)
         for card in doc.get("cards", []):
+            free, uuid = card.get("free"), card.get("uuid")
+            if isinstance(free, int) and isinstance(uuid, str):
+                self.worst_free[uuid] = min(self.worst_free.get(uuid, free), free)
             for proc in card.get("processes") or []:
                 if proc.get("role") == "foreign" and isinstance(proc.get("pid"), int):
                     first, _ = self.foreign_seen.get(proc["pid"], (now, now))
@@ -411,7 +415,7 @@ class ScenarioRun:
             return
         served = ", ".join(f"r{r}:{n}" for r, n in sorted(self.rounds.items())) or "none yet"
         self.view.line(f"rounds served (latest census snapshot per rank): {served}")
-        self.view.block(card_lines(cards))
+        self.view.block(card_lines(cards, self.worst_free))
         try:
             census: dict[str, Any] = self.stack.daemon.get(f"/api/v1/census?boot={self.boot}")
         except Exception as exc:

@@ -55,8 +55,11 @@ class View:
             self.line(f"     {what}")
 
 
-def card_lines(cards_doc: dict[str, Any]) -> list[str]:
-    """Per card: free, floor and margin at the worst instant, and the holders by role."""
+def card_lines(cards_doc: dict[str, Any], worst: dict[str, int] | None = None) -> list[str]:
+    """Per card: the latest sample (free, floor, margin) with the worst free the scenario saw
+    (``worst``, by uuid; else the daemon's trailing window), then the holders as the last
+    holdings scan saw them, with the free bytes of that same scan, so that no line mixes
+    figures of two instants."""
     lines = []
     for card in cards_doc.get("cards", []):
         source = card.get("source")
@@ -66,15 +69,29 @@ def card_lines(cards_doc: dict[str, Any]) -> list[str]:
         foreign = [p for p in procs if p.get("role") == "foreign"]
         foreign_text = (
             ", ".join(
-                f"pid {p.get('pid')} {p.get('comm') or '?'} {gib(p.get('bytes'))}" for p in foreign
+                f"pid {p.get('pid')} {p.get('comm') or '(exited)'} {gib(p.get('bytes'))}"
+                for p in foreign
             )
             or "none"
         )
+        uuid = card.get("uuid")
+        if worst is not None and isinstance(uuid, str) and uuid in worst:
+            low = f"worst this scenario {gib(worst[uuid])}"
+        else:
+            low = f"worst in the daemon's window {gib(card.get('free_min'))}"
+        held = [card.get(k) for k in ("rank_resident", "foreign", "unattributed")]
+        total = card.get("total")
+        scan_free = (
+            total - sum(held)
+            if isinstance(total, int) and all(isinstance(h, int) for h in held)
+            else None
+        )
         lines.append(
-            f"  gpu {card.get('gpu')}{tag}: free {gib(card.get('free'))} "
-            f"(worst {gib(card.get('free_min'))}), floor {gib(card.get('floor'))}, "
-            f"margin {gib(card.get('margin'), signed=True)}, breaches {card.get('breaches', 'n/a')}; "
-            f"ranks {len(ranks)} holding {gib(card.get('rank_resident'))}; foreign: {foreign_text}"
+            f"  gpu {card.get('gpu')}{tag}: now free {gib(card.get('free'))} ({low}), "
+            f"floor {gib(card.get('floor'))}, margin {gib(card.get('margin'), signed=True)}, "
+            f"breaches {card.get('breaches', 'n/a')}; last holdings scan: ranks {len(ranks)} "
+            f"holding {gib(card.get('rank_resident'))}, foreign: {foreign_text}, "
+            f"free {gib(scan_free)}"
         )
     if not lines:
         lines.append("  no cards reported yet")

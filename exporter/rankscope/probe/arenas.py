@@ -83,8 +83,10 @@ def read_count(arena: Any, attr: str) -> tuple[int | None, str | None]:
     if isinstance(value, bool) or not isinstance(value, int):
         try:
             value = int(value)  # numpy and torch integer scalars
-        except (TypeError, ValueError):
-            return None, f"{attr} is not a byte count: {type(value).__name__}"
+        except (TypeError, ValueError, OverflowError):  # inf is an OverflowError, NaN not
+            return None, f"{attr} is not a byte count: {value!r}"[:200]
+    if value < 0:
+        return None, f"{attr} is negative: {value}"
     return value, None
 
 

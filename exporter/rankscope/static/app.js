@@ -336,7 +336,8 @@ function renderCensus(doc) {
       }),
     );
   });
-  replace(box, verdict, el("table", { class: "census" }, el("thead", {}, head), el("tbody", {}, lastRounds, body)));
+  const caption = el("caption", {}, "collective calls each rank counted, per group and op, at the round shown");
+  replace(box, verdict, el("table", { class: "census" }, caption, el("thead", {}, head), el("tbody", {}, lastRounds, body)));
 }
 
 // ---- refresh ------------------------------------------------------------------------------

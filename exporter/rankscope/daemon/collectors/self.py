@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import Metric
+from prometheus_client.process_collector import ProcessCollector
 
 from rankscope import __version__
 from rankscope.daemon.flightstate import FlightState
@@ -21,11 +22,14 @@ class SelfCollector:
     ) -> None:
         self.state = state
         self.sources_up = sources_up
+        self.start_time = process_start_time()
 
     def collect(self) -> Iterator[Metric]:
         self.state.refresh()
         build = info("rankscope_build_info")
         build.add_metric([__version__], {})
+        started = gauge("process_start_time_seconds")
+        add(started, (), self.start_time)
         up = gauge("rankscope_up")
         add(up, ("flight",), 1.0 if self.state.up else 0.0)
         if self.sources_up is not None:
@@ -38,4 +42,14 @@ class SelfCollector:
         invalid = counter("rankscope_flight_fields_invalid_total")
         for name, n in sorted(view.invalid.items()):
             add(invalid, (name,), n)
-        yield from (build, up, skipped, invalid)
+        yield from (build, started, up, skipped, invalid)
+
+
+def process_start_time() -> float | None:
+    """This process's start time as client_python's process collector computes it (from
+    /proc), None where it cannot tell."""
+    for fam in ProcessCollector(registry=None).collect():
+        for sample in fam.samples:
+            if sample.name == "process_start_time_seconds":
+                return float(sample.value)
+    return None
