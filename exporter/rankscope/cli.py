@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "census": ("rankscope.census.cli", "per-rank collective counts and their divergence"),
     "serve": ("rankscope.daemon.cli", "run the host daemon (metrics, sampler, holdings)"),
     "demo": ("rankscope.demo.cli", "run a small instrumented multi-rank job end to end"),
+    "run": ("rankscope.run", "run a command with every Python process it starts instrumented"),
 }
 
 
