@@ -11,6 +11,7 @@ no such .pth and stays unarmed.
 from __future__ import annotations
 
 import os
+import site as pysite
 import subprocess
 import sys
 import sysconfig
@@ -54,7 +55,11 @@ def make_armed_venv(where: Path) -> ArmedVenv:
     site_dirs = list(where.glob("lib/python*/site-packages"))
     assert len(site_dirs) == 1, site_dirs
     site = site_dirs[0]
-    (site / "host-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Every site directory of the running interpreter, as path lines (a missing one is
+    # skipped by site.py): torch may live in site-packages or in Debian's dist-packages.
+    host_dirs = [*pysite.getsitepackages(), pysite.getusersitepackages(),
+                 sysconfig.get_paths()["purelib"]]
+    (site / "host-packages.pth").write_text("".join(d + "\n" for d in host_dirs))
     (site / PTH.name).write_bytes(PTH.read_bytes())
     # torchrun, as the torch wheel installs it, run by the venv's python.
     (venv.bin / "torchrun").write_text(
