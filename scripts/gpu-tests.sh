@@ -6,6 +6,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
+# Tests that measure write their figures here too (tests/test_run_gpu.py).
+[ -n "${OUT:-}" ] && export RANKSCOPE_GPU_OUT="$OUT"
 status=0
 for file in $(grep -l "pytest.mark.gpu" tests/test_*.py); do
   python3 -m pytest -m gpu -v -p no:cacheprovider "$file" || status=1
@@ -13,5 +15,6 @@ done
 [ "${1:-}" = "--tests-only" ] && exit "$status"
 python3 bench/bench_mark.py || status=1
 python3 bench/bench_sampler.py || status=1
+python3 bench/bench_startup.py --starts 20 ${OUT:+--out "$OUT"} || status=1
 python3 bench/multigpu.py ${OUT:+--out "$OUT"} || status=1
 exit "$status"
