@@ -62,6 +62,11 @@ def enabled(environ: Any = None) -> bool:
     return str(env.get(ENV_AUTO, "")).strip().lower() not in OFF
 
 
+def is_armed() -> bool:
+    """Whether this process was armed (its generic marks are recorded)."""
+    return _armed
+
+
 def arm() -> bool:
     """Arm this process (idempotent). Never raises; True when armed."""
     global _armed
