@@ -108,7 +108,9 @@ def in_process(iterations: int, results: dict[str, Any]) -> None:
         RECORDER.configure(flight_dir=tmp)
         sample = probe.mark("sample")
         assert sample is not None
-        data = (json.dumps({**RECORDER.header("mark"), **sample}, separators=(",", ":")) + "\n")
+        data = json.dumps(
+            {**RECORDER.header("mark"), **sample.to_json()}, separators=(",", ":")
+        ) + "\n"
         fd = os.open(os.path.join(tmp, "bare.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         raw_line = data.encode()
 

@@ -93,10 +93,10 @@ def test_readme_snippet_exits_zero_every_time(tmp_path: Path) -> None:
     assert failures == [], failures
     # The snippet really ran its comparison: both ranks recorded snapshots at rounds 50, 100.
     from rankscope.flight import read_flight
+    from rankscope.schema import Census, of_kind
 
     rounds = sorted(
-        (r["rank"], r["round"])
-        for r in read_flight(flight, all_boots=True).records
-        if r["kind"] == "census"
+        (line.header.rank, line.body.round)
+        for line in of_kind(read_flight(flight, all_boots=True).records, Census)
     )
     assert rounds == sorted([(0, 50), (0, 100), (1, 50), (1, 100)] * RUNS)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from rankscope.flight import read_flight
+from rankscope.schema import Line, Mark, Sample, of_kind
 from tests.support.armed_venv import ArmedVenv, make_armed_venv
 from tests.support.services import free_port
 
@@ -53,24 +54,26 @@ def job_env(venv: ArmedVenv, **extra: str) -> dict[str, str]:
     )
 
 
-def marks_by_process(flight_dir: Path) -> tuple[Any, dict[Any, list[dict[str, Any]]]]:
+Marks = list[Line[Mark]]
+
+
+def marks_by_process(flight_dir: Path) -> tuple[Any, dict[Any, Marks]]:
     flight = read_flight(flight_dir)
-    by: dict[Any, list[dict[str, Any]]] = collections.defaultdict(list)
-    for rec in flight.records:
-        if rec.get("kind") == "mark":
-            by[(rec["pid"], rec["start_ticks"])].append(rec)
+    by: dict[Any, Marks] = collections.defaultdict(list)
+    for line in of_kind(flight.records, Mark):
+        by[line.header.process_key].append(line)
     return flight, by
 
 
-def rank_phases(by: dict[Any, list[dict[str, Any]]]) -> dict[int, list[str]]:
+def rank_phases(by: dict[Any, Marks]) -> dict[int, list[str]]:
     """rank -> phases in order, for the processes that joined a process group."""
     out: dict[int, list[str]] = {}
     for marks in by.values():
-        ranks = {m["rank"] for m in marks if m["rank"] is not None}
+        ranks = {m.header.rank for m in marks if m.header.rank is not None}
         if ranks:
             (rank,) = ranks
             assert rank not in out, f"two processes recorded rank {rank}"
-            out[rank] = [m["phase"] for m in marks]
+            out[rank] = [m.body.phase for m in marks]
     return out
 
 
@@ -122,13 +125,13 @@ def test_torchrun_four_ranks_one_boot_generic_marks_and_census(venv: ArmedVenv, 
     for rank, seen in phases.items():
         assert [p for p in seen if p in GENERIC] == list(GENERIC), (rank, seen)
     # The launcher is armed too: a fifth process with no rank, start and exit.
-    launchers = [m for m in by.values() if all(x["rank"] is None for x in m)]
-    assert [[x["phase"] for x in m] for m in launchers] == [["process_start", "process_exit"]]
-    end = next(m for m in by.values() if m[0]["rank"] == 2 and m[-1]["phase"] == "process_exit")
-    init_end = next(m for m in end if m["phase"] == "nccl_init_end")
-    assert init_end["extra"]["group"] == "world:0-3"
-    assert init_end["extra"]["ranks"] == [0, 1, 2, 3]
-    assert init_end["extra"]["backend"] == "gloo"
+    launchers = [m for m in by.values() if all(x.header.rank is None for x in m)]
+    assert [[x.body.phase for x in m] for m in launchers] == [["process_start", "process_exit"]]
+    rank2 = next(m for m in by.values() if m[-1].header.rank == 2)
+    init_end = next(m.body for m in rank2 if m.body.phase == "nccl_init_end")
+    assert init_end.extra["group"] == "world:0-3"
+    assert init_end.extra["ranks"] == [0, 1, 2, 3]
+    assert init_end.extra["backend"] == "gloo"
     status, doc = census_doc(venv, flight_dir)
     assert status == 0
     assert_every_rank_counted(doc, 4)
@@ -287,7 +290,7 @@ def test_status_output_and_signals_are_the_commands(venv: ArmedVenv, tmp_path: P
     )
     assert pipe.stdout.split() == ["y", str(128 + 13)]
     # Both armed Python programs recorded their start and their (normal) exit.
-    phases = [r["phase"] for r in read_flight(flight, all_boots=True).records]
+    phases = [m.body.phase for m in of_kind(read_flight(flight, all_boots=True).records, Mark)]
     assert sorted(phases) == ["process_exit"] * 2 + ["process_start"] * 2
 
 
@@ -314,10 +317,10 @@ def test_user_marks_and_generic_marks_share_one_ledger_and_samples_run(
                      env=venv.env(RANKSCOPE_SAMPLE_EVERY="0.15"))
     assert done.returncode == 0, done.stderr
     records = read_flight(flight).records
-    phases = [r["phase"] for r in records if r["kind"] == "mark"]
+    phases = [m.body.phase for m in of_kind(records, Mark)]
     assert phases == ["process_start", "kv_pool_sized", "process_exit"]
-    samples = [r for r in records if r["kind"] == "sample"]
-    backed = [s["arenas"]["kv"]["backed"] for s in samples]
+    samples = [line.body for line in of_kind(records, Sample)]
+    backed = [s.arenas["kv"].backed for s in samples]
     assert len(backed) >= 3, backed
     assert backed == sorted(backed) and backed[-1] > backed[0]  # a time series, not a value
-    assert all(s["torch"]["why"] == "CUDA not initialised in this process" for s in samples)
+    assert all(s.torch.why == "CUDA not initialised in this process" for s in samples)

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from rankscope.flight import read_flight
+from rankscope.schema import Mark, Sample, of_kind
 from tests.support.armed_venv import make_armed_venv
 
 pytestmark = pytest.mark.gpu
@@ -76,20 +77,23 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
     params = int(re.search(r"parameters: (\d+) bytes", out).group(1))  # type: ignore[union-attr]
 
     records = read_flight(flight).records
-    marks = [r for r in records if r["kind"] == "mark" and r["pid"] == proc.pid]
-    samples = [r for r in records if r["kind"] == "sample" and r["pid"] == proc.pid]
-    phases = [m["phase"] for m in marks]
+    marks = [m.body for m in of_kind(records, Mark) if m.header.pid == proc.pid]
+    samples = [(s.header.wall, s.body) for s in of_kind(records, Sample)
+               if s.header.pid == proc.pid]
+    phases = [m.phase for m in marks]
     assert phases[0] == "process_start" and phases[-1] == "process_exit", phases
     assert phases.count("cuda_init") == 1, phases
     cuda_init = marks[phases.index("cuda_init")]
-    assert cuda_init["device"]["uuid"], cuda_init  # the card is known from this mark on
-    captures = [m for m in marks if m["phase"] == "capture_end"]
+    assert cuda_init.device.uuid, cuda_init  # the card is known from this mark on
+    captures = [m for m in marks if m.phase == "capture_end"]
     assert captures, phases
     assert phases.index("cuda_init") < phases.index("capture_begin")
-    assert all(c["extra"]["pool_bytes"] > 0 for c in captures), [c["extra"] for c in captures]
+    assert all(c.extra["pool_bytes"] > 0 for c in captures), [c.extra for c in captures]
     first_capture = marks[phases.index("capture_begin")]
-    weights_reserved = first_capture["torch"]["reserved"] - (cuda_init["torch"]["reserved"] or 0)
-    weights_process = first_capture["nvml"]["self_bytes"] - cuda_init["nvml"]["self_bytes"]
+    assert first_capture.torch.reserved is not None and first_capture.nvml.self_bytes is not None
+    assert cuda_init.nvml.self_bytes is not None
+    weights_reserved = first_capture.torch.reserved - (cuda_init.torch.reserved or 0)
+    weights_process = first_capture.nvml.self_bytes - cuda_init.nvml.self_bytes
     assert weights_reserved >= params  # the weights are in the span, with the KV cache
     assert weights_process >= params
 
@@ -98,25 +102,26 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
     if not readings:
         pytest.skip(f"nvidia-smi never listed pid {proc.pid}: no host PID view here")
     last_wall, last_smi = readings[-1]
-    before = [s for s in samples if s["wall"] <= last_wall]
+    before = [s for wall, s in samples if wall <= last_wall]
     assert before, "no serving sample before nvidia-smi's last reading"
-    probe_mib = before[-1]["nvml"]["self_bytes"] // MiB
-    exit_mib = marks[-1]["nvml"]["self_bytes"] // MiB
+    probe_bytes, exit_bytes = before[-1].nvml.self_bytes, marks[-1].nvml.self_bytes
+    assert probe_bytes is not None and exit_bytes is not None
+    probe_mib, exit_mib = probe_bytes // MiB, exit_bytes // MiB
 
     figures: dict[str, Any] = {
-        "device": cuda_init["device"],
+        "device": cuda_init.device.to_json(),
         "parameters_bytes": params,
-        "cuda_init_nvml_self_bytes": cuda_init["nvml"]["self_bytes"],
-        "cuda_init_driver_used_bytes": cuda_init["driver"]["total"] - cuda_init["driver"]["free"]
-        if cuda_init["driver"]["free"] is not None else None,
+        "process_start_nvml_self_bytes": marks[0].nvml.self_bytes,
+        "cuda_init_nvml_self_bytes": cuda_init.nvml.self_bytes,
+        "cuda_init_driver_used_bytes": cuda_init.driver.used,
         "weights_span_reserved_bytes": weights_reserved,
         "weights_span_process_bytes": weights_process,
         "captures": len(captures),
-        "pool_bytes_last_capture": captures[-1]["extra"]["pool_bytes"],
-        "process_bytes_at_exit": marks[-1]["nvml"]["self_bytes"],
-        "non_torch_at_exit": marks[-1]["derived"]["non_torch"],
+        "pool_bytes_per_capture": [c.extra["pool_bytes"] for c in captures],
+        "process_bytes_at_exit": exit_bytes,
+        "reserved_at_exit": marks[-1].torch.reserved,
+        "non_torch_at_exit": marks[-1].derived.non_torch,
         "samples": len(samples),
-        "kv_backed_series_len": len(samples),
         "nvidia_smi_last_mib": last_smi,
         "probe_last_sample_mib": probe_mib,
         "probe_exit_mib": exit_mib,

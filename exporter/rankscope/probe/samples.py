@@ -2,7 +2,7 @@
 registered arenas and its bytes on the card, so the KV arena's backed bytes are a time
 series and not only a boot value.
 
-One ``sample`` line (stream ``samples``) every RANKSCOPE_SAMPLE_EVERY seconds (default 10;
+One ``sample`` line (rankscope.schema.Sample, stream ``samples``) every RANKSCOPE_SAMPLE_EVERY seconds (default 10;
 0 turns sampling off) holding what a mark measures, without a phase. A daemon thread takes
 them; it is stopped and joined when the main thread finishes, before any atexit handler,
 so it never runs while the interpreter tears torch down. The probe's reads create no CUDA
@@ -18,13 +18,12 @@ import threading
 from typing import Any
 
 from rankscope.record import RECORDER
+from rankscope.schema import Sample
 
 log = logging.getLogger("rankscope")
 
 ENV_EVERY = "RANKSCOPE_SAMPLE_EVERY"
 DEFAULT_EVERY_S = 10.0
-STREAM = "samples"
-KIND = "sample"
 
 
 def every_from_env(environ: Any = None) -> float:
@@ -43,20 +42,19 @@ def every_from_env(environ: Any = None) -> float:
     return value
 
 
-def take() -> dict[str, Any] | None:
-    """Record one sample now; the payload, or None when disarmed or the reads failed."""
+def take() -> Sample | None:
+    """Record one sample now; the sample, or None when disarmed or the reads failed."""
     if not RECORDER.armed:
         return None
     from rankscope import probe
 
     try:
-        payload = probe._measure("", {})
+        sample = Sample.of(probe._measure("", {}))
     except Exception as exc:
         probe._warn_once("sample", f"rankscope: a serving sample failed and was skipped: {exc!r}")
         return None
-    del payload["phase"], payload["extra"]
-    RECORDER.write(STREAM, KIND, payload)
-    return payload
+    RECORDER.write_record(sample)
+    return sample
 
 
 class Sampler:
