@@ -52,13 +52,19 @@ def make_venv(where: Path, with_pth: bool) -> str:
 
 def start_seconds(python: str, code: str, env: dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run([python, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [python, "-c", code],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - start
 
 
-def startup_ratio(plain: str, hooked: str, code: str, env: dict[str, str],
-                  hooked_env: dict[str, str], starts: int) -> dict[str, float]:
+def startup_ratio(
+    plain: str, hooked: str, code: str, env: dict[str, str], hooked_env: dict[str, str], starts: int
+) -> dict[str, float]:
     """Start-ups of each, alternating: medians and minima (noise on a shared machine only
     adds time, so the minima are the steadier estimate) and their ratios."""
     a: list[float] = []
@@ -108,9 +114,10 @@ def in_process(iterations: int, results: dict[str, Any]) -> None:
         RECORDER.configure(flight_dir=tmp)
         sample = probe.mark("sample")
         assert sample is not None
-        data = json.dumps(
-            {**RECORDER.header("mark"), **sample.to_json()}, separators=(",", ":")
-        ) + "\n"
+        data = (
+            json.dumps({**RECORDER.header("mark"), **sample.to_json()}, separators=(",", ":"))
+            + "\n"
+        )
         fd = os.open(os.path.join(tmp, "bare.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         raw_line = data.encode()
 
@@ -226,8 +233,10 @@ def main() -> int:
     line = pth_line_ns(args.iterations * 50)
     results["pth_line_unarmed_ns"] = line
     base = results["startup_pass"]["unarmed"]["plain_min_ms"] * 1e6
-    print(f"the .pth line, unarmed, in process: {line:.0f} ns ({line / base:.6f} of the "
-          "fastest bare start-up)")
+    print(
+        f"the .pth line, unarmed, in process: {line:.0f} ns ({line / base:.6f} of the "
+        "fastest bare start-up)"
+    )
     in_process(args.iterations, results)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -9,16 +9,15 @@ from __future__ import annotations
 import collections
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.armed_venv import ArmedVenv, make_armed_venv
+from tests.support.services import free_port
 
 from rankscope.flight import read_flight
 from rankscope.schema import Line, Mark, Sample, of_kind
-from tests.support.armed_venv import ArmedVenv, make_armed_venv
-from tests.support.services import free_port
 
 PROGRAM = Path(__file__).parent / "programs" / "collectives.py"
 STEPS = 12
@@ -167,12 +166,16 @@ def test_torch_distributed_run_output_and_status_unchanged(venv: ArmedVenv, tmp_
     flight_dir = tmp_path / "flight"
     launcher = [venv.python, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     plain = subprocess.run(
-        [*launcher, *program_args()], env=job_env(venv), capture_output=True, text=True,
+        [*launcher, *program_args()],
+        env=job_env(venv),
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert plain.returncode == 0, plain.stderr[-3000:]
-    armed = rankscope(venv, "run", "--dir", str(flight_dir), "--", *launcher, *program_args(),
-                      env=job_env(venv))
+    armed = rankscope(
+        venv, "run", "--dir", str(flight_dir), "--", *launcher, *program_args(), env=job_env(venv)
+    )
     assert armed.returncode == plain.returncode
     assert sorted(armed.stdout.splitlines()) == sorted(plain.stdout.splitlines())
     assert "rankscope" not in armed.stderr
@@ -188,8 +191,17 @@ def test_multiprocessing_spawn_children_are_armed(venv: ArmedVenv, tmp_path: Pat
     flight_dir = tmp_path / "flight"
     # --compare: rankscope's own gloo group and thread; the program still exits 0, and the
     # group's creation is no mark of the program's.
-    done = rankscope(venv, "run", "--compare", "--dir", str(flight_dir), "--", venv.python,
-                     *program_args("--spawn", "2"), env=job_env(venv))
+    done = rankscope(
+        venv,
+        "run",
+        "--compare",
+        "--dir",
+        str(flight_dir),
+        "--",
+        venv.python,
+        *program_args("--spawn", "2"),
+        env=job_env(venv),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     flight, by = marks_by_process(flight_dir)
     assert len(flight.boots) == 1
@@ -207,7 +219,10 @@ def test_rankscope_auto_without_the_wrapper(venv: ArmedVenv, tmp_path: Path):
     env = job_env(venv, RANKSCOPE_AUTO="1", RANKSCOPE_DIR=str(flight_dir))
     done = subprocess.run(
         ["torchrun", "--nproc-per-node", "2", *program_args()],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     flight, by = marks_by_process(flight_dir)
@@ -220,14 +235,17 @@ def test_rankscope_auto_without_the_wrapper(venv: ArmedVenv, tmp_path: Path):
 
 def test_unarmed_python_imports_nothing_of_rankscope(venv: ArmedVenv):
     probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('rankscope')))"
-    unarmed = subprocess.run([venv.python, "-c", probe], env=venv.env(), capture_output=True,
-                             text=True, timeout=60)
+    unarmed = subprocess.run(
+        [venv.python, "-c", probe], env=venv.env(), capture_output=True, text=True, timeout=60
+    )
     assert unarmed.stdout.strip() == "[]"
     armed_dir = venv.root.parent / "armed-flight"
     armed = subprocess.run(
         [venv.python, "-c", probe + "; print('torch' in sys.modules)"],
         env=venv.env(RANKSCOPE_AUTO="1", RANKSCOPE_DIR=str(armed_dir)),
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert "'rankscope.auto'" in armed.stdout  # the same venv does arm when asked
     assert armed.stdout.splitlines()[-1] == "False"  # and never imports torch itself
@@ -248,18 +266,19 @@ def test_bad_input_is_refused_with_a_clear_line(venv: ArmedVenv, tmp_path: Path)
     a_file.write_text("")
     unwritable = rankscope(venv, "run", "--dir", str(a_file / "sub"), "--", "true")
     assert unwritable.returncode == 2
-    assert unwritable.stderr.startswith(f"rankscope run: cannot write the flight directory {a_file}")
+    assert unwritable.stderr.startswith(
+        f"rankscope run: cannot write the flight directory {a_file}"
+    )
     no_dir = rankscope(venv, "run", "--", "true")
     assert no_dir.returncode == 2 and "give --dir DIR or set RANKSCOPE_DIR" in no_dir.stderr
 
 
 def test_status_output_and_signals_are_the_commands(venv: ArmedVenv, tmp_path: Path):
     flight = str(tmp_path / "flight")
-    program = (
-        "import sys; sys.stdout.write('out\\n'); sys.stderr.write('err\\n'); sys.exit(5)"
+    program = "import sys; sys.stdout.write('out\\n'); sys.stderr.write('err\\n'); sys.exit(5)"
+    plain = subprocess.run(
+        [venv.python, "-c", program], env=venv.env(), capture_output=True, timeout=60
     )
-    plain = subprocess.run([venv.python, "-c", program], env=venv.env(), capture_output=True,
-                           timeout=60)
     armed = rankscope(venv, "run", "--dir", flight, "--", venv.python, "-c", program)
     assert (armed.returncode, armed.stdout, armed.stderr) == (5, "out\n", "err\n")
     assert plain.returncode == 5
@@ -274,7 +293,9 @@ def test_status_output_and_signals_are_the_commands(venv: ArmedVenv, tmp_path: P
     )
     proc = subprocess.Popen(
         [venv.python, "-m", "rankscope", "run", "--dir", flight, "--", venv.python, "-c", handler],
-        env=venv.env(), stdout=subprocess.PIPE, text=True,
+        env=venv.env(),
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline() == "ready\n"
@@ -285,7 +306,11 @@ def test_status_output_and_signals_are_the_commands(venv: ArmedVenv, tmp_path: P
     pipe = subprocess.run(
         f"{venv.python} -m rankscope run --dir {flight} -- yes | head -n 1; "
         'echo "${PIPESTATUS[0]}"',
-        shell=True, executable="/bin/bash", env=venv.env(), capture_output=True, text=True,
+        shell=True,
+        executable="/bin/bash",
+        env=venv.env(),
+        capture_output=True,
+        text=True,
         timeout=60,
     )
     assert pipe.stdout.split() == ["y", str(128 + 13)]
@@ -313,8 +338,17 @@ def test_user_marks_and_generic_marks_share_one_ledger_and_samples_run(
         "    kv.backed_bytes = i * 4096\n"
         "    time.sleep(0.1)\n"
     )
-    done = rankscope(venv, "run", "--dir", str(flight), "--", venv.python, "-c", program,
-                     env=venv.env(RANKSCOPE_SAMPLE_EVERY="0.15"))
+    done = rankscope(
+        venv,
+        "run",
+        "--dir",
+        str(flight),
+        "--",
+        venv.python,
+        "-c",
+        program,
+        env=venv.env(RANKSCOPE_SAMPLE_EVERY="0.15"),
+    )
     assert done.returncode == 0, done.stderr
     records = read_flight(flight).records
     phases = [m.body.phase for m in of_kind(records, Mark)]

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.armed_venv import make_armed_venv
 
 from rankscope.flight import read_flight
 from rankscope.schema import Mark, Sample, of_kind
-from tests.support.armed_venv import make_armed_venv
 
 pytestmark = pytest.mark.gpu
 
@@ -38,7 +38,9 @@ def smi_used_mib(pid: int) -> int | None:
     """nvidia-smi's used memory of ``pid`` in MiB; None while it is not listed."""
     done = subprocess.run(
         ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     for line in done.stdout.splitlines():
         fields = [f.strip() for f in line.split(",")]
@@ -55,10 +57,21 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
     venv = make_armed_venv(tmp_path / "venv")
     flight = tmp_path / "flight"
     proc = subprocess.Popen(
-        [venv.python, "-m", "rankscope", "run", "--dir", str(flight), "--", venv.python,
-         str(PROGRAM)],
+        [
+            venv.python,
+            "-m",
+            "rankscope",
+            "run",
+            "--dir",
+            str(flight),
+            "--",
+            venv.python,
+            str(PROGRAM),
+        ],
         env=venv.env(RANKSCOPE_SAMPLE_EVERY="0.5"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     readings: list[tuple[float, int]] = []  # (wall, MiB) of the script's pid: exec keeps it
 
@@ -78,8 +91,9 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
 
     records = read_flight(flight).records
     marks = [m.body for m in of_kind(records, Mark) if m.header.pid == proc.pid]
-    samples = [(s.header.wall, s.body) for s in of_kind(records, Sample)
-               if s.header.pid == proc.pid]
+    samples = [
+        (s.header.wall, s.body) for s in of_kind(records, Sample) if s.header.pid == proc.pid
+    ]
     phases = [m.phase for m in marks]
     assert phases[0] == "process_start" and phases[-1] == "process_exit", phases
     assert phases.count("cuda_init") == 1, phases

@@ -33,7 +33,9 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(
-        ROOT / "exporter", src / "exporter", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+        ROOT / "exporter",
+        src / "exporter",
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
     )
     return src
 
@@ -54,9 +56,21 @@ def build(source: Path, kind: str, out: Path) -> Path:
 def install(wheel: Path, venv: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-         "--no-deps", "--no-index", "--quiet", str(wheel)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--quiet",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (site,) = venv.glob("lib/python*/site-packages")
@@ -76,15 +90,18 @@ def test_the_pth_lands_in_site_packages_and_arms(source: Path, tmp_path: Path, k
     # Unarmed: nothing of rankscope is imported. Armed: a process_start mark, and the
     # installed copy (not this checkout) did it.
     check = "import sys, rankscope; print(json.dumps([rankscope.__file__, 'rankscope.auto' in sys.modules]))"
-    unarmed = subprocess.run([python, "-c", "import json; " + check], env=env,
-                             capture_output=True, text=True, timeout=60)
+    unarmed = subprocess.run(
+        [python, "-c", "import json; " + check], env=env, capture_output=True, text=True, timeout=60
+    )
     where, armed_then = json.loads(unarmed.stdout)
     assert armed_then is False
     assert Path(where).is_relative_to(source if kind == "editable" else site)
     armed = subprocess.run(
         [python, "-c", "import json; " + check],
         env={**env, "RANKSCOPE_AUTO": "1", "RANKSCOPE_DIR": str(flight)},
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert json.loads(armed.stdout)[1] is True, armed.stderr
     lines = [json.loads(line) for f in flight.glob("marks-*.jsonl") for line in f.open()]

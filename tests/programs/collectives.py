@@ -30,8 +30,11 @@ def run(rank, size, args):
         if rank == 0:
             param.add_(grad / size)
         dist.broadcast(param, src=0)
-    print(f"rank {rank}: param {param.sum().item():.1f} last metrics "
-          f"{[round(t.item()) for t in gathered]}", flush=True)
+    print(
+        f"rank {rank}: param {param.sum().item():.1f} last metrics "
+        f"{[round(t.item()) for t in gathered]}",
+        flush=True,
+    )
 
 
 def init_process(rank, size, args, fn=run):

@@ -34,8 +34,13 @@ def main():
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     print(f"parameters: {params} bytes", flush=True)
     prompt = torch.randint(0, config.vocab_size, (1, 32), device="cuda")
-    settings = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                    do_sample=False, cache_implementation="static", disable_compile=True)
+    settings = dict(
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        do_sample=False,
+        cache_implementation="static",
+        disable_compile=True,
+    )
 
     for mode in ("eager", "cuda graphs"):
         if mode == "cuda graphs":
@@ -46,8 +51,10 @@ def main():
                 out = model.generate(prompt, **settings)
             torch.cuda.synchronize()
             seconds = time.perf_counter() - start
-        print(f"{mode}: {args.new_tokens} tokens in {seconds:.3f} s, "
-              f"last token {out[0, -1].item()}", flush=True)
+        print(
+            f"{mode}: {args.new_tokens} tokens in {seconds:.3f} s, last token {out[0, -1].item()}",
+            flush=True,
+        )
     time.sleep(2.0)  # hold still a moment, as a server between requests
 
 

@@ -57,14 +57,16 @@ def make_armed_venv(where: Path) -> ArmedVenv:
     site = site_dirs[0]
     # Every site directory of the running interpreter, as path lines (a missing one is
     # skipped by site.py): torch may live in site-packages or in Debian's dist-packages.
-    host_dirs = [*pysite.getsitepackages(), pysite.getusersitepackages(),
-                 sysconfig.get_paths()["purelib"]]
+    host_dirs = [
+        *pysite.getsitepackages(),
+        pysite.getusersitepackages(),
+        sysconfig.get_paths()["purelib"],
+    ]
     (site / "host-packages.pth").write_text("".join(d + "\n" for d in host_dirs))
     (site / PTH.name).write_bytes(PTH.read_bytes())
     # torchrun, as the torch wheel installs it, run by the venv's python.
     (venv.bin / "torchrun").write_text(
-        f"#!{venv.python}\nimport sys\nfrom torch.distributed.run import main\n"
-        "sys.exit(main())\n"
+        f"#!{venv.python}\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n"
     )
     (venv.bin / "torchrun").chmod(0o755)
     return venv

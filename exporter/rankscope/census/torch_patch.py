@@ -241,7 +241,9 @@ def _collective_wrapper(
                 if group is None and len(args) > group_at:
                     group = args[group_at]
                 count_slow(group)
-                if on_world is not None and (group is None or group is getattr(world, default_attr)):
+                if on_world is not None and (
+                    group is None or group is getattr(world, default_attr)
+                ):
                     on_world()
             return original(*args, **kwargs)
 

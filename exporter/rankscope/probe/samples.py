@@ -36,8 +36,12 @@ def every_from_env(environ: Any = None) -> float:
     except ValueError:
         value = -1.0
     if not value >= 0 or value == float("inf"):  # also NaN
-        log.warning("rankscope: %s=%r is not a number of seconds >= 0; using %g", ENV_EVERY, raw,
-                    DEFAULT_EVERY_S)
+        log.warning(
+            "rankscope: %s=%r is not a number of seconds >= 0; using %g",
+            ENV_EVERY,
+            raw,
+            DEFAULT_EVERY_S,
+        )
         return DEFAULT_EVERY_S
     return value
 
