@@ -80,3 +80,15 @@ def test_an_explicit_tick_stops_the_automatic_cadence() -> None:
         assert state.round == 4
     finally:
         state.round, state.every, state.auto_every, state.explicit = saved
+
+
+def test_optional_parts_cost_a_line_never_the_arming(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("DEBUG", logger="rankscope.auto"):
+        auto._optional("rankscope.no_such_part", "install")  # absent: a debug line
+        auto._optional("json", "no_such_function")  # broken: one warning
+    levels = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records]
+    assert levels == [
+        ("DEBUG", "rankscope"),
+        ("WARNING", "rankscope"),
+    ], caplog.records
+    assert "json.no_such_function() failed" in caplog.records[1].getMessage()

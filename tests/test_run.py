@@ -358,3 +358,29 @@ def test_user_marks_and_generic_marks_share_one_ledger_and_samples_run(
     assert len(backed) >= 3, backed
     assert backed == sorted(backed) and backed[-1] > backed[0]  # a time series, not a value
     assert all(s.torch.why == "CUDA not initialised in this process" for s in samples)
+
+
+def test_forkserver_children_record_as_themselves(venv: ArmedVenv, tmp_path: Path):
+    flight = tmp_path / "flight"
+    program = (
+        "import multiprocessing as mp\n"
+        "def work(q):\n"
+        "    q.put(sum(range(10)))\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = mp.get_context('forkserver')\n"
+        "    q = ctx.Queue()\n"
+        "    p = ctx.Process(target=work, args=(q,))\n"
+        "    p.start(); print(q.get()); p.join()\n"
+        "    raise SystemExit(p.exitcode)\n"
+    )
+    script = tmp_path / "fs.py"
+    script.write_text(program)
+    done = rankscope(venv, "run", "--dir", str(flight), "--", venv.python, str(script))
+    assert (done.returncode, done.stdout) == (0, "45\n"), done.stderr
+    _, by = marks_by_process(flight)
+    starts = [m[0].body for m in by.values()]
+    assert all(s.phase == "process_start" for s in starts)
+    # Fresh interpreters: the program, the forkserver, multiprocessing's resource tracker;
+    # and the worker the forkserver forked.
+    assert sorted(bool(s.extra.get("forked")) for s in starts) == [False, False, False, True]
+    assert len({m[0].header.boot for m in by.values()}) == 1
