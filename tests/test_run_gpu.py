@@ -109,11 +109,12 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
     assert phases.index("cuda_init") < phases.index("capture_begin")
     assert all(c.extra["pool_bytes"] > 0 for c in captures), [c.extra for c in captures]
     first_capture = marks[phases.index("capture_begin")]
-    assert first_capture.torch.reserved is not None and first_capture.nvml.self_bytes is not None
-    assert cuda_init.nvml.self_bytes is not None
+    assert first_capture.torch.reserved is not None
     weights_reserved = first_capture.torch.reserved - (cuda_init.torch.reserved or 0)
-    weights_process = first_capture.nvml.self_bytes - cuda_init.nvml.self_bytes
     assert weights_reserved >= params  # the weights are in the span, with the KV cache
+    if cuda_init.nvml.self_bytes is None or first_capture.nvml.self_bytes is None:
+        pytest.skip(f"NVML cannot see this process's bytes: {cuda_init.nvml.why}")
+    weights_process = first_capture.nvml.self_bytes - cuda_init.nvml.self_bytes
     assert weights_process >= params
 
     # The process's bytes as the probe read them equal nvidia-smi's for the same pid: the
