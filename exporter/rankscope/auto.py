@@ -164,11 +164,15 @@ class _TorchFinder(importlib.abc.MetaPathFinder):
 
 
 def _on_torch(torch: ModuleType) -> None:
-    for hook in (_hook_census, _hook_cuda_init, _hook_process_groups, _hook_graphs):
+    # Runs inside the program's `import torch`: nothing may escape into it.
+    for hook in (_hook_census, _hook_cuda_init, _hook_process_groups, _hook_graphs, _samples):
         try:
             hook(torch)
         except Exception as exc:
             log.warning("rankscope: %s not installed: %r", hook.__name__.lstrip("_"), exc)
+
+
+def _samples(torch: ModuleType) -> None:
     from rankscope.probe import samples
 
     samples.start()
