@@ -28,7 +28,8 @@ from tests.support.armed_venv import make_armed_venv
 from rankscope.flight import read_flight
 from rankscope.schema import Mark, Sample, of_kind
 
-pytestmark = pytest.mark.gpu
+# Compiling the decode step (Inductor) takes minutes on a cold cache.
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 PROGRAM = Path(__file__).parent / "programs" / "llama_generate.py"
 MiB = 1 << 20
