@@ -6,6 +6,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
+# Tests that measure write their figures here too (tests/test_run_gpu.py).
+[ -n "${OUT:-}" ] && export RANKSCOPE_GPU_OUT="$OUT"
 status=0
 if [ "${1:-}" = "--perf" ]; then
   # Issue 17's GPU benches, about 7 minutes in all on an H200 (`--perf --quick`: about 5); raw
@@ -30,5 +32,6 @@ done
 [ "${1:-}" = "--tests-only" ] && exit "$status"
 python3 bench/bench_mark.py || status=1
 python3 bench/bench_sampler.py || status=1
+python3 bench/bench_startup.py --starts 20 ${OUT:+--out "$OUT"} || status=1
 python3 bench/multigpu.py ${OUT:+--out "$OUT"} || status=1
 exit "$status"

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "oom": ("rankscope.oom_cli", "every OOM instant: who failed, and who held the card"),
     "serve": ("rankscope.daemon.cli", "run the host daemon (metrics, sampler, holdings)"),
     "demo": ("rankscope.demo.cli", "run a small instrumented multi-rank job end to end"),
+    "run": ("rankscope.run", "run a command with every Python process it starts instrumented"),
 }
 
 

@@ -12,6 +12,7 @@ identity, times) and a typed ``body``, one class per kind:
     adapter      AdapterStatus (stream marks) what a framework adapter attached, or why not
     oom          Oom         (stream oom)    the OOM instant: what torch asked, the allocator,
                                              the card's holders (rankscope.probe.oom)
+    sample       Sample      (stream samples) a mark's views with no phase, at a bounded rate
 
 A body knows its own JSON: ``to_json()`` builds the object the writer appends (a plain dict
 built field by field: the mark is on a benchmarked hot path, so no ``dataclasses.asdict``),
@@ -462,6 +463,44 @@ class Mark:
         )
 
 
+@dataclass(slots=True)
+class Sample:
+    """A serving sample (docs/probe.md, "Serving samples"): what a mark measures, with no
+    phase, written at a bounded rate while the process serves, so arena and process bytes
+    are a time series."""
+
+    KIND: ClassVar[str] = "sample"
+    STREAM: ClassVar[str] = "samples"
+
+    device: MarkDevice = field(default_factory=MarkDevice)
+    torch: MarkTorch = field(default_factory=MarkTorch)
+    driver: MarkDriver = field(default_factory=MarkDriver)
+    nvml: MarkNvml = field(default_factory=MarkNvml)
+    arenas: dict[str, MarkArena] = field(default_factory=dict)
+    derived: MarkDerived = field(default_factory=MarkDerived)
+
+    @classmethod
+    def of(cls, mark: Mark) -> Sample:
+        """The views of a measured mark, as a sample."""
+        return cls(mark.device, mark.torch, mark.driver, mark.nvml, mark.arenas, mark.derived)
+
+    def to_json(self) -> Json:
+        return {
+            "device": self.device.to_json(),
+            "torch": self.torch.to_json(),
+            "driver": self.driver.to_json(),
+            "nvml": self.nvml.to_json(),
+            "arenas": {name: arena.to_json() for name, arena in self.arenas.items()},
+            "derived": self.derived.to_json(),
+        }
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any], bad: Bad) -> Sample:
+        # The views are a mark's, validated the same way (bad fields named mark.*).
+        mark = Mark.parse({**obj, "phase": ""}, bad)
+        return cls() if mark is None else cls.of(mark)
+
+
 # --- kinds census and census_dump ------------------------------------------------------------
 
 
@@ -904,6 +943,7 @@ Body = Union[  # noqa: UP007 (the trailing comma keeps one kind per line)
     Divergence,
     AdapterStatus,
     Oom,
+    Sample,
     UnknownKind,
 ]
 

@@ -11,7 +11,9 @@ default in torch >= 2.2), so a divergence is named while the ranks are still hea
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import json
 import logging
 import queue
 import threading
@@ -38,9 +40,10 @@ def describe(entry: Entry) -> str:
 class Comparator:
     """Gathers (round, counts) over ``group`` on a daemon thread, round by round."""
 
-    def __init__(self, dist: Any, group: Any, rank: int) -> None:
+    def __init__(self, dist: Any, group: Any, rank: int, own_group: bool = False) -> None:
         self.dist = dist
         self.group = group
+        self.own_group = own_group  # created by enable_comparison: destroyed with the comparator
         self.rank = rank
         self.compared = 0
         self.skipped = 0  # rounds the ranks did not agree on: counted, not compared
@@ -55,10 +58,12 @@ class Comparator:
         if self.failed is None:
             self._queue.put_nowait((round_, counts))
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop after the rounds already submitted (bounded by ``timeout``)."""
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop after the rounds already submitted (bounded by ``timeout``); True when the
+        thread has ended."""
         self._queue.put_nowait(None)
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         GUARD.depth = 1  # this thread's own gathers are not the job's collectives
@@ -80,8 +85,10 @@ class Comparator:
 
     def compare_round(self, round_: int, counts: dict[_counts.Key, int]) -> list[Entry]:
         mine = {"rank": self.rank, "round": round_, "counts": _counts.encode_counts(counts)}
-        gathered: list[Any] = [None] * self.dist.get_world_size(self.group)
-        self.dist.all_gather_object(gathered, mine, group=self.group)
+        gathered = [
+            json.loads(raw)
+            for raw in gather_bytes(self.dist, self.group, json.dumps(mine).encode())
+        ]
         rounds = {g["round"] for g in gathered}
         if len(rounds) != 1:
             self.skipped += 1
@@ -130,6 +137,23 @@ class Comparator:
                 )
 
 
+def gather_bytes(dist: Any, group: Any, data: bytes) -> list[bytes]:
+    """Every member's ``data``, in group rank order: two all_gathers of CPU tensors (the
+    lengths, then the padded bytes). Not ``all_gather_object``: torch decodes its result
+    through ``Tensor.numpy()``, and a comparison must not fail where numpy is absent."""
+    import torch
+
+    world = dist.get_world_size(group)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64), group=group)
+    lengths = [int(s.item()) for s in sizes]
+    mine = torch.zeros(max(lengths), dtype=torch.uint8)
+    mine[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine, group=group)
+    return [bytes(t[:n].tolist()) for t, n in zip(gathered, lengths, strict=True)]
+
+
 _active: Comparator | None = None
 
 
@@ -153,7 +177,8 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
                 "rankscope census: torch.distributed is not initialised; no in-process comparison"
             )
             return None
-        if group is None:
+        own = group is None
+        if own:
             group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         elif dist.get_backend(group) != "gloo":
             log.warning(
@@ -166,8 +191,9 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
         if RECORDER.rank.rank is None:
             RECORDER.configure(rank=rank, world_size=dist.get_world_size())
         disable_comparison()
-        _active = Comparator(dist, group, rank)
+        _active = Comparator(dist, group, rank, own_group=own)
         snapshots.STATE.on_snapshot = _active.submit
+        _stop_before_teardown()
         return _active
     except Exception as exc:
         log.warning("rankscope census: in-process comparison not enabled: %r", exc)
@@ -179,5 +205,31 @@ def disable_comparison(timeout: float = 5.0) -> None:
     global _active
     comparator, _active = _active, None
     snapshots.STATE.on_snapshot = None
-    if comparator is not None:
-        comparator.close(timeout)
+    if comparator is not None and comparator.close(timeout) and comparator.own_group:
+        try:
+            comparator.dist.destroy_process_group(comparator.group)
+        except Exception as exc:
+            log.info("rankscope census: the comparison group was not destroyed: %r", exc)
+
+
+_registered = False
+
+
+def _stop_before_teardown() -> None:
+    """Stop the comparison thread and destroy its group when the main thread finishes,
+    before any atexit handler runs: the thread and the gloo group must be gone before the
+    interpreter (and torch with it) tears down, or the process dies with SIGABRT
+    ("terminate called without an active exception"). ``threading._register_atexit`` is
+    what concurrent.futures uses for the same reason; it runs in ``threading._shutdown``,
+    ahead of atexit."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("threading._register_atexit is missing")
+        register(disable_comparison)
+    except RuntimeError:  # shutting down already, or an interpreter without the hook
+        atexit.register(disable_comparison)

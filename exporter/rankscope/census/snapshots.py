@@ -57,8 +57,11 @@ def every_from_env(environ: dict[str, str] | None = None) -> int:
 class _State:
     round = 0
     every = every_from_env()
+    auto_every: int | None = None
     # The in-process comparison's submit(round, counts), when enabled (census.gloo).
     on_snapshot: Callable[[int, dict[_counts.Key, int]], None] | None = None
+    # An explicit tick() was seen: the framework drives the rounds, auto_tick() stands down.
+    explicit = False
     handlers_installed = False
     signal_dumped = False
     failures = 0
@@ -67,12 +70,18 @@ class _State:
 STATE = _State()
 
 
-def configure(*, every: int | None = None) -> None:
-    """Set the snapshot cadence (ticks per snapshot); must agree across ranks."""
+def configure(*, every: int | None = None, auto_every: int | None = None) -> None:
+    """Set the snapshot cadence (ticks per snapshot); must agree across ranks. ``auto_every``
+    is the cadence counted in world collectives (auto_tick), in force until a tick()."""
+    for value in (every, auto_every):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"census every must be a positive integer, not {value!r}")
     if every is not None:
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"census every must be a positive integer, not {every!r}")
         STATE.every = every
+    if auto_every is not None:
+        STATE.auto_every = auto_every
+        if not STATE.explicit:
+            STATE.every = auto_every
 
 
 def current_round() -> int:
@@ -84,6 +93,22 @@ def tick() -> None:
     comparison, when enabled, runs on its own thread."""
     if not _counts.ARMED:
         return
+    if not STATE.explicit:
+        STATE.explicit = True
+        if STATE.auto_every is not None and STATE.every == STATE.auto_every:
+            STATE.every = every_from_env()  # back to a cadence in scheduler iterations
+    _advance()
+
+
+def auto_tick() -> None:
+    """The cadence ``rankscope run`` drives without a scheduler hook: called on every
+    collective of the world group (which every rank issues in the same order), until the
+    program calls tick() itself (docs/census.md, "Automatic cadence")."""
+    if not STATE.explicit:
+        _advance()
+
+
+def _advance() -> None:
     STATE.round += 1
     if STATE.round % STATE.every:
         return
@@ -183,5 +208,6 @@ def install_abort_handlers() -> bool:
 def reset() -> None:
     """Back to round 0 (tests)."""
     STATE.round = 0
+    STATE.explicit = False
     STATE.failures = 0
     STATE.signal_dumped = False

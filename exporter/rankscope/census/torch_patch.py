@@ -145,7 +145,11 @@ def _peer(dist: Any, group: Any, peer: Any, group_peer: Any) -> int | None:
 ALL_REDUCE_PARAMS = ["tensor", "op", "group", "async_op"]
 
 
-def _collective_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+def _collective_wrapper(
+    dist: Any, name: str, original: Callable[..., Any], on_world: Callable[[], None] | None = None
+) -> Callable[..., Any]:
+    """``on_world`` (the automatic census cadence) is called after counting each call on the
+    default group; None costs the hot path one test."""
     if name in P2P:
         return _p2p_wrapper(dist, name, original)
     params = list(inspect.signature(original).parameters)
@@ -182,6 +186,8 @@ def _collective_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> C
             if group is None and len(args) > group_at:
                 group = args[group_at]
             count_slow(group)
+            if on_world is not None and (group is None or group is getattr(world, default_attr)):
+                on_world()
             guard.depth = 1
             try:
                 return original(*args, **kwargs)
@@ -203,6 +209,8 @@ def _collective_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> C
                     count_slow(pg)  # first call on this group, or not a member
                 else:
                     table[key] += 1
+                if on_world is not None and pg is world._default_pg:
+                    on_world()
             return original(tensor, op, group, async_op)
 
     elif default_attr == "_default_pg":
@@ -220,6 +228,8 @@ def _collective_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> C
                     count_slow(group)  # first call on this group, or not a member
                 else:
                     table[key] += 1
+                if on_world is not None and group is world._default_pg:
+                    on_world()
             return original(*args, **kwargs)
 
     else:
@@ -231,6 +241,10 @@ def _collective_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> C
                 if group is None and len(args) > group_at:
                     group = args[group_at]
                 count_slow(group)
+                if on_world is not None and (
+                    group is None or group is getattr(world, default_attr)
+                ):
+                    on_world()
             return original(*args, **kwargs)
 
     setattr(wrapper, MARK, True)
@@ -322,11 +336,14 @@ def _batch_wrapper(
     return wrapper
 
 
-def instrument_torch_distributed() -> Callable[[], None]:
+def instrument_torch_distributed(
+    on_world: Callable[[], None] | None = None,
+) -> Callable[[], None]:
     """Count every call of torch.distributed's collectives and p2p ops (once each, however
     they nest). Idempotent; returns the undo (also :func:`uninstrument_torch_distributed`).
     When torch is absent or the census is disarmed, patches nothing and says so in a log
-    line."""
+    line. ``on_world`` is called on every collective (not p2p) of the default group, after
+    it is counted: ``rankscope run`` passes ``census.auto_tick``."""
     global _undo
     with _lock:
         if _undo is not None:
@@ -353,7 +370,9 @@ def instrument_torch_distributed() -> Callable[[], None]:
             if n == BATCH:
                 wrappers[n] = _batch_wrapper(dist, c10d, plain[n], plain)
             else:
-                wrappers[n] = _collective_wrapper(dist, n, plain[n])
+                wrappers[n] = _collective_wrapper(
+                    dist, n, plain[n], on_world if n in COLLECTIVES else None
+                )
         for n, w in wrappers.items():
             setattr(c10d, n, w)
             setattr(dist, n, w)

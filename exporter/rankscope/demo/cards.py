@@ -28,6 +28,10 @@ RANKS_PER_CARD = 2
 
 # What a rank holds once it has reached a phase (cumulative): CUDA context, weights, KV pool.
 RANK_BYTES_BY_PHASE: dict[str, int] = {
+    # The generic marks `rankscope run` adds before the demo's own boot phases.
+    "process_start": 0,
+    "nccl_init_begin": 0,
+    "nccl_init_end": 0,
     "pre_weight_load": 512 * MiB,
     "weights_loaded": 512 * MiB + 12 * GiB,
     "kv_pool_sized": 512 * MiB + 12 * GiB + 20 * GiB,

@@ -193,7 +193,14 @@ class ScenarioRun:
                 # A census snapshot about once a second, so a skew shows within seconds.
                 RANKSCOPE_CENSUS_EVERY=str(max(round(1.0 / o.step_interval), 1)),
             )
+            # Each rank runs under `rankscope run`, as an operator would start a job: the
+            # generic marks and the torch.distributed census need no code in the workload.
             argv = [
+                sys.executable,
+                "-m",
+                "rankscope",
+                "run",
+                "--",
                 sys.executable,
                 "-m",
                 "rankscope.demo.workload",

@@ -8,11 +8,13 @@ rank multiplies its slice of the input by its slice of the weight and an all_red
 stage's TP group sums the partial products; stage s sends its activations to the rank with
 the same TP index in stage s+1 (send/recv over a two-rank pipeline group).
 
-The boot goes through the probe's phases (pre_weight_load, weights_loaded, kv_pool_sized
-with a registered KV arena, capture_begin/capture_end when CUDA is there to capture on,
-first_forward, boot_complete). Serving then runs a fixed number of steps at a fixed cadence,
-all ranks alike, counting each collective with the census's explicit API (as a framework
-with its own communicators would) and calling census.tick() once per step.
+Each rank runs under ``rankscope run`` (the demo starts it so): the generic marks (process
+start, process groups, CUDA init and graph captures) and the census of every
+torch.distributed collective come from there, with no code here. The workload adds what a
+framework adapter would: its own boot phases (pre_weight_load, weights_loaded,
+kv_pool_sized with a registered KV arena, first_forward, boot_complete), the groups' names
+for the census (``tp``), a census.tick() once per serving step and the in-process
+comparison. Serving runs a fixed number of steps at a fixed cadence, all ranks alike.
 
 ``--skip-rank R --skip-step K`` makes rank R really skip its TP all_reduce at step K. Its
 later all_reduces then pair with its peers' previous ones (same shapes, so the job keeps
@@ -103,7 +105,7 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from rankscope import census, probe
+    from rankscope import auto, census, probe
 
     tp = args.tp
     pp_rank, tp_rank = divmod(rank, tp)
@@ -124,19 +126,18 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
     tp_groups = [
         dist.new_group(list(range(s * tp, s * tp + tp)), timeout=tp_timeout) for s in range(stages)
     ]
-    my_tp_ranks = list(range(pp_rank * tp, pp_rank * tp + tp))
     tp_group = tp_groups[pp_rank]
+    # The census counts torch.distributed under `rankscope run`; instrumenting again is a
+    # no-op there, and keeps the census when the workload runs on its own.
+    census.instrument_torch_distributed()
+    for group in tp_groups:
+        census.name_group(group, "tp")  # "tp:2-3" rather than torch's "pg2:2-3"
     # The in-process comparison (its own gloo group and thread): names a divergence and the
     # lagging rank in the record while the job still runs.
     census.enable_comparison(timeout_s=30.0)
-    tp_name = census.group_instance("tp", my_tp_ranks)
     prev_rank = rank - tp if pp_rank > 0 else None
     next_rank = rank + tp if pp_rank < stages - 1 else None
-    # Point-to-point ops carry the peer (census.p2p_name), on the two-rank pipeline link.
-    prev_link = census.group_instance("pp", [prev_rank, rank]) if prev_rank is not None else ""
-    next_link = census.group_instance("pp", [rank, next_rank]) if next_rank is not None else ""
-    recv_op = census.p2p_name("recv", prev_rank)
-    send_op = census.p2p_name("send", next_rank)
+    auto_marks = auto.is_armed()  # capture marks come from `rankscope run` when armed
 
     # The first mark comes before this process touches the GPU: until a process has a
     # record, the daemon can only call its memory foreign.
@@ -161,13 +162,15 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
         return x[:, tp_rank * shard : (tp_rank + 1) * shard] @ weight
 
     if cuda:
-        probe.mark("capture_begin")
+        if not auto_marks:
+            probe.mark("capture_begin")
         graph = torch.cuda.CUDAGraph()
         static_out = local(x_in)  # warm-up outside the capture, as frameworks do
         with torch.cuda.graph(graph):
             static_out = local(x_in)
         torch.cuda.synchronize()
-        probe.mark("capture_end")
+        if not auto_marks:
+            probe.mark("capture_end")
 
         def local_step(x: Any) -> Any:
             x_in.copy_(x)
@@ -179,7 +182,6 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
     def all_reduce(t: Any) -> Any:
         c = t.to(comm_device)
         dist.all_reduce(c, group=tp_group)
-        census.count(tp_name, "all_reduce")
         return c.to(device)
 
     def forward(step: int, skip: bool) -> Any:
@@ -187,14 +189,12 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
         if prev_rank is not None:
             buf = torch.empty(batch, args.hidden, device=comm_device)
             dist.recv(buf, src=prev_rank)
-            census.count(prev_link, recv_op)
             x = buf.to(device)
         y = local_step(x)
         if not skip:
             y = all_reduce(y)
         if next_rank is not None:
             dist.send(y.to(comm_device).contiguous(), dst=next_rank)
-            census.count(next_link, send_op)
         return y
 
     # The first forward is a full pass through the pipeline, before any serving step.

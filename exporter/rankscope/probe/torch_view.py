@@ -72,6 +72,13 @@ def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def initialising(cuda: Any) -> bool:
+    """True inside torch.cuda's lazy initialisation, after the CUDA runtime is up: where the
+    calls queued with ``torch.cuda._lazy_call`` run (the generic ``cuda_init`` mark), before
+    ``is_initialized()`` turns true. Reading the allocator there initialises nothing more."""
+    return hasattr(getattr(cuda, "_tls", None), "is_initializing")
+
+
 class TorchView:
     """Reads the allocator of the current device; caches each device's uuid."""
 
@@ -83,7 +90,7 @@ class TorchView:
         if torch is None:
             return TorchReading(None, empty_view(NOT_IMPORTED), NOT_IMPORTED)
         cuda = getattr(torch, "cuda", None)
-        if cuda is None or not cuda.is_initialized():
+        if cuda is None or not (cuda.is_initialized() or initialising(cuda)):
             return TorchReading(None, empty_view(NOT_INITIALISED), NOT_INITIALISED)
         c = torch._C
         # The private accessors skip torch.cuda's wrappers: memory_stats() flattens ~120 keys
