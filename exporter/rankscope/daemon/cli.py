@@ -134,14 +134,15 @@ def main(args: argparse.Namespace) -> int:
 def build(args: argparse.Namespace) -> Daemon:
     """Assemble the daemon from its flags; ValueError/OSError for a flag that cannot work."""
     from rankscope.census.report import census_document
-    from rankscope.daemon.app import Daemon, create_app
+    from rankscope.daemon.app import FLIGHT_REFRESH_S, Daemon, create_app
     from rankscope.daemon.collectors.arenas import ArenasCollector
     from rankscope.daemon.collectors.census import CensusCollector
     from rankscope.daemon.collectors.phases import PhasesCollector
     from rankscope.daemon.collectors.self import SelfCollector
-    from rankscope.daemon.flightstate import FlightState, host_pid_resolver
+    from rankscope.daemon.flightstate import FlightState
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
     from rankscope.daemon.registry import Collector, TimedCollectors
+    from rankscope.daemon.sampler import Periodic
     from rankscope.daemon.webconfig import (
         ReloadingAuth,
         WebConfig,
@@ -160,7 +161,7 @@ def build(args: argparse.Namespace) -> Daemon:
     host, port = parse_listen_address(args.listen_address)
     web = load_web_config(args.web_config_file) if args.web_config_file else WebConfig()
 
-    state = FlightState(flight_dir)
+    state = FlightState(flight_dir, proc=getattr(args, "path_procfs", "/proc"))
     monitor = None
     if args.collector_cards or args.collector_holdings:
         monitor = cards.CardMonitor.from_args(args, rank_processes=state.rank_processes)
@@ -183,9 +184,7 @@ def build(args: argparse.Namespace) -> Daemon:
         registry=timed.registry(),
         state=state,
         cards=monitor,
-        phases_report=lambda flight: phases_document(
-            flight, host_pid_resolver(getattr(args, "path_procfs", "/proc"))
-        ),
+        phases_report=lambda flight: phases_document(flight, state.host_pid),
         census_report=census_document,
     )
     if web.users or web.headers:
@@ -201,5 +200,12 @@ def build(args: argparse.Namespace) -> Daemon:
             interval=args.otlp_interval or default_interval(),
         )
     return Daemon(
-        app=app, host=host, port=port, collectors=timed, tls=web.tls, monitor=monitor, otlp=otlp
+        app=app,
+        host=host,
+        port=port,
+        collectors=timed,
+        tls=web.tls,
+        monitor=monitor,
+        otlp=otlp,
+        refresher=Periodic("rankscope-flight", FLIGHT_REFRESH_S, state.refresh),
     )

@@ -452,7 +452,7 @@ class Periodic:
     that starts late because the previous one outran the interval is an overrun, and the
     schedule then restarts from now instead of bursting to catch up."""
 
-    def __init__(self, name: str, interval: float, fn: Callable[[], None]) -> None:
+    def __init__(self, name: str, interval: float, fn: Callable[[], object]) -> None:
         self.name = name
         self.interval = interval
         self.fn = fn
