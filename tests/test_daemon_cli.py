@@ -24,14 +24,8 @@ from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.flight import read_flight
 from rankscope.ledger import phases_document
-from rankscope.record import (
-    ProcessIdentity,
-    RankIdentity,
-    Recorder,
-    read_nspid,
-    read_pidns_inode,
-    read_start_ticks,
-)
+from rankscope.procfs import read_nspid, read_pidns_inode, read_start_ticks
+from rankscope.record import ProcessIdentity, RankIdentity, Recorder
 from rankscope.schema import MarkArena, MarkNvml
 from test_daemon_flightstate import GiB, census, mark, rank_recorder
 
@@ -299,7 +293,7 @@ def test_the_api_answers_from_the_tailed_state_without_rereading_per_request(
     real_poll = state._reader.poll
     monkeypatch.setattr(state._reader, "poll", lambda: polls.append(1) or real_poll())
     proc_walks: list[str] = []
-    monkeypatch.setattr(flightstate, "_scan_proc", lambda proc: proc_walks.append(proc) or {})
+    monkeypatch.setattr(flightstate, "list_pids", lambda proc: proc_walks.append(proc) or [])
     monkeypatch.setattr(app_module, "API_REFRESH_S", 3600.0)  # no refresher runs here
     app = create_app(
         registry=TimedCollectors().registry(),

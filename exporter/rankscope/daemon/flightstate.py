@@ -32,7 +32,13 @@ from rankscope.flight import (
     Record,
 )
 from rankscope.ledger import host_pid
-from rankscope.record import HOST_PIDNS_INODE, read_nspid, read_pidns_inode, read_start_ticks
+from rankscope.procfs import (
+    DEFAULT_ROOT,
+    HOST_PIDNS_INODE,
+    RankIndex,
+    list_pids,
+    read_proc_info,
+)
 from rankscope.schema import Census, CensusDump, Divergence, Line, Mark
 
 # A process that marks in a loop must not grow the daemon without bound; past this many
@@ -117,7 +123,7 @@ class FlightState:
     """The tailed flight directory. ``refresh()`` reads what was appended; the collectors,
     the API and the holdings read a :class:`FlightView` of it."""
 
-    def __init__(self, flight_dir: str | os.PathLike[str], proc: str = "/proc") -> None:
+    def __init__(self, flight_dir: str | os.PathLike[str], proc: str = DEFAULT_ROOT) -> None:
         self.flight_dir = Path(flight_dir)
         self._reader = FlightReader(self.flight_dir)
         self._lock = threading.Lock()
@@ -352,49 +358,26 @@ def _round_wall(line: Line[Divergence]) -> tuple[int, float]:
 
 
 def host_pids(
-    processes: list[RankProcess], proc: str = "/proc"
+    processes: list[RankProcess], proc: str = DEFAULT_ROOT
 ) -> dict[tuple[str, int, int | None], int | None]:
     """The pid NVML lists for each process, keyed by (host, pid, start_ticks).
 
     A process in the host's PID namespace names it; for any other, this daemon's /proc (the
-    host's view) is searched for the process whose NSpid chain ends in the record's pid,
-    with the record's start time and namespace, so a rank in a container counts as a rank
-    and not as a foreign holder. /proc is scanned at most once per call, and only when a
-    process needs it.
+    host's view) is searched with the holdings' rank matcher (rankscope.procfs.RankIndex),
+    so a rank in a container counts as a rank and not as a foreign holder. /proc is walked
+    at most once per call, and only when a process needs it.
     """
     out: dict[tuple[str, int, int | None], int | None] = {}
-    index: dict[tuple[int, int], list[tuple[int, int | None]]] | None = None
+    namespaced = []
     for p in processes:
         key = (p.host, p.pid, p.start_ticks)
-        if p.pidns == HOST_PIDNS_INODE:
-            out[key] = p.pid
-            continue
-        if p.start_ticks is None:
-            out[key] = None
-            continue
-        if index is None:
-            index = _scan_proc(proc)
-        matches = [
-            pid
-            for pid, ns in index.get((p.pid, p.start_ticks), [])
-            if p.pidns is None or ns is None or ns == p.pidns
-        ]
-        out[key] = matches[0] if matches else None
+        out[key] = p.pid if p.pidns == HOST_PIDNS_INODE else None
+        if p.pidns != HOST_PIDNS_INODE and p.start_ticks is not None:
+            namespaced.append(p)
+    if namespaced:
+        index = RankIndex(namespaced)
+        for pid in list_pids(proc):
+            rp = index.match(read_proc_info(pid, proc))
+            if rp is not None and out[(rp.host, rp.pid, rp.start_ticks)] is None:
+                out[(rp.host, rp.pid, rp.start_ticks)] = pid
     return out
-
-
-def _scan_proc(proc: str) -> dict[tuple[int, int], list[tuple[int, int | None]]]:
-    """(pid in its own namespace, start ticks) -> [(host pid, namespace inode)]."""
-    index: dict[tuple[int, int], list[tuple[int, int | None]]] = {}
-    try:
-        entries = [e for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        return index
-    for entry in entries:
-        nspid = read_nspid(entry, proc)
-        start = read_start_ticks(entry, proc)
-        if nspid and start is not None:
-            index.setdefault((nspid[-1], start), []).append(
-                (int(entry), read_pidns_inode(entry, proc))
-            )
-    return index
