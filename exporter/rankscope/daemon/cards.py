@@ -206,6 +206,11 @@ class CardMonitor:
     def collectors(self) -> list[Collector]:
         return list(self._collectors)
 
+    def collector(self, name: str) -> Collector:
+        """The collector named ``name`` (the table's factories for cards and holdings)."""
+        (found,) = [c for c in self._collectors if c.name == name]
+        return found
+
     def ready(self) -> bool:
         """The source has been tried once (whether it came up or not)."""
         return self.sampler.tried.is_set()

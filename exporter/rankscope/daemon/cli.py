@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankscope.daemon import cards
+from rankscope.daemon.collectors import table
 from rankscope.record import ENV_DIR
 
 if TYPE_CHECKING:
@@ -25,9 +26,9 @@ log = logging.getLogger("rankscope.daemon")
 
 DEFAULT_PORT = 19400
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
-# Every collector that can be switched off; the self collector always runs.
-FLIGHT_COLLECTORS = ("phases", "arenas", "census")
-CARD_COLLECTORS = ("cards", "holdings")
+# Every collector that can be switched off (rankscope.daemon.collectors.table).
+FLIGHT_COLLECTORS = tuple(e.name for e in table.TABLE if e.switchable and not e.reads_cards)
+CARD_COLLECTORS = tuple(e.name for e in table.TABLE if e.switchable and e.reads_cards)
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
@@ -83,14 +84,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         default="info",
         choices=("debug", "info", "warning", "error"),
     )
-    for collector in (*FLIGHT_COLLECTORS, *CARD_COLLECTORS):
-        parser.add_argument(
-            f"--collector.{collector}",
-            dest=f"collector_{collector}",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help=f"enable the {collector} collector (default on)",
-        )
+    table.add_switches(parser)
     cards.add_arguments(parser)
 
 
@@ -135,13 +129,9 @@ def build(args: argparse.Namespace) -> Daemon:
     """Assemble the daemon from its flags; ValueError/OSError for a flag that cannot work."""
     from rankscope.census.report import census_document
     from rankscope.daemon.app import FLIGHT_REFRESH_S, Daemon, create_app
-    from rankscope.daemon.collectors.arenas import ArenasCollector
-    from rankscope.daemon.collectors.census import CensusCollector
-    from rankscope.daemon.collectors.phases import PhasesCollector
-    from rankscope.daemon.collectors.self import SelfCollector
     from rankscope.daemon.flightstate import FlightState
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
-    from rankscope.daemon.registry import Collector, TimedCollectors
+    from rankscope.daemon.registry import TimedCollectors
     from rankscope.daemon.sampler import Periodic
     from rankscope.daemon.webconfig import (
         ReloadingAuth,
@@ -163,22 +153,9 @@ def build(args: argparse.Namespace) -> Daemon:
 
     state = FlightState(flight_dir, proc=getattr(args, "path_procfs", "/proc"))
     monitor = None
-    if args.collector_cards or args.collector_holdings:
+    if table.needs_monitor(args):
         monitor = cards.CardMonitor.from_args(args, rank_processes=state.rank_processes)
-    collectors: list[Collector] = [
-        SelfCollector(state, monitor.up if monitor is not None else None)
-    ]
-    if args.collector_phases:
-        collectors.append(PhasesCollector(state, boots=args.phase_boots))
-    if args.collector_arenas:
-        collectors.append(ArenasCollector(state))
-    if args.collector_census:
-        collectors.append(CensusCollector(state))
-    if monitor is not None:
-        collectors.extend(
-            c for c in monitor.collectors() if getattr(args, f"collector_{c.name}", True)
-        )
-    timed = TimedCollectors(collectors)
+    timed = TimedCollectors(table.build(table.Inputs(args, state, monitor)), refresh=state.refresh)
 
     app: Any = create_app(
         registry=timed.registry(),
