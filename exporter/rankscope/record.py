@@ -26,7 +26,7 @@ from typing import Any
 
 from rankscope.procfs import read_nspid, read_pidns_inode, read_start_ticks
 from rankscope.schema import SCHEMA_VERSION as SCHEMA_VERSION
-from rankscope.schema import Body
+from rankscope.schema import Body, Header
 
 ENV_DIR = "RANKSCOPE_DIR"
 ENV_BOOT_ID = "RANKSCOPE_BOOT_ID"
@@ -197,22 +197,26 @@ class Recorder:
             self._prefixes = {}
 
     def header(self, kind: str) -> dict[str, Any]:
-        r = self.rank
-        line: dict[str, Any] = {
-            "v": SCHEMA_VERSION,
-            "kind": kind,
-            "boot": self.boot,
-            "rank": r.rank,
-            "local_rank": r.local_rank,
-            "world_size": r.world_size,
-            "tp_rank": r.tp_rank,
-            "pp_rank": r.pp_rank,
-            "runner": r.runner,
-        }
-        line.update(self.process.fields())
-        line["mono"] = time.monotonic()
-        line["wall"] = time.time()
-        return line
+        """The header of a line of ``kind`` written now (rankscope.schema.Header)."""
+        r, p = self.rank, self.process
+        return Header(
+            v=SCHEMA_VERSION,
+            kind=kind,
+            boot=self.boot,
+            rank=r.rank,
+            local_rank=r.local_rank,
+            world_size=r.world_size,
+            tp_rank=r.tp_rank,
+            pp_rank=r.pp_rank,
+            runner=r.runner,
+            host=p.host,
+            pid=p.pid,
+            start_ticks=p.start_ticks,
+            nspid=p.nspid,
+            pidns=p.pidns,
+            mono=time.monotonic(),
+            wall=time.time(),
+        ).to_json()
 
     def _encode(self, kind: str, payload: dict[str, Any]) -> bytes:
         """header(kind) updated with payload, as one JSON line. The header's fixed fields are

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankscope.daemon import cards
 from rankscope.daemon.collectors import table
+from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.record import ENV_DIR
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--otlp.interval",
         dest="otlp_interval",
-        type=_duration,
+        type=argtype(parse_duration),
         default=None,
         metavar="DURATION",
         help="time between OTLP pushes (default OTEL_METRIC_EXPORT_INTERVAL, else 15s)",
@@ -86,13 +87,6 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     )
     table.add_switches(parser)
     cards.add_arguments(parser)
-
-
-def _duration(text: str) -> float:
-    try:
-        return cards.parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rankscope.daemon.devices import DeviceError
 from rankscope.daemon.flightstate import RankProcess
-from rankscope.daemon.sampler import CardHoldings, CardState, Holding, Periodic, Sampler
+from rankscope.daemon.sampler import CardState, Periodic, Sampler
 from rankscope.procfs import ProcCache, ProcInfo, RankIndex
 
 log = logging.getLogger("rankscope.daemon")
@@ -27,6 +28,29 @@ log = logging.getLogger("rankscope.daemon")
 ROLE_RANK = "rank"
 ROLE_FOREIGN = "foreign"
 ROLE_OVERFLOW = "overflow"
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One process's bytes on one card, attributed."""
+
+    pid: int | None  # None for the overflow series
+    comm: str
+    bytes: int | None
+    role: str  # rank, foreign, overflow
+    boot: str | None
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class CardHoldings:
+    """One read of a card's process list, with the card's free bytes read alongside."""
+
+    processes: tuple[Holding, ...]
+    free: int
+    rank_resident: int
+    foreign: int
+    unattributed: int  # total - free - every process's bytes; signed
 
 
 def attribute(

@@ -22,8 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from rankscope.daemon.devices import CardIdentity, DeviceError, DeviceSource, parse_bytes
+from rankscope.daemon.devices import CardIdentity, DeviceError, DeviceSource
+from rankscope.daemon.flags import parse_bytes
+
+if TYPE_CHECKING:
+    from rankscope.daemon.holdings import CardHoldings
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -110,29 +115,6 @@ def parse_floors(text: str) -> Floors:
 
 
 # --- per-card state -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Holding:
-    """One process's bytes on one card, attributed (rankscope.daemon.holdings)."""
-
-    pid: int | None  # None for the overflow series
-    comm: str
-    bytes: int | None
-    role: str  # rank, foreign, overflow
-    boot: str | None
-    rank: int | None
-
-
-@dataclass(frozen=True)
-class CardHoldings:
-    """One read of a card's process list, with the card's free bytes read alongside."""
-
-    processes: tuple[Holding, ...]
-    free: int
-    rank_resident: int
-    foreign: int
-    unattributed: int  # total - free - every process's bytes; signed
 
 
 @dataclass
@@ -277,7 +259,7 @@ class Sampler:
             card.errors += 1
             card.failures += 1
             card.last_t = None  # the time while it failed is unmeasured, never counted
-            card.backoff = min(max(card.backoff * 2, self.interval), MAX_BACKOFF_S)
+            card.backoff = backoff(card.backoff, self.interval)
             card.retry_at = now + card.backoff
             if card.failing is None:
                 log.warning(
@@ -295,7 +277,7 @@ class Sampler:
     def _source_failed(self, exc: DeviceError, now: float) -> None:
         with self._lock:
             self.source_errors += 1
-            self._source_backoff = min(max(self._source_backoff * 2, self.interval), MAX_BACKOFF_S)
+            self._source_backoff = backoff(self._source_backoff, self.interval)
             self._reopen_at = now + self._source_backoff
             message = str(exc)
             if self.source_failing != message:
@@ -339,7 +321,7 @@ class Sampler:
                 return
             # Open, serving the cards that answered, but down: count it, retry the rest.
             self.source_errors += 1
-            self._source_backoff = min(max(self._source_backoff * 2, self.interval), MAX_BACKOFF_S)
+            self._source_backoff = backoff(self._source_backoff, self.interval)
             self._reopen_due = now + self._source_backoff
             if self.source_failing != incomplete:
                 log.warning(
@@ -445,6 +427,12 @@ class Sampler:
                     )
                 )
         return out
+
+
+def backoff(previous: float, first: float, cap: float = MAX_BACKOFF_S) -> float:
+    """The next retry delay: ``first`` at the first failure, doubling after, at most
+    ``cap`` (the one backoff of the card and source retries)."""
+    return min(max(previous * 2, first), cap)
 
 
 class Periodic:
