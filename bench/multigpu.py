@@ -290,8 +290,8 @@ def main() -> int:
     print("\n".join(corridor))
     ok = (
         ranks_named(cards) == world
-        and bool(first)
-        and first["lagging"] == [SKIP_RANK]
+        and first is not None
+        and first.body.lagging == (SKIP_RANK,)
         and all(n == 2 + REPLAYS for n in graph_counts.values())
         and len(graph_counts) == world
     )
