@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -117,19 +117,6 @@ def wait_ready(
     raise ServiceError(f"{url} did not answer within {timeout:.0f}s ({last}){seen}")
 
 
-@contextlib.contextmanager
-def served(argv: list[str], log: Path, ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A service started with its output in ``log``, ready once ``ready_url`` answers, and
-    stopped on the way out: the one launcher of the daemon, Prometheus and Alertmanager,
-    for the demo and the tests alike."""
-    proc = start(argv, log)
-    try:
-        wait_ready(ready_url, proc, log)
-        yield proc
-    finally:
-        stop(proc, grace=10)
-
-
 def tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -138,11 +125,32 @@ def tail(path: Path, lines: int = 15) -> str:
 
 
 @dataclass
-class Daemon:
+class Service:
+    """A started service: where it answers, its process, its log."""
+
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
 
+
+S = TypeVar("S", bound=Service)
+
+
+@contextlib.contextmanager
+def served(kind: type[S], argv: list[str], log: Path, port: int, ready_path: str) -> Iterator[S]:
+    """A service started with its output in ``log``, ready once ``ready_path`` on ``port``
+    answers, and stopped on the way out: the one launcher of the daemon, Prometheus and
+    Alertmanager, for the demo and the tests alike."""
+    proc = start(argv, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + ready_path, proc, log)
+        yield kind(url=url, proc=proc, log=log)
+    finally:
+        stop(proc, grace=10)
+
+
+class Daemon(Service):
     def get(self, path: str) -> Any:
         return http_json(self.url + path)
 
@@ -163,17 +171,11 @@ def daemon(
         f"--flight-dir={flight_dir}",
         *extra_args,
     ]
-    url = f"http://127.0.0.1:{port}"
-    with served(argv, log, url + "/api/v1/cards") as proc:
-        yield Daemon(url=url, proc=proc, log=log)
+    with served(Daemon, argv, log, port, "/api/v1/cards") as running:
+        yield running
 
 
-@dataclass
-class Prometheus:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
+class Prometheus(Service):
     def alerts(self) -> list[dict[str, Any]]:
         return list(http_json(self.url + "/api/v1/alerts")["data"]["alerts"])
 
@@ -214,17 +216,11 @@ def prometheus(
         f"--storage.tsdb.path={workdir / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}",
     ]
-    url = f"http://127.0.0.1:{port}"
-    with served(argv, log, url + "/-/ready") as proc:
-        yield Prometheus(url=url, proc=proc, log=log)
+    with served(Prometheus, argv, log, port, "/-/ready") as running:
+        yield running
 
 
-@dataclass
-class Alertmanager:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
+class Alertmanager(Service):
     def alerts(self) -> list[dict[str, Any]]:
         return list(http_json(self.url + "/api/v2/alerts"))
 
@@ -244,9 +240,8 @@ def alertmanager(binary: str, workdir: Path, config_text: str) -> Iterator[Alert
         f"--web.listen-address=127.0.0.1:{port}",
         f"--cluster.listen-address=127.0.0.1:{cluster_port}",
     ]
-    url = f"http://127.0.0.1:{port}"
-    with served(argv, log, url + "/-/ready") as proc:
-        yield Alertmanager(url=url, proc=proc, log=log)
+    with served(Alertmanager, argv, log, port, "/-/ready") as running:
+        yield running
 
 
 @dataclass
