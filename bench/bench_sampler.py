@@ -55,9 +55,9 @@ from rankscope.daemon.devices import (
     write_script,
 )
 from rankscope.daemon.flightstate import RankProcess
-from rankscope.daemon.holdings import HoldingsReader, read_proc_info
+from rankscope.daemon.holdings import HoldingsReader
 from rankscope.daemon.sampler import Sampler, parse_floors
-from rankscope.record import read_nspid, read_pidns_inode, read_start_ticks
+from rankscope.procfs import read_nspid, read_pidns_inode, read_proc_info, read_start_ticks
 
 GiB = 1 << 30
 

@@ -36,6 +36,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rankscope.daemon import cli
 from rankscope.record import ProcessIdentity, RankIdentity, Recorder
+from rankscope.schema import (
+    Census,
+    Mark,
+    MarkArena,
+    MarkDerived,
+    MarkDevice,
+    MarkDriver,
+    MarkNvml,
+    MarkTorch,
+)
 
 CARDS, PROCS_PER_CARD, RANKS, CENSUS_SERIES = 8, 64, 8, 50
 PHASES = (
@@ -63,23 +73,19 @@ def write_flight(flight_dir: Path) -> None:
             boot="bench-boot",
         )
         for i, phase in enumerate(PHASES):
-            rec.write(
-                "marks",
-                "mark",
-                {
-                    "phase": phase,
-                    "extra": {},
-                    "device": {"index": 0, "uuid": f"GPU-bench-{rank}", "nvml_index": rank, "why": None},
-                    "torch": {"reserved": i * GiB, "allocated": i * GiB, "peak_allocated": i * GiB,
-                              "num_alloc_retries": 0, "num_ooms": 0, "why": None},
-                    "driver": {"free": 80 * GiB - i * GiB, "total": 80 * GiB, "why": None},
-                    "nvml": {"self_bytes": i * GiB + 512, "procs": {}, "why": None},
-                    "arenas": {"kv": {"reserved": 40 * GiB, "backed": i * GiB, "retained": 0, "why": None}},
-                    "derived": {"non_torch": 512, "non_torch_measured": True, "unbacked_reservation": None},
-                },
-            )  # fmt: skip
-        counts = [[f"tp:0-{RANKS - 1}", f"op{k}", 1000 + k] for k in range(CENSUS_SERIES)]
-        rec.write("census", "census", {"round": 100, "counts": counts, "graphs": {}})
+            rec.write_record(
+                Mark(
+                    phase,
+                    device=MarkDevice(0, f"GPU-bench-{rank}", rank),
+                    torch=MarkTorch(i * GiB, i * GiB, i * GiB, 0, 0),
+                    driver=MarkDriver(80 * GiB - i * GiB, 80 * GiB),
+                    nvml=MarkNvml(i * GiB + 512, {}),
+                    arenas={"kv": MarkArena(40 * GiB, i * GiB, 0)},
+                    derived=MarkDerived(512, True, None),
+                )
+            )
+        counts = {(f"tp:0-{RANKS - 1}", f"op{k}"): 1000 + k for k in range(CENSUS_SERIES)}
+        rec.write_record(Census(round=100, every=None, counts=counts))
 
 
 def percentile(values: list[float], q: float) -> float:

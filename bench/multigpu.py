@@ -32,6 +32,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from rankscope.flight import read_flight
+from rankscope.schema import Census, CensusDump, Divergence, Line, of_kind
+
 GiB = 1 << 30
 ROUNDS = 400
 EVERY = 10  # snapshot and compare every 10 ticks
@@ -231,21 +234,18 @@ def main() -> int:
     )
     results = [json.loads((flight / f"result-{r}.json").read_text()) for r in range(world)]
     skip_wall = next(r["skip_wall"] for r in results if r["skip_wall"])
-    divergences = []
-    for path in flight.glob("census-*.jsonl"):
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("kind") == "divergence":
-                divergences.append(rec)
-    divergences.sort(key=lambda r: r["wall"])
+    lines = read_flight(flight, all_boots=True).records
+    divergences = sorted(of_kind(lines, Divergence), key=lambda d: d.header.wall)
     first = divergences[0] if divergences else None
     graph_counts = {}
-    for path in flight.glob("census-*.jsonl"):
-        records = [json.loads(x) for x in path.read_text().splitlines()]
-        last = [r for r in records if r["kind"] in ("census", "census_dump")][-1]
-        for group, op, n in last["counts"]:
+    last_per_file: dict[str, Line[Census | CensusDump]] = {}
+    for line in lines:
+        if isinstance(line.body, (Census, CensusDump)):
+            last_per_file[line.header.file] = Line(line.header, line.body)
+    for last in last_per_file.values():
+        for (group, op), n in (last.body.counts or {}).items():
             if group.startswith("graph") and op == "all_reduce":
-                graph_counts[last["rank"]] = n
+                graph_counts[last.header.rank] = n
 
     summary = {
         "mode": mode,
@@ -254,9 +254,8 @@ def main() -> int:
         "job_wall_s": round(wall, 1),
         "floor_bytes": floor,
         "skip": {"rank": SKIP_RANK, "round": SKIP_ROUND},
-        "first_divergence": first
-        and {k: first[k] for k in ("round", "group", "op", "counts", "lagging")},
-        "seconds_skip_to_named": first and round(first["wall"] - skip_wall, 3),
+        "first_divergence": first and first.body.to_json(),
+        "seconds_skip_to_named": first and round(first.header.wall - skip_wall, 3),
         "divergence_records": len(divergences),
         "graph_all_reduce_counts": graph_counts,
         "graph_expected": 2 + REPLAYS,
@@ -291,8 +290,8 @@ def main() -> int:
     print("\n".join(corridor))
     ok = (
         ranks_named(cards) == world
-        and bool(first)
-        and first["lagging"] == [SKIP_RANK]
+        and first is not None
+        and first.body.lagging == (SKIP_RANK,)
         and all(n == 2 + REPLAYS for n in graph_counts.values())
         and len(graph_counts) == world
     )

@@ -213,3 +213,38 @@ def test_cli_json_as_a_real_command(flight_dir: Path) -> None:
     doc = json.loads(out.stdout)
     assert doc["first_divergent_round"] == 40
     assert doc["history"][0]["rounds"] == [40, 70] and doc["history"][0]["lagging"] == [2]
+
+
+# --- the seam between the reading half and the in-rank half ---------------------------------
+
+IN_RANK = (
+    "rankscope.census.counts",
+    "rankscope.census.torch_patch",
+    "rankscope.census.wrap",
+    "rankscope.census.graphs",
+    "rankscope.census.snapshots",
+    "rankscope.census.gloo",
+)
+
+
+def loaded_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``code``."""
+    probe = code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    return set(json.loads(proc.stdout.splitlines()[-1]))
+
+
+def test_the_daemon_reads_census_records_without_loading_torch_or_the_patching_code() -> None:
+    loaded = loaded_after(
+        "import rankscope.daemon.app, rankscope.daemon.cli\n"
+        "from rankscope import census\n"
+        "from rankscope.census.report import census_document, render_text\n"
+        "from rankscope.census.cli import main"
+    )
+    assert "torch" not in loaded
+    assert loaded.isdisjoint(IN_RANK), sorted(loaded & set(IN_RANK))
+    # The check sees the patch module when it is loaded: the public API still reaches it.
+    used = loaded_after("from rankscope import census\ncensus.instrument_torch_distributed")
+    assert "rankscope.census.torch_patch" in used and "torch" not in used

@@ -24,8 +24,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from rankscope import catalog
-from rankscope.daemon.cards import CardMonitor, add_arguments, parse_duration
+from rankscope.daemon.cards import CardMonitor, add_arguments
 from rankscope.daemon.devices import NvmlSource, ScriptedSource, write_script
+from rankscope.daemon.flags import parse_duration
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.sampler import parse_floors

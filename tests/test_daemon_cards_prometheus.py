@@ -5,15 +5,15 @@ rankscope_gpu_free_min_bytes and the breach counter, and a real foreign process 
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.support.services import free_port, prometheus, wait_http
+from tests.support.services import free_port, prometheus
 
 from rankscope.daemon.devices import write_script
+from rankscope.demo.services import daemon
 
 GiB = 1 << 30
 
@@ -39,16 +39,13 @@ def test_prometheus_sees_a_trough_between_two_scrapes(tmp_path: Path, flight_dir
     procs = {str(sleeper.pid): 2 * GiB}
     write_script(script, card(40 * GiB, procs))
     port = free_port()
-    log = (tmp_path / "serve.log").open("wb")
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "rankscope", "serve", f"--flight-dir={flight_dir}",
-         f"--web.listen-address=127.0.0.1:{port}", f"--device.script={script}",
-         "--corridor.floor=10GiB", "--sampler.interval=100ms", "--holdings.interval=200ms"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    flags = [f"--device.script={script}", "--corridor.floor=10GiB", "--sampler.interval=100ms",
+             "--holdings.interval=200ms"]  # fmt: skip
     try:
-        wait_http(f"http://127.0.0.1:{port}/metrics", proc=serve)
-        with prometheus(tmp_path / "prom", scrape_targets=[f"127.0.0.1:{port}"]) as prom:
+        with (
+            daemon(tmp_path, flight_dir, port, flags),
+            prometheus(tmp_path / "prom", scrape_targets=[f"127.0.0.1:{port}"]) as prom,
+        ):
 
             def value(expr: str) -> float | None:
                 result = prom.query(expr)
@@ -70,8 +67,5 @@ def test_prometheus_sees_a_trough_between_two_scrapes(tmp_path: Path, flight_dir
             assert (held["metric"]["pid"], held["metric"]["comm"]) == (str(sleeper.pid), "sleep")
             assert float(held["value"][1]) == 2 * GiB
     finally:
-        serve.terminate()
-        serve.wait(timeout=10)
-        log.close()
         sleeper.kill()
         sleeper.wait()

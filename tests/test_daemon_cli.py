@@ -17,20 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rankscope import catalog
 from rankscope.census.report import census_document
-from rankscope.daemon import cli
+from rankscope.daemon import app as app_module
+from rankscope.daemon import cli, flightstate
 from rankscope.daemon.app import LINKS, Daemon, create_app, landing_page, with_links
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.flight import read_flight
 from rankscope.ledger import phases_document
-from rankscope.record import (
-    ProcessIdentity,
-    RankIdentity,
-    Recorder,
-    read_nspid,
-    read_pidns_inode,
-    read_start_ticks,
-)
+from rankscope.procfs import read_nspid, read_pidns_inode, read_start_ticks
+from rankscope.record import ProcessIdentity, RankIdentity, Recorder
 from rankscope.schema import MarkArena, MarkNvml
 from test_daemon_flightstate import GiB, census, mark, rank_recorder
 
@@ -287,3 +282,33 @@ def test_the_phases_api_counts_a_rank_in_another_pid_namespace_as_a_rank(flight_
     finally:
         outer.kill()
         outer.wait()
+
+
+def test_the_api_answers_from_the_tailed_state_without_rereading_per_request(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec = rank_recorder(flight_dir, "boot-1", 0)
+    rec.write_record(mark("pre_weight_load"))
+    rec.write_record(mark("weights_loaded"))
+    rec.write_record(census(1, [["tp:0-1", "all_reduce", 3]]))
+    state = FlightState(flight_dir)
+    polls: list[int] = []
+    real_poll = state._reader.poll
+    monkeypatch.setattr(state._reader, "poll", lambda: polls.append(1) or real_poll())
+    proc_walks: list[str] = []
+    monkeypatch.setattr(flightstate, "list_pids", lambda proc: proc_walks.append(proc) or [])
+    monkeypatch.setattr(app_module, "API_REFRESH_S", 3600.0)  # no refresher runs here
+    app = create_app(
+        registry=TimedCollectors().registry(),
+        state=state,
+        phases_report=lambda flight: phases_document(flight, state.host_pid),
+        census_report=census_document,
+    )
+    client = TestClient(app)
+    answers = [client.get(path).json() for path in ("/api/v1/phases", "/api/v1/census") * 3]
+    assert client.get("/api/v1/boots").json()["boots"][0]["boot"] == "boot-1"
+    assert len(polls) == 1  # the first request tailed the directory; the rest read the state
+    assert proc_walks == []  # a rank in the host's PID namespace names its own host pid
+    assert answers[0] == json.loads(json.dumps(phases_document(read_flight(flight_dir))))
+    assert answers[1] == json.loads(json.dumps(census_document(read_flight(flight_dir))))
+    assert client.get("/api/v1/census?boot=nope").status_code == 404

@@ -3,6 +3,7 @@ probe's own writer: values, labels, boot scoping, and unmeasured values left out
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import generate_latest
@@ -20,8 +21,8 @@ from test_daemon_flightstate import GiB, MiB, census, mark, rank_recorder
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
-def scrape(*collectors: Collector) -> Samples:
-    text = generate_latest(TimedCollectors(collectors).registry()).decode()
+def scrape(*collectors: Collector, refresh: Callable[[], object] | None = None) -> Samples:
+    text = generate_latest(TimedCollectors(collectors, refresh=refresh).registry()).decode()
     out: Samples = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -212,7 +213,9 @@ def test_self_reports_the_flight_source_and_skipped_lines(flight_dir: Path, tmp_
     with open(path, "ab") as f:
         f.write(b"garbage\n")
     state = FlightState(flight_dir)
-    s = scrape(SelfCollector(state, lambda: {"nvml": False}))
+    s = scrape(SelfCollector(state, lambda: {"nvml": False}), refresh=state.refresh)
+    # The refresh is an explicit step of the scrape, timed apart from the collectors.
+    assert values(s, "rankscope_collector_success", collector="refresh") == [1]
     # Each impossible value is nulled and counted by field; the line itself is kept.
     assert values(s, "rankscope_flight_fields_invalid_total", field="mark.torch.reserved") == [1]
     assert values(s, "rankscope_flight_fields_invalid_total", field="mark.driver.free") == [1]
@@ -227,6 +230,8 @@ def test_self_reports_the_flight_source_and_skipped_lines(flight_dir: Path, tmp_
     assert len(values(s, "rankscope_build_info")) == 1
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    down = scrape(SelfCollector(FlightState(not_a_dir)))
+    down_state = FlightState(not_a_dir)
+    down = scrape(SelfCollector(down_state), refresh=down_state.refresh)
+    assert values(down, "rankscope_collector_success", collector="refresh") == [0]
     assert values(down, "rankscope_up", source="flight") == [0]
     assert values(down, "rankscope_up", source="nvml") == []  # no card monitor: not measured

@@ -21,18 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from rankscope.daemon.cards import CardMonitor
 from rankscope.daemon.devices import ScriptedSource, write_script
 from rankscope.daemon.flightstate import FlightState, RankProcess
-from rankscope.daemon.holdings import (
-    ProcCache,
-    ProcInfo,
-    RankIndex,
-    attribute,
-    cap,
-    parse_stat_comm,
-    read_proc_info,
-    summarize,
-)
+from rankscope.daemon.holdings import Holding, attribute, cap, summarize
 from rankscope.daemon.registry import TimedCollectors
-from rankscope.daemon.sampler import Holding
+from rankscope.procfs import ProcCache, ProcInfo, RankIndex, parse_stat_comm, read_proc_info
 from support.waiting import wait_for
 
 GiB = 1 << 30

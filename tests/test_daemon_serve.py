@@ -155,6 +155,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("serve")
     flight_dir = root / "flight"
     flight_dir.mkdir()
+    # An older boot's mark with an impossible free byte count: nulled and counted.
+    older = rank_recorder(flight_dir, "boot-older", 5, pid=1)
+    older.write_record(mark("pre_weight_load", free=-1))
     ranks = start_ranks(flight_dir, BOOT, world=2)
     try:
         # Marks with GPU figures, as a probe on a GPU host writes them, for a third process.

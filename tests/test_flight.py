@@ -35,6 +35,7 @@ from rankscope.schema import (
     MarkDriver,
     MarkNvml,
     MarkTorch,
+    UnknownKind,
     of_kind,
 )
 
@@ -344,3 +345,12 @@ def test_sigkill_mid_append_costs_at_most_the_line_being_written(flight_dir: Pat
     reader = FlightReader(flight_dir)
     assert [r.body.extra["seq"] for r in of_kind(reader.poll(), Mark)] == seqs
     assert sum(reader.skipped.values()) == 0
+
+
+def test_a_kind_this_reader_does_not_know_keeps_its_header(flight_dir: Path) -> None:
+    # A newer writer of the same schema version may add a kind (rankscope.schema says how).
+    write(flight_dir / "oom-h-7-7.jsonl", line(kind="from_the_future", boot="b9", pid=7))
+    flight = read_flight(flight_dir)
+    (rec,) = flight.records
+    assert isinstance(rec.body, UnknownKind) and rec.body.kind == "from_the_future"
+    assert (flight.boot, rec.header.pid, flight.skipped) == ("b9", 7, {})

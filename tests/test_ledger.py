@@ -16,7 +16,7 @@ import pytest
 
 from rankscope.flight import read_flight
 from rankscope.ledger import card_identities, phases_document, posts
-from rankscope.record import HOST_PIDNS_INODE
+from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.schema import (
     SCHEMA_VERSION,
     Header,

@@ -16,13 +16,35 @@ from tests.support.services import binary
 
 from rankscope import catalog
 from rankscope.mixin import config, dashboards, render, rules
-from rankscope.mixin.promql import PromQLSyntaxError, metric_names, variable_query_names
+from rankscope.mixin.promql import PromQLSyntaxError, metric_names
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS = ROOT / "alerts"
 PROMTOOL_TESTS = sorted((ALERTS / "tests").glob("*.yml"))
 AM_EXAMPLE = ALERTS / "alertmanager.example.yml"
 SEVERITIES = {"critical", "warning", "info"}
+
+
+# Test-side readers of the mixin's output (not part of the package: only the tests need them).
+_LABEL_VALUES = re.compile(r"^\s*label_values\s*\((.*),\s*[A-Za-z_][A-Za-z0-9_]*\s*\)\s*$", re.S)
+
+
+def variable_query_names(query: str) -> set[str]:
+    """Metric names in a Grafana Prometheus variable query: ``label_values(EXPR, label)``,
+    ``label_values(label)`` (no metric) or ``query_result(EXPR)``."""
+    match = _LABEL_VALUES.match(query)
+    if match:
+        return metric_names(match.group(1))
+    stripped = query.strip()
+    if stripped.startswith("label_values("):
+        return set()
+    if stripped.startswith("query_result(") and stripped.endswith(")"):
+        return metric_names(stripped[len("query_result(") : -1])
+    return metric_names(query)
+
+
+def record_names() -> list[str]:
+    return [r["record"] for r in rules.recording_rules(rules.merged())]
 
 
 def run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -130,7 +152,7 @@ def test_every_recording_rule_has_promtool_cases() -> None:
     exprs = " ".join(
         check["expr"] for case in _promtool_cases() for check in case.get("promql_expr_test", [])
     )
-    for record in rules.record_names():
+    for record in record_names():
         assert record in exprs, f"no promql_expr_test evaluates {record}"
 
 
@@ -178,7 +200,7 @@ def test_alerting_doc_covers_every_config_key() -> None:
 
 def _known_names() -> set[str]:
     names = {n for m in catalog.CATALOG for n in catalog.exposed_names(m)}
-    return names | set(rules.record_names()) | set(rules.PROMETHEUS_SERIES)
+    return names | set(record_names()) | set(rules.PROMETHEUS_SERIES)
 
 
 def unknown_names(expr: str, *, variable: bool = False) -> set[str]:

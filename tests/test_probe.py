@@ -18,15 +18,8 @@ import pytest
 from rankscope import probe
 from rankscope.flight import read_flight
 from rankscope.probe.torch_view import NOT_IMPORTED, NOT_INITIALISED
-from rankscope.record import (
-    HOST_PIDNS_INODE,
-    Recorder,
-    publish_boot_id,
-    read_nspid,
-    read_pidns_inode,
-    read_start_ticks,
-    resolve_boot_id,
-)
+from rankscope.procfs import HOST_PIDNS_INODE, read_nspid, read_pidns_inode, read_start_ticks
+from rankscope.record import Recorder, publish_boot_id, resolve_boot_id
 from rankscope.schema import (
     Line,
     Mark,

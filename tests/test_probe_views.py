@@ -17,7 +17,8 @@ from rankscope.flight import read_flight
 from rankscope.probe import arenas
 from rankscope.probe.nvml_view import NvmlView, _fast_process_lister, own_bytes
 from rankscope.probe.torch_view import Device, TorchReading, TorchView, nvml_uuid, view_from_stats
-from rankscope.record import HOST_PIDNS_INODE, Recorder
+from rankscope.procfs import HOST_PIDNS_INODE
+from rankscope.record import Recorder
 from rankscope.schema import (
     Mark,
     MarkArena,

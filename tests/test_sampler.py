@@ -11,13 +11,8 @@ from typing import Any
 
 import pytest
 
-from rankscope.daemon.devices import (
-    DeviceError,
-    ScriptedSource,
-    parse_bytes,
-    parse_script,
-    write_script,
-)
+from rankscope.daemon.devices import DeviceError, ScriptedSource, parse_script, write_script
+from rankscope.daemon.flags import parse_bytes
 from rankscope.daemon.sampler import Periodic, Sampler, parse_floors
 
 GiB = 1 << 30

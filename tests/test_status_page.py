@@ -24,7 +24,8 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from rankscope.demo.cards import FLOOR, SimulatedCards
-from support.services import free_port, wait_http
+from rankscope.demo.services import daemon
+from support.services import free_port
 
 GiB = 1024**3
 BOOT = "boot-status-page"
@@ -111,32 +112,12 @@ def ranks(flight_dir: Path) -> Iterator[list[Rank]]:
 
 @contextlib.contextmanager
 def serve(flight_dir: Path, script: Path) -> Iterator[str]:
-    port = free_port()
-    log = flight_dir.parent / "daemon.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rankscope",
-                "serve",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--flight-dir={flight_dir}",
-                "--device.source=script",
-                f"--device.script={script}",
-                f"--corridor.floor={FLOOR}",
-                "--holdings.interval=200ms",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/api/v1/cards", proc=proc)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    """The daemon as the demo starts it (rankscope.demo.services.daemon)."""
+    flags = ["--device.source=script", f"--device.script={script}", f"--corridor.floor={FLOOR}"]
+    with daemon(
+        flight_dir.parent, flight_dir, free_port(), [*flags, "--holdings.interval=200ms"]
+    ) as d:
+        yield d.url
 
 
 @pytest.fixture

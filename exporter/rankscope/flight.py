@@ -289,12 +289,6 @@ def summarize_boots(records: Iterable[Record]) -> list[BootSummary]:
     ]
 
 
-def latest_boot(records: Iterable[Record]) -> str | None:
-    """The boot whose first record is newest; None when there is no record."""
-    boots = summarize_boots(records)
-    return boots[-1].boot if boots else None
-
-
 def read_flight(
     flight_dir: str | os.PathLike[str], *, boot: str | None = None, all_boots: bool = False
 ) -> Flight:

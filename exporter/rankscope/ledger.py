@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rankscope.flight import SKIP_REASONS, Flight, Record
-from rankscope.record import HOST_PIDNS_INODE
+from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.schema import Line, Mark, of_kind
 
 MiB = 1 << 20

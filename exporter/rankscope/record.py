@@ -24,8 +24,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from rankscope.procfs import read_nspid, read_pidns_inode, read_start_ticks
 from rankscope.schema import SCHEMA_VERSION as SCHEMA_VERSION
-from rankscope.schema import Body
+from rankscope.schema import Body, Header
 
 ENV_DIR = "RANKSCOPE_DIR"
 ENV_BOOT_ID = "RANKSCOPE_BOOT_ID"
@@ -35,63 +36,6 @@ log = logging.getLogger("rankscope")
 
 
 # --- process identity -------------------------------------------------------------------
-
-
-def read_start_ticks(pid: int | str = "self", proc: str = "/proc") -> int | None:
-    """Start time of a process in clock ticks since host boot (field 22 of /proc/PID/stat).
-
-    The same number whichever PID namespace reads it, which is what lets a daemon with the
-    host's view match a containerised rank's record to NVML's host pid.
-    """
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            raw = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return parse_stat_start_ticks(raw)
-
-
-def parse_stat_start_ticks(stat_line: str) -> int | None:
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-    close = stat_line.rfind(")")
-    if close < 0:
-        return None
-    rest = stat_line[close + 2 :].split()
-    # rest[0] is field 3 (state), so field 22 is rest[19].
-    try:
-        return int(rest[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def read_nspid(pid: int | str = "self", proc: str = "/proc") -> tuple[int, ...] | None:
-    """The NSpid chain of /proc/PID/status: the pid in the reader's namespace first, the
-    process's own (innermost) namespace last."""
-    try:
-        with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return tuple(int(x) for x in line.split()[1:])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-# PROC_PID_INIT_INO: the inode of the host's (initial) PID namespace, fixed by the kernel. A
-# process in it sees the pids NVML lists; a process in any other namespace does not.
-HOST_PIDNS_INODE = 0xEFFFFFFC
-
-
-def read_pidns_inode(pid: int | str = "self", proc: str = "/proc") -> int | None:
-    """Inode of the process's PID namespace (readlink /proc/PID/ns/pid -> 'pid:[N]')."""
-    try:
-        link = os.readlink(f"{proc}/{pid}/ns/pid")
-    except OSError:
-        return None
-    try:
-        return int(link[link.index("[") + 1 : link.index("]")])
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -253,22 +197,26 @@ class Recorder:
             self._prefixes = {}
 
     def header(self, kind: str) -> dict[str, Any]:
-        r = self.rank
-        line: dict[str, Any] = {
-            "v": SCHEMA_VERSION,
-            "kind": kind,
-            "boot": self.boot,
-            "rank": r.rank,
-            "local_rank": r.local_rank,
-            "world_size": r.world_size,
-            "tp_rank": r.tp_rank,
-            "pp_rank": r.pp_rank,
-            "runner": r.runner,
-        }
-        line.update(self.process.fields())
-        line["mono"] = time.monotonic()
-        line["wall"] = time.time()
-        return line
+        """The header of a line of ``kind`` written now (rankscope.schema.Header)."""
+        r, p = self.rank, self.process
+        return Header(
+            v=SCHEMA_VERSION,
+            kind=kind,
+            boot=self.boot,
+            rank=r.rank,
+            local_rank=r.local_rank,
+            world_size=r.world_size,
+            tp_rank=r.tp_rank,
+            pp_rank=r.pp_rank,
+            runner=r.runner,
+            host=p.host,
+            pid=p.pid,
+            start_ticks=p.start_ticks,
+            nspid=p.nspid,
+            pidns=p.pidns,
+            mono=time.monotonic(),
+            wall=time.time(),
+        ).to_json()
 
     def _encode(self, kind: str, payload: dict[str, Any]) -> bytes:
         """header(kind) updated with payload, as one JSON line. The header's fixed fields are

@@ -561,6 +561,29 @@ def _parse_graphs(obj: Mapping[str, Any], bad: Bad, where: str) -> dict[str, Gra
     return out
 
 
+def _counts_json(
+    round_: int | None, every: int | None, counts: Counts | None, graphs: dict[str, GraphCounts]
+) -> Json:
+    return {
+        "round": round_,
+        "every": every,
+        "counts": encode_counts(counts or {}),
+        "graphs": {name: g.to_json() for name, g in graphs.items()},
+    }
+
+
+def _parse_counts(
+    obj: Mapping[str, Any], bad: Bad, w: str
+) -> tuple[int | None, int | None, Counts | None, dict[str, GraphCounts]]:
+    """(round, every, counts, graphs) of a census or census_dump line."""
+    return (
+        _count(obj, "round", bad, w),
+        _count(obj, "every", bad, w),
+        decode_counts(obj.get("counts"), bad, f"{w}.counts"),
+        _parse_graphs(obj, bad, w),
+    )
+
+
 @dataclass(slots=True)
 class Census:
     """A snapshot of a rank's counts at a replicated round (docs/census.md)."""
@@ -574,22 +597,11 @@ class Census:
     graphs: dict[str, GraphCounts] = field(default_factory=dict)
 
     def to_json(self) -> Json:
-        return {
-            "round": self.round,
-            "every": self.every,
-            "counts": encode_counts(self.counts or {}),
-            "graphs": {name: g.to_json() for name, g in self.graphs.items()},
-        }
+        return _counts_json(self.round, self.every, self.counts, self.graphs)
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> Census:
-        w = cls.KIND
-        return cls(
-            round=_count(obj, "round", bad, w),
-            every=_count(obj, "every", bad, w),
-            counts=decode_counts(obj.get("counts"), bad, f"{w}.counts"),
-            graphs=_parse_graphs(obj, bad, w),
-        )
+        return cls(*_parse_counts(obj, bad, cls.KIND))
 
 
 @dataclass(slots=True)
@@ -606,24 +618,13 @@ class CensusDump:
     graphs: dict[str, GraphCounts] = field(default_factory=dict)
 
     def to_json(self) -> Json:
-        return {
-            "round": self.round,
-            "every": self.every,
-            "counts": encode_counts(self.counts or {}),
-            "graphs": {name: g.to_json() for name, g in self.graphs.items()},
-            "reason": self.reason,
-        }
+        out = _counts_json(self.round, self.every, self.counts, self.graphs)
+        out["reason"] = self.reason
+        return out
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> CensusDump:
-        w = cls.KIND
-        return cls(
-            reason=_str(obj, "reason", bad, w),
-            round=_count(obj, "round", bad, w),
-            every=_count(obj, "every", bad, w),
-            counts=decode_counts(obj.get("counts"), bad, f"{w}.counts"),
-            graphs=_parse_graphs(obj, bad, w),
-        )
+        return cls(_str(obj, "reason", bad, cls.KIND), *_parse_counts(obj, bad, cls.KIND))
 
 
 @dataclass(slots=True)

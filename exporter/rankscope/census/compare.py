@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rankscope.census.counts import SEND, Key, parse_instance, parse_p2p
+from rankscope.census.naming import SEND, Key, parse_instance, parse_p2p
 
 Entry = dict[str, Any]  # {group, op, counts: {"<rank>": n}, divergent, lagging: [rank]}
 

@@ -22,6 +22,7 @@ from typing import Any
 from rankscope.census import counts as _counts
 from rankscope.census import snapshots
 from rankscope.census.compare import Entry, compare_ranks
+from rankscope.census.naming import Key
 from rankscope.census.wrap import GUARD
 from rankscope.record import RECORDER
 from rankscope.schema import Divergence
@@ -50,11 +51,11 @@ class Comparator:
         self.divergences: list[tuple[int, Entry]] = []
         self.failed: BaseException | None = None
         self._signatures: dict[tuple[str, str], tuple[Any, ...]] = {}
-        self._queue: queue.Queue[tuple[int, dict[_counts.Key, int]] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[int, dict[Key, int]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="rankscope-census", daemon=True)
         self._thread.start()
 
-    def submit(self, round_: int, counts: dict[_counts.Key, int]) -> None:
+    def submit(self, round_: int, counts: dict[Key, int]) -> None:
         if self.failed is None:
             self._queue.put_nowait((round_, counts))
 
@@ -83,7 +84,7 @@ class Comparator:
                 )
                 return
 
-    def compare_round(self, round_: int, counts: dict[_counts.Key, int]) -> list[Entry]:
+    def compare_round(self, round_: int, counts: dict[Key, int]) -> list[Entry]:
         mine = {"rank": self.rank, "round": round_, "counts": _counts.encode_counts(counts)}
         gathered = [
             json.loads(raw)

@@ -17,7 +17,7 @@ from typing import Any
 
 from rankscope import schema
 from rankscope.census import counts as _counts
-from rankscope.census.counts import Key
+from rankscope.census.naming import Key
 
 log = logging.getLogger("rankscope.census")
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rankscope.census.compare import Entry, compare_group, members_of, split_by_group
-from rankscope.census.counts import parse_p2p
+from rankscope.census.naming import parse_p2p
 from rankscope.schema import AnyLine, Census, CensusDump, Divergence, Line
 
 if TYPE_CHECKING:
@@ -126,13 +126,35 @@ def build_report(
     scopes them). ``skipped`` carries the reader's own skip counts into the report."""
     skips: collections.Counter[str] = collections.Counter(skipped or {})
     ranks, divergences = _load(_select_processes(records, skips), skips)
+    groups, entries, history = _snapshot_sections(ranks)
+    everies = sorted({s.every for s in ranks.values() if s.every is not None})
+    return {
+        "boot": boot,
+        "ranks": [_rank_summary(ranks[r]) for r in sorted(ranks)],
+        "every": everies[0] if len(everies) == 1 else everies or None,
+        "groups": groups,
+        "entries": entries,
+        "divergent": any(e["divergent"] for e in entries),
+        "first_divergent_round": min((e["rounds"][0] for e in history), default=None),
+        "history": history,
+        "dumps": _dump_section(ranks),
+        "in_process": _in_process_section(divergences),
+        "in_process_lines": len(divergences),
+        "skipped": dict(sorted(skips.items())),
+    }
+
+
+def _snapshot_sections(
+    ranks: dict[int, _Rank],
+) -> tuple[list[dict[str, Any]], list[Entry], list[Entry]]:
+    """(groups, entries at each group's latest common round, history of divergences) from
+    the snapshots: every group instance compared over its members' common rounds."""
     with_snapshots = {r for r, s in ranks.items() if s.rounds}
     groups_seen: dict[str, set[int]] = collections.defaultdict(set)
     for state in ranks.values():
         for by_group in state.rounds.values():
             for group in by_group:
                 groups_seen[group].add(state.rank)
-
     groups: list[dict[str, Any]] = []
     entries: list[Entry] = []
     history: list[Entry] = []
@@ -145,32 +167,47 @@ def build_report(
             "rounds_compared": 0,
         }
         groups.append(summary)
-        if len(members) < 2:
-            continue
-        common = sorted(set.intersection(*(set(ranks[m].rounds) for m in members)))
+        common = (
+            sorted(set.intersection(*(set(ranks[m].rounds) for m in members)))
+            if len(members) >= 2
+            else []
+        )
         summary["rounds_compared"] = len(common)
         if not common:
             continue
-        latest = common[-1]
-        summary["round"] = latest
-        has_p2p = any(
-            parse_p2p(op) is not None
-            for m in members
-            for by_group in ranks[m].rounds.values()
-            for op in by_group.get(group, {})
-        )
-        entries_at: dict[int, dict[str, Entry]] = {}
-        for r in common:
-            at = [ranks[m].rounds[r].get(group, {}) for m in members]
-            if r != latest and not has_p2p and all(ops == at[0] for ops in at[1:]):
-                entries_at[r] = {}  # every member agrees on every op: nothing to list
-                continue
-            entries_at[r] = {
-                e["op"]: e for e in compare_group(group, dict(zip(members, at, strict=True)))
-            }
+        latest = summary["round"] = common[-1]
+        entries_at = _entries_by_round(group, members, common, ranks)
         entries.extend(dict(e, round=latest) for e in entries_at[latest].values())
         history.extend(_spans(common, entries_at, latest))
+    history.sort(key=lambda e: (e["rounds"][0], e["group"], e["op"]))
+    return groups, entries, history
 
+
+def _entries_by_round(
+    group: str, members: list[int], common: list[int], ranks: dict[int, _Rank]
+) -> dict[int, dict[str, Entry]]:
+    """Per common round, the comparison of ``group`` over ``members``, by op."""
+    latest = common[-1]
+    has_p2p = any(
+        parse_p2p(op) is not None
+        for m in members
+        for by_group in ranks[m].rounds.values()
+        for op in by_group.get(group, {})
+    )
+    entries_at: dict[int, dict[str, Entry]] = {}
+    for r in common:
+        at = [ranks[m].rounds[r].get(group, {}) for m in members]
+        if r != latest and not has_p2p and all(ops == at[0] for ops in at[1:]):
+            entries_at[r] = {}  # every member agrees on every op: nothing to list
+            continue
+        entries_at[r] = {
+            e["op"]: e for e in compare_group(group, dict(zip(members, at, strict=True)))
+        }
+    return entries_at
+
+
+def _dump_section(ranks: dict[int, _Rank]) -> dict[str, Any]:
+    """The local dumps (taken at abort or exit, not at a common round), compared per group."""
     dumped = {r: s for r, s in ranks.items() if s.dump is not None}
     dump_entries: list[Entry] = []
     for group in sorted({g for s in dumped.values() for g in s.dump_counts}):
@@ -180,42 +217,28 @@ def build_report(
             dump_entries.extend(
                 compare_group(group, {m: dumped[m].dump_counts.get(group, {}) for m in members})
             )
-
-    latest_in_process: dict[tuple[str, str], Line[Divergence]] = {}
-    for line in sorted(divergences, key=lambda d: (d.body.round or 0, d.header.wall)):
-        latest_in_process[(line.body.group, line.body.op)] = line
-    history.sort(key=lambda e: (e["rounds"][0], e["group"], e["op"]))
-    everies = sorted({s.every for s in ranks.values() if s.every is not None})
     return {
-        "boot": boot,
-        "ranks": [_rank_summary(ranks[r]) for r in sorted(ranks)],
-        "every": everies[0] if len(everies) == 1 else everies or None,
-        "groups": groups,
-        "entries": entries,
-        "divergent": any(e["divergent"] for e in entries),
-        "first_divergent_round": min((e["rounds"][0] for e in history), default=None),
-        "history": history,
-        "dumps": {
-            "ranks": [
-                {"rank": r, **dumped[r].dump}  # type: ignore[dict-item]
-                for r in sorted(dumped)
-            ],
-            "entries": dump_entries,
-        },
-        "in_process": [
-            {
-                "round": line.body.round,
-                "group": line.body.group,
-                "op": line.body.op,
-                "counts": {str(r): n for r, n in line.body.counts.items()},
-                "lagging": list(line.body.lagging),
-                "rank": line.header.rank,
-            }
-            for line in latest_in_process.values()
-        ],
-        "in_process_lines": len(divergences),
-        "skipped": dict(sorted(skips.items())),
+        "ranks": [{"rank": r, **(dumped[r].dump or {})} for r in sorted(dumped)],
+        "entries": dump_entries,
     }
+
+
+def _in_process_section(divergences: list[Line[Divergence]]) -> list[dict[str, Any]]:
+    """The in-process comparison's latest line per (group, op)."""
+    latest: dict[tuple[str, str], Line[Divergence]] = {}
+    for line in sorted(divergences, key=lambda d: (d.body.round or 0, d.header.wall)):
+        latest[(line.body.group, line.body.op)] = line
+    return [
+        {
+            "round": line.body.round,
+            "group": line.body.group,
+            "op": line.body.op,
+            "counts": {str(r): n for r, n in line.body.counts.items()},
+            "lagging": list(line.body.lagging),
+            "rank": line.header.rank,
+        }
+        for line in latest.values()
+    ]
 
 
 def census_document(flight: Flight) -> dict[str, Any]:

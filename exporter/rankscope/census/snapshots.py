@@ -25,6 +25,7 @@ from typing import Any
 
 from rankscope.census import counts as _counts
 from rankscope.census import graphs as _graphs
+from rankscope.census.naming import Key
 from rankscope.record import RECORDER
 from rankscope.schema import Census, CensusDump
 
@@ -59,7 +60,7 @@ class _State:
     every = every_from_env()
     auto_every: int | None = None
     # The in-process comparison's submit(round, counts), when enabled (census.gloo).
-    on_snapshot: Callable[[int, dict[_counts.Key, int]], None] | None = None
+    on_snapshot: Callable[[int, dict[Key, int]], None] | None = None
     # An explicit tick() was seen: the framework drives the rounds, auto_tick() stands down.
     explicit = False
     handlers_installed = False
@@ -120,7 +121,7 @@ def _advance() -> None:
         _failed("snapshot", exc)
 
 
-def take_snapshot() -> dict[_counts.Key, int]:
+def take_snapshot() -> dict[Key, int]:
     """Record the counts at the current round (and hand them to the comparison)."""
     counts = _counts.snapshot()
     if RECORDER.armed:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rankscope.census import counts as _counts
-from rankscope.census.counts import RECV, SEND, group_instance, p2p_name
+from rankscope.census.naming import RECV, SEND, group_instance, p2p_name
 from rankscope.census.wrap import GUARD, MARK
 from rankscope.record import RECORDER
 

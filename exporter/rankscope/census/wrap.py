@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rankscope.census import counts as _counts
-from rankscope.census.counts import RECV, SEND, group_instance, p2p_name
+from rankscope.census.naming import RECV, SEND, group_instance, p2p_name
 
 log = logging.getLogger("rankscope.census")
 

@@ -24,7 +24,7 @@ from rankscope import __version__
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.webconfig import TLSConfig
-from rankscope.flight import BootNotFoundError, Flight, read_flight
+from rankscope.flight import BootNotFoundError, Flight
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -65,6 +65,12 @@ class OomSource(Protocol):
 
 # A report function turns the records of one boot into what the CLI's --json prints.
 Report = Callable[[Flight], dict[str, Any]]
+
+# The daemon's refresher tails the flight directory every FLIGHT_REFRESH_S; the API answers
+# from that state, and refreshes it itself only when it is older than API_REFRESH_S (no
+# refresher running, as in an app built without the daemon).
+FLIGHT_REFRESH_S = 1.0
+API_REFRESH_S = 2 * FLIGHT_REFRESH_S
 
 
 def create_app(
@@ -113,16 +119,16 @@ def create_app(
 
     @app.get("/api/v1/boots")
     def boots() -> dict[str, Any]:
-        flight = _read(state, None, all_boots=True)
-        return {"boots": [b.as_json() for b in flight.boots]}
+        _fresh(state)
+        return {"boots": [b.as_json() for b in state.boots()]}
 
     @app.get("/api/v1/phases")
     def phases(boot: str | None = None) -> dict[str, Any]:
-        return phases_report(_read(state, boot))
+        return phases_report(_flight(state, boot))
 
     @app.get("/api/v1/census")
     def census(boot: str | None = None) -> dict[str, Any]:
-        return census_report(_read(state, boot))
+        return census_report(_flight(state, boot))
 
     @app.get("/api/v1/cards")
     def cards_api() -> dict[str, Any]:
@@ -153,16 +159,20 @@ def create_app(
     return app
 
 
-def _read(state: FlightState, boot: str | None, all_boots: bool = False) -> Flight:
+def _fresh(state: FlightState) -> None:
+    """The state as of at most API_REFRESH_S ago; 503 when the directory cannot be read (a
+    directory no job has written yet is empty, not an error)."""
+    state.refresh_if_older(API_REFRESH_S)
+    if state.up is False:
+        raise HTTPException(503, f"flight directory {state.flight_dir}: {state.error}")
+
+
+def _flight(state: FlightState, boot: str | None) -> Flight:
+    _fresh(state)
     try:
-        return read_flight(state.flight_dir, boot=boot, all_boots=all_boots)
+        return state.flight(boot)
     except BootNotFoundError as exc:
         raise HTTPException(404, str(exc)) from exc
-    except FileNotFoundError:
-        # No job has written yet: an empty directory, not an error.
-        return Flight(records=[], boots=[], boot=None)
-    except OSError as exc:
-        raise HTTPException(503, str(exc)) from exc
 
 
 def _link_items(links: tuple[tuple[str, str], ...]) -> str:
@@ -220,6 +230,7 @@ class Daemon:
     tls: TLSConfig | None = None
     monitor: Monitor | None = None
     otlp: Pusher | None = None
+    refresher: Pusher | None = None  # keeps the flight state current for the API
 
     def server(self) -> uvicorn.Server:
         """The uvicorn server; ValueError naming the files for a certificate and key that
@@ -278,6 +289,8 @@ class Daemon:
         return sock
 
     def run(self, server: uvicorn.Server, sock: socket.socket) -> int:
+        if self.refresher is not None:
+            self.refresher.start()
         if self.monitor is not None:
             self.monitor.start()
         try:
@@ -293,6 +306,8 @@ class Daemon:
                 self.otlp.stop()
             if self.monitor is not None:
                 self.monitor.stop()
+            if self.refresher is not None:
+                self.refresher.stop()
         return 0 if server.started else 1
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
 from rankscope.daemon.collectors.cards import CardsCollector
 from rankscope.daemon.collectors.holdings import HoldingsCollector
 from rankscope.daemon.devices import DeviceSource, make_source
+from rankscope.daemon.flags import argtype, parse_duration, positive_int
 from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.holdings import HoldingsReader
 from rankscope.daemon.oom import DEFAULT_EXHAUSTED_BELOW, ExhaustionWatch
@@ -35,42 +35,6 @@ from rankscope.daemon.sampler import (
 
 log = logging.getLogger("rankscope.daemon")
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-
-
-def parse_duration(text: str) -> float:
-    """Prometheus-style durations -> seconds: '100ms', '15s', '1m30s', '0.5s'."""
-    raw = text.strip()
-    parts = _DURATION_PART.findall(raw)
-    if not raw or "".join(n + u for n, u in parts) != raw:
-        raise ValueError(f"{text!r} is not a duration (examples: 100ms, 15s, 1m30s)")
-    seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
-    if seconds <= 0:
-        raise ValueError(f"{text!r}: a duration must be positive")
-    return seconds
-
-
-def _argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = parse.__name__.replace("parse_", "")
-    return convert
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise ValueError(f"{text!r}: must be at least 1")
-    return value
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("cards (corridor sampler and per-pid holdings)")
@@ -78,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--corridor.floor",
         dest="corridor_floor",
         action="append",
-        type=_argtype(parse_floors),
+        type=argtype(parse_floors),
         metavar="SPEC",
         help="free-memory floor: '2GiB' for every card, '0=2GiB,GPU-abc=3GiB' per card "
         "index or uuid, '5%%' of the card's total; repeatable. No floor: no breach counting",
@@ -86,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--sampler.interval",
         dest="sampler_interval",
-        type=_argtype(parse_duration),
+        type=argtype(parse_duration),
         default=0.1,
         metavar="DURATION",
         help="corridor sample interval (default 100ms; 20ms or 10ms for a faster corridor, "
@@ -95,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--sampler.window",
         dest="sampler_window",
-        type=_argtype(parse_duration),
+        type=argtype(parse_duration),
         default=15.0,
         metavar="DURATION",
         help="trailing window of rankscope_gpu_free_min_bytes (default 15s)",
@@ -117,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--holdings.interval",
         dest="holdings_interval",
-        type=_argtype(parse_duration),
+        type=argtype(parse_duration),
         default=1.0,
         metavar="DURATION",
         help="how often the per-card process lists are read (default 1s)",
@@ -125,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--holdings.max-per-card",
         dest="holdings_max_per_card",
-        type=_argtype(_positive_int),
+        type=argtype(positive_int),
         default=32,
         metavar="N",
         help="most rankscope_gpu_process_bytes series per card, one of them the overflow "
@@ -134,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--oom.free-below",
         dest="oom_free_below",
-        type=_argtype(parse_floor_value),
+        type=argtype(parse_floor_value),
         default=parse_floor_value(DEFAULT_EXHAUSTED_BELOW),
         metavar="SIZE",
         help="a card whose free memory falls to this or less is exhausted: an OOM instant "
@@ -231,6 +195,11 @@ class CardMonitor:
 
     def collectors(self) -> list[Collector]:
         return list(self._collectors)
+
+    def collector(self, name: str) -> Collector:
+        """The collector named ``name`` (the table's factories for cards and holdings)."""
+        (found,) = [c for c in self._collectors if c.name == name]
+        return found
 
     def ready(self) -> bool:
         """The source has been tried once (whether it came up or not)."""

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankscope.daemon import cards
+from rankscope.daemon.collectors import table
+from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.record import ENV_DIR
 
 if TYPE_CHECKING:
@@ -26,9 +28,9 @@ log = logging.getLogger("rankscope.daemon")
 
 DEFAULT_PORT = 19400
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
-# Every collector that can be switched off; the self collector always runs.
-FLIGHT_COLLECTORS = ("phases", "arenas", "census", "oom")
-CARD_COLLECTORS = ("cards", "holdings")
+# Every collector that can be switched off (rankscope.daemon.collectors.table).
+FLIGHT_COLLECTORS = tuple(e.name for e in table.TABLE if e.switchable and not e.reads_cards)
+CARD_COLLECTORS = tuple(e.name for e in table.TABLE if e.switchable and e.reads_cards)
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
@@ -60,7 +62,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--flight.exited-grace",
         dest="exited_grace",
-        type=_duration,
+        type=argtype(parse_duration),
         default=None,
         metavar="DURATION",
         help="how long the series of a process that exited stay published (default 5m; "
@@ -85,7 +87,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--otlp.interval",
         dest="otlp_interval",
-        type=_duration,
+        type=argtype(parse_duration),
         default=None,
         metavar="DURATION",
         help="time between OTLP pushes (default OTEL_METRIC_EXPORT_INTERVAL, else 15s)",
@@ -97,22 +99,8 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         choices=("debug", "info", "warning", "error"),
         help="log only messages at this level or above (default info)",
     )
-    for collector in (*FLIGHT_COLLECTORS, *CARD_COLLECTORS):
-        parser.add_argument(
-            f"--collector.{collector}",
-            dest=f"collector_{collector}",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help=f"enable the {collector} collector (default on)",
-        )
+    table.add_switches(parser)
     cards.add_arguments(parser)
-
-
-def _duration(text: str) -> float:
-    try:
-        return cards.parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:
@@ -155,16 +143,12 @@ def main(args: argparse.Namespace) -> int:
 def build(args: argparse.Namespace) -> Daemon:
     """Assemble the daemon from its flags; ValueError/OSError for a flag that cannot work."""
     from rankscope.census.report import census_document
-    from rankscope.daemon.app import Daemon, create_app
-    from rankscope.daemon.collectors.arenas import ArenasCollector
-    from rankscope.daemon.collectors.census import CensusCollector
-    from rankscope.daemon.collectors.oom import OomCollector
-    from rankscope.daemon.collectors.phases import PhasesCollector
-    from rankscope.daemon.collectors.self import SelfCollector
-    from rankscope.daemon.flightstate import EXITED_GRACE_S, FlightState, host_pid_resolver
+    from rankscope.daemon.app import FLIGHT_REFRESH_S, Daemon, create_app
+    from rankscope.daemon.flightstate import EXITED_GRACE_S, FlightState
     from rankscope.daemon.oom import OomBook
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
-    from rankscope.daemon.registry import Collector, TimedCollectors
+    from rankscope.daemon.registry import TimedCollectors
+    from rankscope.daemon.sampler import Periodic
     from rankscope.daemon.webconfig import (
         ReloadingAuth,
         WebConfig,
@@ -189,35 +173,21 @@ def build(args: argparse.Namespace) -> Daemon:
         proc=getattr(args, "path_procfs", "/proc"),
     )
     monitor = None
-    if args.collector_cards or args.collector_holdings:
+    if table.needs_monitor(args):
         monitor = cards.CardMonitor.from_args(args, rank_processes=state.rank_processes)
-    collectors: list[Collector] = [
-        SelfCollector(state, monitor.up if monitor is not None else None)
-    ]
-    if args.collector_phases:
-        collectors.append(PhasesCollector(state, boots=args.phase_boots))
-    if args.collector_arenas:
-        collectors.append(ArenasCollector(state))
-    if args.collector_census:
-        collectors.append(CensusCollector(state))
     ooms = None
-    if args.collector_oom:
+    if table.enabled(args, "oom"):
         watch = monitor.exhaustion if monitor is not None else None
         ooms = OomBook(state, watch, getattr(args, "path_procfs", "/proc"))
-        collectors.append(OomCollector(ooms, getattr(args, "holdings_max_per_card", 32)))
-    if monitor is not None:
-        collectors.extend(
-            c for c in monitor.collectors() if getattr(args, f"collector_{c.name}", True)
-        )
-    timed = TimedCollectors(collectors)
+    timed = TimedCollectors(
+        table.build(table.Inputs(args, state, monitor, ooms)), refresh=state.refresh
+    )
 
     app: Any = create_app(
         registry=timed.registry(),
         state=state,
         cards=monitor,
-        phases_report=lambda flight: phases_document(
-            flight, host_pid_resolver(getattr(args, "path_procfs", "/proc"))
-        ),
+        phases_report=lambda flight: phases_document(flight, state.host_pid),
         census_report=census_document,
         ooms=ooms,
         collecting=timed.running_for,
@@ -235,5 +205,12 @@ def build(args: argparse.Namespace) -> Daemon:
             interval=args.otlp_interval or default_interval(),
         )
     return Daemon(
-        app=app, host=host, port=port, collectors=timed, tls=web.tls, monitor=monitor, otlp=otlp
+        app=app,
+        host=host,
+        port=port,
+        collectors=timed,
+        tls=web.tls,
+        monitor=monitor,
+        otlp=otlp,
+        refresher=Periodic("rankscope-flight", FLIGHT_REFRESH_S, state.refresh),
     )

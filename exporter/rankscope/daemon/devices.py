@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from rankscope.daemon.flags import non_negative_bytes, parse_bytes
+
 log = logging.getLogger("rankscope.daemon")
 
 
@@ -266,36 +268,6 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-# --- byte sizes ---------------------------------------------------------------------------
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
-    "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2,
-    "gi": 1024**3, "gib": 1024**3, "ti": 1024**4, "tib": 1024**4,
-}  # fmt: skip
-
-
-def parse_bytes(text: str | int) -> int:
-    """'2GiB', '1.5GB', '512Mi', '1048576' -> bytes (SI units are powers of 1000, IEC units
-    of 1024, case-insensitive); ValueError saying what is accepted."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return _non_negative(text)
-    raw = str(text).strip()
-    number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
-    unit = raw[len(number) :].strip().lower()
-    if unit not in _UNITS or not number:
-        raise ValueError(f"{text!r} is not a byte size (examples: 2GiB, 1.5GB, 512MiB, 1048576)")
-    try:
-        value = float(number) * _UNITS[unit]
-    except ValueError:
-        raise ValueError(f"{text!r} is not a byte size (examples: 2GiB, 1.5GB, 512MiB)") from None
-    if value < 0 or value != value or value == float("inf"):
-        raise ValueError(f"{text!r}: a byte size must be a finite, non-negative number")
-    return round(value)
-
-
 # --- the scripted (simulated) source ------------------------------------------------------
 
 
@@ -325,7 +297,7 @@ def parse_script(text: str, origin: str = "script") -> list[ScriptedCard]:
                 f"{origin}: {where}: expected bytes (an integer or '2GiB'), got {value!r}"
             )
         try:
-            return parse_bytes(value) if isinstance(value, str) else _non_negative(value)
+            return parse_bytes(value) if isinstance(value, str) else non_negative_bytes(value)
         except ValueError as exc:
             raise ValueError(f"{origin}: {where}: {exc}") from exc
 
@@ -370,12 +342,6 @@ def parse_script(text: str, origin: str = "script") -> list[ScriptedCard]:
         identity = CardIdentity(slot, index, uuid, str(model), total)
         cards.append(ScriptedCard(identity, free, procs, fail))
     return cards
-
-
-def _non_negative(value: int) -> int:
-    if value < 0:
-        raise ValueError(f"negative byte count {value}")
-    return value
 
 
 class ScriptedSource:

@@ -1,27 +1,46 @@
-"""What the daemon knows from the flight directory, kept current by tailing it.
+"""What the daemon knows from the flight directory, kept current by tailing it: the one
+source of the collectors, the JSON API and the status page.
 
 The daemon never re-reads what it has read: a :class:`rankscope.flight.FlightReader` hands
-over the lines appended since the last refresh, and only what the collectors need is kept,
-per file and boot: every mark (they are few, and the ledger needs them in order to compute
-posts), the latest census line, the latest snapshot, the latest arena figures, and the
-latest divergence per (group, op). A file that disappears takes its state with it, so the
-series of a boot whose files were removed disappear too.
+over the lines appended since the last refresh, and what the readers need is kept, per file
+and boot: every mark and every census-stream line (bounded per process: the ledger and the
+census report need them in order), the latest census line, the latest snapshot, the latest
+arena figures, and the latest divergence per (group, op). :meth:`FlightState.flight` gives
+the API one boot's records as a :class:`rankscope.flight.Flight`, with no directory scan and
+no /proc walk per request (the host pids of namespaced ranks are resolved once per process,
+at refresh). A file that disappears takes its state with it, so the series of a boot whose
+files were removed disappear too.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankscope.flight import FILE_SUFFIX, SKIP_REASONS, FlightReader, Record
+from rankscope.flight import (
+    FILE_SUFFIX,
+    SKIP_REASONS,
+    BootNotFoundError,
+    BootSummary,
+    Flight,
+    FlightReader,
+    Record,
+)
 from rankscope.ledger import host_pid
-from rankscope.record import HOST_PIDNS_INODE, read_nspid, read_pidns_inode, read_start_ticks
+from rankscope.procfs import (
+    DEFAULT_ROOT,
+    HOST_PIDNS_INODE,
+    RankIndex,
+    list_pids,
+    read_proc_info,
+    read_start_ticks,
+)
 from rankscope.schema import Census, CensusDump, Divergence, Line, Mark, Oom
 
 # A process that marks in a loop must not grow the daemon without bound; past this many
@@ -33,6 +52,8 @@ EXITED_GRACE_S = 300.0
 
 # A process OOMs a few times before it dies (torch retries some allocations); keep the newest.
 MAX_OOMS_PER_PROCESS = 64
+# The same for census-stream lines (a snapshot every 50 scheduler iterations by default).
+MAX_CENSUS_LINES_PER_PROCESS = 4096
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -77,13 +98,16 @@ class StreamState:
     boot: str
     process: RankProcess
     first_wall: float  # orders the boots: the newest boot is the one that began last
+    last_wall: float
     marks: list[Line[Mark]] = field(default_factory=list)
+    census_lines: list[Record] = field(default_factory=list)  # census, dumps, divergences
     census: Line[Census | CensusDump] | None = None  # latest census or census_dump line
     snapshot: Line[Census] | None = None  # latest census line (a snapshot round)
     arenas: Line[Mark] | None = None  # latest line carrying arena figures (a mark)
     marks_forgotten: int = 0  # oldest marks dropped past MAX_MARKS_PER_PROCESS
     ooms: list[Line[Oom]] = field(default_factory=list)  # oom lines, newest last
     oom_counts: dict[tuple[int | None, str | None], int] = field(default_factory=dict)  # by card
+    census_forgotten: int = 0  # oldest census lines dropped past the bound
 
 
 @dataclass(frozen=True)
@@ -113,7 +137,7 @@ class FlightState:
         self,
         flight_dir: str | os.PathLike[str],
         exited_grace: float = EXITED_GRACE_S,
-        proc: str = "/proc",
+        proc: str = DEFAULT_ROOT,
     ) -> None:
         self.flight_dir = Path(flight_dir)
         self.exited_grace = exited_grace
@@ -129,6 +153,15 @@ class FlightState:
         self._divergences: dict[str, dict[tuple[str, str], Line[Divergence]]] = {}
         self.up: bool | None = None  # None until the first refresh
         self.error: str | None = None
+        self.refreshed_at: float | None = None  # time.monotonic() of the last refresh
+        self._proc = proc
+        self._host_pids: dict[tuple[str, int, int | None], int | None] = {}
+        # What the API asks for on every request, recomputed only after a refresh that
+        # changed something: the boots, oldest first, and each boot's streams.
+        self._changes = 0
+        self._index_at = -1
+        self._boots: list[BootSummary] = []
+        self._by_boot: dict[str, list[StreamState]] = {}
 
     def refresh(self) -> bool:
         """Read what was appended since the last refresh; False (and ``error`` set) when the
@@ -149,11 +182,15 @@ class FlightState:
             with self._lock:
                 # A file truncated or replaced is read again from its start: what it held
                 # before is dropped first, so nothing is counted twice.
-                self._forget_missing(present - restarted)
+                dropped = self._forget_missing(present - restarted)
                 for rec in records:
                     self._add(rec)
-                self._forget_missing(present)
+                forgotten = self._forget_missing(present)
+                if records or dropped or forgotten:
+                    self._changes += 1
+                self._resolve_new_processes()
                 self.up, self.error = True, None
+                self.refreshed_at = time.monotonic()
             return True
 
     def _note_exits(self) -> None:
@@ -186,6 +223,14 @@ class FlightState:
             log.warning("flight directory %s is back", self.flight_dir)
         self._dir_seen = exists
 
+    def refresh_if_older(self, max_age: float) -> None:
+        """Refresh unless the last refresh is younger than ``max_age`` seconds: what the API
+        calls, so a burst of requests costs one directory listing a ``max_age``, not one
+        each."""
+        at = self.refreshed_at
+        if at is None or time.monotonic() - at >= max_age:
+            self.refresh()
+
     def view(self) -> FlightView:
         with self._lock:
             firsts: dict[str, float] = {}
@@ -201,10 +246,14 @@ class FlightState:
                 if self._exited_at.get(st.process, gone_before + 1) > gone_before
             ]
             return FlightView(
-                # Copies of the mark lists: a refresh on another thread may append.
+                # Copies of the line lists: a refresh on another thread may append.
                 streams=tuple(
                     replace(
-                        st, marks=list(st.marks), ooms=list(st.ooms), oom_counts=dict(st.oom_counts)
+                        st,
+                        marks=list(st.marks),
+                        census_lines=list(st.census_lines),
+                        ooms=list(st.ooms),
+                        oom_counts=dict(st.oom_counts),
                     )
                     for st in live
                 ),
@@ -213,6 +262,64 @@ class FlightState:
                 skipped={reason: self._reader.skipped[reason] for reason in SKIP_REASONS},
                 invalid=dict(self._reader.invalid),
             )
+
+    def boots(self) -> list[BootSummary]:
+        """Every boot the state holds, oldest first (what /api/v1/boots returns)."""
+        with self._lock:
+            return list(self._index_locked()[0])
+
+    def flight(self, boot: str | None = None) -> Flight:
+        """One boot's records (the latest by default; BootNotFoundError for an unknown one),
+        in the shape of a one-shot read, for the ledger and the census report. Its cost
+        follows the boot's records, not the number of files in the directory."""
+        with self._lock:
+            boots, by_boot = self._index_locked()
+            if boot is None:
+                selected = boots[-1].boot if boots else None
+            elif boot not in by_boot:
+                raise BootNotFoundError(boot, [b.boot for b in boots])
+            else:
+                selected = boot
+            records: list[Record] = []
+            for st in by_boot.get(selected, []) if selected is not None else []:
+                records.extend(st.marks)
+                records.extend(st.census_lines)
+            skipped = collections.Counter(self._reader.skipped)
+            invalid = collections.Counter(self._reader.invalid)
+        return Flight(
+            records=records, boots=list(boots), boot=selected, skipped=skipped, invalid=invalid
+        )
+
+    def _index_locked(self) -> tuple[list[BootSummary], dict[str, list[StreamState]]]:
+        if self._index_at != self._changes:
+            by_boot: dict[str, list[StreamState]] = {}
+            for st in sorted(self._streams.values(), key=lambda st: st.file):
+                by_boot.setdefault(st.boot, []).append(st)
+            self._boots = _summaries(by_boot)
+            self._by_boot = by_boot
+            self._index_at = self._changes
+        return self._boots, self._by_boot
+
+    def host_pid(self, rec: Record) -> int | None:
+        """The host pid of the process that wrote ``rec``, as resolved at refresh (the
+        ledger's resolver for /api/v1/phases): no /proc walk here."""
+        known = host_pid(rec)
+        if known is not None:
+            return known
+        with self._lock:
+            return self._host_pids.get(rec.header.process_key)
+
+    def _resolve_new_processes(self) -> None:
+        """Resolve the host pid of every process seen for the first time whose record does
+        not name it (a rank in another PID namespace): one /proc scan per refresh that saw
+        such a process, none otherwise."""
+        new = [
+            st.process
+            for st in self._streams.values()
+            if (st.process.host, st.process.pid, st.process.start_ticks) not in self._host_pids
+        ]
+        if new:
+            self._host_pids.update(host_pids(new, self._proc))
 
     def latest_boot(self) -> str | None:
         """The newest boot now (refreshed first)."""
@@ -244,9 +351,11 @@ class FlightState:
                 boot=h.boot,
                 process=rank_process(rec),
                 first_wall=h.wall,
+                last_wall=h.wall,
             )
         else:
             st.first_wall = min(st.first_wall, h.wall)
+            st.last_wall = max(st.last_wall, h.wall)
             st.process = rank_process(rec)  # rank fields may be configured late
         body = rec.body
         if isinstance(body, Mark):
@@ -269,7 +378,12 @@ class FlightState:
             del st.ooms[:-MAX_OOMS_PER_PROCESS]
             card = (body.device.nvml_index, body.device.uuid)
             st.oom_counts[card] = st.oom_counts.get(card, 0) + 1
-        elif isinstance(body, Census):
+        if isinstance(body, (Census, CensusDump, Divergence)):
+            st.census_lines.append(rec)
+            if len(st.census_lines) > MAX_CENSUS_LINES_PER_PROCESS:
+                st.census_forgotten += 1
+                del st.census_lines[0]
+        if isinstance(body, Census):
             st.census = st.snapshot = Line(h, body)
         elif isinstance(body, CensusDump):
             st.census = Line(h, body)
@@ -280,14 +394,36 @@ class FlightState:
             if held is None or _round_wall(held) <= _round_wall(Line(h, body)):
                 by_key[(body.group, body.op)] = Line(h, body)
 
-    def _forget_missing(self, present: set[str]) -> None:
-        for key in [k for k in self._streams if k[0] not in present]:
+    def _forget_missing(self, present: set[str]) -> bool:
+        """Drop the state of files that are gone; True when there was any."""
+        gone = [k for k in self._streams if k[0] not in present]
+        for key in gone:
             del self._streams[key]
         for boot, by_key in list(self._divergences.items()):
             for gk in [gk for gk, line in by_key.items() if line.header.file not in present]:
                 del by_key[gk]
             if not by_key:
                 del self._divergences[boot]
+        return bool(gone)
+
+
+def _summaries(by_boot: dict[str, list[StreamState]]) -> list[BootSummary]:
+    firsts = {b: min(st.first_wall for st in sts) for b, sts in by_boot.items()}
+    order = sorted(firsts, key=lambda b: (firsts[b], b))
+    summaries = []
+    for boot in order:
+        procs = [st.process for st in by_boot[boot]]
+        summaries.append(
+            BootSummary(
+                boot=boot,
+                first_wall=firsts[boot],
+                last_wall=max(st.last_wall for st in by_boot[boot]),
+                processes=len({(p.host, p.pid, p.start_ticks) for p in procs}),
+                ranks=sorted({p.rank for p in procs if p.rank is not None}),
+                latest=boot == order[-1],
+            )
+        )
+    return summaries
 
 
 def _present_files(flight_dir: Path) -> set[str]:
@@ -302,46 +438,27 @@ def _round_wall(line: Line[Divergence]) -> tuple[int, float]:
     return (round_ if round_ is not None else -1, line.header.wall)
 
 
-def host_pid_resolver(proc: str = "/proc") -> Callable[[Record], int | None]:
-    """For the ledger's card identities: the host pid of the process that wrote a record.
+def host_pids(
+    processes: list[RankProcess], proc: str = DEFAULT_ROOT
+) -> dict[tuple[str, int, int | None], int | None]:
+    """The pid NVML lists for each process, keyed by (host, pid, start_ticks).
 
-    A record from the host's PID namespace names it; otherwise this daemon's /proc (the
-    host's view) is searched for the process whose NSpid chain ends in the record's pid,
-    with the record's start time and namespace, so a rank in a container counts as a rank
-    and not as a foreign holder. /proc is scanned once, on first use, per resolver.
+    A process in the host's PID namespace names it; for any other, this daemon's /proc (the
+    host's view) is searched with the holdings' rank matcher (rankscope.procfs.RankIndex),
+    so a rank in a container counts as a rank and not as a foreign holder. /proc is walked
+    at most once per call, and only when a process needs it.
     """
-    index: dict[tuple[int, int], list[tuple[int, int | None]]] | None = None
-
-    def resolve(rec: Record) -> int | None:
-        nonlocal index
-        known = host_pid(rec)
-        if known is not None:
-            return known
-        start, pidns = rec.header.start_ticks, rec.header.pidns
-        if start is None:
-            return None
-        if index is None:
-            index = _scan_proc(proc)
-        for pid, ns in index.get((rec.header.pid, start), []):
-            if pidns is None or ns is None or ns == pidns:
-                return pid
-        return None
-
-    return resolve
-
-
-def _scan_proc(proc: str) -> dict[tuple[int, int], list[tuple[int, int | None]]]:
-    """(pid in its own namespace, start ticks) -> [(host pid, namespace inode)]."""
-    index: dict[tuple[int, int], list[tuple[int, int | None]]] = {}
-    try:
-        entries = [e for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        return index
-    for entry in entries:
-        nspid = read_nspid(entry, proc)
-        start = read_start_ticks(entry, proc)
-        if nspid and start is not None:
-            index.setdefault((nspid[-1], start), []).append(
-                (int(entry), read_pidns_inode(entry, proc))
-            )
-    return index
+    out: dict[tuple[str, int, int | None], int | None] = {}
+    namespaced = []
+    for p in processes:
+        key = (p.host, p.pid, p.start_ticks)
+        out[key] = p.pid if p.pidns == HOST_PIDNS_INODE else None
+        if p.pidns != HOST_PIDNS_INODE and p.start_ticks is not None:
+            namespaced.append(p)
+    if namespaced:
+        index = RankIndex(namespaced)
+        for pid in list_pids(proc):
+            rp = index.match(read_proc_info(pid, proc))
+            if rp is not None and out[(rp.host, rp.pid, rp.start_ticks)] is None:
+                out[(rp.host, rp.pid, rp.start_ticks)] = pid
+    return out

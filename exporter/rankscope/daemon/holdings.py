@@ -15,18 +15,13 @@ and the daemon can read a host /proc mounted elsewhere (--path.procfs).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rankscope.daemon.devices import DeviceError
 from rankscope.daemon.flightstate import RankProcess
-from rankscope.daemon.sampler import CardHoldings, CardState, Holding, Periodic, Sampler
-from rankscope.record import (
-    parse_stat_start_ticks,
-    read_nspid,
-    read_pidns_inode,
-    read_start_ticks,
-)
+from rankscope.daemon.sampler import CardState, Periodic, Sampler
+from rankscope.procfs import ProcCache, ProcInfo, RankIndex
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -36,109 +31,26 @@ ROLE_OVERFLOW = "overflow"
 
 
 @dataclass(frozen=True)
-class ProcInfo:
-    """What /proc says about one host pid. Fields are None where /proc could not tell (the
-    process exited, or it is outside the daemon's PID view)."""
+class Holding:
+    """One process's bytes on one card, attributed."""
 
-    pid: int
-    comm: str | None
-    start_ticks: int | None
-    nspid: tuple[int, ...] | None
-    pidns: int | None
-
-
-def parse_comm(raw: str) -> str:
-    """/proc/PID/comm -> the process name (at most 15 bytes, a trailing newline)."""
-    return raw.rstrip("\n")
+    pid: int | None  # None for the overflow series
+    comm: str
+    bytes: int | None
+    role: str  # rank, foreign, overflow
+    boot: str | None
+    rank: int | None
 
 
-def read_comm(pid: int, proc: str = "/proc") -> str | None:
-    try:
-        with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return parse_comm(f.read())
-    except OSError:
-        return None
+@dataclass(frozen=True)
+class CardHoldings:
+    """One read of a card's process list, with the card's free bytes read alongside."""
 
-
-def read_proc_info(pid: int, proc: str = "/proc") -> ProcInfo:
-    return ProcInfo(
-        pid=pid,
-        comm=read_comm(pid, proc),
-        start_ticks=read_start_ticks(pid, proc),
-        nspid=read_nspid(pid, proc),
-        pidns=read_pidns_inode(pid, proc),
-    )
-
-
-def parse_stat_comm(stat_line: str) -> str | None:
-    """The comm field of /proc/PID/stat (what /proc/PID/comm holds, in parentheses; it may
-    itself hold spaces and parentheses, so it ends at the last ')')."""
-    start, end = stat_line.find("("), stat_line.rfind(")")
-    return stat_line[start + 1 : end] if 0 <= start < end else None
-
-
-def read_stat(pid: int, proc: str = "/proc") -> tuple[int | None, str | None]:
-    """(start ticks, comm) from one read of /proc/PID/stat; (None, None) when it is gone."""
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            raw = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None, None
-    return parse_stat_start_ticks(raw), parse_stat_comm(raw)
-
-
-class ProcCache:
-    """ProcInfo per host pid. A pid seen before costs one read of /proc/P/stat per holdings
-    read (start ticks and comm); the NSpid chain and the namespace are read again only when
-    the start ticks change, i.e. the pid was recycled."""
-
-    def __init__(self, proc: str = "/proc") -> None:
-        self.proc = proc
-        self._infos: dict[int, ProcInfo] = {}
-
-    def lookup(self, pids: Iterable[int]) -> dict[int, ProcInfo]:
-        fresh: dict[int, ProcInfo] = {}
-        for pid in pids:
-            cached = self._infos.get(pid)
-            start, comm = read_stat(pid, self.proc) if cached is not None else (None, None)
-            if cached is not None and start is not None and cached.start_ticks == start:
-                # A process may rename itself (prctl PR_SET_NAME).
-                info = cached if comm == cached.comm else _with_comm(cached, comm)
-            else:
-                info = read_proc_info(pid, self.proc)
-            fresh[pid] = info
-        self._infos = fresh  # exited pids drop out here
-        return fresh
-
-
-def _with_comm(info: ProcInfo, comm: str | None) -> ProcInfo:
-    return ProcInfo(info.pid, comm, info.start_ticks, info.nspid, info.pidns)
-
-
-class RankIndex:
-    """The rank processes, indexed by (pid as the rank saw it, start ticks)."""
-
-    def __init__(self, ranks: Iterable[RankProcess]) -> None:
-        self._by_key: dict[tuple[int, int], list[RankProcess]] = {}
-        for rp in ranks:
-            if rp.start_ticks is None:
-                continue  # without start ticks a pid alone could be a recycled one
-            self._by_key.setdefault((rp.pid, rp.start_ticks), []).append(rp)
-
-    def match(self, info: ProcInfo) -> RankProcess | None:
-        """The rank process a host pid is, or None. The host name is not compared: a
-        container has its own, and pid + start ticks + namespace already pin the process."""
-        if not info.nspid or info.start_ticks is None:
-            return None
-        candidates = self._by_key.get((info.nspid[-1], info.start_ticks), [])
-        matches = [
-            rp
-            for rp in candidates
-            if rp.pidns is None or info.pidns is None or rp.pidns == info.pidns
-        ]
-        # Several records of one process (it moved to a newer boot): the first wins, and
-        # the flight state lists the newest boot first.
-        return matches[0] if matches else None
+    processes: tuple[Holding, ...]
+    free: int
+    rank_resident: int
+    foreign: int
+    unattributed: int  # total - free - every process's bytes; signed
 
 
 def attribute(

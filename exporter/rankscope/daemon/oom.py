@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rankscope.daemon.devices import CardIdentity
-from rankscope.daemon.flightstate import FlightState, RankProcess, host_pid_resolver
-from rankscope.daemon.holdings import RankIndex, attribute, read_proc_info
-from rankscope.daemon.sampler import CardState, FloorValue, Holding, Sampler
+from rankscope.daemon.flightstate import FlightState, RankProcess, host_pids
+from rankscope.daemon.holdings import Holding, attribute
+from rankscope.daemon.sampler import CardState, FloorValue, Sampler
 from rankscope.oom import OomEvent, RankNamer, oom_events
+from rankscope.procfs import RankIndex, read_proc_info
 from rankscope.schema import SCHEMA_VERSION, AnyLine, Header, Line, UnknownKind
 
 log = logging.getLogger("rankscope.daemon")
@@ -185,13 +186,13 @@ def as_line(rp: RankProcess) -> AnyLine:
 
 def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
     """(host pid, start ticks) -> (boot, rank), for the processes the flight records; a rank
-    in another PID namespace is found through the daemon's /proc (host_pid_resolver)."""
-    resolve = host_pid_resolver(proc)
+    in another PID namespace is found through the daemon's /proc (flightstate.host_pids)."""
+    hosts = host_pids([rp for rp in ranks if rp.start_ticks is not None], proc)
     index: dict[tuple[int, int], tuple[str, int | None]] = {}
     for rp in ranks:
         if rp.start_ticks is None:
             continue
-        host = resolve(as_line(rp))
+        host = hosts.get((rp.host, rp.pid, rp.start_ticks))
         if host is not None:
             index.setdefault((host, rp.start_ticks), (rp.boot, rp.rank))
 
@@ -213,14 +214,13 @@ class OomBook:
 
     def probe_events(self) -> list[OomEvent]:
         """Every oom line of every boot in the flight directory, oldest first."""
-        self.state.refresh()
+        self.state.refresh_if_older(2.0)  # the daemon's refresher keeps it younger
         view = self.state.view()
         records = [rec for st in view.streams for rec in st.ooms]
         if not records:
             return []
         name = rank_namer_of(self.state.rank_processes(), self.proc)
-        resolve = host_pid_resolver(self.proc)
-        return oom_events(records, namer=name, resolve=resolve)
+        return oom_events(records, namer=name, resolve=self.state.host_pid)
 
     def exhaustions(self) -> list[Exhaustion]:
         return self.watch.events() if self.watch is not None else []

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -108,6 +108,9 @@ def add(
     fam.add_metric([label_value(v) for v in values], float(value))
 
 
+REFRESH = "refresh"  # the collector label of the refresh step's self metrics
+
+
 class TimedCollectors:
     """Runs every enabled collector, times it, and adds the self metrics
     rankscope_collector_success and rankscope_collector_duration_seconds.
@@ -117,8 +120,13 @@ class TimedCollectors:
     CollectorRegistry, so the exposition code (text, OpenMetrics, gzip) is client_python's.
     """
 
-    def __init__(self, collectors: Iterable[Collector] = ()) -> None:
+    def __init__(
+        self, collectors: Iterable[Collector] = (), refresh: Callable[[], object] | None = None
+    ) -> None:
         self._collectors: list[Collector] = []
+        # An explicit step before every scrape (the daemon's: tail the flight directory),
+        # timed as the collector "refresh".
+        self._refresh = refresh
         self._lock = threading.Lock()
         self._running: _Collection | None = None
         self._warned: set[str] = set()
@@ -167,6 +175,11 @@ class TimedCollectors:
         success = gauge("rankscope_collector_success")
         duration = gauge("rankscope_collector_duration_seconds")
         families: list[Metric] = []
+        if self._refresh is not None:
+            start = time.perf_counter()
+            ok = self._refresh() is not False
+            success.add_metric([REFRESH], 1.0 if ok else 0.0)
+            duration.add_metric([REFRESH], time.perf_counter() - start)
         for c in self._collectors:
             start = time.perf_counter()
             try:

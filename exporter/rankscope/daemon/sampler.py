@@ -22,8 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from rankscope.daemon.devices import CardIdentity, DeviceError, DeviceSource, parse_bytes
+from rankscope.daemon.devices import CardIdentity, DeviceError, DeviceSource
+from rankscope.daemon.flags import parse_bytes
+
+if TYPE_CHECKING:
+    from rankscope.daemon.holdings import CardHoldings
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -111,29 +116,6 @@ def parse_floors(text: str) -> Floors:
 
 
 # --- per-card state -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Holding:
-    """One process's bytes on one card, attributed (rankscope.daemon.holdings)."""
-
-    pid: int | None  # None for the overflow series
-    comm: str
-    bytes: int | None
-    role: str  # rank, foreign, overflow
-    boot: str | None
-    rank: int | None
-
-
-@dataclass(frozen=True)
-class CardHoldings:
-    """One read of a card's process list, with the card's free bytes read alongside."""
-
-    processes: tuple[Holding, ...]
-    free: int
-    rank_resident: int
-    foreign: int
-    unattributed: int  # total - free - every process's bytes; signed
 
 
 @dataclass
@@ -292,7 +274,7 @@ class Sampler:
             card.errors += 1
             card.failures += 1
             card.last_t = None  # the time while it failed is unmeasured, never counted
-            card.backoff = min(max(card.backoff * 2, self.interval), MAX_BACKOFF_S)
+            card.backoff = backoff(card.backoff, self.interval)
             card.retry_at = now + card.backoff
             if card.failing is None:
                 log.warning(
@@ -310,7 +292,7 @@ class Sampler:
     def _source_failed(self, exc: DeviceError, now: float) -> None:
         with self._lock:
             self.source_errors += 1
-            self._source_backoff = min(max(self._source_backoff * 2, self.interval), MAX_BACKOFF_S)
+            self._source_backoff = backoff(self._source_backoff, self.interval)
             self._reopen_at = now + self._source_backoff
             message = str(exc)
             if self.source_failing != message:
@@ -354,7 +336,7 @@ class Sampler:
                 return
             # Open, serving the cards that answered, but down: count it, retry the rest.
             self.source_errors += 1
-            self._source_backoff = min(max(self._source_backoff * 2, self.interval), MAX_BACKOFF_S)
+            self._source_backoff = backoff(self._source_backoff, self.interval)
             self._reopen_due = now + self._source_backoff
             if self.source_failing != incomplete:
                 log.warning(
@@ -464,12 +446,18 @@ class Sampler:
         return out
 
 
+def backoff(previous: float, first: float, cap: float = MAX_BACKOFF_S) -> float:
+    """The next retry delay: ``first`` at the first failure, doubling after, at most
+    ``cap`` (the one backoff of the card and source retries)."""
+    return min(max(previous * 2, first), cap)
+
+
 class Periodic:
     """Runs ``fn`` every ``interval`` seconds on a daemon thread, on a fixed schedule; a run
     that starts late because the previous one outran the interval is an overrun, and the
     schedule then restarts from now instead of bursting to catch up."""
 
-    def __init__(self, name: str, interval: float, fn: Callable[[], None]) -> None:
+    def __init__(self, name: str, interval: float, fn: Callable[[], object]) -> None:
         self.name = name
         self.interval = interval
         self.fn = fn

@@ -5,7 +5,6 @@ receiver pointed at the demo's webhook receiver and group timings cut to seconds
 from __future__ import annotations
 
 import importlib.resources
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -89,9 +88,3 @@ def _shorten(route: dict[str, Any], *, top: bool) -> None:
             route[key] = value
     for child in route.get("routes") or []:
         _shorten(child, top=False)
-
-
-def rules_file(workdir: Path) -> Path:
-    path = workdir / "rankscope.rules.yml"
-    path.write_text(rules_text())
-    return path

@@ -197,13 +197,13 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
                     workdir / "alertmanager",
                     alerting.demo_routing(example, receiver.url),
                 )
-            )
+            ).url
             prom = stack.enter_context(
                 services.prometheus(
                     prometheus_bin,
                     workdir / "prometheus",
-                    target=f"127.0.0.1:{port}",
-                    rule_file=rule_file,
+                    scrape_targets=[f"127.0.0.1:{port}"],
+                    rule_files=[rule_file],
                     alertmanager_url=am_url,
                 )
             )

@@ -17,7 +17,7 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rankscope.daemon.devices import parse_bytes
+    from rankscope.daemon.flags import parse_bytes
 
     p = argparse.ArgumentParser(prog="rankscope.demo.hog", description=__doc__)
     p.add_argument("--gpu", type=int, default=0)

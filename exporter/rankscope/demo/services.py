@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -93,20 +93,28 @@ def stop(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
             proc.wait()
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+def wait_ready(
+    url: str,
+    proc: subprocess.Popen[bytes] | None,
+    log: Path | None = None,
+    timeout: float = 60.0,
+) -> None:
+    """Until ``url`` answers; ServiceError when ``proc`` exits first or time runs out."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             name = Path(str(proc.args[0] if isinstance(proc.args, list) else proc.args)).name
-            raise ServiceError(f"{name} exited with {proc.returncode}; see {log}:\n{tail(log)}")
+            seen = f"; see {log}:\n{tail(log)}" if log is not None else ""
+            raise ServiceError(f"{name} exited with {proc.returncode}{seen}")
         try:
             with urllib.request.urlopen(url, timeout=2.0):
                 return
         except Exception as exc:
             last = exc
             time.sleep(0.1)
-    raise ServiceError(f"{url} did not answer within {timeout:.0f}s ({last}); see {log}")
+    seen = f"; see {log}" if log is not None else ""
+    raise ServiceError(f"{url} did not answer within {timeout:.0f}s ({last}){seen}")
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -117,11 +125,32 @@ def tail(path: Path, lines: int = 15) -> str:
 
 
 @dataclass
-class Daemon:
+class Service:
+    """A started service: where it answers, its process, its log."""
+
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
 
+
+S = TypeVar("S", bound=Service)
+
+
+@contextlib.contextmanager
+def served(kind: type[S], argv: list[str], log: Path, port: int, ready_path: str) -> Iterator[S]:
+    """A service started with its output in ``log``, ready once ``ready_path`` on ``port``
+    answers, and stopped on the way out: the one launcher of the daemon, Prometheus and
+    Alertmanager, for the demo and the tests alike."""
+    proc = start(argv, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + ready_path, proc, log)
+        yield kind(url=url, proc=proc, log=log)
+    finally:
+        stop(proc, grace=10)
+
+
+class Daemon(Service):
     def get(self, path: str) -> Any:
         return http_json(self.url + path)
 
@@ -142,21 +171,11 @@ def daemon(
         f"--flight-dir={flight_dir}",
         *extra_args,
     ]
-    proc = start(argv, log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/api/v1/cards", proc, log)
-        yield Daemon(url=url, proc=proc, log=log)
-    finally:
-        stop(proc)
+    with served(Daemon, argv, log, port, "/api/v1/cards") as running:
+        yield running
 
 
-@dataclass
-class Prometheus:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
+class Prometheus(Service):
     def alerts(self) -> list[dict[str, Any]]:
         return list(http_json(self.url + "/api/v1/alerts")["data"]["alerts"])
 
@@ -166,65 +185,63 @@ def prometheus(
     binary: str,
     workdir: Path,
     *,
-    target: str,
-    rule_file: Path,
-    alertmanager_url: str,
-    interval: str = "1s",
+    scrape_targets: Sequence[str],
+    rule_files: Sequence[Path] = (),
+    alertmanager_url: str | None = None,
+    scrape_interval: str = "1s",
+    evaluation_interval: str = "1s",
+    extra_scrape_configs: Sequence[dict[str, Any]] = (),
 ) -> Iterator[Prometheus]:
+    """Prometheus on a free loopback port, from ``workdir``: the demo's and the tests'."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    am_host = urllib.parse.urlparse(alertmanager_url).netloc
-    config = {
-        "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "rule_files": [str(rule_file)],
+    config: dict[str, Any] = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
+        "rule_files": [str(p) for p in rule_files],
         # job="rankscope" is what the mixin's default selector matches.
-        "scrape_configs": [{"job_name": "rankscope", "static_configs": [{"targets": [target]}]}],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am_host]}]}]},
+        "scrape_configs": [
+            {"job_name": "rankscope", "static_configs": [{"targets": list(scrape_targets)}]},
+            *extra_scrape_configs,
+        ],
     }
+    if alertmanager_url:
+        am_host = urllib.parse.urlparse(alertmanager_url).netloc
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [am_host]}]}]}
     cfg = workdir / "prometheus.yml"
     cfg.write_text(yaml.safe_dump(config, sort_keys=False))
     log = workdir / "prometheus.log"
-    proc = start(
-        [
-            binary,
-            f"--config.file={cfg}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/-/ready", proc, log)
-        yield Prometheus(url=url, proc=proc, log=log)
-    finally:
-        stop(proc)
+    argv = [
+        binary,
+        f"--config.file={cfg}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    with served(Prometheus, argv, log, port, "/-/ready") as running:
+        yield running
+
+
+class Alertmanager(Service):
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(http_json(self.url + "/api/v2/alerts"))
 
 
 @contextlib.contextmanager
-def alertmanager(binary: str, workdir: Path, config_text: str) -> Iterator[str]:
-    """Alertmanager with ``config_text``; yields its URL."""
+def alertmanager(binary: str, workdir: Path, config_text: str) -> Iterator[Alertmanager]:
+    """Alertmanager with ``config_text`` on free loopback ports, from ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     port, cluster_port = free_port(), free_port()
     cfg = workdir / "alertmanager.yml"
     cfg.write_text(config_text)
     log = workdir / "alertmanager.log"
-    proc = start(
-        [
-            binary,
-            f"--config.file={cfg}",
-            f"--storage.path={workdir / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            f"--cluster.listen-address=127.0.0.1:{cluster_port}",
-        ],
-        log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/-/ready", proc, log)
-        yield url
-    finally:
-        stop(proc)
+    argv = [
+        binary,
+        f"--config.file={cfg}",
+        f"--storage.path={workdir / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--cluster.listen-address=127.0.0.1:{cluster_port}",
+    ]
+    with served(Alertmanager, argv, log, port, "/-/ready") as running:
+        yield running
 
 
 @dataclass

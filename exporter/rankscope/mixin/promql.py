@@ -23,7 +23,6 @@ _AGGREGATION_CLAUSE = re.compile(r"(?:by|without)\s*\(", re.I)
 _GRAFANA_VARIABLE = re.compile(r"\$(?:\{[^}]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 # A regex name matcher yields its regex, which names no catalog metric: rules stay literal.
 _NAME_MATCHER = re.compile(r"""__name__\s*=~?\s*(?:"([^"]*)"|'([^']*)'|`([^`]*)`)""")
-_LABEL_VALUES = re.compile(r"^\s*label_values\s*\((.*),\s*[A-Za-z_][A-Za-z0-9_]*\s*\)\s*$", re.S)
 
 
 class PromQLSyntaxError(ValueError):
@@ -113,17 +112,3 @@ def metric_names(expr: str) -> set[str]:
             continue  # a function or an aggregation (`topk by (x) (...)`)
         names.add(word)
     return names
-
-
-def variable_query_names(query: str) -> set[str]:
-    """Metric names in a Grafana Prometheus variable query: ``label_values(EXPR, label)``,
-    ``label_values(label)`` (no metric) or ``query_result(EXPR)``."""
-    match = _LABEL_VALUES.match(query)
-    if match:
-        return metric_names(match.group(1))
-    stripped = query.strip()
-    if stripped.startswith("label_values("):
-        return set()
-    if stripped.startswith("query_result(") and stripped.endswith(")"):
-        return metric_names(stripped[len("query_result(") : -1])
-    return metric_names(query)

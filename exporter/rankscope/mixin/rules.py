@@ -344,7 +344,3 @@ def build(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
 
 def alert_names() -> list[str]:
     return [r["alert"] for r in alerting_rules(merged())]
-
-
-def record_names() -> list[str]:
-    return [r["record"] for r in recording_rules(merged())]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rankscope.probe.torch_view import Device
-from rankscope.record import HOST_PIDNS_INODE
+from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.schema import MarkDriver, MarkNvml
 
 ProcessList = list[tuple[int, int | None]]

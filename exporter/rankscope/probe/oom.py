@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rankscope.probe.torch_view import Device
-from rankscope.record import RECORDER, parse_stat_start_ticks
+from rankscope.procfs import parse_stat_start_ticks
+from rankscope.record import RECORDER
 from rankscope.schema import MarkDevice, MarkDriver, MarkNvml, Oom, OomAllocator, OomHolder, OomPool
 
 # Above this many allocator blocks the segment summary is skipped: the snapshot walks every

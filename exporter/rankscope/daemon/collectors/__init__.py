@@ -1,2 +1,3 @@
-"""The daemon's flight-side collectors, one per file (the card-side ones live with the
-sampler in rankscope.daemon.cards)."""
+"""The daemon's collectors, one per file, and the table that registers them with their
+switches (``table.py``): flight-side (self, phases, arenas, census) read the FlightState,
+card-side (cards, holdings) read the card monitor's sampler."""

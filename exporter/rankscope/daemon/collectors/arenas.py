@@ -4,6 +4,7 @@ latest mark or census line that carried them, for the newest boot."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
 
@@ -19,11 +20,10 @@ ARENA_VALUES: dict[str, Callable[[MarkArena], int | None]] = {
 }
 
 
+@dataclass
 class ArenasCollector:
-    name = "arenas"
-
-    def __init__(self, state: FlightState) -> None:
-        self.state = state
+    state: FlightState
+    name: str = field(default="arenas", init=False)
 
     def collect(self) -> Iterator[Metric]:
         view = self.state.view()

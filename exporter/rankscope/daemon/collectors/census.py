@@ -4,6 +4,7 @@ taken at, and the divergences the in-process comparison found."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -26,11 +27,10 @@ def diverges(body: Divergence) -> bool:
     return bool(body.lagging) or len(set(body.counts.values())) > 1
 
 
+@dataclass
 class CensusCollector:
-    name = "census"
-
-    def __init__(self, state: FlightState) -> None:
-        self.state = state
+    state: FlightState
+    name: str = field(default="census", init=False)
 
     def collect(self) -> Iterator[Metric]:
         view = self.state.view()

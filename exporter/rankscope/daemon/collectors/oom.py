@@ -7,11 +7,9 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from rankscope.daemon.flightstate import host_pid_resolver
-from rankscope.daemon.holdings import ROLE_FOREIGN, ROLE_RANK, cap
+from rankscope.daemon.holdings import ROLE_FOREIGN, ROLE_RANK, Holding, cap
 from rankscope.daemon.oom import OomBook, as_line
 from rankscope.daemon.registry import add, counter, gauge
-from rankscope.daemon.sampler import Holding
 
 
 class OomCollector:
@@ -23,14 +21,12 @@ class OomCollector:
 
     def collect(self) -> Iterator[Metric]:
         book = self.book
-        book.state.refresh()
-        resolve = host_pid_resolver(book.proc)
         # (gpu, uuid, boot, rank, pid): None is an empty label (no boot, rank or pid).
         Key = tuple[int | None, str | None, str | None, int | None, int | None]
         counts: dict[Key, int] = {}
         for st in book.state.view().streams:
             p = st.process
-            pid = resolve(as_line(p))
+            pid = book.state.host_pid(as_line(p))
             for (gpu, uuid), n in st.oom_counts.items():
                 key: Key = (gpu, uuid, st.boot, p.rank, pid if pid is not None else p.pid)
                 counts[key] = counts.get(key, 0) + n

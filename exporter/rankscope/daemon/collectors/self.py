@@ -1,6 +1,6 @@
 """The instrument itself: build info, whether each source answers, and the flight lines
-the reader had to skip. Registered first, it also refreshes the flight state, so its
-duration is the cost of tailing the flight directory."""
+the reader had to skip or nulled. It reads the flight state as the scrape's refresh step
+left it (rankscope.daemon.collectors.table)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ class SelfCollector:
         self.start_time = process_start_time()
 
     def collect(self) -> Iterator[Metric]:
-        self.state.refresh()
         build = info("rankscope_build_info")
         build.add_metric([__version__], {})
         started = gauge("process_start_time_seconds")

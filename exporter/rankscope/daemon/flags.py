@@ -1,0 +1,88 @@
+"""Flag values, parsed in one place: durations ('100ms', '1m30s', Prometheus's syntax) and
+byte sizes ('2GiB', '1.5GB'), for the daemon's flags, the scripted cards and the demo.
+Each parse function raises ValueError saying what it accepts; :func:`argtype` turns one
+into an argparse ``type=``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from typing import Any
+
+# --- durations ----------------------------------------------------------------------------
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Prometheus-style durations -> seconds: '100ms', '15s', '1m30s', '0.5s'."""
+    raw = text.strip()
+    parts = _DURATION_PART.findall(raw)
+    if not raw or "".join(n + u for n, u in parts) != raw:
+        raise ValueError(f"{text!r} is not a duration (examples: 100ms, 15s, 1m30s)")
+    seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise ValueError(f"{text!r}: a duration must be positive")
+    return seconds
+
+
+def argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type=`` from a parse function: its ValueError becomes argparse's error."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__.replace("parse_", "")
+    return convert
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"{text!r}: must be at least 1")
+    return value
+
+
+# --- byte sizes ---------------------------------------------------------------------------
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
+    "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2,
+    "gi": 1024**3, "gib": 1024**3, "ti": 1024**4, "tib": 1024**4,
+}  # fmt: skip
+
+
+def parse_bytes(text: str | int) -> int:
+    """'2GiB', '1.5GB', '512Mi', '1048576' -> bytes (SI units are powers of 1000, IEC units
+    of 1024, case-insensitive); ValueError saying what is accepted."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return non_negative_bytes(text)
+    raw = str(text).strip()
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
+    unit = raw[len(number) :].strip().lower()
+    if unit not in _UNITS or not number:
+        raise ValueError(f"{text!r} is not a byte size (examples: 2GiB, 1.5GB, 512MiB, 1048576)")
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a byte size (examples: 2GiB, 1.5GB, 512MiB)") from None
+    if value < 0 or value != value or value == float("inf"):
+        raise ValueError(f"{text!r}: a byte size must be a finite, non-negative number")
+    return round(value)
+
+
+def non_negative_bytes(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"negative byte count {value}")
+    return value
