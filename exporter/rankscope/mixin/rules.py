@@ -18,6 +18,9 @@ from rankscope.mixin.config import merged
 
 RECORDING_GROUP = "rankscope.rules"
 ALERTING_GROUP = "rankscope.alerts"
+# The census rules in a group of their own: evaluated concurrently with the others, so their
+# cost at fleet scale never delays the corridor rules or the alerts.
+CENSUS_GROUP = "rankscope.census"
 
 # Prometheus's own series that rules and panels may name besides the catalog's.
 PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
@@ -39,80 +42,159 @@ def recording_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
                 s=s,
             ),
         },
+    ]
+
+
+def census_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The census comparison, reduced before any join so it scales with the fleet.
+
+    A fleet holds ranks x (group, op) count series (51,200 at 64 hosts of 8 ranks with 100
+    each). Every rule here touches them only through a set filter (`and`) or an aggregation,
+    and records no series per (rank, group, op) except a lagging rank's deficit: the rounds
+    are compared per rank (hundreds of series), the counts reduced to a max and a min per
+    (boot, group, op, host), and the rank behind is named only where those differ.
+    """
+    s = c["selector"]
+    return [
         {
-            # Each rank's latest snapshot round, carried onto its per-(group, op) counts.
-            "record": "rankscope:census_rank_round",
+            # The latest round any rank of the boot on one host reports. Ranks of one host
+            # are read in one scrape, so they stand at the same round unless one is ahead.
+            "record": "rankscope:census_host_round",
+            "expr": _expr("max by (boot, instance) (rankscope_census_round{{{s}}})", s=s),
+        },
+        {
+            # Each rank that stands at its host's latest round (value: the round).
+            "record": "rankscope:census_rank_at_host_round",
             "expr": _expr(
                 """
-                rankscope_census_round_collectives{{{s}}} * 0
-                + ignoring(group, op) group_left
                 rankscope_census_round{{{s}}}
+                == on(boot, instance) group_left
+                rankscope:census_host_round
                 """,
                 s=s,
+            ),
+        },
+        {
+            # The largest and smallest count among the ranks of one host at its round.
+            "record": "rankscope:census_host_max_collectives",
+            "expr": _expr(
+                """
+                max by (boot, group, op, instance) (
+                  rankscope_census_round_collectives{{{s}}}
+                  and ignoring(group, op)
+                  rankscope:census_rank_at_host_round
+                )
+                """,
+                s=s,
+            ),
+        },
+        {
+            "record": "rankscope:census_host_min_collectives",
+            "expr": _expr(
+                """
+                min by (boot, group, op, instance) (
+                  rankscope_census_round_collectives{{{s}}}
+                  and ignoring(group, op)
+                  rankscope:census_rank_at_host_round
+                )
+                """,
+                s=s,
+            ),
+        },
+        {
+            # The round each host reports for the group instance (hosts where it has ranks).
+            "record": "rankscope:census_group_host_round",
+            "expr": _expr(
+                """
+                rankscope:census_host_max_collectives * 0
+                + on(boot, instance) group_left
+                rankscope:census_host_round
+                """
             ),
         },
         {
             # The latest round any rank of the group instance has reported, across hosts.
             "record": "rankscope:census_group_round",
-            "expr": "max by (boot, group, op) (rankscope:census_rank_round)",
+            "expr": "max by (boot, group, op) (rankscope:census_group_host_round)",
         },
         {
-            # Counts of only those ranks that stand at their group's latest round: ranks a
-            # round behind (scrape skew, a tick in flight) are left out, never compared.
-            "record": "rankscope:census_collectives_at_group_round",
+            # Largest and smallest count across the hosts that stand at the group's round.
+            # Two hosts are scraped at different moments, so they can stand a snapshot apart
+            # at every evaluation: a host behind is left out here, compared within itself.
+            "record": "rankscope:census_group_max_collectives",
             "expr": _expr(
                 """
-                rankscope_census_round_collectives{{{s}}}
-                and
-                (rankscope:census_rank_round == on(boot, group, op) group_left rankscope:census_group_round)
-                """,
-                s=s,
+                max by (boot, group, op) (
+                  rankscope:census_host_max_collectives
+                  and
+                  (rankscope:census_group_host_round == on(boot, group, op) group_left rankscope:census_group_round)
+                )
+                """
             ),
         },
         {
-            # The latest round each host's daemon reports for the group instance. Two hosts
-            # are scraped at different moments, so their ranks can stand a snapshot apart at
-            # every evaluation; ranks of one host are read in one scrape and still meet.
-            "record": "rankscope:census_host_round",
-            "expr": "max by (boot, group, op, instance) (rankscope:census_rank_round)",
-        },
-        {
-            "record": "rankscope:census_collectives_at_host_round",
+            "record": "rankscope:census_group_min_collectives",
             "expr": _expr(
                 """
-                rankscope_census_round_collectives{{{s}}}
-                and
-                (rankscope:census_rank_round == on(boot, group, op, instance) group_left rankscope:census_host_round)
-                """,
-                s=s,
+                min by (boot, group, op) (
+                  rankscope:census_host_min_collectives
+                  and
+                  (rankscope:census_group_host_round == on(boot, group, op) group_left rankscope:census_group_round)
+                )
+                """
             ),
         },
         {
-            # How many collectives a rank is behind the most advanced rank at the same round:
-            # compared across hosts where the hosts report the same round, else among the
-            # ranks of its own host (only a shortfall found there is added).
+            # The cross-rank skew of one (boot, group instance, op): max minus min count at
+            # the same round, across hosts at the group's round or within one host.
+            "record": "rankscope:census_skew",
+            "expr": _expr(
+                """
+                max by (boot, group, op) (
+                  rankscope:census_group_max_collectives - rankscope:census_group_min_collectives
+                  or
+                  rankscope:census_host_max_collectives - rankscope:census_host_min_collectives
+                )
+                """
+            ),
+        },
+        {
+            # How many collectives a rank is behind the most advanced rank at the same
+            # round, recorded only where it is behind: the count series are first cut down
+            # to the skewed (boot, group, op) by a set filter, then joined.
             "record": "rankscope:census_rank_deficit",
             "expr": _expr(
                 """
                 (
-                  max by (boot, group, op) (rankscope:census_collectives_at_group_round)
-                  - on(boot, group, op) group_right
-                  rankscope:census_collectives_at_group_round
+                  rankscope:census_group_max_collectives
+                  - on(boot, group, op) group_right()
+                  (
+                    rankscope_census_round_collectives{{{s}}}
+                    and on(boot, group, op)
+                    (rankscope:census_group_max_collectives > rankscope:census_group_min_collectives)
+                    and ignoring(group, op)
+                    rankscope:census_rank_at_host_round
+                    and on(boot, group, op, instance)
+                    (rankscope:census_group_host_round == on(boot, group, op) group_left rankscope:census_group_round)
+                  )
+                  > 0
                 )
                 or
                 (
-                  max by (boot, group, op, instance) (rankscope:census_collectives_at_host_round)
-                  - on(boot, group, op, instance) group_right
-                  rankscope:census_collectives_at_host_round
+                  rankscope:census_host_max_collectives
+                  - on(boot, group, op, instance) group_right()
+                  (
+                    rankscope_census_round_collectives{{{s}}}
+                    and on(boot, group, op, instance)
+                    (rankscope:census_host_max_collectives > rankscope:census_host_min_collectives)
+                    and ignoring(group, op)
+                    rankscope:census_rank_at_host_round
+                  )
                   > 0
                 )
-                """
+                """,
+                s=s,
             ),
-        },
-        {
-            # The cross-rank skew of one (boot, group instance, op): max minus min at the round.
-            "record": "rankscope:census_skew",
-            "expr": "max by (boot, group, op) (rankscope:census_rank_deficit)",
         },
     ]
 
@@ -337,6 +419,7 @@ def build(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {
         "groups": [
             {"name": RECORDING_GROUP, "rules": recording_rules(c)},
+            {"name": CENSUS_GROUP, "rules": census_rules(c)},
             {"name": ALERTING_GROUP, "rules": alerting_rules(c)},
         ]
     }
