@@ -133,7 +133,9 @@ def _datasource_variable() -> dict:
     }
 
 
-def _query_variable(name: str, label: str, query: str) -> dict:
+def _query_variable(name: str, label: str, query: str, *, include_all: bool = True) -> dict:
+    """A multi-value variable; without ``include_all`` Grafana opens on the first value,
+    where "All" over a fleet would draw every process or count series of every host."""
     return {
         "name": name,
         "label": label,
@@ -142,7 +144,7 @@ def _query_variable(name: str, label: str, query: str) -> dict:
         "definition": query,
         "query": {"query": query, "refId": f"rankscope-{name}", "qryType": 1},
         "refresh": 2,
-        "includeAll": True,
+        "includeAll": include_all,
         "allValue": ".*",
         "multi": True,
         "sort": 1,
@@ -201,7 +203,10 @@ def cards(c: Mapping[str, Any]) -> dict:
         "the floor, who holds the memory (ranks, foreign processes) and the card identity.",
         [
             _query_variable(
-                "instance", "Host", f"label_values(rankscope_gpu_total_bytes{{{s}}}, instance)"
+                "instance",
+                "Host",
+                f"label_values(rankscope_gpu_total_bytes{{{s}}}, instance)",
+                include_all=False,
             ),
             _query_variable(
                 "gpu",
@@ -428,7 +433,10 @@ def census(c: Mapping[str, Any]) -> dict:
         "the same census round; skew, deficits and how fresh each rank's snapshot is.",
         [
             _query_variable(
-                "instance", "Host", f"label_values(rankscope_census_round{{{s}}}, instance)"
+                "instance",
+                "Host",
+                f"label_values(rankscope_census_round{{{s}}}, instance)",
+                include_all=False,
             ),
             _query_variable(
                 "boot",
@@ -438,16 +446,18 @@ def census(c: Mapping[str, Any]) -> dict:
             _query_variable(
                 "group",
                 "Group instance",
-                f'label_values(rankscope_census_round_collectives{{{s}, boot=~"$boot"}}, group)',
+                'label_values(rankscope:census_group_round{boot=~"$boot"}, group)',
             ),
         ],
         [
             table(
                 "Counts at the latest common round",
-                "Each rank's count per group instance and op, for the ranks that stand at "
-                "their group's latest round, with its deficit to the most advanced rank.",
+                "Per group instance and op, the largest and smallest count among the ranks "
+                "that stand at the group's latest round, and each rank behind with its deficit "
+                "to the most advanced rank (only ranks behind are listed).",
                 [
-                    (f"rankscope:census_collectives_at_group_round{{{derived}}}", ""),
+                    (f"rankscope:census_group_max_collectives{{{derived}}}", ""),
+                    (f"rankscope:census_group_min_collectives{{{derived}}}", ""),
                     (f"rankscope:census_rank_deficit{{{derived}}}", ""),
                 ],
                 width=24,
