@@ -1,6 +1,7 @@
 """The shipped rules and dashboards at fleet scale, on a real Prometheus.
 
-    python3 bench/bench_fleet.py [--hosts 64] [--wait 90] [--out DIR]
+    python3 bench/bench_fleet.py [--hosts 64] [--wait 90] [--out DIR] [--rules FILE]
+                                 [--dashboards DIR] [--name NAME]
 
 SIMULATED targets: one HTTP server in this process serves, for each of --hosts hosts, the
 text exposition a daemon would serve (every metric of the catalog, rankscope.catalog): 8
@@ -9,7 +10,8 @@ cards, 8 ranks of one job spanning every host (so the census groups hold hosts x
 its local rank, 17 more spanning every rank), 64 processes per card, phases, posts and
 arenas. A real Prometheus (`prometheus` on PATH) scrapes each host as its own target
 (instance="host-N:19400", job="rankscope") every 15 s and evaluates
-alerts/rankscope.rules.yml every 15 s. After --wait seconds it reports:
+alerts/rankscope.rules.yml (or --rules, e.g. an older version for a before/after in one
+sitting) every 15 s. After --wait seconds it reports:
 
 - series per host as scraped (count by instance, recording rules left out);
 - each rule group's evaluation time from /api/v1/rules, read four times 15 s apart, as a
@@ -181,10 +183,10 @@ def api(base: str, path: str, **params: str) -> Any:
     return doc["data"]
 
 
-def panel_queries() -> list[tuple[str, str, str]]:
+def panel_queries(dashboards: Path) -> list[tuple[str, str, str]]:
     """(dashboard, panel title, expr) for every target of every generated dashboard."""
     out = []
-    for path in sorted((REPO / "dashboards").glob("*.json")):
+    for path in sorted(dashboards.glob("*.json")):
         doc = json.loads(path.read_text())
 
         def walk(panels: list[dict[str, Any]], dash: str = path.stem) -> None:
@@ -245,7 +247,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--hosts", type=int, default=64)
     p.add_argument("--wait", type=float, default=90.0, help="seconds of scrapes before reading")
-    p.add_argument("--out", type=Path, help="directory for fleet.json")
+    p.add_argument("--out", type=Path, help="directory for NAME.json")
+    p.add_argument("--name", default="fleet", help="file name of the output, without .json")
+    p.add_argument("--rules", type=Path, default=REPO / "alerts" / "rankscope.rules.yml")
+    p.add_argument("--dashboards", type=Path, default=REPO / "dashboards")
     args = p.parse_args()
     if shutil.which("prometheus") is None:
         raise SystemExit("bench_fleet: needs `prometheus` on PATH")
@@ -256,7 +261,11 @@ def main() -> None:
     body_kb = statistics.mean(len(b) for b in targets.bodies.values()) / 1024
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    result: dict[str, Any] = {"hosts": args.hosts}
+    result: dict[str, Any] = {
+        "hosts": args.hosts,
+        "rules": str(args.rules),
+        "dashboards": str(args.dashboards),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         static = [
             {"targets": [f"127.0.0.1:{target_port}"],
@@ -266,7 +275,7 @@ def main() -> None:
         config = {
             "global": {"scrape_interval": "15s", "evaluation_interval": "15s",
                        "scrape_timeout": "10s"},
-            "rule_files": [str(REPO / "alerts" / "rankscope.rules.yml")],
+            "rule_files": [str(args.rules.resolve())],
             "scrape_configs": [{"job_name": "rankscope", "static_configs": static}],
         }  # fmt: skip
         (Path(tmp) / "prometheus.yml").write_text(json.dumps(config))
@@ -314,7 +323,7 @@ def main() -> None:
             print("\ndashboard panels (range query, last 2 min, 15 s step, every value selected):")
             for (dash, title, expr), instance in (
                 (panel, instance)
-                for panel in panel_queries()
+                for panel in panel_queries(args.dashboards)
                 for instance in (".*", "host-0:19400")
             ):
                 query = substitute(expr, instance)
@@ -340,7 +349,7 @@ def main() -> None:
     print(f"\ntotal {result['seconds']:.0f} s")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "fleet.json").write_text(json.dumps(result, indent=1))
+        (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
