@@ -73,6 +73,8 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
                 "runner": "sglang", "pid": str(1000 + local), **cards[local]}  # fmt: skip
 
     labels = m.labels
+    if m.name.startswith("rankscope_oom_") or labels == ("field",):
+        return []  # published only after an OOM, or an invalid flight field: none here
     if labels and labels[:2] == ("boot", "rank") and "phase" in labels:
         return [{**rank_labels(lo, r), "phase": p} for lo, r in ranks for p in PHASES]
     if "post" in labels:
