@@ -159,39 +159,41 @@ def census_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             ),
         },
         {
-            # How many collectives a rank is behind the most advanced rank at the same
-            # round, recorded only where it is behind: the count series are first cut down
-            # to the skewed (boot, group, op) by a set filter, then joined.
-            "record": "rankscope:census_rank_deficit",
+            # The count a rank of a skewed comparison is measured against, per host: the
+            # group's maximum on a host at the group's round, else its own host's maximum.
+            # Absent wherever nothing is skewed, which keeps the next rule's join small.
+            "record": "rankscope:census_reference_collectives",
             "expr": _expr(
                 """
                 (
-                  rankscope:census_group_max_collectives
-                  - on(boot, group, op) group_right()
-                  (
-                    rankscope_census_round_collectives{{{s}}}
-                    and on(boot, group, op)
-                    (rankscope:census_group_max_collectives > rankscope:census_group_min_collectives)
-                    and ignoring(group, op)
-                    rankscope:census_rank_at_host_round
-                    and on(boot, group, op, instance)
-                    (rankscope:census_group_host_round == on(boot, group, op) group_left rankscope:census_group_round)
-                  )
-                  > 0
+                  rankscope:census_group_host_round
+                  == on(boot, group, op) group_left
+                  rankscope:census_group_round
                 )
+                * 0 + on(boot, group, op) group_left()
+                (rankscope:census_group_max_collectives > rankscope:census_group_min_collectives)
                 or
+                (rankscope:census_host_max_collectives > rankscope:census_host_min_collectives)
+                """
+            ),
+        },
+        {
+            # How many collectives a rank is behind the most advanced rank at the same round,
+            # recorded only where it is behind: the count series are first cut down to the
+            # skewed (boot, group, op, host) by a set filter, then joined.
+            "record": "rankscope:census_rank_deficit",
+            "expr": _expr(
+                """
+                rankscope:census_reference_collectives
+                - on(boot, group, op, instance) group_right()
                 (
-                  rankscope:census_host_max_collectives
-                  - on(boot, group, op, instance) group_right()
-                  (
-                    rankscope_census_round_collectives{{{s}}}
-                    and on(boot, group, op, instance)
-                    (rankscope:census_host_max_collectives > rankscope:census_host_min_collectives)
-                    and ignoring(group, op)
-                    rankscope:census_rank_at_host_round
-                  )
-                  > 0
+                  rankscope_census_round_collectives{{{s}}}
+                  and on(boot, group, op, instance)
+                  rankscope:census_reference_collectives
+                  and ignoring(group, op)
+                  rankscope:census_rank_at_host_round
                 )
+                > 0
                 """,
                 s=s,
             ),
