@@ -453,12 +453,13 @@ def census(c: Mapping[str, Any]) -> dict:
             table(
                 "Counts at the latest common round",
                 "Per group instance and op, the largest and smallest count among the ranks "
-                "that stand at the group's latest round, and each rank behind with its deficit "
-                "to the most advanced rank (only ranks behind are listed).",
+                "that stand at the group's latest round, and each rank that was behind within "
+                "the time range with its largest deficit to the most advanced rank (a rank "
+                "ahead stands alone at its round at some instants, compared with nobody).",
                 [
                     (f"rankscope:census_group_max_collectives{{{derived}}}", ""),
                     (f"rankscope:census_group_min_collectives{{{derived}}}", ""),
-                    (f"rankscope:census_rank_deficit{{{derived}}}", ""),
+                    (f"max_over_time(rankscope:census_rank_deficit{{{derived}}}[$__range])", ""),
                 ],
                 width=24,
             ),
