@@ -17,7 +17,7 @@ second group), then at once B (RAS on, default address: a second job on one
 host; NCCL binds with SO_REUSEPORT, so A and B may share the port), C (RAS on,
 NCCL_RAS_ADDR on another port) and D (NCCL_RAS_ENABLE=0, its own address:
 expected "connection refused"). Every process gets NCCL_NVLS_ENABLE=0.
-Everything finishes within --budget + 11 seconds (default 75 + 11); no step blocks.
+Everything finishes within --budget + 11 seconds (default 70 + 11); no step blocks.
 
 Usage on the GPU machine:  python3 scripts/ras-capture.py --out $OUT
 Stdlib + torch only.
@@ -463,8 +463,8 @@ def main() -> int:
     ap.add_argument(
         "--budget",
         type=float,
-        default=75.0,
-        help="seconds for queries; jobs stop within 11 s more (default 75)",
+        default=70.0,
+        help="seconds for queries; jobs stop within 11 s more (default 70)",
     )
     # Internal: the job side, started by the capture itself.
     ap.add_argument("--job", help=argparse.SUPPRESS)
