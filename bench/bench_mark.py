@@ -106,7 +106,7 @@ def main() -> int:
         recorder.configure(flight_dir=tmp)
         sample = probe.mark("sample")
         assert sample is not None
-        write = line_writer(tmp, {**recorder.header("mark"), **sample})
+        write = line_writer(tmp, {**recorder.header("mark"), **sample.to_json()})
         write_ns = per_call_ns(write, n)
 
         holders = start_holders(args.holders) if torch.cuda.is_available() else []
@@ -114,10 +114,10 @@ def main() -> int:
             torch.cuda.set_device(0)
             hold = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
             mark = probe.mark("gpu")
-            assert mark is not None and mark["nvml"]["procs"] is not None, mark
+            assert mark is not None and mark.nvml.procs is not None, mark
             import pynvml
 
-            handle = pynvml.nvmlDeviceGetHandleByUUID(mark["device"]["uuid"])
+            handle = pynvml.nvmlDeviceGetHandleByUUID(mark.device.uuid)
             index = torch.cuda.current_device()
             stats = torch._C._cuda_memoryStats
 
@@ -139,7 +139,7 @@ def main() -> int:
 
                 lean = per_call_ns(lean_reads, n)
                 print(f"{'raw reads, one-call process list (used)':<44} {lean / 1000:9.2f} us")
-            where = f"GPU ({torch.cuda.get_device_name()}, {len(mark['nvml']['procs'])} processes)"
+            where = f"GPU ({torch.cuda.get_device_name()}, {len(mark.nvml.procs)} processes)"
             flattened = per_call_ns(lambda: torch.cuda.memory_stats(index), n)
             nested = per_call_ns(lambda: stats(index), n)
             print(f"{'torch.cuda.memory_stats (flattened)':<44} {flattened / 1000:9.2f} us")

@@ -18,6 +18,7 @@ from rankscope import census
 from rankscope.census import counts, graphs, snapshots
 from rankscope.census.compare import compare_group, compare_ranks
 from rankscope.record import RankIdentity, Recorder
+from rankscope.schema import GraphCounts
 
 
 @pytest.fixture(autouse=True)
@@ -151,12 +152,9 @@ def test_captured_collectives_are_added_on_every_replay() -> None:
         census.replay("decode-bs8")
     census.replay("decode-bs8", n=2)
     assert census.snapshot() == {("tp:0-1", "all_reduce"): 2 + 7, ("tp:0-1", "all_gather"): 2 + 14}
-    payload = graphs.graphs_payload()
+    payload = graphs.graph_counts()
     assert payload == {
-        "graph1": {
-            "counts": [["tp:0-1", "all_gather", 2], ["tp:0-1", "all_reduce", 1]],
-            "replays": 7,
-        }
+        "graph1": GraphCounts({("tp:0-1", "all_gather"): 2, ("tp:0-1", "all_reduce"): 1}, 7)
     }
 
 
@@ -178,9 +176,9 @@ def test_graph_objects_are_held_weakly() -> None:
     with census.capture(g, name="bs1"):
         census.count("tp:0-1", "all_reduce")
     census.replay(g)
-    assert "bs1" in graphs.graphs_payload()
+    assert "bs1" in graphs.graph_counts()
     del g
-    assert graphs.graphs_payload() == {}
+    assert graphs.graph_counts() == {}
 
 
 # --- the coordinator-method wrapper ------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 
 from rankscope import census
 from rankscope.census import counts, graphs
+from rankscope.schema import GraphCounts
 
 K = 5
 
@@ -93,11 +94,11 @@ def test_graph_replays_are_counted_through_cuda_graph_hooks(nccl: Any) -> None:
     assert captured - before == 1  # the capture issued it once
     assert after - before == 1 + K  # and each replay again
     assert value == K  # the graph really ran K times (the capture itself runs nothing)
-    (entry,) = graphs.graphs_payload().values()
-    assert entry == {"counts": [["world:0", "all_reduce", 1]], "replays": K}
+    (entry,) = graphs.graph_counts().values()
+    assert entry == GraphCounts({("world:0", "all_reduce"): 1}, K)
     del graph  # dropping the graph drops its entry: the census never keeps a graph alive
     gc.collect()
-    assert graphs.graphs_payload() == {}
+    assert graphs.graph_counts() == {}
 
 
 @pytest.mark.gpu

@@ -17,6 +17,7 @@ from rankscope.census.report import build_report, census_document, render_text
 from rankscope.cli import build_parser
 from rankscope.flight import read_flight
 from rankscope.record import ProcessIdentity, RankIdentity, Recorder
+from rankscope.schema import SCHEMA_VERSION, Census, Header, Line, Mark
 
 CountsAt = Callable[[int, int], dict[tuple[str, str], int]]  # (rank, round) -> counts
 
@@ -35,10 +36,7 @@ def rank_recorder(flight_dir: Path, rank: int, boot: str = "b1", pid: int = 0) -
 
 def write_rounds(rec: Recorder, rank: int, rounds: range, counts_at: CountsAt) -> None:
     for r in rounds:
-        rows = sorted([g, op, n] for (g, op), n in counts_at(rank, r).items())
-        assert rec.write(
-            "census", "census", {"round": r, "every": 10, "counts": rows, "graphs": {}}
-        )
+        assert rec.write_record(Census(round=r, every=10, counts=counts_at(rank, r)))
 
 
 def report_of(flight_dir: Path, boot: str | None = None) -> dict[str, Any]:
@@ -157,12 +155,15 @@ def test_dumps_in_process_lines_and_torn_lines(flight_dir: Path) -> None:
 
 
 def test_records_without_a_rank_or_with_bad_counts_are_counted() -> None:
-    base = {"v": 1, "boot": "b", "host": "h", "pid": 1, "wall": 1.0, "round": 10}
+    def header(kind: str, rank: int | None) -> Header:
+        return Header(v=SCHEMA_VERSION, kind=kind, boot="b", host="h", pid=1, wall=1.0, rank=rank)
+
     report = build_report(
         [
-            dict(base, kind="census", rank=None, counts=[]),
-            dict(base, kind="census", rank=0, counts=[["tp:0-1", "all_reduce", "many"]]),
-            dict(base, kind="mark", rank=0),
+            Line(header("census", None), Census(round=10, every=None, counts={})),
+            # counts the parse could not read (a row of "many" collectives) are None
+            Line(header("census", 0), Census(round=10, every=None, counts=None)),
+            Line(header("mark", 0), Mark("p")),
         ]
     )
     assert report["skipped"] == {"bad_census_line": 1, "no_rank": 1}

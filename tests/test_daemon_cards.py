@@ -253,11 +253,12 @@ HOLDER = textwrap.dedent(
     from pathlib import Path
     import torch
     from rankscope.record import RankIdentity, Recorder
+    from rankscope.schema import Mark
     ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)  # PR_SET_NAME
     torch.ones(1, device="cuda:0")  # the CUDA context
     if sys.argv[2]:  # a flight dir: this process is a rank
         rec = Recorder(flight_dir=Path(sys.argv[2]), boot="gpu-boot", rank=RankIdentity(rank=0))
-        assert rec.write("marks", "mark", {"phase": "boot_complete"})
+        assert rec.write_record(Mark("boot_complete"))
     keep = torch.empty(int(sys.argv[3]), dtype=torch.uint8, device="cuda:0")
     torch.cuda.synchronize()
     print("ready", flush=True)

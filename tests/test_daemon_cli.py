@@ -4,6 +4,7 @@ collector exposes what (as the catalog says), the docs table, the landing page."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -30,6 +31,7 @@ from rankscope.record import (
     read_pidns_inode,
     read_start_ticks,
 )
+from rankscope.schema import MarkArena, MarkNvml
 from test_daemon_flightstate import GiB, census, mark, rank_recorder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,10 +83,10 @@ def test_a_flight_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 def _flight(flight_dir: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-1", 0, pid=os.getpid())
-    arenas = {"kv": {"reserved": 1, "backed": 1, "retained": 0, "why": None}}
-    rec.write("marks", "mark", mark("pre_weight_load", arenas=arenas))
-    rec.write("marks", "mark", mark("weights_loaded", arenas=arenas))
-    rec.write("census", "census", census(1, [["tp:0-1", "all_reduce", 3]]))
+    arenas = {"kv": MarkArena(reserved=1, backed=1, retained=0)}
+    rec.write_record(mark("pre_weight_load", arenas=arenas))
+    rec.write_record(mark("weights_loaded", arenas=arenas))
+    rec.write_record(census(1, [["tp:0-1", "all_reduce", 3]]))
     rec.write(
         "census",
         "divergence",
@@ -267,9 +269,9 @@ def test_the_phases_api_counts_a_rank_in_another_pid_namespace_as_a_rank(flight_
         rec = Recorder(
             flight_dir=flight_dir, rank=RankIdentity(rank=0), process=identity, boot="ns-boot"
         )
-        payload = mark("weights_loaded")
-        payload["nvml"]["procs"] = {str(host_pid): 3 * GiB, "4194000": 1 * GiB}
-        rec.write("marks", "mark", payload)
+        procs: dict[int, int | None] = {host_pid: 3 * GiB, 4194000: 1 * GiB}
+        payload = dataclasses.replace(mark("weights_loaded"), nvml=MarkNvml(procs=procs))
+        rec.write_record(payload)
         daemon = cli.build(
             parse(f"--flight-dir={flight_dir}", "--no-collector.cards", "--no-collector.holdings")
         )

@@ -14,6 +14,7 @@ from rankscope.daemon.collectors.phases import PhasesCollector
 from rankscope.daemon.collectors.self import SelfCollector
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import Collector, TimedCollectors
+from rankscope.schema import CensusDump, Divergence, MarkArena
 from test_daemon_flightstate import GiB, MiB, census, mark, rank_recorder
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -38,16 +39,12 @@ def values(samples: Samples, name: str, **match: str) -> list[float]:
 
 def test_phase_series_carry_the_mark_values_and_signed_posts(flight_dir: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-1", 2, pid=5002, tp_rank=2, pp_rank=1)
-    rec.write(
-        "marks",
-        "mark",
+    rec.write_record(
         mark(
             "pre_weight_load", gpu=2, reserved=0, allocated=0, self_bytes=500 * MiB, free=79 * GiB
         ),
     )
-    rec.write(
-        "marks",
-        "mark",
+    rec.write_record(
         mark(
             "weights_loaded",
             gpu=2,
@@ -98,14 +95,10 @@ def test_phase_series_carry_the_mark_values_and_signed_posts(flight_dir: Path) -
 def test_unmeasured_values_are_absent_never_zero(flight_dir: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-1", 0)
     # A probe without torch: reserved and allocated are null, so is the residue.
-    rec.write(
-        "marks",
-        "mark",
+    rec.write_record(
         mark("pre_weight_load", reserved=None, allocated=None, self_bytes=None, free=None),
     )
-    rec.write(
-        "marks", "mark", mark("weights_loaded", reserved=None, allocated=None, self_bytes=None)
-    )
+    rec.write_record(mark("weights_loaded", reserved=None, allocated=None, self_bytes=None))
     state = FlightState(flight_dir)
     state.refresh()
     s = scrape(PhasesCollector(state))
@@ -124,8 +117,8 @@ def test_unmeasured_values_are_absent_never_zero(flight_dir: Path) -> None:
 
 
 def test_phase_series_are_of_the_newest_boot_unless_widened(flight_dir: Path) -> None:
-    rank_recorder(flight_dir, "boot-old", 0, pid=10).write("marks", "mark", mark("pre_weight_load"))
-    rank_recorder(flight_dir, "boot-new", 0, pid=20).write("marks", "mark", mark("pre_weight_load"))
+    rank_recorder(flight_dir, "boot-old", 0, pid=10).write_record(mark("pre_weight_load"))
+    rank_recorder(flight_dir, "boot-new", 0, pid=20).write_record(mark("pre_weight_load"))
     state = FlightState(flight_dir)
     state.refresh()
     latest = scrape(PhasesCollector(state))
@@ -143,8 +136,8 @@ def test_phase_series_are_of_the_newest_boot_unless_widened(flight_dir: Path) ->
 
 def test_a_repeated_phase_shows_its_latest_mark(flight_dir: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-1", 0)
-    rec.write("marks", "mark", mark("checkpoint", reserved=1 * GiB))
-    rec.write("marks", "mark", mark("checkpoint", reserved=3 * GiB))
+    rec.write_record(mark("checkpoint", reserved=1 * GiB))
+    rec.write_record(mark("checkpoint", reserved=3 * GiB))
     state = FlightState(flight_dir)
     state.refresh()
     assert values(scrape(PhasesCollector(state)), "rankscope_phase_reserved_bytes") == [3 * GiB]
@@ -152,10 +145,11 @@ def test_a_repeated_phase_shows_its_latest_mark(flight_dir: Path) -> None:
 
 def test_arenas_come_from_the_latest_line_that_carried_them(flight_dir: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-1", 1, pid=7001)
-    kv = {"reserved": 40 * GiB, "backed": 10 * GiB, "retained": None, "why": None}
-    rec.write("marks", "mark", mark("kv_pool_sized", arenas={"kv": kv}))
-    kv2 = {"reserved": 40 * GiB, "backed": 30 * GiB, "retained": 2 * GiB, "why": None}
-    rec.write("census", "census", {**census(1, []), "arenas": {"kv": kv2}})
+    kv = MarkArena(reserved=40 * GiB, backed=10 * GiB)
+    rec.write_record(mark("kv_pool_sized", arenas={"kv": kv}))
+    rec.write_record(census(1, []))  # a census line carries no arenas: the mark's stay
+    kv2 = MarkArena(reserved=40 * GiB, backed=30 * GiB, retained=2 * GiB)
+    rec.write_record(mark("kv_pool_grown", arenas={"kv": kv2}))
     state = FlightState(flight_dir)
     state.refresh()
     s = scrape(ArenasCollector(state))
@@ -167,38 +161,23 @@ def test_arenas_come_from_the_latest_line_that_carried_them(flight_dir: Path) ->
 
 def test_census_counts_rounds_and_divergence_of_the_newest_boot(flight_dir: Path) -> None:
     old = rank_recorder(flight_dir, "boot-old", 0, pid=1)
-    old.write("census", "census", census(9, [["tp:0-1", "all_reduce", 900]]))
+    old.write_record(census(9, [["tp:0-1", "all_reduce", 900]]))
     r0 = rank_recorder(flight_dir, "boot-1", 0, pid=10)
     r1 = rank_recorder(flight_dir, "boot-1", 1, pid=11)
-    r0.write("census", "census", census(4, [["tp:0-1", "all_reduce", 40], ["pp:0,1", "send", 4]]))
-    r1.write("census", "census", census(4, [["tp:0-1", "all_reduce", 40], ["pp:0,1", "recv", 4]]))
-    r0.write("census", "census", census(5, [["tp:0-1", "all_reduce", 50], ["pp:0,1", "send", 5]]))
+    r0.write_record(census(4, [["tp:0-1", "all_reduce", 40], ["pp:0,1", "send", 4]]))
+    r1.write_record(census(4, [["tp:0-1", "all_reduce", 40], ["pp:0,1", "recv", 4]]))
+    r0.write_record(census(5, [["tp:0-1", "all_reduce", 50], ["pp:0,1", "send", 5]]))
     # rank 1 hangs and dumps on abort: its total moves on, its snapshot round does not.
-    r1.write(
-        "census",
-        "census_dump",
-        {
-            "reason": "abort",
-            "round": 4,
-            "counts": [["tp:0-1", "all_reduce", 47], ["pp:0,1", "recv", 4]],
-        },
+    r1.write_record(
+        CensusDump(
+            reason="abort",
+            round=4,
+            every=None,
+            counts={("tp:0-1", "all_reduce"): 47, ("pp:0,1", "recv"): 4},
+        )
     )
-    r0.write(
-        "census",
-        "divergence",
-        {
-            "round": 5,
-            "group": "tp:0-1",
-            "op": "all_reduce",
-            "counts": {"0": 50, "1": 47},
-            "lagging": [1],
-        },
-    )
-    r0.write(
-        "census",
-        "divergence",
-        {"round": 5, "group": "pp:0,1", "op": "send", "counts": {"0": 5, "1": 5}, "lagging": []},
-    )
+    r0.write_record(Divergence(5, "tp:0-1", "all_reduce", {0: 50, 1: 47}, lagging=(1,)))
+    r0.write_record(Divergence(5, "pp:0,1", "send", {0: 5, 1: 5}, lagging=()))
     state = FlightState(flight_dir)
     state.refresh()
     s = scrape(CensusCollector(state))
@@ -226,13 +205,21 @@ def test_census_counts_rounds_and_divergence_of_the_newest_boot(flight_dir: Path
 
 def test_self_reports_the_flight_source_and_skipped_lines(flight_dir: Path, tmp_path: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-1", 0)
-    rec.write("marks", "mark", mark("pre_weight_load"))
+    rec.write_record(mark("pre_weight_load"))
+    rec.write_record(mark("weights_loaded", reserved=-5, free=2**60))  # impossible values
     path = rec.path_for("marks")
     assert path is not None
     with open(path, "ab") as f:
         f.write(b"garbage\n")
     state = FlightState(flight_dir)
     s = scrape(SelfCollector(state, lambda: {"nvml": False}))
+    # Each impossible value is nulled and counted by field; the line itself is kept.
+    assert values(s, "rankscope_flight_fields_invalid_total", field="mark.torch.reserved") == [1]
+    assert values(s, "rankscope_flight_fields_invalid_total", field="mark.driver.free") == [1]
+    assert [m.body.phase for st in state.view().streams for m in st.marks] == [
+        "pre_weight_load",
+        "weights_loaded",
+    ]
     assert values(s, "rankscope_up", source="flight") == [1]
     assert values(s, "rankscope_up", source="nvml") == [0]
     assert values(s, "rankscope_flight_lines_skipped_total", reason="malformed") == [1]

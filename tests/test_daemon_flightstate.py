@@ -14,6 +14,16 @@ import pytest
 from rankscope.daemon import flightstate
 from rankscope.daemon.flightstate import FlightState, RankProcess
 from rankscope.record import ProcessIdentity, RankIdentity, Recorder
+from rankscope.schema import (
+    Census,
+    Mark,
+    MarkArena,
+    MarkDerived,
+    MarkDevice,
+    MarkDriver,
+    MarkNvml,
+    MarkTorch,
+)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -63,59 +73,57 @@ def mark(
     self_bytes: int | None = 1 * GiB + 512 * MiB,
     free: int | None = 60 * GiB,
     total: int = 80 * GiB,
-    arenas: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A mark payload as the probe writes it on a GPU host."""
+    arenas: dict[str, MarkArena] | None = None,
+) -> Mark:
+    """A mark as the probe writes it on a GPU host."""
     measured = reserved is not None and self_bytes is not None
-    return {
-        "phase": phase,
-        "extra": {},
-        "device": {"index": 0, "uuid": f"GPU-{gpu:04d}", "nvml_index": gpu, "why": None},
-        "torch": {
-            "reserved": reserved,
-            "allocated": allocated,
-            "peak_allocated": allocated,
-            "num_alloc_retries": 0,
-            "num_ooms": 0,
-            "why": None if reserved is not None else "torch absent",
-        },
-        "driver": {"free": free, "total": total, "why": None},
-        "nvml": {"self_bytes": self_bytes, "procs": {}, "why": None},
-        "arenas": arenas or {},
-        "derived": {
-            "non_torch": self_bytes - reserved if measured else None,  # type: ignore[operator]
-            "non_torch_measured": measured,
-            "unbacked_reservation": None,
-        },
-    }
+    return Mark(
+        phase=phase,
+        device=MarkDevice(index=0, uuid=f"GPU-{gpu:04d}", nvml_index=gpu),
+        torch=MarkTorch(
+            reserved=reserved,
+            allocated=allocated,
+            peak_allocated=allocated,
+            num_alloc_retries=0,
+            num_ooms=0,
+            why=None if reserved is not None else "torch absent",
+        ),
+        driver=MarkDriver(free=free, total=total),
+        nvml=MarkNvml(self_bytes=self_bytes, procs={}),
+        arenas=arenas or {},
+        derived=MarkDerived(
+            non_torch=self_bytes - reserved if measured else None,  # type: ignore[operator]
+            non_torch_measured=measured,
+        ),
+    )
 
 
-def census(round_: int, counts: list[list[Any]]) -> dict[str, Any]:
-    return {"round": round_, "counts": counts, "graphs": {}}
+def census(round_: int, counts: list[list[Any]]) -> Census:
+    return Census(round=round_, every=None, counts={(g, op): n for g, op, n in counts})
 
 
 def test_refresh_reads_only_what_was_appended(flight_dir: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-1", 0)
-    rec.write("marks", "mark", mark("pre_weight_load"))
+    rec.write_record(mark("pre_weight_load"))
     state = FlightState(flight_dir)
     assert state.refresh() and state.up
-    assert [m["phase"] for st in state.view().streams for m in st.marks] == ["pre_weight_load"]
-    rec.write("marks", "mark", mark("weights_loaded"))
-    rec.write("census", "census", census(1, [["tp:0-7", "all_reduce", 5]]))
+    assert [m.body.phase for st in state.view().streams for m in st.marks] == ["pre_weight_load"]
+    rec.write_record(mark("weights_loaded"))
+    rec.write_record(census(1, [["tp:0-7", "all_reduce", 5]]))
     state.refresh()
     view = state.view()
-    phases = [m["phase"] for st in view.streams for m in st.marks]
+    phases = [m.body.phase for st in view.streams for m in st.marks]
     assert phases == ["pre_weight_load", "weights_loaded"]
     (census_stream,) = [st for st in view.streams if st.census is not None]
-    assert census_stream.snapshot is not None and census_stream.snapshot["round"] == 1
+    assert census_stream.snapshot is not None and census_stream.snapshot.body.round == 1
 
 
 def test_the_latest_boot_is_the_one_whose_first_record_is_newest(flight_dir: Path) -> None:
     old = rank_recorder(flight_dir, "boot-old", 0, pid=100)
-    old.write("marks", "mark", mark("pre_weight_load"))
+    old.write_record(mark("pre_weight_load"))
     new = rank_recorder(flight_dir, "boot-new", 0, pid=200)
-    new.write("marks", "mark", mark("pre_weight_load"))
-    old.write("marks", "mark", mark("weights_loaded"))  # a late line of the old boot
+    new.write_record(mark("pre_weight_load"))
+    old.write_record(mark("weights_loaded"))  # a late line of the old boot
     state = FlightState(flight_dir)
     state.refresh()
     view = state.view()
@@ -127,9 +135,9 @@ def test_the_latest_boot_is_the_one_whose_first_record_is_newest(flight_dir: Pat
 
 def test_a_removed_file_takes_its_state_with_it(flight_dir: Path) -> None:
     old = rank_recorder(flight_dir, "boot-old", 0, pid=100)
-    old.write("marks", "mark", mark("pre_weight_load"))
+    old.write_record(mark("pre_weight_load"))
     new = rank_recorder(flight_dir, "boot-new", 0, pid=200)
-    new.write("marks", "mark", mark("pre_weight_load"))
+    new.write_record(mark("pre_weight_load"))
     state = FlightState(flight_dir)
     state.refresh()
     assert state.view().boots == ("boot-old", "boot-new")
@@ -142,7 +150,7 @@ def test_a_removed_file_takes_its_state_with_it(flight_dir: Path) -> None:
 
 def test_torn_and_newer_lines_are_counted_not_fatal(flight_dir: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-1", 0)
-    rec.write("marks", "mark", mark("pre_weight_load"))
+    rec.write_record(mark("pre_weight_load"))
     path = rec.path_for("marks")
     assert path is not None
     with open(path, "ab") as f:
@@ -167,10 +175,10 @@ def test_an_unreadable_directory_is_a_down_source_not_an_exception(tmp_path: Pat
 
 def test_rank_processes_carry_the_identity_the_holdings_match_on(flight_dir: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-1", 3, pid=4242, start_ticks=777)
-    rec.write("marks", "mark", mark("pre_weight_load"))
-    rec.write("census", "census", census(1, []))
+    rec.write_record(mark("pre_weight_load"))
+    rec.write_record(census(1, []))
     other = rank_recorder(flight_dir, "boot-0", 0, pid=11)
-    other.write("marks", "mark", mark("pre_weight_load"))
+    other.write_record(mark("pre_weight_load"))
     state = FlightState(flight_dir)
     procs = state.rank_processes()
     me = RankProcess(
@@ -188,9 +196,9 @@ def test_a_process_marking_in_a_loop_keeps_the_daemon_bounded(
     monkeypatch.setattr(flightstate, "MAX_MARKS_PER_PROCESS", 3)
     rec = rank_recorder(flight_dir, "boot-1", 0)
     for i in range(5):
-        rec.write("marks", "mark", mark(f"step{i}"))
+        rec.write_record(mark(f"step{i}"))
     state = FlightState(flight_dir)
     state.refresh()
     (st,) = state.view().streams
-    assert [m["phase"] for m in st.marks] == ["step2", "step3", "step4"]
+    assert [m.body.phase for m in st.marks] == ["step2", "step3", "step4"]
     assert st.marks_forgotten == 2

@@ -148,9 +148,10 @@ INNER = textwrap.dedent(
     import ctypes, os, sys, time
     from pathlib import Path
     from rankscope.record import RankIdentity, Recorder
+    from rankscope.schema import Mark
     ctypes.CDLL(None).prctl(15, b"rank-in-ns", 0, 0, 0)  # PR_SET_NAME: a comm to look for
     rec = Recorder(flight_dir=Path(sys.argv[1]), boot="boot-ns", rank=RankIdentity(rank=3, local_rank=1))
-    assert rec.write("marks", "mark", {"phase": "boot_complete"})
+    assert rec.write_record(Mark("boot_complete"))
     print(os.getpid(), flush=True)
     time.sleep(120)
     """

@@ -87,8 +87,8 @@ def points(metric: Any) -> list[tuple[dict[str, str], float]]:
 
 def test_the_daemon_pushes_the_catalog_over_otlp_http(flight_dir: Path, tmp_path: Path) -> None:
     rec = rank_recorder(flight_dir, "boot-otlp-1", 0, pid=3100)
-    rec.write("marks", "mark", mark("weights_loaded", reserved=12 * GiB))
-    rec.write("census", "census", census(3, [["tp:0-1", "all_reduce", 42]]))
+    rec.write_record(mark("weights_loaded", reserved=12 * GiB))
+    rec.write_record(census(3, [["tp:0-1", "all_reduce", 42]]))
     with otlp_receiver() as (endpoint, receiver):
         env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
         with serve(
@@ -125,7 +125,7 @@ def test_the_daemon_pushes_the_catalog_over_otlp_http(flight_dir: Path, tmp_path
 
             # A new boot: the resource follows it.
             new = rank_recorder(flight_dir, "boot-otlp-2", 0, pid=3200)
-            new.write("marks", "mark", mark("pre_weight_load"))
+            new.write_record(mark("pre_weight_load"))
             wait_for(
                 lambda: any(
                     res.get("rankscope.boot") == "boot-otlp-2" for res, _n, _m in receiver.metrics()

@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rankscope import catalog
 from rankscope.flight import read_flight
 from rankscope.ledger import phases_document
+from rankscope.schema import MarkArena
 from support.services import binary, free_port, prometheus, stop
 from test_daemon_flightstate import GiB, census, mark, rank_recorder
 
@@ -44,15 +45,15 @@ RANK_SCRIPT = textwrap.dedent(
     import os, sys
     from rankscope import probe
     from rankscope.record import RECORDER
+    from rankscope.schema import Census, Divergence
     rank = int(os.environ["RANK"])
     probe.configure(tp_rank=rank, pp_rank=0, runner="target")
     probe.mark("pre_weight_load")
     probe.mark("weights_loaded")
-    counts = [["tp:0-1", "all_reduce", 10 + rank], ["world:0-1", "barrier", 1]]
-    RECORDER.write("census", "census", {"round": 2, "counts": counts, "graphs": {}})
+    counts = {("tp:0-1", "all_reduce"): 10 + rank, ("world:0-1", "barrier"): 1}
+    RECORDER.write_record(Census(round=2, every=None, counts=counts))
     if rank == 0:
-        RECORDER.write("census", "divergence", {"round": 2, "group": "tp:0-1",
-                       "op": "all_reduce", "counts": {"0": 10, "1": 11}, "lagging": [0]})
+        RECORDER.write_record(Divergence(2, "tp:0-1", "all_reduce", {0: 10, 1: 11}, (0,)))
     print("ready", flush=True)
     sys.stdin.read()
     """
@@ -158,14 +159,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     try:
         # Marks with GPU figures, as a probe on a GPU host writes them, for a third process.
         gpu_rank = rank_recorder(flight_dir, BOOT, 2, pid=ranks[0].pid + 100000)
-        gpu_rank.write(
-            "marks", "mark", mark("pre_weight_load", gpu=1, reserved=0, self_bytes=500 << 20)
-        )
-        kv = {"reserved": 40 * GiB, "backed": 24 * GiB, "retained": 1 * GiB, "why": None}
-        gpu_rank.write(
-            "marks", "mark", mark("kv_pool_sized", gpu=1, reserved=30 * GiB, arenas={"kv": kv})
-        )
-        gpu_rank.write("census", "census", census(2, [["tp:0-1", "all_reduce", 10]]))
+        gpu_rank.write_record(mark("pre_weight_load", gpu=1, reserved=0, self_bytes=500 << 20))
+        kv = MarkArena(reserved=40 * GiB, backed=24 * GiB, retained=1 * GiB)
+        gpu_rank.write_record(mark("kv_pool_sized", gpu=1, reserved=30 * GiB, arenas={"kv": kv}))
+        gpu_rank.write_record(census(2, [["tp:0-1", "all_reduce", 10]]))
         script = root / "cards.json"
         script.write_text(
             json.dumps(

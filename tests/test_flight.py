@@ -26,22 +26,25 @@ from rankscope.flight import (
     read_flight,
     summarize_boots,
 )
-from rankscope.record import SCHEMA_VERSION
+from rankscope.schema import (
+    SCHEMA_VERSION,
+    Census,
+    Header,
+    Mark,
+    MarkArena,
+    MarkDriver,
+    MarkNvml,
+    MarkTorch,
+    of_kind,
+)
 
 
 def line(boot: Any = "b1", pid: Any = 100, wall: float = 1000.0, **fields: Any) -> bytes:
-    rec = {
-        "v": SCHEMA_VERSION,
-        "kind": "mark",
-        "boot": boot,
-        "rank": None,
-        "host": "h",
-        "pid": pid,
-        "start_ticks": 7,
-        "wall": wall,
-        "phase": "p",
-    }
-    rec.update(fields)
+    """A mark line built from the writer's types; ``fields`` overwrite what it holds (to
+    write what a broken or newer writer would)."""
+    header = Header(v=SCHEMA_VERSION, kind="mark", boot="b1", host="h", pid=0, wall=0.0)
+    rec = {**header.to_json(), **Mark("p").to_json(), "start_ticks": 7}
+    rec.update(boot=boot, pid=pid, wall=wall, **fields)
     return json.dumps(rec).encode() + b"\n"
 
 
@@ -56,7 +59,9 @@ def write(path: Path, *lines: bytes) -> None:
 
 def test_parse_line_sorts_what_it_cannot_read_into_reasons() -> None:
     good = line().rstrip(b"\n")
-    assert isinstance(parse_line(good), dict)
+    parsed = parse_line(good)
+    assert not isinstance(parsed, str) and parsed is not None
+    assert isinstance(parsed.body, Mark) and parsed.body.phase == "p"
     assert parse_line(b"") is None
     assert parse_line(b"   ") is None
     assert parse_line(good[:40]) == "torn"
@@ -66,9 +71,59 @@ def test_parse_line_sorts_what_it_cannot_read_into_reasons() -> None:
     assert parse_line(line(v=True).rstrip()) == "malformed"
     assert parse_line(line(pid="100").rstrip()) == "malformed"
     assert parse_line(line(boot=None).rstrip()) == "malformed"
+    assert parse_line(line(wall=float("nan")).rstrip()) == "malformed"  # a line needs a time
+    assert parse_line(line(phase=3).rstrip()) == "malformed"  # a mark needs its phase
     assert parse_line(line(v=SCHEMA_VERSION + 1).rstrip()) == "newer_schema"
     # A newer schema is reported even when its header no longer looks like ours.
     assert parse_line(json.dumps({"v": SCHEMA_VERSION + 1}).encode()) == "newer_schema"
+
+
+def test_impossible_values_become_null_and_are_counted_per_field() -> None:
+    bad: list[str] = []
+    raw = line(
+        mono=float("inf"),
+        rank=True,
+        torch=MarkTorch(reserved=-1, allocated=True, peak_allocated=5).to_json(),  # type: ignore[arg-type]
+        driver=MarkDriver(free=2**50, total=80 << 30).to_json(),
+        nvml={**MarkNvml(self_bytes=10).to_json(), "procs": {"12": 1e40, "x": 3, "13": 7}},
+        arenas={"kv": {**MarkArena(backed=4).to_json(), "reserved": float("nan")}},
+        derived={"non_torch": -(1 << 30), "non_torch_measured": True},
+    )
+    parsed = parse_line(raw.rstrip(), "f.jsonl", bad)
+    assert parsed is not None and not isinstance(parsed, str)
+    mark = parsed.body
+    assert isinstance(mark, Mark)
+    assert (parsed.header.mono, parsed.header.rank, parsed.header.file) == (None, None, "f.jsonl")
+    assert (mark.torch.reserved, mark.torch.allocated, mark.torch.peak_allocated) == (None, None, 5)
+    assert (mark.driver.free, mark.driver.total) == (None, 80 << 30)
+    assert mark.nvml.self_bytes == 10 and mark.nvml.procs == {12: None, 13: 7}
+    assert (mark.arenas["kv"].reserved, mark.arenas["kv"].backed) == (None, 4)
+    assert mark.derived.non_torch == -(1 << 30)  # a residual is signed, never floored
+    assert sorted(bad) == [
+        "header.mono",
+        "header.rank",
+        "mark.arenas.reserved",
+        "mark.driver.free",
+        "mark.nvml.procs",
+        "mark.nvml.procs",
+        "mark.torch.allocated",
+        "mark.torch.reserved",
+    ]
+
+
+def test_census_counts_that_do_not_read_are_null_not_zero() -> None:
+    bad: list[str] = []
+    good = Census(round=5, every=10, counts={("tp:0-1", "all_reduce"): 4})
+    header = Header(v=SCHEMA_VERSION, kind="census", boot="b", host="h", pid=1, wall=1.0)
+    parsed = parse_line(json.dumps({**header.to_json(), **good.to_json()}).encode(), "", bad)
+    assert parsed is not None and not isinstance(parsed, str) and parsed.body == good
+    rows = [["tp:0-1", "all_reduce", -4]]
+    broken = {**header.to_json(), **good.to_json(), "counts": rows, "round": 1.5}
+    parsed = parse_line(json.dumps(broken).encode(), "", bad)
+    assert parsed is not None and not isinstance(parsed, str)
+    assert isinstance(parsed.body, Census)
+    assert (parsed.body.counts, parsed.body.round, parsed.body.every) == (None, None, 10)
+    assert bad == ["census.round", "census.counts"]
 
 
 # --- one-shot reads -------------------------------------------------------------------------
@@ -84,7 +139,7 @@ def test_read_flight_scopes_to_the_latest_boot_by_default(flight_dir: Path) -> N
 
     flight = read_flight(flight_dir)
     assert flight.boot == "new"
-    assert sorted(r["pid"] for r in flight.records) == [200, 201]
+    assert sorted(r.header.pid for r in flight.records) == [200, 201]
     assert [b.boot for b in flight.boots] == ["old", "new"]
     old, new = flight.boots
     assert (old.first_wall, old.last_wall, old.processes, old.ranks, old.latest) == (
@@ -95,10 +150,10 @@ def test_read_flight_scopes_to_the_latest_boot_by_default(flight_dir: Path) -> N
         False,
     )
     assert (new.processes, new.ranks, new.latest) == (2, [0, 1], True)
-    assert all(r["_file"].startswith("marks-h-") for r in flight.records)
+    assert all(r.header.file.startswith("marks-h-") for r in flight.records)
 
     named = read_flight(flight_dir, boot="old")
-    assert named.boot == "old" and [r["wall"] for r in named.records] == [10.0, 11.0]
+    assert named.boot == "old" and [r.header.wall for r in named.records] == [10.0, 11.0]
 
     every = read_flight(flight_dir, all_boots=True)
     assert every.boot is None and len(every.records) == 4
@@ -137,14 +192,14 @@ def test_skips_are_counted_and_nothing_else_is_lost(flight_dir: Path) -> None:
         line(wall=6.0)[:25],  # torn last line: no newline
     )
     flight = read_flight(flight_dir)
-    assert [r["wall"] for r in flight.records] == [1.0, 3.0, 5.0]
+    assert [r.header.wall for r in flight.records] == [1.0, 3.0, 5.0]
     assert flight.skipped == {"torn": 2, "malformed": 1, "newer_schema": 1}
 
 
 def test_an_unterminated_last_line_is_torn_even_if_it_parses(flight_dir: Path) -> None:
     write(flight_dir / "a.jsonl", line(wall=1.0), line(wall=2.0).rstrip(b"\n"))
     flight = read_flight(flight_dir)
-    assert [r["wall"] for r in flight.records] == [1.0]
+    assert [r.header.wall for r in flight.records] == [1.0]
     assert flight.skipped["torn"] == 1
 
 
@@ -157,19 +212,19 @@ def test_reader_returns_only_what_was_appended_and_holds_back_partial_lines(
     a = flight_dir / "marks-h-1-1.jsonl"
     write(a, line(wall=1.0))
     reader = FlightReader(flight_dir)
-    assert [r["wall"] for r in reader.poll()] == [1.0]
+    assert [r.header.wall for r in reader.poll()] == [1.0]
     assert reader.poll() == []
 
     second = line(wall=2.0)
     write(a, second[:20])
     assert reader.poll() == []  # held back, not counted
     write(a, second[20:], line(wall=3.0))
-    assert [r["wall"] for r in reader.poll()] == [2.0, 3.0]
+    assert [r.header.wall for r in reader.poll()] == [2.0, 3.0]
 
     b = flight_dir / "census-h-2-1.jsonl"  # a file that appears later
     write(b, line(pid=2, wall=4.0, kind="census"), b"junk\n")
     got = reader.poll()
-    assert [(r["wall"], r["_file"]) for r in got] == [(4.0, b.name)]
+    assert [(r.header.wall, r.header.file) for r in got] == [(4.0, b.name)]
     assert reader.skipped == {"malformed": 1}
     assert sum(reader.skipped.values()) == 1
 
@@ -182,12 +237,12 @@ def test_reader_rereads_a_file_replaced_in_place(flight_dir: Path) -> None:
     a.unlink()
     assert reader.poll() == []
     write(a, line(wall=9.0))
-    assert [r["wall"] for r in reader.poll()] == [9.0]
+    assert [r.header.wall for r in reader.poll()] == [9.0]
     # Truncated to shorter than what was read: start again.
     a.write_bytes(b"")
     reader.poll()
     write(a, line(wall=10.0))
-    assert [r["wall"] for r in reader.poll()] == [10.0]
+    assert [r.header.wall for r in reader.poll()] == [10.0]
 
 
 def test_reader_of_a_missing_directory_returns_nothing(tmp_path: Path) -> None:
@@ -230,8 +285,8 @@ def test_three_processes_claiming_tp_rank_0_are_three_processes(flight_dir: Path
     flight = read_flight(flight_dir)
     keys = {process_key(r) for r in flight.records}
     assert len(keys) == 3
-    assert {r["tp_rank"] for r in flight.records} == {0}
-    assert sorted({r["pp_rank"] for r in flight.records}) == [0, 1, 2]
+    assert {r.header.tp_rank for r in flight.records} == {0}
+    assert sorted({r.header.pp_rank for r in flight.records}) == [0, 1, 2]
     (boot,) = summarize_boots(flight.records)
     assert (boot.processes, boot.ranks) == (3, [0, 1, 2])
 
@@ -278,7 +333,7 @@ def test_sigkill_mid_append_costs_at_most_the_line_being_written(flight_dir: Pat
     assert child.returncode == -signal.SIGKILL
 
     flight = read_flight(flight_dir)
-    seqs = [r["extra"]["seq"] for r in flight.records]
+    seqs = [r.body.extra["seq"] for r in of_kind(flight.records, Mark)]
     assert len(seqs) >= 4
     assert seqs == list(range(len(seqs)))  # every complete line, none lost or reordered
     assert flight.skipped == {"torn": 1}  # the line the kill interrupted, and nothing else
@@ -287,5 +342,5 @@ def test_sigkill_mid_append_costs_at_most_the_line_being_written(flight_dir: Pat
 
     # The tail holds the torn line back instead of counting it: it may yet be completed.
     reader = FlightReader(flight_dir)
-    assert [r["extra"]["seq"] for r in reader.poll()] == seqs
+    assert [r.body.extra["seq"] for r in of_kind(reader.poll(), Mark)] == seqs
     assert sum(reader.skipped.values()) == 0

@@ -17,6 +17,17 @@ import pytest
 from rankscope.flight import read_flight
 from rankscope.ledger import card_identities, phases_document, posts
 from rankscope.record import HOST_PIDNS_INODE
+from rankscope.schema import (
+    SCHEMA_VERSION,
+    Header,
+    Line,
+    Mark,
+    MarkDerived,
+    MarkDevice,
+    MarkDriver,
+    MarkNvml,
+    MarkTorch,
+)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -41,50 +52,45 @@ def mark(
     gpu: int | None = 0,
     pidns: int = HOST_PIDNS_INODE,
     rank: int | None = 0,
-) -> dict[str, Any]:
-    """A mark as the probe writes it (docs/probe.md)."""
+) -> Line[Mark]:
+    """A mark as the probe writes it (docs/probe.md), built from the writer's types."""
     non_torch = self_bytes - reserved if self_bytes is not None and reserved is not None else None
-    return {
-        "v": 1,
-        "kind": "mark",
-        "boot": boot,
-        "rank": rank,
-        "local_rank": rank,
-        "world_size": 2,
-        "tp_rank": 0,
-        "pp_rank": rank,
-        "runner": runner,
-        "host": "h",
-        "pid": pid,
-        "start_ticks": 500 + pid,
-        "nspid": [pid],
-        "pidns": pidns,
-        "mono": wall,
-        "wall": wall,
-        "phase": phase,
-        "extra": {},
-        "device": {"index": 0, "uuid": card, "nvml_index": gpu, "why": None},
-        "torch": {
-            "reserved": reserved,
-            "allocated": allocated,
-            "peak_allocated": allocated,
-            "num_alloc_retries": 0,
-            "num_ooms": 0,
-            "why": None,
-        },
-        "driver": {"free": free, "total": TOTAL if free is not None else None, "why": None},
-        "nvml": {
-            "self_bytes": self_bytes,
-            "procs": dict(procs) if procs is not None else None,
-            "why": None,
-        },
-        "arenas": {},
-        "derived": {
-            "non_torch": non_torch,
-            "non_torch_measured": non_torch is not None,
-            "unbacked_reservation": None,
-        },
-    }
+    header = Header(
+        v=SCHEMA_VERSION,
+        kind=Mark.KIND,
+        boot=boot,
+        rank=rank,
+        local_rank=rank,
+        world_size=2,
+        tp_rank=0,
+        pp_rank=rank,
+        runner=runner,
+        host="h",
+        pid=pid,
+        start_ticks=500 + pid,
+        nspid=(pid,),
+        pidns=pidns,
+        mono=wall,
+        wall=wall,
+    )
+    body = Mark(
+        phase=phase,
+        device=MarkDevice(index=0, uuid=card, nvml_index=gpu),
+        torch=MarkTorch(
+            reserved=reserved,
+            allocated=allocated,
+            peak_allocated=allocated,
+            num_alloc_retries=0,
+            num_ooms=0,
+        ),
+        driver=MarkDriver(free=free, total=TOTAL if free is not None else None),
+        nvml=MarkNvml(
+            self_bytes=self_bytes,
+            procs={int(p): used for p, used in procs.items()} if procs is not None else None,
+        ),
+        derived=MarkDerived(non_torch=non_torch, non_torch_measured=non_torch is not None),
+    )
+    return Line(header, body)
 
 
 # --- posts ----------------------------------------------------------------------------------
@@ -252,11 +258,12 @@ def test_a_namespaced_rank_is_unresolved_without_the_daemons_view() -> None:
 # --- the document and the commands ----------------------------------------------------------
 
 
-def write_flight(directory: Path, recs: list[dict[str, Any]]) -> None:
+def write_flight(directory: Path, recs: list[Line[Mark]]) -> None:
     for rec in recs:
-        name = f"marks-{rec['host']}-{rec['pid']}-{rec['start_ticks']}.jsonl"
+        h = rec.header
+        name = f"marks-{h.host}-{h.pid}-{h.start_ticks}.jsonl"
         with open(directory / name, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+            f.write(json.dumps({**h.to_json(), **rec.body.to_json()}) + "\n")
 
 
 def fixture_flight(directory: Path) -> None:

@@ -27,6 +27,16 @@ from rankscope.record import (
     read_start_ticks,
     resolve_boot_id,
 )
+from rankscope.schema import (
+    Line,
+    Mark,
+    MarkDerived,
+    MarkDevice,
+    MarkDriver,
+    MarkNvml,
+    MarkTorch,
+    of_kind,
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -52,8 +62,8 @@ def run_py(
     )
 
 
-def records(flight: Path) -> list[dict[str, Any]]:
-    return read_flight(flight, all_boots=True).records
+def records(flight: Path) -> list[Line[Mark]]:
+    return of_kind(read_flight(flight, all_boots=True).records, Mark)
 
 
 # --- arming ---------------------------------------------------------------------------------
@@ -84,19 +94,15 @@ def test_a_mark_without_torch_records_nulls_with_the_reason(flight_dir: Path) ->
     )
     assert proc.returncode == 0, proc.stderr
     (rec,) = records(flight_dir)
-    assert rec["v"] == 1 and rec["kind"] == "mark" and rec["phase"] == "pre_weight_load"
-    assert rec["extra"] == {"shards": 4}
-    assert (rec["rank"], rec["local_rank"], rec["world_size"]) == (3, 1, 8)
-    for section in ("torch", "driver", "nvml"):
-        values = {k: v for k, v in rec[section].items() if k != "why"}
-        assert set(values.values()) == {None}, section
-        assert rec[section]["why"] == NOT_IMPORTED
-    assert rec["derived"] == {
-        "non_torch": None,
-        "non_torch_measured": False,
-        "unbacked_reservation": None,
-    }
-    assert rec["device"] == {"index": None, "uuid": None, "nvml_index": None, "why": NOT_IMPORTED}
+    assert rec.header.v == 1 and rec.header.kind == "mark" and rec.body.phase == "pre_weight_load"
+    assert rec.body.extra == {"shards": 4}
+    assert (rec.header.rank, rec.header.local_rank, rec.header.world_size) == (3, 1, 8)
+    body = rec.body
+    assert body.torch == MarkTorch(why=NOT_IMPORTED)
+    assert body.driver == MarkDriver(why=NOT_IMPORTED)
+    assert body.nvml == MarkNvml(why=NOT_IMPORTED)
+    assert body.derived == MarkDerived(None, False, None)
+    assert body.device == MarkDevice(why=NOT_IMPORTED)
 
 
 def test_a_mark_with_torch_but_no_cuda_leaves_cuda_uninitialised(flight_dir: Path) -> None:
@@ -111,11 +117,11 @@ def test_a_mark_with_torch_but_no_cuda_leaves_cuda_uninitialised(flight_dir: Pat
     proc = run_py(code, clean_env(RANKSCOPE_DIR=str(flight_dir)))
     assert proc.returncode == 0, proc.stderr
     recs = records(flight_dir)
-    assert [r["phase"] for r in recs] == ["pre_weight_load", "weights_loaded"]
+    assert [r.body.phase for r in recs] == ["pre_weight_load", "weights_loaded"]
     for rec in recs:
-        assert rec["torch"]["reserved"] is None
-        assert rec["torch"]["why"] == NOT_INITIALISED
-        assert rec["nvml"]["self_bytes"] is None
+        assert rec.body.torch.reserved is None
+        assert rec.body.torch.why == NOT_INITIALISED
+        assert rec.body.nvml.self_bytes is None
 
 
 def test_process_identity_is_pid_and_start_ticks(flight_dir: Path) -> None:
@@ -128,12 +134,15 @@ def test_process_identity_is_pid_and_start_ticks(flight_dir: Path) -> None:
     proc = run_py(code, clean_env(RANKSCOPE_DIR=str(flight_dir)))
     assert proc.returncode == 0, proc.stderr
     (rec,) = records(flight_dir)
-    assert rec["pid"] == int(proc.stdout)
-    assert isinstance(rec["start_ticks"], int) and rec["start_ticks"] > 0
-    assert rec["pidns"] == read_pidns_inode() == HOST_PIDNS_INODE
-    assert rec["nspid"] == [rec["pid"]]
-    assert rec["_file"] == f"marks-{rec['host']}-{rec['pid']}-{rec['start_ticks']}.jsonl"
-    assert isinstance(rec["mono"], float) and abs(rec["wall"] - time.time()) < 60
+    assert rec.header.pid == int(proc.stdout)
+    assert isinstance(rec.header.start_ticks, int) and rec.header.start_ticks > 0
+    assert rec.header.pidns == read_pidns_inode() == HOST_PIDNS_INODE
+    assert rec.header.nspid == (rec.header.pid,)
+    assert (
+        rec.header.file
+        == f"marks-{rec.header.host}-{rec.header.pid}-{rec.header.start_ticks}.jsonl"
+    )
+    assert isinstance(rec.header.mono, float) and abs(rec.header.wall - time.time()) < 60
 
 
 def test_configure_and_the_per_mark_runner(flight_dir: Path) -> None:
@@ -147,13 +156,13 @@ def test_configure_and_the_per_mark_runner(flight_dir: Path) -> None:
     proc = run_py(code, clean_env())  # no RANKSCOPE_DIR: configure arms the probe
     assert proc.returncode == 0, proc.stderr
     recs = records(flight_dir)
-    assert [(r["phase"], r["runner"]) for r in recs] == [
+    assert [(r.body.phase, r.header.runner) for r in recs] == [
         ("capture_end", "target"),
         ("capture_end", "draft"),
         ("boot_complete", "target"),
     ]
-    assert {(r["tp_rank"], r["pp_rank"]) for r in recs} == {(1, 2)}
-    assert recs[2]["extra"] == {"note": "ok"}
+    assert {(r.header.tp_rank, r.header.pp_rank) for r in recs} == {(1, 2)}
+    assert recs[2].body.extra == {"note": "ok"}
 
 
 # --- boot ids -------------------------------------------------------------------------------
@@ -232,9 +241,9 @@ def find_host_pid(rec: dict[str, Any]) -> list[int]:
         nspid = read_nspid(entry)
         if (
             nspid
-            and nspid[-1] == rec["pid"]
-            and read_start_ticks(entry) == rec["start_ticks"]
-            and read_pidns_inode(entry) == rec["pidns"]
+            and nspid[-1] == rec.header.pid
+            and read_start_ticks(entry) == rec.header.start_ticks
+            and read_pidns_inode(entry) == rec.header.pidns
         ):
             found.append(int(entry))
     return found
@@ -259,8 +268,8 @@ def test_a_rank_in_its_own_pid_namespace_can_be_matched_from_the_host(flight_dir
         assert child.stdout is not None and child.stdin is not None
         assert child.stdout.readline().strip() == "marked"
         (rec,) = records(flight_dir)
-        assert rec["pid"] == 1  # the first process of the new namespace
-        assert rec["pidns"] != HOST_PIDNS_INODE
+        assert rec.header.pid == 1  # the first process of the new namespace
+        assert rec.header.pidns != HOST_PIDNS_INODE
         matches = find_host_pid(rec)
         assert len(matches) == 1 and matches[0] != 1
         child.stdin.write("\n")
@@ -281,7 +290,7 @@ UNRELIABLE_DISK = """
     from rankscope.record import RECORDER
     start = time.monotonic()
     results = [probe.mark("m", seq=i, pad="x" * 4000) for i in range(50)]
-    assert all(r is not None and r["phase"] == "m" for r in results), "a mark failed"
+    assert all(r is not None and r.phase == "m" for r in results), "a mark failed"
     print(RECORDER.lines_written, RECORDER.lines_dropped, round(time.monotonic() - start, 3))
 """
 
@@ -346,7 +355,7 @@ def test_a_full_disk_costs_one_warning_and_keeps_what_fit(flight_dir: Path) -> N
     (warning,) = warnings_in(proc.stderr)
     assert "full" in warning or "No space left" in warning
     flight = read_flight(flight_dir / "copy")
-    seqs = [r["extra"]["seq"] for r in flight.records]
+    seqs = [r.body.extra["seq"] for r in flight.records]
     assert seqs == list(range(int(written)))
     assert flight.skipped["malformed"] == 0
 
@@ -377,7 +386,7 @@ def test_an_unserialisable_extra_is_recorded_as_text(recorder: Recorder, flight_
 
     assert probe.mark("weights_loaded", obj=Opaque(), path=flight_dir, ids={3}) is not None
     (rec,) = records(flight_dir)
-    assert rec["extra"] == {"obj": "opaque-thing", "path": str(flight_dir), "ids": [3]}
+    assert rec.body.extra == {"obj": "opaque-thing", "path": str(flight_dir), "ids": [3]}
 
 
 def test_a_cyclic_extra_costs_its_line_never_an_exception(
@@ -388,7 +397,7 @@ def test_a_cyclic_extra_costs_its_line_never_an_exception(
     assert probe.mark("a", loop=loop) is not None
     assert recorder.lines_dropped == 1
     assert probe.mark("b", ok=[1]) is not None  # the encoder is still usable
-    assert [r["phase"] for r in records(flight_dir)] == ["b"]
+    assert [r.body.phase for r in records(flight_dir)] == ["b"]
 
 
 def test_a_failing_view_costs_one_warning_never_an_exception(
@@ -427,11 +436,11 @@ def test_a_forked_child_records_as_itself(flight_dir: Path) -> None:
     proc = run_py(code, clean_env(RANKSCOPE_DIR=str(flight_dir)))
     assert proc.returncode == 0, proc.stderr
     recs = records(flight_dir)
-    by_phase = {r["phase"]: r for r in recs}
-    assert by_phase["child"]["pid"] == int(proc.stdout)
-    assert by_phase["child"]["_file"] != by_phase["parent"]["_file"]
-    assert by_phase["child"]["boot"] == by_phase["parent"]["boot"]
-    assert json.loads(json.dumps(by_phase["child"]["nspid"])) == [int(proc.stdout)]
+    by_phase = {r.body.phase: r for r in recs}
+    assert by_phase["child"].header.pid == int(proc.stdout)
+    assert by_phase["child"].header.file != by_phase["parent"].header.file
+    assert by_phase["child"].header.boot == by_phase["parent"].header.boot
+    assert by_phase["child"].header.nspid == (int(proc.stdout),)
 
 
 # --- the line encoder -----------------------------------------------------------------------
@@ -479,5 +488,5 @@ def test_a_flight_directory_the_os_rejects_outright_costs_one_warning(
 def test_extras_may_use_any_name(recorder: Recorder, flight_dir: Path) -> None:
     assert probe.mark("kv_pool_sized", phase="shadowed", extra=1, kind="x") is not None
     (rec,) = records(flight_dir)
-    assert rec["phase"] == "kv_pool_sized" and rec["kind"] == "mark"
-    assert rec["extra"] == {"phase": "shadowed", "extra": 1, "kind": "x"}
+    assert rec.body.phase == "kv_pool_sized" and rec.header.kind == "mark"
+    assert rec.body.extra == {"phase": "shadowed", "extra": 1, "kind": "x"}

@@ -21,6 +21,7 @@ import pytest
 
 from rankscope.flight import read_flight
 from rankscope.ledger import posts
+from rankscope.schema import Mark, of_kind
 
 pytestmark = pytest.mark.gpu
 
@@ -147,8 +148,9 @@ ALLOCATIONS = """
 def test_posts_match_real_allocations(flight_dir: Path) -> None:
     result = run_child(ALLOCATIONS, flight_dir)
     records = read_flight(flight_dir).records
-    by_phase = {r["phase"]: r for r in records}
-    assert by_phase["capture_end"]["torch"]["reserved"] == result["reserved"]
+    marks = of_kind(records, Mark)
+    by_phase = {r.body.phase: r.body for r in marks}
+    assert by_phase["capture_end"].torch.reserved == result["reserved"]
     got = {p["post"]: p["views"] for p in posts(records)}
 
     weights = got["pre_weight_load->weights_loaded"]
@@ -161,12 +163,14 @@ def test_posts_match_real_allocations(flight_dir: Path) -> None:
     assert capture["process"] >= 64 * MiB - 2 * MiB  # the graph's output lives on the card
     assert capture["non_torch"] == capture["process"] - capture["allocator"]
 
-    for rec in records:
-        derived = rec["derived"]
-        assert derived["non_torch_measured"] is True
-        assert derived["non_torch"] == rec["nvml"]["self_bytes"] - rec["torch"]["reserved"]
+    for rec in marks:
+        mark = rec.body
+        assert mark.derived.non_torch_measured is True
+        assert mark.nvml.self_bytes is not None and mark.torch.reserved is not None
+        assert mark.derived.non_torch == mark.nvml.self_bytes - mark.torch.reserved
     # The CUDA context lives outside the allocator: the residue is measured, and positive here.
-    assert by_phase["pre_weight_load"]["derived"]["non_torch"] > 0
+    non_torch = by_phase["pre_weight_load"].derived.non_torch
+    assert non_torch is not None and non_torch > 0
 
 
 AGREEMENT = """
@@ -180,17 +184,17 @@ AGREEMENT = """
     torch.cuda.synchronize()
     rec = probe.mark("weights_loaded")
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByUUID(rec["device"]["uuid"])
+    handle = pynvml.nvmlDeviceGetHandleByUUID(rec.device.uuid)
     procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     info = pynvml.nvmlDeviceGetMemoryInfo(handle)
     fast = _fast_process_lister(pynvml)
     print(json.dumps({
-        "mark": rec,
+        "mark": rec.to_json(),  # the record as it goes to disk
         "pid": os.getpid(),
         "nvml_procs": {str(p.pid): p.usedGpuMemory for p in procs},
         "free": info.free,
         "total": info.total,
-        "index_uuid": pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(rec["device"]["nvml_index"])),
+        "index_uuid": pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(rec.device.nvml_index)),
         "fast": sorted(fast(handle)) if fast else None,
         "public": sorted(_public_process_lister(pynvml)(handle)),
         "mem_get_info": list(torch.cuda.mem_get_info()),

@@ -18,6 +18,16 @@ from rankscope.probe import arenas
 from rankscope.probe.nvml_view import NvmlView, _fast_process_lister, own_bytes
 from rankscope.probe.torch_view import Device, TorchReading, TorchView, nvml_uuid, view_from_stats
 from rankscope.record import HOST_PIDNS_INODE, Recorder
+from rankscope.schema import (
+    Mark,
+    MarkArena,
+    MarkDerived,
+    MarkDevice,
+    MarkDriver,
+    MarkNvml,
+    MarkTorch,
+    of_kind,
+)
 
 MiB = 1 << 20
 UUID = "GPU-6f1c0d5e-1111-2222-3333-444455556666"
@@ -35,17 +45,17 @@ NESTED_STATS: dict[str, Any] = {
 
 
 def test_view_from_stats_reads_the_five_numbers_of_the_nested_dict() -> None:
-    assert view_from_stats(NESTED_STATS) == {
-        "reserved": 512 * MiB,
-        "allocated": 300 * MiB,
-        "peak_allocated": 450 * MiB,
-        "num_alloc_retries": 2,
-        "num_ooms": 0,
-        "why": None,
-    }
+    assert view_from_stats(NESTED_STATS) == MarkTorch(
+        reserved=512 * MiB,
+        allocated=300 * MiB,
+        peak_allocated=450 * MiB,
+        num_alloc_retries=2,
+        num_ooms=0,
+        why=None,
+    )
     # A torch that stops reporting a key gives null for it, never 0.
     partial = view_from_stats({"allocated_bytes": {"all": {"current": 1}}})
-    assert partial["reserved"] is None and partial["num_ooms"] is None and partial["allocated"] == 1
+    assert partial.reserved is None and partial.num_ooms is None and partial.allocated == 1
 
 
 def test_nvml_uuid_adds_the_prefix_nvml_uses() -> None:
@@ -90,8 +100,8 @@ def test_the_real_pynvml_without_a_driver_gives_nulls_and_is_not_retried() -> No
     view = NvmlView()
     index, driver, nvml = view.read(Device(0, UUID), None, 1, HOST_PIDNS_INODE)
     assert index is None
-    assert driver["free"] is None and nvml["self_bytes"] is None and nvml["procs"] is None
-    assert nvml["why"].startswith("NVML unavailable: ")
+    assert driver.free is None and nvml.self_bytes is None and nvml.procs is None
+    assert str(nvml.why).startswith("NVML unavailable: ")
     failure = view._failure
     view.read(Device(0, UUID), None, 1, HOST_PIDNS_INODE)
     assert view._failure is failure  # remembered, not re-initialised per mark
@@ -142,25 +152,21 @@ def test_nvml_view_initialises_once_and_caches_handles() -> None:
         index, driver, nvml = view.read(Device(0, UUID), None, 10, HOST_PIDNS_INODE)
     assert fake.calls == {"init": 1, "handle": 1}
     assert index == 3
-    assert driver == {"free": 70_000 * MiB, "total": 80_000 * MiB, "why": None}
-    assert nvml == {
-        "self_bytes": 900 * MiB,
-        "procs": {"10": 900 * MiB, "77": 4400 * MiB},
-        "why": None,
-    }
+    assert driver == MarkDriver(free=70_000 * MiB, total=80_000 * MiB, why=None)
+    assert nvml == MarkNvml(self_bytes=900 * MiB, procs={10: 900 * MiB, 77: 4400 * MiB}, why=None)
 
 
 def test_nvml_view_failures_are_fields_not_exceptions() -> None:
     fake = FakeNvml([(10, 1)])
     view = NvmlView(fake)
     _, driver, nvml = view.read(Device(1, "GPU-unknown"), None, 10, HOST_PIDNS_INODE)
-    assert driver["free"] is None and "GPU-unknown" in nvml["why"]
+    assert driver.free is None and "GPU-unknown" in str(nvml.why)
     fake.fail_process_list = True
     _, driver, nvml = view.read(Device(0, UUID), None, 10, HOST_PIDNS_INODE)
-    assert driver["free"] == fake.free  # the memory info still came through
-    assert nvml["self_bytes"] is None and "GPU is lost" in nvml["why"]
+    assert driver.free == fake.free  # the memory info still came through
+    assert nvml.self_bytes is None and "GPU is lost" in str(nvml.why)
     _, driver, nvml = view.read(None, "CUDA not initialised in this process", 10, HOST_PIDNS_INODE)
-    assert driver["why"] == nvml["why"] == "CUDA not initialised in this process"
+    assert driver.why == nvml.why == "CUDA not initialised in this process"
 
 
 def test_the_one_call_process_list_grows_its_buffer_and_keeps_unknown_sizes_null() -> None:
@@ -203,22 +209,20 @@ def test_the_one_call_process_list_grows_its_buffer_and_keeps_unknown_sizes_null
 
 
 def test_derive_is_signed_and_null_where_unmeasured() -> None:
-    torch_view = {"reserved": 1000}
-    assert probe.derive(torch_view, {"self_bytes": 1500}, {}) == {
-        "non_torch": 500,
-        "non_torch_measured": True,
-        "unbacked_reservation": None,
-    }
+    torch_view = MarkTorch(reserved=1000)
+    assert probe.derive(torch_view, MarkNvml(self_bytes=1500), {}) == MarkDerived(
+        non_torch=500, non_torch_measured=True, unbacked_reservation=None
+    )
     # The allocator counts more than the driver holds: negative, not floored.
-    assert probe.derive(torch_view, {"self_bytes": 400}, {})["non_torch"] == -600
-    unmeasured = probe.derive(torch_view, {"self_bytes": None}, {})
-    assert unmeasured["non_torch"] is None and unmeasured["non_torch_measured"] is False
-    arena_views: dict[str, dict[str, Any]] = {
-        "kv": {"reserved": 8000, "backed": 3000},
-        "draft_kv": {"reserved": 100, "backed": 100},
-        "broken": {"reserved": None, "backed": 5},
+    assert probe.derive(torch_view, MarkNvml(self_bytes=400), {}).non_torch == -600
+    unmeasured = probe.derive(torch_view, MarkNvml(self_bytes=None), {})
+    assert unmeasured.non_torch is None and unmeasured.non_torch_measured is False
+    arena_views = {
+        "kv": MarkArena(reserved=8000, backed=3000),
+        "draft_kv": MarkArena(reserved=100, backed=100),
+        "broken": MarkArena(reserved=None, backed=5),
     }
-    assert probe.derive(torch_view, {}, arena_views)["unbacked_reservation"] == 5000
+    assert probe.derive(torch_view, MarkNvml(), arena_views).unbacked_reservation == 5000
 
 
 # --- arenas ---------------------------------------------------------------------------------
@@ -257,12 +261,11 @@ def test_the_arena_protocol_accepts_attributes_methods_and_properties() -> None:
     keep = [Arena(100, 40), Odd()]
     assert arenas.register("kv", keep[0]) and arenas.register("odd", keep[1])
     snap = arenas.snapshot()
-    assert snap["kv"] == {"reserved": 100, "backed": 40, "retained": 7, "why": None}
+    assert snap["kv"] == MarkArena(reserved=100, backed=40, retained=7, why=None)
     odd = snap["odd"]
-    assert (odd["reserved"], odd["backed"], odd["retained"]) == (None, None, None)
-    assert (
-        "unknown" in odd["why"] and "unmapped" in odd["why"] and "no retained_bytes" in odd["why"]
-    )
+    assert (odd.reserved, odd.backed, odd.retained) == (None, None, None)
+    why = str(odd.why)
+    assert "unknown" in why and "unmapped" in why and "no retained_bytes" in why
 
 
 @pytest.mark.usefixtures("clean_registry")
@@ -274,15 +277,16 @@ def test_an_arena_collected_while_registered_is_not_kept_alive(
     alive = weakref.ref(arena)
     arenas.register("kv", arena)
     first = probe.mark("kv_pool_sized")
-    assert first is not None and first["arenas"]["kv"]["backed"] == 16 * MiB
-    assert first["derived"]["unbacked_reservation"] == 48 * MiB
+    assert first is not None and first.arenas["kv"].backed == 16 * MiB
+    assert first.derived.unbacked_reservation == 48 * MiB
     del arena
     gc.collect()
     assert alive() is None  # the registry held it weakly
     assert arenas.registered() == [] and arenas._registry == {}
     second = probe.mark("boot_complete")
-    assert second is not None and second["arenas"] == {}
-    assert [r["arenas"] for r in read_flight(flight_dir).records] == [first["arenas"], {}]
+    assert second is not None and second.arenas == {}
+    marks = of_kind(read_flight(flight_dir).records, Mark)
+    assert [r.body.arenas for r in marks] == [first.arenas, {}]
 
 
 @pytest.mark.usefixtures("clean_registry")
@@ -304,7 +308,7 @@ def test_a_later_registration_of_a_name_replaces_the_earlier() -> None:
     arenas.register("kv", b)
     del a
     gc.collect()  # the old arena's finaliser must not remove the new registration
-    assert arenas.snapshot()["kv"]["reserved"] == 2
+    assert arenas.snapshot()["kv"].reserved == 2
 
 
 # --- a whole mark on the fake card ----------------------------------------------------------
@@ -331,11 +335,11 @@ def test_a_mark_on_the_fake_card_holds_every_view(
     monkeypatch.setattr(probe, "NVML", NvmlView(FakeNvml([(me, 1012 * MiB), (4242, 4400 * MiB)])))
     rec = probe.mark("weights_loaded")
     assert rec is not None
-    assert rec["device"] == {"index": 0, "uuid": UUID, "nvml_index": 3, "why": None}
-    assert rec["torch"]["reserved"] == 512 * MiB
-    assert rec["nvml"]["self_bytes"] == 1012 * MiB
-    assert rec["nvml"]["procs"] == {str(me): 1012 * MiB, "4242": 4400 * MiB}
-    assert rec["driver"]["total"] == 80_000 * MiB
-    assert rec["derived"]["non_torch"] == 500 * MiB
+    assert rec.device == MarkDevice(index=0, uuid=UUID, nvml_index=3, why=None)
+    assert rec.torch.reserved == 512 * MiB
+    assert rec.nvml.self_bytes == 1012 * MiB
+    assert rec.nvml.procs == {me: 1012 * MiB, 4242: 4400 * MiB}
+    assert rec.driver.total == 80_000 * MiB
+    assert rec.derived.non_torch == 500 * MiB
     (written,) = read_flight(flight_dir).records
-    assert {k: written[k] for k in rec} == rec
+    assert written.body == rec  # what the reader parses is what the writer built

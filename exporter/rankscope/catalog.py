@@ -323,6 +323,15 @@ CATALOG: tuple[Metric, ...] = (
         ("reason",),
         "self",
     ),
+    Metric(
+        "rankscope_flight_fields_invalid_total",
+        "counter",
+        "",
+        "Flight-record values the reader nulled as impossible (a negative or absurd byte "
+        "count, a non-finite time), by field; the line itself was kept.",
+        ("field",),
+        "self",
+    ),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOG}

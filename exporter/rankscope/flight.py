@@ -9,6 +9,11 @@ A flight directory holds one append-only JSON-lines file per process and stream
 - ``newer_schema``: a line whose ``v`` is newer than this reader knows; reported (counted),
   never misread.
 
+Each line is parsed once, here, into its typed record (:mod:`rankscope.schema`): readers get
+:class:`rankscope.schema.Line` objects, never raw dicts. A value that fails validation (a
+negative or absurd byte count, a non-finite time, a bool where a count belongs) becomes None
+and is counted per field in ``invalid`` (``mark.torch.reserved``); the line is kept.
+
 Records are grouped by process (host, pid, start time), never by rank: under pipeline
 parallelism with TP=1 every process is TP rank 0.
 """
@@ -23,21 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankscope.record import SCHEMA_VERSION
+from rankscope.schema import SCHEMA_VERSION, AnyLine, Bad, parse_object
 
-Record = dict[str, Any]
+Record = AnyLine
 
 SKIP_REASONS = ("torn", "malformed", "newer_schema")
 FILE_SUFFIX = ".jsonl"
-
-# The header every line carries, and the types a reader relies on.
-_REQUIRED: dict[str, tuple[type, ...]] = {
-    "kind": (str,),
-    "boot": (str,),
-    "host": (str,),
-    "pid": (int,),
-    "wall": (int, float),
-}
 
 
 class BootNotFoundError(LookupError):
@@ -50,9 +46,10 @@ class BootNotFoundError(LookupError):
         super().__init__(f"no boot {boot!r} in the flight directory (boots recorded: {listed})")
 
 
-def parse_line(raw: bytes) -> Record | str | None:
-    """One complete line (without its newline) -> the record, or the skip reason, or None
-    for a blank line (the separator a writer adds after a partial write)."""
+def parse_line(raw: bytes, file: str = "", bad: Bad | None = None) -> Record | str | None:
+    """One complete line (without its newline) -> the typed record, or the skip reason, or
+    None for a blank line (the separator a writer adds after a partial write). Fields that
+    failed validation are named in ``bad``."""
     text = raw.strip()
     if not text:
         return None
@@ -68,16 +65,13 @@ def parse_line(raw: bytes) -> Record | str | None:
         return "malformed"
     if version > SCHEMA_VERSION:
         return "newer_schema"
-    for name, types in _REQUIRED.items():
-        value = obj.get(name)
-        if not isinstance(value, types) or isinstance(value, bool):
-            return "malformed"
-    return obj
+    line = parse_object(obj, [] if bad is None else bad, file)
+    return "malformed" if line is None else line
 
 
 def process_key(rec: Record) -> tuple[str, int, int | None]:
     """The identity of the process that wrote a record: (host, pid, start_ticks)."""
-    return (rec["host"], rec["pid"], rec.get("start_ticks"))
+    return rec.header.process_key
 
 
 def _flight_files(flight_dir: Path) -> list[Path]:
@@ -93,17 +87,22 @@ def _flight_files(flight_dir: Path) -> list[Path]:
 
 
 def _parse_into(
-    chunk: bytes, name: str, records: list[Record], skipped: collections.Counter[str]
+    chunk: bytes,
+    name: str,
+    records: list[Record],
+    skipped: collections.Counter[str],
+    invalid: collections.Counter[str],
 ) -> None:
+    bad: Bad = []
     for raw in chunk.split(b"\n"):
-        parsed = parse_line(raw)
+        parsed = parse_line(raw, name, bad)
         if parsed is None:
             continue
         if isinstance(parsed, str):
             skipped[parsed] += 1
             continue
-        parsed["_file"] = name
         records.append(parsed)
+    invalid.update(bad)
 
 
 # --- the incremental tail -----------------------------------------------------------------
@@ -127,6 +126,7 @@ class FlightReader:
     def __init__(self, flight_dir: str | os.PathLike[str]) -> None:
         self.flight_dir = Path(flight_dir)
         self.skipped: collections.Counter[str] = collections.Counter()
+        self.invalid: collections.Counter[str] = collections.Counter()  # per field name
         self._tails: dict[str, _Tail] = {}
 
     def poll(self) -> list[Record]:
@@ -158,7 +158,7 @@ class FlightReader:
         cut = data.rfind(b"\n")
         tail.pending = data[cut + 1 :]
         if cut >= 0:
-            _parse_into(data[:cut], path.name, records, self.skipped)
+            _parse_into(data[:cut], path.name, records, self.skipped, self.invalid)
 
 
 # --- one-shot reads -----------------------------------------------------------------------
@@ -190,6 +190,7 @@ class Flight:
     boots: list[BootSummary]  # every boot in the directory, oldest first
     boot: str | None  # the selected boot (None when all_boots or the directory is empty)
     skipped: collections.Counter[str] = field(default_factory=collections.Counter)
+    invalid: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 def summarize_boots(records: Iterable[Record]) -> list[BootSummary]:
@@ -199,13 +200,13 @@ def summarize_boots(records: Iterable[Record]) -> list[BootSummary]:
     procs: dict[str, set[tuple[str, int, int | None]]] = collections.defaultdict(set)
     ranks: dict[str, set[int]] = collections.defaultdict(set)
     for rec in records:
-        boot, wall = rec["boot"], float(rec["wall"])
+        h = rec.header
+        boot, wall = h.boot, h.wall
         first[boot] = min(first.get(boot, wall), wall)
         last[boot] = max(last.get(boot, wall), wall)
-        procs[boot].add(process_key(rec))
-        rank = rec.get("rank")
-        if isinstance(rank, int) and not isinstance(rank, bool):
-            ranks[boot].add(rank)
+        procs[boot].add(h.process_key)
+        if h.rank is not None:
+            ranks[boot].add(h.rank)
     order = sorted(first, key=lambda b: (first[b], b))
     newest = order[-1] if order else None
     return [
@@ -241,6 +242,7 @@ def read_flight(
         raise NotADirectoryError(f"flight directory {root} is not a directory")
     records: list[Record] = []
     skipped: collections.Counter[str] = collections.Counter()
+    invalid: collections.Counter[str] = collections.Counter()
     for path in _flight_files(root):
         try:
             data = path.read_bytes()
@@ -249,18 +251,18 @@ def read_flight(
         except OSError as exc:
             raise OSError(exc.errno, f"cannot read flight file {path}: {exc.strerror}") from exc
         cut = data.rfind(b"\n")
-        _parse_into(data[: cut + 1], path.name, records, skipped)
+        _parse_into(data[: cut + 1], path.name, records, skipped, invalid)
         if data[cut + 1 :].strip():
             # No newline: the append never finished, whatever the bytes happen to parse as.
             skipped["torn"] += 1
     boots = summarize_boots(records)
     if all_boots:
-        return Flight(records=records, boots=boots, boot=None, skipped=skipped)
+        return Flight(records=records, boots=boots, boot=None, skipped=skipped, invalid=invalid)
     if boot is None:
         selected = boots[-1].boot if boots else None
     else:
         if boot not in {b.boot for b in boots}:
             raise BootNotFoundError(boot, [b.boot for b in boots])
         selected = boot
-    chosen = [r for r in records if r["boot"] == selected]
-    return Flight(records=chosen, boots=boots, boot=selected, skipped=skipped)
+    chosen = [r for r in records if r.header.boot == selected]
+    return Flight(records=chosen, boots=boots, boot=selected, skipped=skipped, invalid=invalid)

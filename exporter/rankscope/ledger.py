@@ -21,60 +21,40 @@ import collections
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rankscope.flight import SKIP_REASONS, Flight, Record, process_key
+from rankscope.flight import SKIP_REASONS, Flight, Record
 from rankscope.record import HOST_PIDNS_INODE
+from rankscope.schema import Line, Mark, of_kind
 
 MiB = 1 << 20
 
+MarkLine = Line[Mark]
+
 # view name -> how to read it from a mark
-VIEWS: dict[str, Callable[[Record], int | None]] = {
-    "allocator": lambda m: _get(m, "torch", "reserved"),
-    "allocated": lambda m: _get(m, "torch", "allocated"),
-    "driver": lambda m: _used(m),
-    "process": lambda m: _get(m, "nvml", "self_bytes"),
-    "non_torch": lambda m: _get(m, "derived", "non_torch"),
+VIEWS: dict[str, Callable[[Mark], int | None]] = {
+    "allocator": lambda m: m.torch.reserved,
+    "allocated": lambda m: m.torch.allocated,
+    "driver": lambda m: m.driver.used,
+    "process": lambda m: m.nvml.self_bytes,
+    "non_torch": lambda m: m.derived.non_torch,
 }
 
 HostPid = Callable[[Record], "int | None"]
-
-
-def _get(rec: Record, section: str, name: str) -> int | None:
-    part = rec.get(section)
-    if not isinstance(part, dict):
-        return None
-    value = part.get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _used(rec: Record) -> int | None:
-    free, total = _get(rec, "driver", "free"), _get(rec, "driver", "total")
-    return total - free if free is not None and total is not None else None
 
 
 def _delta(before: int | None, after: int | None) -> int | None:
     return after - before if before is not None and after is not None else None
 
 
-def card_of(mark: Record) -> str | None:
-    device = mark.get("device")
-    uuid = device.get("uuid") if isinstance(device, dict) else None
-    return uuid if isinstance(uuid, str) else None
-
-
-def gpu_of(mark: Record) -> int | None:
-    """NVML's index of the mark's card (the `gpu` label, as NVIDIA's exporters number it)."""
-    return _get(mark, "device", "nvml_index")
-
-
-def marks_of(records: Iterable[Record]) -> list[Record]:
-    return [r for r in records if r.get("kind") == "mark" and isinstance(r.get("phase"), str)]
+def marks_of(records: Iterable[Record]) -> list[MarkLine]:
+    return of_kind(records, Mark)
 
 
 def host_pid(rec: Record) -> int | None:
     """The pid NVML lists for the process that wrote ``rec``, where the record alone tells:
     a process in the host PID namespace. (The daemon, with the host's /proc, resolves the
     others and passes its own resolver.)"""
-    return rec["pid"] if rec.get("pidns") == HOST_PIDNS_INODE else None
+    h = rec.header
+    return h.pid if h.pidns == HOST_PIDNS_INODE else None
 
 
 # --- posts ----------------------------------------------------------------------------------
@@ -82,34 +62,36 @@ def host_pid(rec: Record) -> int | None:
 
 def posts(records: Iterable[Record]) -> list[dict[str, Any]]:
     """Posts between consecutive marks of the same (boot, process, runner), in mark order."""
-    last: dict[tuple[Any, ...], Record] = {}
+    last: dict[tuple[Any, ...], MarkLine] = {}
     out: list[dict[str, Any]] = []
-    for mark in marks_of(records):
-        key = (mark["boot"], *process_key(mark), mark.get("runner"))
-        before = last.get(key)
-        last[key] = mark
-        if before is None:
+    for line in marks_of(records):
+        h, mark = line.header, line.body
+        key = (h.boot, *h.process_key, h.runner)
+        previous = last.get(key)
+        last[key] = line
+        if previous is None:
             continue
-        card = card_of(mark)
-        if card_of(before) is not None and card is not None and card_of(before) != card:
+        before = previous.body
+        card = mark.device.uuid
+        if before.device.uuid is not None and card is not None and before.device.uuid != card:
             continue  # the process moved to another card: a seam, not a post
         out.append(
             {
-                "boot": mark["boot"],
-                "host": mark["host"],
-                "pid": mark["pid"],
-                "start_ticks": mark.get("start_ticks"),
-                "rank": mark.get("rank"),
-                "tp_rank": mark.get("tp_rank"),
-                "pp_rank": mark.get("pp_rank"),
-                "runner": mark.get("runner"),
-                "post": f"{before['phase']}->{mark['phase']}",
-                "since": before["phase"],
-                "phase": mark["phase"],
-                "wall": mark["wall"],
-                "seconds": float(mark["wall"]) - float(before["wall"]),
+                "boot": h.boot,
+                "host": h.host,
+                "pid": h.pid,
+                "start_ticks": h.start_ticks,
+                "rank": h.rank,
+                "tp_rank": h.tp_rank,
+                "pp_rank": h.pp_rank,
+                "runner": h.runner,
+                "post": f"{before.phase}->{mark.phase}",
+                "since": before.phase,
+                "phase": mark.phase,
+                "wall": h.wall,
+                "seconds": h.wall - previous.header.wall,
                 "uuid": card,
-                "gpu": gpu_of(mark),
+                "gpu": mark.device.nvml_index,
                 "views": {name: _delta(read(before), read(mark)) for name, read in VIEWS.items()},
             }
         )
@@ -131,7 +113,7 @@ def card_identities(
     records = list(records)
     boot_pids: set[int] = set()
     unresolved = 0
-    for rec in {process_key(r): r for r in records}.values():
+    for rec in {r.header.process_key: r for r in records}.values():
         pid = resolve_host_pid(rec)
         if pid is None:
             unresolved += 1
@@ -139,24 +121,22 @@ def card_identities(
             boot_pids.add(pid)
     by_card: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     baseline: dict[str, int] = {}  # each card's first measured unattributed bytes
-    for mark in sorted(marks_of(records), key=lambda m: float(m["wall"])):
-        card = card_of(mark)
-        free, total = _get(mark, "driver", "free"), _get(mark, "driver", "total")
-        procs = (mark.get("nvml") or {}).get("procs")
-        if card is None or free is None or total is None or not isinstance(procs, dict):
+    for line in sorted(marks_of(records), key=lambda m: m.header.wall):
+        h, mark = line.header, line.body
+        card = mark.device.uuid
+        free, total, procs = mark.driver.free, mark.driver.total, mark.nvml.procs
+        if card is None or free is None or total is None or procs is None:
             continue
         rank_resident: int | None = 0
         foreign: int | None = 0
         foreign_pids: dict[str, int | None] = {}
-        for pid_text, used in procs.items():
-            pid = int(pid_text)
-            size = used if isinstance(used, int) and not isinstance(used, bool) else None
+        for pid, size in procs.items():
             if pid in boot_pids:
                 rank_resident = (
                     None if rank_resident is None or size is None else rank_resident + size
                 )
             else:
-                foreign_pids[pid_text] = size
+                foreign_pids[str(pid)] = size
                 foreign = None if foreign is None or size is None else foreign + size
         unattributed = (
             total - rank_resident - foreign - free
@@ -167,12 +147,12 @@ def card_identities(
             baseline.setdefault(card, unattributed)
         by_card[card].append(
             {
-                "phase": mark["phase"],
-                "runner": mark.get("runner"),
-                "pid": mark["pid"],
-                "rank": mark.get("rank"),
-                "wall": mark["wall"],
-                "gpu": gpu_of(mark),
+                "phase": mark.phase,
+                "runner": h.runner,
+                "pid": h.pid,
+                "rank": h.rank,
+                "wall": h.wall,
+                "gpu": mark.device.nvml_index,
                 "total": total,
                 "free": free,
                 "rank_resident": rank_resident,
@@ -192,40 +172,40 @@ def card_identities(
 # --- the phases document (rankscope phases --json, GET /api/v1/phases) -----------------------
 
 
-_IDENTITY_FIELDS = ("rank", "local_rank", "world_size", "tp_rank", "pp_rank", "nspid", "pidns")
-
-
-def _mark_row(mark: Record) -> dict[str, Any]:
+def _mark_row(line: MarkLine) -> dict[str, Any]:
+    h, mark = line.header, line.body
+    torch, driver, derived = mark.torch, mark.driver, mark.derived
     return {
-        "phase": mark["phase"],
-        "runner": mark.get("runner"),
-        "wall": mark["wall"],
-        "uuid": card_of(mark),
-        "gpu": gpu_of(mark),
-        "reserved": _get(mark, "torch", "reserved"),
-        "allocated": _get(mark, "torch", "allocated"),
-        "peak_allocated": _get(mark, "torch", "peak_allocated"),
-        "num_alloc_retries": _get(mark, "torch", "num_alloc_retries"),
-        "num_ooms": _get(mark, "torch", "num_ooms"),
-        "free": _get(mark, "driver", "free"),
-        "total": _get(mark, "driver", "total"),
-        "process_bytes": _get(mark, "nvml", "self_bytes"),
-        "non_torch": _get(mark, "derived", "non_torch"),
-        "non_torch_measured": bool((mark.get("derived") or {}).get("non_torch_measured")),
-        "unbacked_reservation": _get(mark, "derived", "unbacked_reservation"),
-        "arenas": mark.get("arenas") or {},
+        "phase": mark.phase,
+        "runner": h.runner,
+        "wall": h.wall,
+        "uuid": mark.device.uuid,
+        "gpu": mark.device.nvml_index,
+        "reserved": torch.reserved,
+        "allocated": torch.allocated,
+        "peak_allocated": torch.peak_allocated,
+        "num_alloc_retries": torch.num_alloc_retries,
+        "num_ooms": torch.num_ooms,
+        "free": driver.free,
+        "total": driver.total,
+        "process_bytes": mark.nvml.self_bytes,
+        "non_torch": derived.non_torch,
+        "non_torch_measured": derived.non_torch_measured,
+        "unbacked_reservation": derived.unbacked_reservation,
+        "arenas": {name: arena.to_json() for name, arena in mark.arenas.items()},
         "why": _whys(mark),
-        "extra": mark.get("extra") or {},
+        "extra": mark.extra,
     }
 
 
-def _whys(mark: Record) -> dict[str, str]:
-    out = {}
-    for section in ("device", "torch", "driver", "nvml"):
-        part = mark.get(section)
-        if isinstance(part, dict) and isinstance(part.get("why"), str):
-            out[section] = part["why"]
-    return out
+def _whys(mark: Mark) -> dict[str, str]:
+    sections = {
+        "device": mark.device.why,
+        "torch": mark.torch.why,
+        "driver": mark.driver.why,
+        "nvml": mark.nvml.why,
+    }
+    return {section: why for section, why in sections.items() if why is not None}
 
 
 def phases_document(flight: Flight, resolve_host_pid: HostPid = host_pid) -> dict[str, Any]:
@@ -238,20 +218,27 @@ def phases_document(flight: Flight, resolve_host_pid: HostPid = host_pid) -> dic
     for post in all_posts:
         posts_by_process[(post["host"], post["pid"], post["start_ticks"])].append(post)
     processes: dict[tuple[str, int, int | None], dict[str, Any]] = {}
-    for mark in marks:
-        key = process_key(mark)
+    for line in marks:
+        h = line.header
+        key = h.process_key
         entry = processes.get(key)
         if entry is None:
             entry = processes[key] = {
-                "boot": mark["boot"],
-                "host": mark["host"],
-                "pid": mark["pid"],
-                "start_ticks": mark.get("start_ticks"),
-                **{name: mark.get(name) for name in _IDENTITY_FIELDS},
+                "boot": h.boot,
+                "host": h.host,
+                "pid": h.pid,
+                "start_ticks": h.start_ticks,
+                "rank": h.rank,
+                "local_rank": h.local_rank,
+                "world_size": h.world_size,
+                "tp_rank": h.tp_rank,
+                "pp_rank": h.pp_rank,
+                "nspid": list(h.nspid) if h.nspid is not None else None,
+                "pidns": h.pidns,
                 "marks": [],
                 "posts": posts_by_process.get(key, []),
             }
-        entry["marks"].append(_mark_row(mark))
+        entry["marks"].append(_mark_row(line))
     ordered = sorted(
         processes.values(),
         key=lambda p: (p["rank"] is None, p["rank"] or 0, p["host"], p["pid"]),

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from rankscope.schema import SCHEMA_VERSION as SCHEMA_VERSION
+from rankscope.schema import Body
 
 ENV_DIR = "RANKSCOPE_DIR"
 ENV_BOOT_ID = "RANKSCOPE_BOOT_ID"
@@ -334,6 +335,31 @@ class Recorder:
                 return False
             self.lines_written += 1
             return True
+
+    def write_record(self, body: Body, *, runner: str | None = None) -> bool:
+        """Append one typed line (rankscope.schema) to its kind's stream; ``runner``
+        overrides the configured runner in this line's header. Never raises."""
+        if not self.armed:
+            return False
+        try:
+            payload = body.to_json()
+        except Exception as exc:
+            self._drop(body.STREAM, f"encode: {exc!r}")
+            return False
+        if runner is not None:
+            payload["runner"] = runner
+        return self.write(body.STREAM, body.KIND, payload)
+
+    def write_record_detached(self, body: Body) -> bool:
+        """``write_record`` for a signal handler (see ``write_detached``)."""
+        if not self.armed:
+            return False
+        try:
+            payload = body.to_json()
+        except Exception as exc:
+            self._drop(body.STREAM, f"encode: {exc!r}")
+            return False
+        return self.write_detached(body.STREAM, body.KIND, payload)
 
     def write_detached(self, stream: str, kind: str, payload: dict[str, Any]) -> bool:
         """``write`` for a signal handler, which may interrupt code holding the writer's lock:

@@ -13,6 +13,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from rankscope.schema import encode_counts as encode_counts
+
 log = logging.getLogger("rankscope.census")
 
 ENV_CENSUS = "RANKSCOPE_CENSUS"
@@ -60,18 +62,6 @@ else:
 def snapshot() -> dict[Key, int]:
     """A consistent copy of the counts (the C-level copy holds the GIL throughout)."""
     return dict(COUNTS)
-
-
-def encode_counts(counts: dict[Key, int]) -> list[list[Any]]:
-    """Counts as the record stores them: sorted [group, op, n] rows. Keys that are not two
-    strings (a caller's mistake) are left out here, off the hot path."""
-    rows = [
-        [g, op, n]
-        for (g, op), n in counts.items()
-        if isinstance(g, str) and isinstance(op, str) and isinstance(n, int)
-    ]
-    rows.sort(key=lambda row: (row[0], row[1]))
-    return rows
 
 
 def reset() -> None:

@@ -20,9 +20,9 @@ from typing import Any
 from rankscope.census import counts as _counts
 from rankscope.census import snapshots
 from rankscope.census.compare import Entry, compare_ranks
-from rankscope.census.snapshots import STREAM
 from rankscope.census.wrap import GUARD
 from rankscope.record import RECORDER
+from rankscope.schema import Divergence
 
 log = logging.getLogger("rankscope.census")
 
@@ -119,16 +119,14 @@ class Comparator:
                 continue
             # The lowest member records it, so each group's divergence lands on its host.
             if RECORDER.armed and min(int(r) for r in counts) == self.rank:
-                RECORDER.write(
-                    STREAM,
-                    "divergence",
-                    {
-                        "round": round_,
-                        "group": entry["group"],
-                        "op": entry["op"],
-                        "counts": counts,
-                        "lagging": entry["lagging"],
-                    },
+                RECORDER.write_record(
+                    Divergence(
+                        round=round_,
+                        group=entry["group"],
+                        op=entry["op"],
+                        counts={int(r): n for r, n in counts.items()},
+                        lagging=tuple(entry["lagging"]),
+                    )
                 )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankscope import schema
 from rankscope.census import counts as _counts
 from rankscope.census.counts import Key
 
@@ -127,13 +128,11 @@ def forget(key: Any) -> None:
     _strong.pop(key, None)
 
 
-def graphs_payload() -> dict[str, dict[str, Any]]:
+def graph_counts() -> dict[str, schema.GraphCounts]:
     """The ``graphs`` field of a census snapshot: per graph, what one replay counts and how
     many replays there were."""
     entries = list(_weak.values()) + list(_strong.values())
-    return {
-        e.name: {"counts": _counts.encode_counts(e.delta), "replays": e.replays} for e in entries
-    }
+    return {e.name: schema.GraphCounts(dict(e.delta), e.replays) for e in entries}
 
 
 def reset() -> None:

@@ -17,34 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from rankscope.census.compare import Entry, compare_group, members_of, split_by_group
 from rankscope.census.counts import parse_p2p
+from rankscope.schema import AnyLine, Census, CensusDump, Divergence, Line
 
 if TYPE_CHECKING:
     from rankscope.flight import Flight
 
-CENSUS_KINDS = ("census", "census_dump", "divergence")
+CENSUS_KINDS = (Census, CensusDump, Divergence)
 
-Record = Mapping[str, Any]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _decode(rows: Any) -> dict[tuple[str, str], int] | None:
-    if not isinstance(rows, list):
-        return None
-    out: dict[tuple[str, str], int] = {}
-    for row in rows:
-        if (
-            not isinstance(row, list)
-            or len(row) != 3
-            or not isinstance(row[0], str)
-            or not isinstance(row[1], str)
-            or not _is_int(row[2])
-        ):
-            return None
-        out[row[0], row[1]] = row[2]
-    return out
+Record = AnyLine
 
 
 class _Rank:
@@ -66,17 +46,16 @@ def _select_processes(
     within one boot starts its counts again)."""
     by_process: dict[tuple[Any, ...], list[Record]] = collections.defaultdict(list)
     for rec in records:
-        if rec.get("kind") not in CENSUS_KINDS:
+        if not isinstance(rec.body, CENSUS_KINDS):
             continue
-        if not _is_int(rec.get("rank")):
+        h = rec.header
+        if h.rank is None:
             skipped["no_rank"] += 1
             continue
-        by_process[(rec["rank"], rec.get("host"), rec.get("pid"), rec.get("start_ticks"))].append(
-            rec
-        )
+        by_process[(h.rank, h.host, h.pid, h.start_ticks)].append(rec)
     newest: dict[int, tuple[float, tuple[Any, ...]]] = {}
     for key, recs in by_process.items():
-        last = max(float(r.get("wall", 0.0)) for r in recs)
+        last = max(r.header.wall for r in recs)
         rank = key[0]
         if rank not in newest or last > newest[rank][0]:
             if rank in newest:
@@ -89,32 +68,31 @@ def _select_processes(
 
 def _load(
     per_rank_records: dict[int, list[Record]], skipped: collections.Counter[str]
-) -> tuple[dict[int, _Rank], list[Record]]:
+) -> tuple[dict[int, _Rank], list[Line[Divergence]]]:
     ranks: dict[int, _Rank] = {}
-    divergences: list[Record] = []
+    divergences: list[Line[Divergence]] = []
     for rank, recs in per_rank_records.items():
         state = ranks[rank] = _Rank(rank)
         for rec in recs:
-            state.process = (rec.get("host"), rec.get("pid"), rec.get("start_ticks"))
-            wall = float(rec.get("wall", 0.0))
-            state.last_wall = max(state.last_wall, wall)
-            kind = rec["kind"]
-            if kind == "divergence":
-                divergences.append(rec)
+            h, body = rec.header, rec.body
+            state.process = (h.host, h.pid, h.start_ticks)
+            state.last_wall = max(state.last_wall, h.wall)
+            if isinstance(body, Divergence):
+                divergences.append(Line(h, body))
                 continue
-            counts = _decode(rec.get("counts"))
-            round_ = rec.get("round")
-            if counts is None or not isinstance(round_, int) or isinstance(round_, bool):
+            if not isinstance(body, (Census, CensusDump)):
+                continue
+            if body.counts is None or body.round is None:
                 skipped["bad_census_line"] += 1
                 continue
-            by_group = split_by_group(counts)
-            if kind == "census":
-                state.rounds[round_] = by_group
-                state.snapshot_wall[round_] = wall
-                if _is_int(rec.get("every")):
-                    state.every = rec["every"]
-            elif state.dump is None or wall >= state.dump["wall"]:
-                state.dump = {"reason": str(rec.get("reason")), "round": round_, "wall": wall}
+            by_group = split_by_group(body.counts)
+            if isinstance(body, Census):
+                state.rounds[body.round] = by_group
+                state.snapshot_wall[body.round] = h.wall
+                if body.every is not None:
+                    state.every = body.every
+            elif state.dump is None or h.wall >= state.dump["wall"]:
+                state.dump = {"reason": str(body.reason), "round": body.round, "wall": h.wall}
                 state.dump_counts = by_group
     return ranks, divergences
 
@@ -203,9 +181,9 @@ def build_report(
                 compare_group(group, {m: dumped[m].dump_counts.get(group, {}) for m in members})
             )
 
-    latest_in_process: dict[tuple[str, str], Record] = {}
-    for rec in sorted(divergences, key=lambda r: (r.get("round", 0), r.get("wall", 0))):
-        latest_in_process[(str(rec.get("group")), str(rec.get("op")))] = rec
+    latest_in_process: dict[tuple[str, str], Line[Divergence]] = {}
+    for line in sorted(divergences, key=lambda d: (d.body.round or 0, d.header.wall)):
+        latest_in_process[(line.body.group, line.body.op)] = line
     history.sort(key=lambda e: (e["rounds"][0], e["group"], e["op"]))
     everies = sorted({s.every for s in ranks.values() if s.every is not None})
     return {
@@ -226,14 +204,14 @@ def build_report(
         },
         "in_process": [
             {
-                "round": rec.get("round"),
-                "group": rec.get("group"),
-                "op": rec.get("op"),
-                "counts": rec.get("counts"),
-                "lagging": rec.get("lagging"),
-                "rank": rec.get("rank"),
+                "round": line.body.round,
+                "group": line.body.group,
+                "op": line.body.op,
+                "counts": {str(r): n for r, n in line.body.counts.items()},
+                "lagging": list(line.body.lagging),
+                "rank": line.header.rank,
             }
-            for rec in latest_in_process.values()
+            for line in latest_in_process.values()
         ],
         "in_process_lines": len(divergences),
         "skipped": dict(sorted(skips.items())),

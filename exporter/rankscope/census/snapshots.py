@@ -26,12 +26,13 @@ from typing import Any
 from rankscope.census import counts as _counts
 from rankscope.census import graphs as _graphs
 from rankscope.record import RECORDER
+from rankscope.schema import Census, CensusDump
 
 log = logging.getLogger("rankscope.census")
 
 ENV_EVERY = "RANKSCOPE_CENSUS_EVERY"
 DEFAULT_EVERY = 50
-STREAM = "census"
+STREAM = Census.STREAM
 
 
 def every_from_env(environ: dict[str, str] | None = None) -> int:
@@ -98,20 +99,11 @@ def take_snapshot() -> dict[_counts.Key, int]:
     """Record the counts at the current round (and hand them to the comparison)."""
     counts = _counts.snapshot()
     if RECORDER.armed:
-        RECORDER.write(STREAM, "census", _payload(counts))
+        RECORDER.write_record(Census(STATE.round, STATE.every, counts, _graphs.graph_counts()))
     hook = STATE.on_snapshot
     if hook is not None:
         hook(STATE.round, counts)
     return counts
-
-
-def _payload(counts: dict[_counts.Key, int]) -> dict[str, Any]:
-    return {
-        "round": STATE.round,
-        "every": STATE.every,
-        "counts": _counts.encode_counts(counts),
-        "graphs": _graphs.graphs_payload(),
-    }
 
 
 def _failed(what: str, exc: BaseException) -> None:
@@ -126,21 +118,22 @@ def _failed(what: str, exc: BaseException) -> None:
 
 def dump_local(reason: str = "manual") -> bool:
     """Write this rank's counts now, with no collective. True when a line was written."""
-    return _dump(reason, RECORDER.write)
+    return _dump(reason, RECORDER.write_record)
 
 
 def _dump_from_signal(reason: str) -> bool:
     """dump_local for a signal handler: the interrupted code may hold the recorder's lock."""
-    return _dump(reason, RECORDER.write_detached)
+    return _dump(reason, RECORDER.write_record_detached)
 
 
-def _dump(reason: str, write: Callable[[str, str, dict[str, Any]], bool]) -> bool:
+def _dump(reason: str, write: Callable[[CensusDump], bool]) -> bool:
     if not _counts.ARMED or not RECORDER.armed:
         return False
     try:
-        payload = _payload(_counts.snapshot())
-        payload["reason"] = reason
-        return write(STREAM, "census_dump", payload)
+        dump = CensusDump(
+            reason, STATE.round, STATE.every, _counts.snapshot(), _graphs.graph_counts()
+        )
+        return write(dump)
     except Exception as exc:
         _failed("dump", exc)
         return False

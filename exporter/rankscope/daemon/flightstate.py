@@ -16,11 +16,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from rankscope.flight import FILE_SUFFIX, SKIP_REASONS, FlightReader, Record
 from rankscope.ledger import host_pid
 from rankscope.record import read_nspid, read_pidns_inode, read_start_ticks
+from rankscope.schema import Census, CensusDump, Divergence, Line, Mark
 
 # A process that marks in a loop must not grow the daemon without bound; past this many
 # marks per process and boot the daemon forgets the oldest (the file keeps them).
@@ -46,17 +46,17 @@ class RankProcess:
 
 
 def rank_process(rec: Record) -> RankProcess:
-    """The identity fields of a record (validated header: host, pid, boot are present)."""
-    nspid = rec.get("nspid")
+    """The identity fields of a record's header."""
+    h = rec.header
     return RankProcess(
-        host=rec["host"],
-        pid=rec["pid"],
-        start_ticks=_int_or_none(rec.get("start_ticks")),
-        nspid=tuple(nspid) if isinstance(nspid, list) and all(_is_int(x) for x in nspid) else None,
-        pidns=_int_or_none(rec.get("pidns")),
-        boot=rec["boot"],
-        rank=_int_or_none(rec.get("rank")),
-        local_rank=_int_or_none(rec.get("local_rank")),
+        host=h.host,
+        pid=h.pid,
+        start_ticks=h.start_ticks,
+        nspid=h.nspid,
+        pidns=h.pidns,
+        boot=h.boot,
+        rank=h.rank,
+        local_rank=h.local_rank,
     )
 
 
@@ -69,10 +69,10 @@ class StreamState:
     boot: str
     process: RankProcess
     first_wall: float  # orders the boots: the newest boot is the one that began last
-    marks: list[Record] = field(default_factory=list)
-    census: Record | None = None  # latest census or census_dump line
-    snapshot: Record | None = None  # latest census line (a snapshot round)
-    arenas: Record | None = None  # latest line carrying arena figures
+    marks: list[Line[Mark]] = field(default_factory=list)
+    census: Line[Census | CensusDump] | None = None  # latest census or census_dump line
+    snapshot: Line[Census] | None = None  # latest census line (a snapshot round)
+    arenas: Line[Mark] | None = None  # latest line carrying arena figures (a mark)
     marks_forgotten: int = 0  # oldest marks dropped past MAX_MARKS_PER_PROCESS
 
 
@@ -81,9 +81,10 @@ class FlightView:
     """A consistent copy of the state for one scrape or one API answer."""
 
     streams: tuple[StreamState, ...]
-    divergences: dict[str, dict[tuple[str, str], Record]]  # boot -> (group, op) -> line
+    divergences: dict[str, dict[tuple[str, str], Line[Divergence]]]  # boot -> (group, op)
     boots: tuple[str, ...]  # oldest first, by first record
     skipped: dict[str, int]
+    invalid: dict[str, int]  # field name -> values nulled by the parse (rankscope.schema)
 
     @property
     def latest_boot(self) -> str | None:
@@ -103,7 +104,7 @@ class FlightState:
         self._reader = FlightReader(self.flight_dir)
         self._lock = threading.Lock()
         self._streams: dict[tuple[str, str], StreamState] = {}
-        self._divergences: dict[str, dict[tuple[str, str], tuple[str, Record]]] = {}
+        self._divergences: dict[str, dict[tuple[str, str], Line[Divergence]]] = {}
         self.up: bool | None = None  # None until the first refresh
         self.error: str | None = None
 
@@ -132,12 +133,10 @@ class FlightState:
             return FlightView(
                 # Copies of the mark lists: a refresh on another thread may append.
                 streams=tuple(replace(st, marks=list(st.marks)) for st in self._streams.values()),
-                divergences={
-                    boot: {key: rec for key, (_file, rec) in by_key.items()}
-                    for boot, by_key in self._divergences.items()
-                },
+                divergences={boot: dict(by_key) for boot, by_key in self._divergences.items()},
                 boots=boots,
                 skipped={reason: self._reader.skipped[reason] for reason in SKIP_REASONS},
+                invalid=dict(self._reader.invalid),
             )
 
     def latest_boot(self) -> str | None:
@@ -161,53 +160,51 @@ class FlightState:
     # --- folding records in ---------------------------------------------------------------
 
     def _add(self, rec: Record) -> None:
-        file, boot, wall = rec["_file"], rec["boot"], float(rec["wall"])
-        key = (file, boot)
+        h = rec.header
+        key = (h.file, h.boot)
         st = self._streams.get(key)
         if st is None:
             st = self._streams[key] = StreamState(
-                file=file,
-                boot=boot,
+                file=h.file,
+                boot=h.boot,
                 process=rank_process(rec),
-                first_wall=wall,
+                first_wall=h.wall,
             )
         else:
-            st.first_wall = min(st.first_wall, wall)
+            st.first_wall = min(st.first_wall, h.wall)
             st.process = rank_process(rec)  # rank fields may be configured late
-        kind = rec["kind"]
-        if kind == "mark":
-            st.marks.append(rec)
+        body = rec.body
+        if isinstance(body, Mark):
+            line = Line(h, body)
+            st.marks.append(line)
+            st.arenas = line
             if len(st.marks) > MAX_MARKS_PER_PROCESS:
                 st.marks_forgotten += 1
                 if st.marks_forgotten == 1:
                     log.warning(
                         "%s holds more than %d marks of boot %s: the daemon keeps the newest "
                         "(the file keeps them all)",
-                        file,
+                        h.file,
                         MAX_MARKS_PER_PROCESS,
-                        boot,
+                        h.boot,
                     )
                 del st.marks[0]
-        elif kind in ("census", "census_dump"):
-            st.census = rec
-            if kind == "census":
-                st.snapshot = rec
-        elif kind == "divergence":
-            group, op = rec.get("group"), rec.get("op")
-            if isinstance(group, str) and isinstance(op, str):
-                # The newest comparison round wins, as in the census report.
-                by_key = self._divergences.setdefault(boot, {})
-                held = by_key.get((group, op))
-                if held is None or _round_wall(held[1]) <= _round_wall(rec):
-                    by_key[(group, op)] = (file, rec)
-        if isinstance(rec.get("arenas"), dict):
-            st.arenas = rec
+        elif isinstance(body, Census):
+            st.census = st.snapshot = Line(h, body)
+        elif isinstance(body, CensusDump):
+            st.census = Line(h, body)
+        elif isinstance(body, Divergence):
+            # The newest comparison round wins, as in the census report.
+            by_key = self._divergences.setdefault(h.boot, {})
+            held = by_key.get((body.group, body.op))
+            if held is None or _round_wall(held) <= _round_wall(Line(h, body)):
+                by_key[(body.group, body.op)] = Line(h, body)
 
     def _forget_missing(self, present: set[str]) -> None:
         for key in [k for k in self._streams if k[0] not in present]:
             del self._streams[key]
         for boot, by_key in list(self._divergences.items()):
-            for gk in [gk for gk, (file, _rec) in by_key.items() if file not in present]:
+            for gk in [gk for gk, line in by_key.items() if line.header.file not in present]:
                 del by_key[gk]
             if not by_key:
                 del self._divergences[boot]
@@ -220,20 +217,9 @@ def _present_files(flight_dir: Path) -> set[str]:
         return set()  # no job has written yet: nothing recorded, not an error
 
 
-def _round_wall(rec: Record) -> tuple[int, float]:
-    round_ = rec.get("round")
-    return (
-        round_ if isinstance(round_, int) and not isinstance(round_, bool) else -1,
-        float(rec["wall"]),
-    )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if _is_int(value) else None
+def _round_wall(line: Line[Divergence]) -> tuple[int, float]:
+    round_ = line.body.round
+    return (round_ if round_ is not None else -1, line.header.wall)
 
 
 def host_pid_resolver(proc: str = "/proc") -> Callable[[Record], int | None]:
@@ -251,12 +237,12 @@ def host_pid_resolver(proc: str = "/proc") -> Callable[[Record], int | None]:
         known = host_pid(rec)
         if known is not None:
             return known
-        start, pidns = rec.get("start_ticks"), rec.get("pidns")
-        if not isinstance(start, int):
+        start, pidns = rec.header.start_ticks, rec.header.pidns
+        if start is None:
             return None
         if index is None:
             index = _scan_proc(proc)
-        for pid, ns in index.get((rec["pid"], start), []):
+        for pid, ns in index.get((rec.header.pid, start), []):
             if pidns is None or ns is None or ns == pidns:
                 return pid
         return None

@@ -25,6 +25,7 @@ from rankscope.demo.services import Daemon, Page, WebhookReceiver, free_port, st
 from rankscope.demo.view import View, card_lines, gib
 from rankscope.demo.workload import COLLECTIVE_FAILED
 from rankscope.flight import FlightReader
+from rankscope.schema import Census, Mark
 
 GiB = 1024**3
 
@@ -266,20 +267,21 @@ class ScenarioRun:
         changed = False
         reached: dict[tuple[int, int], list[str]] = {}
         for rec in reader.poll():
-            if rec.get("boot") != self.boot:
+            h, body = rec.header, rec.body
+            rank = h.rank
+            if h.boot != self.boot or rank is None:
                 continue
-            rank = rec.get("rank")
-            if rec.get("kind") == "mark" and isinstance(rank, int):
-                phase = str(rec.get("phase"))
-                reached.setdefault((rank, rec["pid"]), []).append(phase)
+            if isinstance(body, Mark):
+                phase = body.phase
+                reached.setdefault((rank, h.pid), []).append(phase)
                 if phase == "boot_complete":
                     self.booted.add(rank)
-                if self.stack.cards is not None and rec["pid"] in self.rank_of_pid:
+                if self.stack.cards is not None and h.pid in self.rank_of_pid:
                     card = self.stack.cards.card_of_rank(rank)
-                    self.stack.cards.set_holder(card, rec["pid"], rank_bytes(phase))
+                    self.stack.cards.set_holder(card, h.pid, rank_bytes(phase))
                     changed = True
-            elif rec.get("kind") == "census" and isinstance(rank, int):
-                self.rounds[rank] = int(rec.get("round") or 0)
+            elif isinstance(body, Census):
+                self.rounds[rank] = body.round or 0
         for (rank, pid), phases in sorted(reached.items()):
             self.view.phases(rank, pid, phases)
         cards = self.stack.cards

@@ -25,12 +25,13 @@ from rankscope.probe import arenas
 from rankscope.probe.nvml_view import NvmlView
 from rankscope.probe.torch_view import TorchView
 from rankscope.record import RECORDER, publish_boot_id
+from rankscope.schema import Mark, MarkArena, MarkDerived, MarkDevice, MarkNvml, MarkTorch
 
 __all__ = ["arenas", "configure", "derive", "mark", "publish_boot_id"]
 
 log = logging.getLogger("rankscope")
 
-STREAM = "marks"
+STREAM = Mark.STREAM
 
 # What a mark reads. Tests on machines without a GPU swap in a named fake NVML binding.
 TORCH = TorchView()
@@ -68,8 +69,8 @@ def configure(
 
 
 def derive(
-    torch_view: dict[str, Any], nvml_view: dict[str, Any], arena_views: dict[str, dict[str, Any]]
-) -> dict[str, Any]:
+    torch_view: MarkTorch, nvml_view: MarkNvml, arena_views: dict[str, MarkArena]
+) -> MarkDerived:
     """The derived fields of a mark (a pure function). Signed, never floored; null where a
     side is unmeasured.
 
@@ -78,39 +79,33 @@ def derive(
     counts more than the driver holds). unbacked_reservation: reserved minus backed, summed
     over the arenas that report both.
     """
-    reserved, self_bytes = torch_view.get("reserved"), nvml_view.get("self_bytes")
+    reserved, self_bytes = torch_view.reserved, nvml_view.self_bytes
     unbacked: int | None = None
     for view in arena_views.values():
-        if view.get("reserved") is not None and view.get("backed") is not None:
-            unbacked = (unbacked or 0) + view["reserved"] - view["backed"]
+        if view.reserved is not None and view.backed is not None:
+            unbacked = (unbacked or 0) + view.reserved - view.backed
     non_torch = self_bytes - reserved if reserved is not None and self_bytes is not None else None
-    return {
-        "non_torch": non_torch,
-        "non_torch_measured": non_torch is not None,
-        "unbacked_reservation": unbacked,
-    }
+    return MarkDerived(non_torch, non_torch is not None, unbacked)
 
 
-def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> dict[str, Any] | None:
+def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> Mark | None:
     """Record one mark. ``runner`` overrides the configured runner for this mark only (a
     phase that target and draft both run); ``extra`` keyword values go into the record.
 
-    Returns the payload recorded (also when the disk refused it), None when disarmed or when
+    Returns the mark recorded (also when the disk refused it), None when disarmed or when
     the mark itself failed; never raises."""
     if not RECORDER.armed:
         return None
     try:
-        payload = _measure(str(phase), extra)
-        if runner is not None:
-            payload["runner"] = runner
+        recorded = _measure(str(phase), extra)
     except Exception as exc:  # an instrument may cost a log line, never a boot
         _warn_once("measure", f"rankscope: mark({phase!r}) failed and was skipped: {exc!r}")
         return None
-    RECORDER.write(STREAM, "mark", payload)
-    return payload
+    RECORDER.write_record(recorded, runner=runner)
+    return recorded
 
 
-def _measure(phase: str, extra: dict[str, Any]) -> dict[str, Any]:
+def _measure(phase: str, extra: dict[str, Any]) -> Mark:
     reading = TORCH.read()
     process = RECORDER.process
     nvml_index, driver, nvml = NVML.read(
@@ -118,21 +113,21 @@ def _measure(phase: str, extra: dict[str, Any]) -> dict[str, Any]:
     )
     arena_views = arenas.snapshot()
     device = reading.device
-    return {
-        "phase": phase,
-        "extra": extra,
-        "device": {
-            "index": device.index if device else None,
-            "uuid": device.uuid if device else None,
-            "nvml_index": nvml_index,
-            "why": reading.why_no_device,
-        },
-        "torch": reading.view,
-        "driver": driver,
-        "nvml": nvml,
-        "arenas": arena_views,
-        "derived": derive(reading.view, nvml, arena_views),
-    }
+    return Mark(
+        phase=phase,
+        extra=extra,
+        device=MarkDevice(
+            device.index if device else None,
+            device.uuid if device else None,
+            nvml_index,
+            reading.why_no_device,
+        ),
+        torch=reading.view,
+        driver=driver,
+        nvml=nvml,
+        arenas=arena_views,
+        derived=derive(reading.view, nvml, arena_views),
+    )
 
 
 def _warn_once(key: str, message: str) -> None:

@@ -21,6 +21,8 @@ import threading
 import weakref
 from typing import Any
 
+from rankscope.schema import MarkArena
+
 log = logging.getLogger("rankscope")
 
 COUNTS = ("reserved_bytes", "backed_bytes", "retained_bytes")
@@ -86,23 +88,23 @@ def read_count(arena: Any, attr: str) -> tuple[int | None, str | None]:
     return value, None
 
 
-def read_arena(arena: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def read_arena(arena: Any) -> MarkArena:
+    values: list[int | None] = []
     whys: list[str] = []
     for attr in COUNTS:
         value, why = read_count(arena, attr)
-        out[attr.removesuffix("_bytes")] = value
+        values.append(value)
         if why:
             whys.append(why)
-    out["why"] = "; ".join(whys) or None
-    return out
+    reserved, backed, retained = values
+    return MarkArena(reserved, backed, retained, "; ".join(whys) or None)
 
 
-def snapshot() -> dict[str, dict[str, Any]]:
-    """{name: {reserved, backed, retained, why}} for every live registered arena."""
+def snapshot() -> dict[str, MarkArena]:
+    """{name: its bytes} for every live registered arena."""
     with _lock:
         refs = list(_registry.items())
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, MarkArena] = {}
     for name, ref in refs:
         arena = ref()
         if arena is not None:

@@ -16,16 +16,17 @@ from typing import Any
 
 from rankscope.probe.torch_view import Device
 from rankscope.record import HOST_PIDNS_INODE
+from rankscope.schema import MarkDriver, MarkNvml
 
 ProcessList = list[tuple[int, int | None]]
 
 
-def empty_driver(why: str) -> dict[str, Any]:
-    return {"free": None, "total": None, "why": why}
+def empty_driver(why: str) -> MarkDriver:
+    return MarkDriver(why=why)
 
 
-def empty_nvml(why: str) -> dict[str, Any]:
-    return {"self_bytes": None, "procs": None, "why": why}
+def empty_nvml(why: str) -> MarkNvml:
+    return MarkNvml(why=why)
 
 
 def own_bytes(procs: ProcessList, pid: int, pidns: int | None) -> tuple[int | None, str | None]:
@@ -143,7 +144,7 @@ class NvmlView:
 
     def read(
         self, device: Device | None, why_no_device: str | None, pid: int, pidns: int | None
-    ) -> tuple[int | None, dict[str, Any], dict[str, Any]]:
+    ) -> tuple[int | None, MarkDriver, MarkNvml]:
         """(nvml index, driver view, nvml view) of this process's card."""
         if device is None:
             why = why_no_device or "no CUDA device in this process"
@@ -159,7 +160,7 @@ class NvmlView:
         nvml = self._module
         try:
             info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            driver: dict[str, Any] = {"free": int(info.free), "total": int(info.total), "why": None}
+            driver = MarkDriver(free=int(info.free), total=int(info.total))
         except Exception as exc:
             driver = empty_driver(f"NVML memory info failed: {exc}")
         try:
@@ -168,12 +169,7 @@ class NvmlView:
         except Exception as exc:
             return nvml_index, driver, empty_nvml(f"NVML process list failed: {exc}")
         self_bytes, self_why = own_bytes(procs, pid, pidns)
-        view = {
-            "self_bytes": self_bytes,
-            "procs": {str(p): used for p, used in procs},
-            "why": self_why,
-        }
-        return nvml_index, driver, view
+        return nvml_index, driver, MarkNvml(self_bytes, dict(procs), self_why)
 
     def after_fork_in_child(self) -> None:
         """NVML state is not fork-safe: a child initialises its own on its first mark."""

@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from rankscope.schema import MarkTorch
+
 NOT_IMPORTED = "torch is not imported in this process"
 NOT_INITIALISED = "CUDA not initialised in this process"
 
@@ -26,19 +28,12 @@ class Device:
 @dataclass
 class TorchReading:
     device: Device | None
-    view: dict[str, Any]  # {reserved, allocated, peak_allocated, num_alloc_retries, num_ooms, why}
+    view: MarkTorch
     why_no_device: str | None
 
 
-def empty_view(why: str) -> dict[str, Any]:
-    return {
-        "reserved": None,
-        "allocated": None,
-        "peak_allocated": None,
-        "num_alloc_retries": None,
-        "num_ooms": None,
-        "why": why,
-    }
+def empty_view(why: str) -> MarkTorch:
+    return MarkTorch(why=why)
 
 
 def nvml_uuid(raw: Any) -> str:
@@ -47,19 +42,18 @@ def nvml_uuid(raw: Any) -> str:
     return text if text.startswith(("GPU-", "MIG-")) else "GPU-" + text
 
 
-def view_from_stats(stats: dict[str, Any]) -> dict[str, Any]:
+def view_from_stats(stats: dict[str, Any]) -> MarkTorch:
     """The mark's allocator fields from torch's nested memory-stats dict (a pure function).
     A key torch stops reporting gives null, never 0."""
     reserved = _current_and_peak(stats, "reserved_bytes")
     allocated = _current_and_peak(stats, "allocated_bytes")
-    return {
-        "reserved": reserved[0],
-        "allocated": allocated[0],
-        "peak_allocated": allocated[1],
-        "num_alloc_retries": _int(stats.get("num_alloc_retries")),
-        "num_ooms": _int(stats.get("num_ooms")),
-        "why": None,
-    }
+    return MarkTorch(
+        reserved=reserved[0],
+        allocated=allocated[0],
+        peak_allocated=allocated[1],
+        num_alloc_retries=_int(stats.get("num_alloc_retries")),
+        num_ooms=_int(stats.get("num_ooms")),
+    )
 
 
 def _current_and_peak(stats: dict[str, Any], key: str) -> tuple[int | None, int | None]:

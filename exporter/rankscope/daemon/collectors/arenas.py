@@ -3,18 +3,19 @@ latest mark or census line that carried them, for the newest boot."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import Metric
 
 from rankscope.daemon.collectors.phases import number
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import add, gauge
+from rankscope.schema import MarkArena
 
-ARENA_VALUES = {
-    "rankscope_arena_reserved_bytes": "reserved",
-    "rankscope_arena_backed_bytes": "backed",
-    "rankscope_arena_retained_bytes": "retained",
+ARENA_VALUES: dict[str, Callable[[MarkArena], int | None]] = {
+    "rankscope_arena_reserved_bytes": lambda a: a.reserved,
+    "rankscope_arena_backed_bytes": lambda a: a.backed,
+    "rankscope_arena_retained_bytes": lambda a: a.retained,
 }
 
 
@@ -27,20 +28,17 @@ class ArenasCollector:
     def collect(self) -> Iterator[Metric]:
         view = self.state.view()
         families = {name: gauge(name) for name in ARENA_VALUES}
-        # Both streams of a process may carry arenas: the later line wins.
-        latest: dict[tuple[str, int | None, int, str], tuple[float, dict[str, object]]] = {}
+        # Each process's latest mark carries its arenas; the later line wins.
+        latest: dict[tuple[str, int | None, int, str], tuple[float, MarkArena]] = {}
         for st in view.streams:
             if st.boot != view.latest_boot or st.arenas is None:
                 continue
-            rec = st.arenas
-            wall = float(rec["wall"])
-            for arena, figures in rec["arenas"].items():
-                if not isinstance(figures, dict):
-                    continue
-                labels = (st.boot, st.process.rank, st.process.pid, str(arena))
+            wall = st.arenas.header.wall
+            for arena, figures in st.arenas.body.arenas.items():
+                labels = (st.boot, st.process.rank, st.process.pid, arena)
                 if labels not in latest or latest[labels][0] <= wall:
                     latest[labels] = (wall, figures)
         for labels, (_wall, figures) in latest.items():
-            for name, fld in ARENA_VALUES.items():
-                add(families[name], labels, number(figures.get(fld)))
+            for name, read in ARENA_VALUES.items():
+                add(families[name], labels, number(read(figures)))
         yield from families.values()

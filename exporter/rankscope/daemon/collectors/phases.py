@@ -4,65 +4,51 @@ only (``--phases.boots``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import Metric
 
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, gauge
-from rankscope.flight import Record
-from rankscope.ledger import posts
+from rankscope.ledger import MarkLine, posts
+from rankscope.schema import Mark
 
-# catalog name -> where the mark holds the value (section, field)
-PHASE_VALUES: dict[str, tuple[str, str]] = {
-    "rankscope_phase_reserved_bytes": ("torch", "reserved"),
-    "rankscope_phase_allocated_bytes": ("torch", "allocated"),
-    "rankscope_phase_process_bytes": ("nvml", "self_bytes"),
-    "rankscope_phase_device_free_bytes": ("driver", "free"),
+# catalog name -> how to read the value from a mark
+PHASE_VALUES: dict[str, Callable[[Mark], int | None]] = {
+    "rankscope_phase_reserved_bytes": lambda m: m.torch.reserved,
+    "rankscope_phase_allocated_bytes": lambda m: m.torch.allocated,
+    "rankscope_phase_process_bytes": lambda m: m.nvml.self_bytes,
+    "rankscope_phase_device_free_bytes": lambda m: m.driver.free,
 }
 
 
-def number(value: Any) -> float | None:
-    """A measured number, or None for anything else (null, a string, a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
+def number(value: int | float | None) -> float | None:
+    return None if value is None else float(value)
 
 
-def section(rec: Record, name: str) -> dict[str, Any]:
-    value = rec.get(name)
-    return value if isinstance(value, dict) else {}
-
-
-def mark_device(rec: Record) -> tuple[Any, Any]:
-    """(gpu, uuid) of a mark. gpu is the card's NVML index, the host-wide index the card
-    series use, not the process's CUDA ordinal (which CUDA_VISIBLE_DEVICES renumbers)."""
-    device = section(rec, "device")
-    return device.get("nvml_index"), device.get("uuid")
-
-
-def phase_labels(st: StreamState, rec: Record) -> tuple[Any, ...]:
-    gpu, uuid = mark_device(rec)
-    runner = rec.get("runner")
+def phase_labels(st: StreamState, line: MarkLine) -> tuple[Any, ...]:
+    """The labels of a mark's series. gpu is the card's NVML index, the host-wide index the
+    card series use, not the process's CUDA ordinal (which CUDA_VISIBLE_DEVICES renumbers)."""
+    h, mark = line.header, line.body
     return (
         st.boot,
-        rec.get("rank"),
-        rec.get("tp_rank"),
-        rec.get("pp_rank"),
-        runner,
+        h.rank,
+        h.tp_rank,
+        h.pp_rank,
+        h.runner,
         st.process.pid,
-        rec.get("phase"),
-        gpu,
-        uuid,
+        mark.phase,
+        mark.device.nvml_index,
+        mark.device.uuid,
     )
 
 
-def non_torch(rec: Record) -> float | None:
-    derived = section(rec, "derived")
-    if derived.get("non_torch_measured") is not True:
+def non_torch(mark: Mark) -> float | None:
+    derived = mark.derived
+    if not derived.non_torch_measured:
         return None  # a subtraction with an unmeasured side is no measurement
-    return number(derived.get("non_torch"))
+    return number(derived.non_torch)
 
 
 class PhasesCollector:
@@ -84,18 +70,17 @@ class PhasesCollector:
             )
         }
         # The latest mark of each phase wins when a process marks a phase twice.
-        latest: dict[tuple[Any, ...], Record] = {}
+        latest: dict[tuple[Any, ...], MarkLine] = {}
         for st in view.streams:
             if st.boot not in wanted:
                 continue
-            for rec in st.marks:
-                if isinstance(rec.get("phase"), str):
-                    latest[phase_labels(st, rec)] = rec
-        for labels, rec in latest.items():
-            for name, (sec, fld) in PHASE_VALUES.items():
-                add(families[name], labels, number(section(rec, sec).get(fld)))
-            add(families["rankscope_phase_non_torch_bytes"], labels, non_torch(rec))
-            add(families["rankscope_phase_timestamp_seconds"], labels, number(rec.get("wall")))
+            for line in st.marks:
+                latest[phase_labels(st, line)] = line
+        for labels, line in latest.items():
+            for name, read in PHASE_VALUES.items():
+                add(families[name], labels, number(read(line.body)))
+            add(families["rankscope_phase_non_torch_bytes"], labels, non_torch(line.body))
+            add(families["rankscope_phase_timestamp_seconds"], labels, line.header.wall)
         post_bytes = gauge("rankscope_post_bytes")
         latest_posts: dict[tuple[Any, ...], float | None] = {}
         for row in posts(rec for st in view.streams if st.boot in wanted for rec in st.marks):

@@ -32,6 +32,10 @@ class SelfCollector:
             for source, ok in sorted(self.sources_up().items()):
                 add(up, (source,), 1.0 if ok else 0.0)
         skipped = counter("rankscope_flight_lines_skipped_total")
-        for reason, n in self.state.view().skipped.items():
+        view = self.state.view()
+        for reason, n in view.skipped.items():
             add(skipped, (reason,), n)
-        yield from (build, up, skipped)
+        invalid = counter("rankscope_flight_fields_invalid_total")
+        for name, n in sorted(view.invalid.items()):
+            add(invalid, (name,), n)
+        yield from (build, up, skipped, invalid)
