@@ -190,6 +190,7 @@ class Daemon:
     tls: TLSConfig | None = None
     monitor: Monitor | None = None
     otlp: Pusher | None = None
+    background: tuple[Pusher, ...] = ()  # pollers with their own threads (nccl-ras)
 
     def server(self) -> uvicorn.Server:
         tls: dict[str, Any] = {}
@@ -221,10 +222,14 @@ class Daemon:
         try:
             if self.otlp is not None:
                 self.otlp.start()
+            for poller in self.background:
+                poller.start()
             scheme = "https" if self.tls is not None else "http"
             log.info("rankscope serving on %s://%s:%d/metrics", scheme, self.host, self.port)
             server.run()
         finally:
+            for poller in self.background:
+                poller.stop()
             if self.otlp is not None:
                 self.otlp.stop()
             if self.monitor is not None:

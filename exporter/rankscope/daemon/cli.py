@@ -92,6 +92,61 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
             help=f"enable the {collector} collector (default on)",
         )
     cards.add_arguments(parser)
+    _add_nccl_ras_arguments(parser)
+
+
+def _add_nccl_ras_arguments(parser: argparse.ArgumentParser) -> None:
+    from rankscope.daemon import nccl_ras
+
+    g = parser.add_argument_group("nccl-ras (NCCL's RAS status reports, docs/census.md)")
+    g.add_argument(
+        "--collector.nccl-ras",
+        dest="collector_nccl_ras",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="poll NCCL RAS endpoints (default off)",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.address",
+        dest="nccl_ras_address",
+        action="append",
+        metavar="HOST:PORT",
+        help=f"RAS endpoint (NCCL_RAS_ADDR of a job); repeatable, one per job: jobs that "
+        f"share the default port answer in turn (SO_REUSEPORT). Default {nccl_ras.DEFAULT_ADDRESS}",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.interval",
+        dest="nccl_ras_interval",
+        type=_duration,
+        default=15.0,
+        metavar="DURATION",
+        help="time between polls of every endpoint (default 15s)",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.persist-polls",
+        dest="nccl_ras_persist_polls",
+        type=int,
+        default=nccl_ras.DEFAULT_PERSIST_POLLS,
+        metavar="N",
+        help="successive polls a count mismatch must hold with its lowest count unchanged "
+        f"before it is reported (default {nccl_ras.DEFAULT_PERSIST_POLLS})",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.timeout",
+        dest="nccl_ras_timeout",
+        type=_duration,
+        default=nccl_ras.REPORT_TIMEOUT_S,
+        metavar="DURATION",
+        help=f"deadline for one report after STATUS (default {nccl_ras.REPORT_TIMEOUT_S:g}s)",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.max-bytes",
+        dest="nccl_ras_max_bytes",
+        type=int,
+        default=nccl_ras.DEFAULT_MAX_BYTES,
+        metavar="BYTES",
+        help=f"largest report read (default {nccl_ras.DEFAULT_MAX_BYTES})",
+    )
 
 
 def _duration(text: str) -> float:
@@ -177,6 +232,25 @@ def build(args: argparse.Namespace) -> Daemon:
         collectors.extend(
             c for c in monitor.collectors() if getattr(args, f"collector_{c.name}", True)
         )
+    background = []
+    if args.collector_nccl_ras:
+        from rankscope.daemon.collectors.nccl_ras import NcclRasCollector
+        from rankscope.daemon.nccl_ras import DEFAULT_ADDRESS, Endpoint, RasPoller
+
+        if args.nccl_ras_persist_polls < 1:
+            raise ValueError("--collector.nccl-ras.persist-polls must be 1 or more")
+        endpoints = [
+            Endpoint(
+                address,
+                persist_polls=args.nccl_ras_persist_polls,
+                max_bytes=args.nccl_ras_max_bytes,
+                report_timeout=args.nccl_ras_timeout,
+            )
+            for address in dict.fromkeys(args.nccl_ras_address or [DEFAULT_ADDRESS])
+        ]
+        poller = RasPoller(endpoints, args.nccl_ras_interval)
+        collectors.append(NcclRasCollector(poller, state))
+        background.append(poller)
     timed = TimedCollectors(collectors)
 
     app: Any = create_app(
@@ -201,5 +275,12 @@ def build(args: argparse.Namespace) -> Daemon:
             interval=args.otlp_interval or default_interval(),
         )
     return Daemon(
-        app=app, host=host, port=port, collectors=timed, tls=web.tls, monitor=monitor, otlp=otlp
+        app=app,
+        host=host,
+        port=port,
+        collectors=timed,
+        tls=web.tls,
+        monitor=monitor,
+        otlp=otlp,
+        background=tuple(background),
     )
