@@ -33,6 +33,7 @@ class StandInRas:
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(8)
+        self._sock.settimeout(0.05)  # so the accept loop sees the stop promptly
         self.port = self._sock.getsockname()[1]
         self.address = f"127.0.0.1:{self.port}"
         self._stop = threading.Event()
@@ -44,15 +45,18 @@ class StandInRas:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._sock.close()
         self._thread.join(timeout=5)
+        self._sock.close()
 
     def _serve(self) -> None:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
+            conn.settimeout(None)
             report = self.reports[min(self.connections, len(self.reports) - 1)]
             self.connections += 1
             threading.Thread(target=self._answer, args=(conn, report), daemon=True).start()

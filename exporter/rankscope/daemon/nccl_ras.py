@@ -258,29 +258,33 @@ class Endpoint:
 
 
 class RasPoller:
-    """Polls every endpoint each ``interval`` on one daemon thread."""
+    """Polls each endpoint every ``interval`` on a daemon thread of its own, so an endpoint
+    that hangs until its deadline delays no other."""
 
     def __init__(self, endpoints: list[Endpoint], interval: float) -> None:
         self.endpoints = endpoints
         self.interval = interval
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="rankscope-nccl-ras", daemon=True)
-        self._thread.start()
+        for endpoint in self.endpoints:
+            thread = threading.Thread(
+                target=self._run, args=(endpoint,), name="rankscope-nccl-ras", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
 
-    def _run(self) -> None:
+    def _run(self, endpoint: Endpoint) -> None:
         while not self._stop.is_set():
-            for endpoint in self.endpoints:
-                endpoint.poll_once()
+            endpoint.poll_once()
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
+        for thread in self._threads:
             # A poll in progress ends at its own deadline at worst; the thread is a daemon.
-            self._thread.join(timeout=1.0)
+            thread.join(timeout=1.0)
 
     def views(self) -> list[EndpointView]:
         return [e.view() for e in self.endpoints]

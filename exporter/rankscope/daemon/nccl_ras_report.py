@@ -115,8 +115,10 @@ def parse_json_report(text: str) -> RasReport:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        # An error at the very end of the text is a report cut short; elsewhere, garbage.
-        reason = "truncated" if exc.pos >= len(text.rstrip()) else "malformed"
+        # An error at the very end of the text, or a string never closed, is a report cut
+        # short; elsewhere, garbage.
+        cut = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+        reason = "truncated" if cut else "malformed"
         raise ReportError(reason, f"JSON: {exc.msg} at char {exc.pos}") from None
     if not isinstance(doc, dict):
         raise ReportError("malformed", "JSON report is not an object")
