@@ -90,6 +90,8 @@ def test_promtool_unit_tests_pass() -> None:
         {"corridorBreachWindow": "10m"},
         {"samplerOverrunShare": 0.2},
         {"exporterDownFor": "10m"},
+        {"ncclCountMismatchFor": "30s"},
+        {"ncclPeerDeadFor": "1m"},
     ],
     ids=lambda o: next(iter(o)),
 )
@@ -326,7 +328,7 @@ def test_amtool_checks_the_example() -> None:
     result = run(binary("amtool"), "check-config", str(AM_EXAMPLE))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
-    assert "3 inhibit rules" in result.stdout
+    assert "4 inhibit rules" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -337,6 +339,11 @@ def test_amtool_checks_the_example() -> None:
             "rankscope-pager",
         ),
         (["alertname=RankscopeCensusSkew", "severity=critical", "boot=b1"], "rankscope-pager"),
+        (
+            ["alertname=RankscopeNcclCountMismatch", "severity=critical", "comm=0x4a93"],
+            "rankscope-pager",
+        ),
+        (["alertname=RankscopeNcclPeerDead", "severity=critical"], "rankscope-pager"),
         (["alertname=RankscopeForeignHolder", "severity=warning", "boot=b1"], "rankscope-tickets"),
         (["alertname=RankscopeSamplerLagging", "severity=warning"], "rankscope-tickets"),
         (["alertname=RankscopeSomethingInfo", "severity=info"], "rankscope-null"),
