@@ -68,7 +68,7 @@ def test_an_unknown_config_key_is_an_error() -> None:
 def test_promtool_checks_the_rules() -> None:
     result = run(binary("promtool"), "check", "rules", str(ALERTS / "rankscope.rules.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 15 rules found" in result.stdout
+    assert "SUCCESS: 17 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
@@ -162,6 +162,8 @@ def test_alerts_carry_severity_summary_description_and_runbook() -> None:
         "RankscopeCorridorThin",
         "RankscopeCensusSkew",
         "RankscopeCensusStalled",
+        "RankscopeNcclCountMismatch",
+        "RankscopeNcclPeerDead",
         "RankscopeForeignHolder",
         "RankscopeExporterDown",
         "RankscopeSamplerLagging",
