@@ -53,22 +53,23 @@ def dead_peer_json(*, considered_dead: bool = True) -> bytes:
     doc = _doc()
     comm = doc["communicators"][0]
     rank0 = comm["ranks"][0]
-    missing = {
-        k: v for k, v in _peer(rank0).items() if k not in ("status", "collective_counts")
-    }
+    missing = {k: v for k, v in _peer(rank0).items() if k not in ("status", "collective_counts")}
     missing["status"] = {"unresponsive": True, "considered_dead": considered_dead}
     comm.update(size=2, ranks_count=1, missing_ranks_count=1, missing_ranks=[missing])
     return json.dumps(doc, indent=2).encode()
 
 
 def _group_row(comms: int, ranks: int, errors: str) -> str:
-    return "%5d  %8d  %8d  %8s  %8d  %8d  %8s  %6s" % (0, comms, 1, ranks, ranks, ranks, "RUNNING", errors)
+    # NCCL's "%5d  %8d  %8d  %8s  %8d  %8d  %8s  %6s"
+    return f"{0:5d}  {comms:8d}  {1:8d}  {ranks!s:>8}  {ranks:8d}  {ranks:8d}  {'RUNNING':>8}  {errors:>6}"
 
 
 def _text(row: str, errors: str, warnings: str) -> bytes:
     real = REAL_TEXT.decode()
     head, _, _ = real.partition("    0         2")
-    return (head + row + "\n\nErrors\n======\n\n" + errors + "Warnings\n========\n\n" + warnings).encode()
+    return (
+        head + row + "\n\nErrors\n======\n\n" + errors + "Warnings\n========\n\n" + warnings
+    ).encode()
 
 
 def mismatch_text() -> bytes:

@@ -30,8 +30,18 @@ ALERTS = [
     {"alertname": "RankscopeCensusSkew", "severity": "critical", "boot": "b1", "rank": "2"},
     # RAS sees the census's skew of b1 too: one page. A RAS mismatch on a communicator no
     # flight record maps (no boot) pages on its own, as does a dead peer.
-    {"alertname": "RankscopeNcclCountMismatch", "severity": "critical", "boot": "b1", "op": "AllReduce"},
-    {"alertname": "RankscopeNcclCountMismatch", "severity": "critical", "comm": "0x9181", "op": "AllReduce"},
+    {
+        "alertname": "RankscopeNcclCountMismatch",
+        "severity": "critical",
+        "boot": "b1",
+        "op": "AllReduce",
+    },
+    {
+        "alertname": "RankscopeNcclCountMismatch",
+        "severity": "critical",
+        "comm": "0x9181",
+        "op": "AllReduce",
+    },
     {"alertname": "RankscopeNcclPeerDead", "severity": "critical", "endpoint": "localhost:28028"},
     {"alertname": "RankscopeCensusStalled", "severity": "warning", "boot": "b1", "rank": "0"},
     {"alertname": "RankscopeCensusStalled", "severity": "warning", "boot": "b2", "rank": "0"},

@@ -101,9 +101,12 @@ def test_a_count_mismatch_is_reported_only_once_it_persists_with_stuck_laggards(
     # In flight: the counts differ at every poll but the laggard keeps launching.
     moving = [shapes.two_rank_json((10 + i, 9 + i)) for i in range(4)]
     with StandInRas(*moving) as ras:
-        assert poll(ras.address, times=4, persist_polls=3).view().persisting[
-            (shapes.REAL_HASH, SECONDARY)
-        ] == ()
+        assert (
+            poll(ras.address, times=4, persist_polls=3)
+            .view()
+            .persisting[(shapes.REAL_HASH, SECONDARY)]
+            == ()
+        )
 
 
 SECONDARY = "0xf0f5947519ffabd8:0x40802503e7d6e292"
@@ -138,9 +141,7 @@ def samples(collector: NcclRasCollector) -> dict[tuple[str, tuple[tuple[str, str
 
 
 def find(got: dict, name: str, **labels: str) -> list[float]:  # type: ignore[type-arg]
-    return [
-        v for (n, ls), v in got.items() if n == name and labels.items() <= dict(ls).items()
-    ]
+    return [v for (n, ls), v in got.items() if n == name and labels.items() <= dict(ls).items()]
 
 
 def test_ranks_map_to_the_flight_records_boot_and_rank_by_pid(tmp_path: Path) -> None:
@@ -166,7 +167,10 @@ def test_a_pid_on_two_hosts_is_not_mapped(tmp_path: Path) -> None:
     state = FlightState(tmp_path)
     state.refresh()
     report = shapes.two_rank_json((3, 3)).replace(b'"pid": 669', b'"pid": 668')
-    report = report.replace(b'"host": "192.0.2.2",\n          "pid": 668,\n          "cuda_dev": 1', b'"host": "192.0.2.3",\n          "pid": 668,\n          "cuda_dev": 1')
+    report = report.replace(
+        b'"host": "192.0.2.2",\n          "pid": 668,\n          "cuda_dev": 1',
+        b'"host": "192.0.2.3",\n          "pid": 668,\n          "cuda_dev": 1',
+    )
     with StandInRas(report) as ras:
         got = samples(NcclRasCollector(RasPoller([poll(ras.address)], 60), state))
     assert find(got, "rankscope_nccl_collectives_total", host="192.0.2.3", op="AllReduce")

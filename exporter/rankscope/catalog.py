@@ -329,8 +329,7 @@ CATALOG: tuple[Metric, ...] = (
         "rankscope_nccl_status_mismatch",
         "gauge",
         "",
-        "1 where the ranks of a communicator reported different status over the "
-        "persistence polls.",
+        "1 where the ranks of a communicator reported different status over the persistence polls.",
         NCCL_COMM_LABELS,
         "nccl_ras",
     ),

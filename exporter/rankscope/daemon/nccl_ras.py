@@ -83,7 +83,7 @@ def _recv_line(sock: socket.socket, buf: bytearray, seconds: float) -> str:
 def _recv(sock: socket.socket) -> bytes:
     try:
         return sock.recv(65536)
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise ReportError("timeout", "no answer within the deadline") from None
     except ConnectionResetError:
         raise ReportError("truncated", "connection reset") from None
@@ -101,7 +101,7 @@ def query(
         sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
     except ConnectionRefusedError:
         raise ReportError("refused", f"{address[0]}:{address[1]} refused") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise ReportError("timeout", "connect timed out") from None
     except OSError as exc:
         raise ReportError("refused", f"connect: {exc.strerror or exc}") from None
@@ -214,9 +214,7 @@ class Endpoint:
         for comm in report.communicators:
             held = self._comms.get(comm.key)
             state = CommState(comm, n, held.streaks if held else {})
-            found: dict[str, int] = {
-                op: low for op, (low, _high) in count_mismatches(comm).items()
-            }
+            found: dict[str, int] = {op: low for op, (low, _high) in count_mismatches(comm).items()}
             if status_differs(comm):
                 found["status"] = 0
             for op in comm.reported_mismatches:

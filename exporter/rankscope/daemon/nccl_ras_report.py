@@ -129,7 +129,8 @@ def parse_json_report(text: str) -> RasReport:
     if not isinstance(comms_raw, list):
         raise ReportError("malformed", "no communicators list")
     comms = tuple(_json_comm(c, i) for i, c in enumerate(comms_raw))
-    ras = doc.get("ras") if isinstance(doc.get("ras"), dict) else {}
+    ras_raw = doc.get("ras")
+    ras: dict[str, Any] = ras_raw if isinstance(ras_raw, dict) else {}
     return RasReport(
         format="json",
         nccl_version=version,
@@ -211,7 +212,8 @@ def _json_rank(raw: object, where: str) -> RasRank:
 def _json_missing(raw: object, where: str) -> MissingRank:
     if not isinstance(raw, dict):
         raise ReportError("malformed", f"{where} is not an object")
-    status = raw.get("status") if isinstance(raw.get("status"), dict) else {}
+    status_raw = raw.get("status")
+    status: dict[str, Any] = status_raw if isinstance(status_raw, dict) else {}
     return MissingRank(
         rank=_req_int(raw, "rank", where),
         host=_req_str(raw, "host", where),

@@ -50,8 +50,10 @@ def map_ranks(
     """(host, pid) of RAS ranks -> (boot, rank), only where unambiguous."""
     hosts_of_pid: dict[int, set[str]] = {}
     for comm in comms:
-        for r in (*comm.ranks, *comm.missing):
-            hosts_of_pid.setdefault(r.pid, set()).add(r.host)
+        for host, pid in [(r.host, r.pid) for r in comm.ranks] + [
+            (m.host, m.pid) for m in comm.missing
+        ]:
+            hosts_of_pid.setdefault(pid, set()).add(host)
     out: dict[tuple[str, int], Identity] = {}
     for pid, hosts in hosts_of_pid.items():
         ident = identities.get(pid)
