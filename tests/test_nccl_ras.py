@@ -240,9 +240,11 @@ def test_a_real_daemon_serves_ras_metrics_that_promtool_accepts(tmp_path: Path) 
             "--no-collector.cards",
             "--no-collector.holdings",
             "--collector.nccl-ras",
+            # The silent one first: a poller that went through endpoints in turn would
+            # hold the others back behind it.
+            f"--collector.nccl-ras.address={silent.address}",
             f"--collector.nccl-ras.address={real.address}",
             f"--collector.nccl-ras.address={dead.address}",
-            f"--collector.nccl-ras.address={silent.address}",
             "--collector.nccl-ras.interval=100ms",
             "--collector.nccl-ras.timeout=30s",
             log=tmp_path / "serve.log",
