@@ -525,10 +525,13 @@ def _nccl_ras_panels(host: str) -> list[dict]:
         ),
         timeseries(
             "RAS endpoint polls",
-            "1 when the last poll of an endpoint parsed; the reason of the last failure.",
+            "1 when the last poll of an endpoint parsed; failed polls per second by reason.",
             [
                 (f"rankscope_nccl_ras_up{{{host}}}", "{{endpoint}} up"),
-                (f"rankscope_nccl_ras_last_error{{{host}}} == 1", "{{endpoint}} {{reason}}"),
+                (
+                    f"rate(rankscope_nccl_ras_poll_errors_total{{{host}}}[$__rate_interval])",
+                    "{{endpoint}} {{reason}}",
+                ),
             ],
         ),
     ]
