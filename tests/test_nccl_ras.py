@@ -64,6 +64,7 @@ def test_no_endpoint_is_refused() -> None:
         ("silent", REAL_JSON, "timeout"),  # accepts, never answers
         ("dribble", REAL_JSON, "timeout"),  # a byte every 0.2 s: the report deadline ends it
         ("protocol3", REAL_JSON, "unknown_version"),
+        ("reset", REAL_JSON, "truncated"),  # half the report, then a TCP reset
         ("replay", REAL_JSON[: len(REAL_JSON) // 2], "truncated"),
         ("replay", REAL_TEXT[:250], "truncated"),
         ("replay", b"<html>not RAS</html>\n", "malformed"),

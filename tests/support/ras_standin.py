@@ -6,12 +6,14 @@ report given as bytes, or misbehaves in one of the ways an untrusted endpoint ca
 Modes: "replay" (the protocol, then the report, then EOF); "silent" (accepts and never
 answers); "dribble" (the protocol, then the report one byte every ``dribble_s``);
 "protocol3" (answers ``SERVER PROTOCOL 3``); "pre2287" (answers ``SET FORMAT json`` as
-NCCL before 2.28.7 does, with ``ERROR: Unknown command``).
+NCCL before 2.28.7 does, with ``ERROR: Unknown command``); "reset" (half the report, then
+a TCP reset).
 """
 
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -79,6 +81,13 @@ class StandInRas:
                         else:
                             conn.sendall(FORMAT_OK)
                     elif command == b"STATUS":
+                        if self.mode == "reset":
+                            conn.sendall(report[: len(report) // 2])
+                            # SO_LINGER 0: close sends RST, not FIN.
+                            conn.setsockopt(
+                                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                            )
+                            return
                         if self.mode == "dribble":
                             for i in range(len(report)):
                                 if self._stop.is_set():

@@ -127,8 +127,10 @@ def query(
                 buf += chunk
                 if len(buf) > max_bytes:
                     raise ReportError("too_large", f"report over {max_bytes} bytes")
-        except BrokenPipeError:
-            raise ReportError("truncated", "connection closed by the server") from None
+        except TimeoutError:
+            raise ReportError("timeout", "send timed out") from None
+        except OSError as exc:  # reset or broken pipe mid-exchange
+            raise ReportError("truncated", f"connection lost: {exc}") from None
         if not buf:
             raise ReportError("truncated", "no report after STATUS")
         return bytes(buf)
