@@ -134,7 +134,7 @@ def test_each_collector_exposes_what_the_catalog_assigns_it(
         families = _families(daemon)
     finally:
         daemon.monitor.stop()
-    assert set(families) == {"self", "phases", "arenas", "census", "cards", "holdings", "nccl_ras"}
+    assert set(families) == {"self", "phases", "arenas", "census", "cards", "holdings", "nccl-ras"}
     # The registry itself adds the per-collector success and duration, as "self".
     families["self"] |= {"rankscope_collector_success", "rankscope_collector_duration_seconds"}
     for m in catalog.CATALOG:

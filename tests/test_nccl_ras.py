@@ -272,7 +272,7 @@ def test_a_real_daemon_serves_ras_metrics_that_promtool_accepts(tmp_path: Path) 
     )
     assert result.returncode == 0 and result.stdout == result.stderr == "", result.stdout
     names = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
-    ras_entries = [m for m in catalog.CATALOG if m.collector == "nccl_ras"]
+    ras_entries = [m for m in catalog.CATALOG if m.collector == "nccl-ras"]
     assert {m.name for m in ras_entries if not names & set(catalog.exposed_names(m))} == set()
-    assert 'rankscope_collector_success{collector="nccl_ras"} 1.0' in text
+    assert 'rankscope_collector_success{collector="nccl-ras"} 1.0' in text
     assert f'rankscope_nccl_collectives_total{{boot="b1",comm="{shapes.REAL_HASH}"' in text

@@ -274,14 +274,14 @@ CATALOG: tuple[Metric, ...] = (
         CENSUS_RANK_LABELS,
         "census",
     ),
-    # --- NCCL RAS (the nccl_ras collector; docs/census.md, "NCCL RAS") ---
+    # --- NCCL RAS (the nccl-ras collector; docs/census.md, "NCCL RAS") ---
     Metric(
         "rankscope_nccl_communicators",
         "gauge",
         "",
         "Communicators the RAS endpoint reported (kept while seen within the forget window).",
         ("endpoint",),
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_communicator_size",
@@ -289,7 +289,7 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "Ranks in the communicator, as NCCL reports it.",
         NCCL_COMM_LABELS,
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_communicator_ranks_reporting",
@@ -297,7 +297,7 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "Ranks of the communicator that answered RAS (JSON report only).",
         NCCL_COMM_LABELS,
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_communicator_ranks_missing",
@@ -305,7 +305,7 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "Ranks of the communicator that did not answer RAS (JSON report only).",
         NCCL_COMM_LABELS,
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_collectives_total",
@@ -314,7 +314,7 @@ CATALOG: tuple[Metric, ...] = (
         "Collectives a rank launched on the communicator, per op, as NCCL counts them (JSON "
         "report only; no Send/Recv; a one-rank communicator counts none).",
         (*NCCL_RANK_LABELS, "op"),
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_count_mismatch",
@@ -323,7 +323,7 @@ CATALOG: tuple[Metric, ...] = (
         "1 where the ranks of a communicator disagreed on an op's count with the lowest "
         "count unchanged over the persistence polls (or NCCL's text report flagged it).",
         (*NCCL_COMM_LABELS, "op"),
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_status_mismatch",
@@ -331,7 +331,7 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "1 where the ranks of a communicator reported different status over the persistence polls.",
         NCCL_COMM_LABELS,
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_rank_missing",
@@ -339,7 +339,7 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "1 for a rank RAS could not reach, by state (unresponsive, dead).",
         (*NCCL_RANK_LABELS, "state"),
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_dead_processes",
@@ -348,7 +348,7 @@ CATALOG: tuple[Metric, ...] = (
         "Job processes RAS considers dead (the text report's DEAD count; in JSON the "
         "distinct missing ranks marked considered_dead).",
         ("endpoint",),
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_info",
@@ -357,7 +357,7 @@ CATALOG: tuple[Metric, ...] = (
         "NCCL version and CUDA versions of the job behind a RAS endpoint, and the report "
         "format it answered in.",
         ("endpoint", "version", "cuda_runtime", "cuda_driver", "format"),
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_ras_up",
@@ -365,7 +365,7 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "1 when the last poll of the RAS endpoint returned a report that parsed.",
         ("endpoint",),
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_ras_poll_duration_seconds",
@@ -373,7 +373,7 @@ CATALOG: tuple[Metric, ...] = (
         "seconds",
         "Time the last poll of the RAS endpoint took (connect, report, parse).",
         ("endpoint",),
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_ras_last_error",
@@ -382,7 +382,7 @@ CATALOG: tuple[Metric, ...] = (
         "1 for the reason the last poll failed (refused, timeout, truncated, malformed, "
         "too_large, unknown_version), 0 for the others; all 0 after a success.",
         ("endpoint", "reason"),
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_ras_poll_errors_total",
@@ -390,7 +390,7 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "Failed polls of the RAS endpoint, by reason.",
         ("endpoint", "reason"),
-        "nccl_ras",
+        "nccl-ras",
     ),
     Metric(
         "rankscope_nccl_ras_polls_total",
@@ -398,7 +398,7 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "Polls of the RAS endpoint, failed or not.",
         ("endpoint",),
-        "nccl_ras",
+        "nccl-ras",
     ),
     # --- the instrument itself ---
     Metric("rankscope_build_info", "info", "", "rankscope version.", ("version",), "self"),

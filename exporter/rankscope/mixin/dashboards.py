@@ -475,7 +475,7 @@ def census(c: Mapping[str, Any]) -> dict:
 
 
 def _nccl_ras_panels(host: str) -> list[dict]:
-    """NCCL's own view through its RAS endpoints (the nccl_ras collector, off by default:
+    """NCCL's own view through its RAS endpoints (the nccl-ras collector, off by default:
     these panels stay empty without it). Not filtered by boot: a communicator whose ranks
     match no flight record has no boot (docs/census.md, "NCCL RAS")."""
     comm = "{{endpoint}} {{comm}} {{boot}}"

@@ -68,7 +68,7 @@ def comm_boot(comm: Communicator, mapped: dict[tuple[str, int], Identity]) -> st
 
 
 class NcclRasCollector:
-    name = "nccl_ras"
+    name = "nccl-ras"  # the --collector.nccl-ras switch
 
     def __init__(self, poller: RasPoller, state: FlightState) -> None:
         self.poller = poller
