@@ -116,6 +116,7 @@ def test_each_collector_exposes_what_the_catalog_assigns_it(
             f"--device.script={script}",
             "--corridor.floor=2GiB",
             "--holdings.interval=50ms",
+            "--collector.nccl-ras",  # built, never started: its families are empty
         )
     )
     assert daemon.monitor is not None
@@ -128,7 +129,16 @@ def test_each_collector_exposes_what_the_catalog_assigns_it(
         families = _families(daemon)
     finally:
         daemon.monitor.stop()
-    assert set(families) == {"self", "phases", "arenas", "census", "cards", "holdings", "oom"}
+    assert set(families) == {
+        "self",
+        "phases",
+        "arenas",
+        "census",
+        "cards",
+        "holdings",
+        "oom",
+        "nccl-ras",
+    }
     # The registry itself adds the per-collector success and duration, as "self".
     families["self"] |= {"rankscope_collector_success", "rankscope_collector_duration_seconds"}
     for m in catalog.CATALOG:

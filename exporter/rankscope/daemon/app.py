@@ -231,6 +231,7 @@ class Daemon:
     monitor: Monitor | None = None
     otlp: Pusher | None = None
     refresher: Pusher | None = None  # keeps the flight state current for the API
+    background: tuple[Pusher, ...] = ()  # pollers with their own threads (nccl-ras)
 
     def server(self) -> uvicorn.Server:
         """The uvicorn server; ValueError naming the files for a certificate and key that
@@ -296,11 +297,15 @@ class Daemon:
         try:
             if self.otlp is not None:
                 self.otlp.start()
+            for poller in self.background:
+                poller.start()
             scheme = "https" if self.tls is not None else "http"
             host, port = sock.getsockname()[:2]
             log.info("rankscope serving on %s://%s:%d/metrics", scheme, host, port)
             server.run(sockets=[sock])
         finally:
+            for poller in self.background:
+                poller.stop()
             sock.close()
             if self.otlp is not None:
                 self.otlp.stop()
