@@ -109,6 +109,11 @@ def create_app(
             state.refresh()
         if not state.up:
             problems.append(f"flight directory {state.flight_dir}: {state.error}")
+        elif state.backlog:
+            problems.append(
+                f"catching up: {state.backlog / 2**20:.1f} MiB of flight directory "
+                f"{state.flight_dir} left to read"
+            )
         if cards is not None and not cards.ready():
             problems.append("the device source has not been tried yet")
         running = collecting() if collecting is not None else None
