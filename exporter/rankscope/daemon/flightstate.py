@@ -425,6 +425,13 @@ class FlightState:
         gone = [k for k in self._streams if k[0] not in present]
         for key in gone:
             del self._streams[key]
+        if gone:  # the host pids of processes no file names any more go too
+            live = {
+                (st.process.host, st.process.pid, st.process.start_ticks)
+                for st in self._streams.values()
+            }
+            for key in [key for key in self._host_pids if key not in live]:
+                del self._host_pids[key]
         for boot, by_key in list(self._divergences.items()):
             for gk in [gk for gk, line in by_key.items() if line.header.file not in present]:
                 del by_key[gk]
