@@ -203,7 +203,7 @@ def test_what_the_state_keeps_follows_the_files_present(flight_dir: Path) -> Non
         path.unlink()
     state.refresh()
     assert state.view().streams == ()
-    assert state._host_pids == {}  # noqa: SLF001 (the one map not visible in a view)
+    assert state._host_pids == {}  # the one per-process map a view does not show
 
 
 def test_a_process_marking_in_a_loop_keeps_the_daemon_bounded(

@@ -260,9 +260,7 @@ def _rank_summary(state: _Rank) -> dict[str, Any]:
         "counts": [
             [g, op, n]
             for g, ops in sorted(state.rounds[last_round].items())
-            for op, n in sorted(
-                (report_op_name(state.rank, op), n) for op, n in ops.items()
-            )
+            for op, n in sorted((report_op_name(state.rank, op), n) for op, n in ops.items())
         ]
         if last_round is not None
         else [],

@@ -74,7 +74,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         type=argtype(parse_bytes),
         default=None,
         metavar="BYTES",
-        help="read at most this much of the flight directory per refresh (default 16MiB): "
+        help="read at most this much of the flight directory per refresh (default 4MiB): "
         "a large directory is read over several refreshes, /readyz says 503 until then",
     )
     parser.add_argument(

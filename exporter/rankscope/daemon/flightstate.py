@@ -58,7 +58,7 @@ MAX_CENSUS_LINES_PER_PROCESS = 4096
 # One refresh reads at most this much (then the next refresh goes on): a scrape or an API
 # request that refreshes first never waits for a whole large directory (docs/daemon.md,
 # "Start-up on a large flight directory").
-READ_BUDGET_BYTES = 16 << 20
+READ_BUDGET_BYTES = 4 << 20
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -430,8 +430,8 @@ class FlightState:
                 (st.process.host, st.process.pid, st.process.start_ticks)
                 for st in self._streams.values()
             }
-            for key in [key for key in self._host_pids if key not in live]:
-                del self._host_pids[key]
+            for process in [p for p in self._host_pids if p not in live]:
+                del self._host_pids[process]
         for boot, by_key in list(self._divergences.items()):
             for gk in [gk for gk, line in by_key.items() if line.header.file not in present]:
                 del by_key[gk]
