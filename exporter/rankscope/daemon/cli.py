@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankscope.daemon import cards
 from rankscope.daemon.collectors import table
-from rankscope.daemon.flags import argtype, parse_duration
+from rankscope.daemon.flags import argtype, parse_bytes, parse_duration
 from rankscope.record import ENV_DIR
 
 if TYPE_CHECKING:
@@ -67,6 +67,15 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="DURATION",
         help="how long the series of a process that exited stay published (default 5m; "
         "its record file stays, and the API and CLI still show it)",
+    )
+    parser.add_argument(
+        "--flight.read-budget",
+        dest="read_budget",
+        type=argtype(parse_bytes),
+        default=None,
+        metavar="BYTES",
+        help="read at most this much of the flight directory per refresh (default 4MiB): "
+        "a large directory is read over several refreshes, /readyz says 503 until then",
     )
     parser.add_argument(
         "--phases.boots",
@@ -192,7 +201,7 @@ def build(args: argparse.Namespace) -> Daemon:
     """Assemble the daemon from its flags; ValueError/OSError for a flag that cannot work."""
     from rankscope.census.report import census_document
     from rankscope.daemon.app import FLIGHT_REFRESH_S, Daemon, create_app
-    from rankscope.daemon.flightstate import EXITED_GRACE_S, FlightState
+    from rankscope.daemon.flightstate import EXITED_GRACE_S, READ_BUDGET_BYTES, FlightState
     from rankscope.daemon.nccl_ras import DEFAULT_ADDRESS, Endpoint, RasPoller
     from rankscope.daemon.oom import OomBook
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
@@ -220,6 +229,7 @@ def build(args: argparse.Namespace) -> Daemon:
         flight_dir,
         exited_grace=args.exited_grace or EXITED_GRACE_S,
         proc=getattr(args, "path_procfs", "/proc"),
+        read_budget=args.read_budget or READ_BUDGET_BYTES,
     )
     monitor = None
     if table.needs_monitor(args):
