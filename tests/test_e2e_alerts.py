@@ -9,9 +9,10 @@ the in-process comparison on. Their boot marks are simulated (a mark's device nu
 a GPU) and say so in the record.
 
 A healthy run first: for BOUND_S seconds no alert may even be pending and no page arrive.
-Then four faults at once: a 300 ms corridor trough (shorter than the 1 s scrape interval)
+Then five faults at once: a 300 ms corridor trough (shorter than the 1 s scrape interval)
 on card A1, rank 2 skipping one all_reduce, a foreign process (`sleep`) holding 3GiB on
-card A0, and NCCL's RAS on host A reporting a dead peer. Each must page through its
+card A0, NCCL's RAS on host A reporting a dead peer, and card B1 exhausted (free at or
+below --oom.free-below: the sampler's OOM instant, which pages with its holders). Each must page through its
 receiver, with the right labels, within BOUND_S. NCCL RAS needs a GPU: host A's daemon
 polls a STAND-IN RAS server (tests/support/ras_standin.py) that replays the real NCCL
 2.28.9 JSON report byte-for-byte, then a dead-peer report edited from it
@@ -248,7 +249,13 @@ class Host:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ras: StandInRas | None = None  # a stand-in NCCL RAS endpoint the daemon polls
 
-    def cards(self, *, trough: bool = False, foreign: dict[int, int] | None = None) -> list[dict]:
+    def cards(
+        self,
+        *,
+        trough: bool = False,
+        foreign: dict[int, int] | None = None,
+        exhausted: bool = False,
+    ) -> list[dict]:
         out = []
         for slot, uuid in enumerate(self.uuids):
             held = {self.rank_pids[slot]: 30 * GiB} if slot in self.rank_pids else {}
@@ -257,6 +264,8 @@ class Host:
             free = 80 * GiB - sum(held.values()) - 2 * GiB
             if trough and slot == 1:
                 free = FLOOR // 2
+            if exhausted and slot == 1:  # at or below --oom.free-below: an OOM instant
+                free = 128 << 20
             out.append(card(slot, uuid, free, held))
         return out
 
@@ -488,6 +497,7 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                 write_cards(a.script, a.cards(foreign=foreign))
                 (control / "skip-rank-2").touch()
                 ras.reports = [nccl_ras_shapes.dead_peer_json()]
+                write_cards(b.script, b.cards(exhausted=True))
                 trough(a, foreign)
 
                 def skew_pages() -> list[dict[str, str]]:
@@ -502,9 +512,10 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                     "RankscopeCensusSkew",
                     "RankscopeForeignHolder",
                     "RankscopeNcclPeerDead",
+                    "RankscopeOutOfMemory",
                 }
                 wait_for(
-                    "the four pages, the skew naming its rank",
+                    "the five pages, the skew naming its rank",
                     lambda: (
                         expected
                         <= {alert["labels"]["alertname"] for _, _, alert in webhook.firing()}
@@ -516,7 +527,12 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                 )
                 pages: dict[str, tuple[float, str, dict[str, Any]]] = {}
                 for at, receiver, alert in webhook.firing():
-                    pages.setdefault(alert["labels"]["alertname"], (at, receiver, alert))
+                    # Host B's exhausted card breaches too: the breach checked is host A's.
+                    labels = alert["labels"]
+                    breach = labels["alertname"] == "RankscopeCorridorBreach"
+                    if breach and labels.get("instance") != a.address:
+                        continue
+                    pages.setdefault(labels["alertname"], (at, receiver, alert))
                 assert set(pages) == expected, f"unexpected pages: {set(pages) - expected}"
 
                 _, receiver, breach = pages["RankscopeCorridorBreach"]
