@@ -132,7 +132,7 @@ def in_process(iterations: int, results: dict[str, Any]) -> None:
             hold = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
             mark = probe.mark("gpu")
             assert mark is not None
-            handle = pynvml.nvmlDeviceGetHandleByUUID(mark["device"]["uuid"])
+            handle = pynvml.nvmlDeviceGetHandleByUUID(mark.device.uuid)
             index = torch.cuda.current_device()
             stats = torch._C._cuda_memoryStats
 

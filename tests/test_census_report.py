@@ -116,6 +116,26 @@ def test_group_instances_compare_only_their_members(flight_dir: Path) -> None:
     assert entries[("pp:0,2", "p2p 0>2")]["lagging"] == [2]
 
 
+def test_a_p2p_op_has_one_name_in_the_document_and_the_text(flight_dir: Path) -> None:
+    """Rank 0's `send>2` and rank 2's `recv<0` are one channel: the document names it
+    `p2p 0>2` in the ranks' counts as in the entries, and the text never says `send>`."""
+
+    def counts_at(rank: int, r: int) -> dict[tuple[str, str], int]:
+        if rank == 0:
+            return {("pp:0,2", "send>2"): r}
+        return {("pp:0,2", "recv<0"): r - 1}
+
+    for rank in (0, 2):
+        write_rounds(rank_recorder(flight_dir, rank), rank, range(10, 21, 10), counts_at)
+    report = report_of(flight_dir)
+    rank_ops = {(r["rank"], op): n for r in report["ranks"] for _, op, n in r["counts"]}
+    assert rank_ops == {(0, "p2p 0>2"): 20, (2, "p2p 0>2"): 19}
+    entry_ops = {e["op"] for e in [*report["entries"], *report["history"]]}
+    assert entry_ops == {"p2p 0>2"}
+    text = json.dumps(report) + render_text(report)
+    assert "send>" not in text and "recv<" not in text
+
+
 def test_dumps_in_process_lines_and_torn_lines(flight_dir: Path) -> None:
     recs = [rank_recorder(flight_dir, r) for r in range(2)]
     for rank, rec in enumerate(recs):

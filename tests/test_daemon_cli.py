@@ -116,6 +116,7 @@ def test_each_collector_exposes_what_the_catalog_assigns_it(
             f"--device.script={script}",
             "--corridor.floor=2GiB",
             "--holdings.interval=50ms",
+            "--collector.nccl-ras",  # built, never started: its families are empty
         )
     )
     assert daemon.monitor is not None
@@ -128,7 +129,16 @@ def test_each_collector_exposes_what_the_catalog_assigns_it(
         families = _families(daemon)
     finally:
         daemon.monitor.stop()
-    assert set(families) == {"self", "phases", "arenas", "census", "cards", "holdings", "oom"}
+    assert set(families) == {
+        "self",
+        "phases",
+        "arenas",
+        "census",
+        "cards",
+        "holdings",
+        "oom",
+        "nccl-ras",
+    }
     # The registry itself adds the per-collector success and duration, as "self".
     families["self"] |= {"rankscope_collector_success", "rankscope_collector_duration_seconds"}
     for m in catalog.CATALOG:
@@ -294,7 +304,9 @@ def test_the_api_answers_from_the_tailed_state_without_rereading_per_request(
     state = FlightState(flight_dir)
     polls: list[int] = []
     real_poll = state._reader.poll
-    monkeypatch.setattr(state._reader, "poll", lambda: polls.append(1) or real_poll())
+    monkeypatch.setattr(
+        state._reader, "poll", lambda budget=None: polls.append(1) or real_poll(budget)
+    )
     proc_walks: list[str] = []
     monkeypatch.setattr(flightstate, "list_pids", lambda proc: proc_walks.append(proc) or [])
     monkeypatch.setattr(app_module, "API_REFRESH_S", 3600.0)  # no refresher runs here
@@ -306,9 +318,43 @@ def test_the_api_answers_from_the_tailed_state_without_rereading_per_request(
     )
     client = TestClient(app)
     answers = [client.get(path).json() for path in ("/api/v1/phases", "/api/v1/census") * 3]
+    assert not any(answer.pop("page")["truncated"] for answer in answers)  # all on one page
     assert client.get("/api/v1/boots").json()["boots"][0]["boot"] == "boot-1"
     assert len(polls) == 1  # the first request tailed the directory; the rest read the state
     assert proc_walks == []  # a rank in the host's PID namespace names its own host pid
     assert answers[0] == json.loads(json.dumps(phases_document(read_flight(flight_dir))))
     assert answers[1] == json.loads(json.dumps(census_document(read_flight(flight_dir))))
     assert client.get("/api/v1/census?boot=nope").status_code == 404
+
+
+def test_api_answers_are_paged_and_the_pages_add_up_to_the_document(flight_dir: Path) -> None:
+    for rank in range(5):
+        rec = rank_recorder(flight_dir, "boot-1", rank, host="elsewhere")
+        rec.write_record(mark("pre_weight_load"))
+        rec.write_record(census(1, [["world:0-4", "all_reduce", 3 + rank % 2]]))
+    state = FlightState(flight_dir)
+    app = create_app(
+        registry=TimedCollectors().registry(),
+        state=state,
+        phases_report=lambda flight: phases_document(flight, state.host_pid),
+        census_report=census_document,
+    )
+    client = TestClient(app)
+    whole = json.loads(json.dumps(phases_document(read_flight(flight_dir))))
+    seen: list[dict[str, object]] = []
+    url: str | None = "/api/v1/phases?boot=boot-1&limit=2"
+    while url is not None:
+        answer = client.get(url).json()
+        assert len(answer["processes"]) <= 2 and answer["page"]["total"]["processes"] == 5
+        seen += answer["processes"]
+        url = answer["page"]["next"]
+    assert seen == whole["processes"]  # every process once, in order, over three pages
+
+    first = client.get("/api/v1/census?limit=1").json()
+    assert first["page"]["truncated"] is True and len(first["ranks"]) == 1
+    assert first["page"]["total"]["ranks"] == 5 and first["divergent"] is True
+    assert client.get("/api/v1/census").json()["page"]["limit"] == app_module.DEFAULT_LIMIT
+    assert client.get("/api/v1/oom?offset=3").json()["page"]["truncated"] is False
+    too_many = f"/api/v1/phases?limit={app_module.MAX_LIMIT + 1}"
+    assert client.get(too_many).status_code == 422
+    assert client.get("/api/v1/census?offset=-1").status_code == 422

@@ -190,6 +190,22 @@ def test_rank_processes_carry_the_identity_the_holdings_match_on(flight_dir: Pat
     assert len(procs) == 2
 
 
+def test_what_the_state_keeps_follows_the_files_present(flight_dir: Path) -> None:
+    """Pid churn with files removed (log rotation): nothing per process outlives its file,
+    the resolved host pids included."""
+    state = FlightState(flight_dir)
+    for pid in range(100, 140):
+        rec = rank_recorder(flight_dir, "boot-1", 0, pid=pid)
+        rec.write_record(mark("pre_weight_load"))
+        state.refresh()
+        path = rec.path_for("marks")
+        assert path is not None
+        path.unlink()
+    state.refresh()
+    assert state.view().streams == ()
+    assert state._host_pids == {}  # the one per-process map a view does not show
+
+
 def test_a_process_marking_in_a_loop_keeps_the_daemon_bounded(
     flight_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,7 +20,7 @@ from rankscope.daemon.devices import ScriptedSource, write_script
 from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.oom import ExhaustionWatch
 from rankscope.daemon.sampler import FloorValue, Sampler
-from rankscope.record import read_start_ticks
+from rankscope.procfs import read_start_ticks
 from support.waiting import wait_for
 from test_daemon_serve import get, serve
 from test_oom_cli import header, oom_line, write

@@ -9,9 +9,14 @@ the in-process comparison on. Their boot marks are simulated (a mark's device nu
 a GPU) and say so in the record.
 
 A healthy run first: for BOUND_S seconds no alert may even be pending and no page arrive.
-Then three faults at once: a 300 ms corridor trough (shorter than the 1 s scrape interval)
+Then five faults at once: a 300 ms corridor trough (shorter than the 1 s scrape interval)
 on card A1, rank 2 skipping one all_reduce, a foreign process (`sleep`) holding 3GiB on
-card A0. Each must page through its receiver, with the right labels, within BOUND_S.
+card A0, NCCL's RAS on host A reporting a dead peer, and card B1 exhausted (free at or
+below --oom.free-below: the sampler's OOM instant, which pages with its holders). Each must page through its
+receiver, with the right labels, within BOUND_S. NCCL RAS needs a GPU: host A's daemon
+polls a STAND-IN RAS server (tests/support/ras_standin.py) that replays the real NCCL
+2.28.9 JSON report byte-for-byte, then a dead-peer report edited from it
+(tests/nccl_ras_shapes.py).
 Last, every panel query of every dashboard, variables substituted with values from this
 Prometheus, must return data.
 
@@ -36,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tests import nccl_ras_shapes
 from tests.support import services
+from tests.support.ras_standin import StandInRas
 
 from rankscope.mixin import dashboards, render
 
@@ -240,8 +247,15 @@ class Host:
         self.uuids = (f"GPU-e2e-{name}0", f"GPU-e2e-{name}1")
         self.rank_pids: dict[int, int] = {}  # card slot -> rank pid
         self.proc: subprocess.Popen[bytes] | None = None
+        self.ras: StandInRas | None = None  # a stand-in NCCL RAS endpoint the daemon polls
 
-    def cards(self, *, trough: bool = False, foreign: dict[int, int] | None = None) -> list[dict]:
+    def cards(
+        self,
+        *,
+        trough: bool = False,
+        foreign: dict[int, int] | None = None,
+        exhausted: bool = False,
+    ) -> list[dict]:
         out = []
         for slot, uuid in enumerate(self.uuids):
             held = {self.rank_pids[slot]: 30 * GiB} if slot in self.rank_pids else {}
@@ -250,6 +264,8 @@ class Host:
             free = 80 * GiB - sum(held.values()) - 2 * GiB
             if trough and slot == 1:
                 free = FLOOR // 2
+            if exhausted and slot == 1:  # at or below --oom.free-below: an OOM instant
+                free = 128 << 20
             out.append(card(slot, uuid, free, held))
         return out
 
@@ -268,6 +284,15 @@ class Host:
                     f"--device.script={self.script}",
                     "--corridor.floor=2GiB",
                     "--holdings.interval=500ms",
+                    *(
+                        [
+                            "--collector.nccl-ras",
+                            f"--collector.nccl-ras.address={self.ras.address}",
+                            "--collector.nccl-ras.interval=500ms",
+                        ]
+                        if self.ras is not None
+                        else []
+                    ),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -416,7 +441,8 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
     sleeper: subprocess.Popen[bytes] | None = None
     store = tmp_path / "gloo-store"  # a file rendezvous: no port to race for
     try:
-        with processes() as started:
+        with StandInRas(nccl_ras_shapes.REAL_JSON) as ras, processes() as started:
+            hosts["a"].ras = ras
             for rank, host in rank_host.items():
                 started.append(start_rank(rank, host, store, control, tmp_path / f"rank{rank}.log"))
                 host.rank_pids[rank % 2] = started[-1].pid
@@ -470,6 +496,8 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                 injected = time.monotonic()
                 write_cards(a.script, a.cards(foreign=foreign))
                 (control / "skip-rank-2").touch()
+                ras.reports = [nccl_ras_shapes.dead_peer_json()]
+                write_cards(b.script, b.cards(exhausted=True))
                 trough(a, foreign)
 
                 def skew_pages() -> list[dict[str, str]]:
@@ -483,9 +511,11 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                     "RankscopeCorridorBreach",
                     "RankscopeCensusSkew",
                     "RankscopeForeignHolder",
+                    "RankscopeNcclPeerDead",
+                    "RankscopeOutOfMemory",
                 }
                 wait_for(
-                    "the three pages, the skew naming its rank",
+                    "the five pages, the skew naming its rank",
                     lambda: (
                         expected
                         <= {alert["labels"]["alertname"] for _, _, alert in webhook.firing()}
@@ -497,7 +527,12 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                 )
                 pages: dict[str, tuple[float, str, dict[str, Any]]] = {}
                 for at, receiver, alert in webhook.firing():
-                    pages.setdefault(alert["labels"]["alertname"], (at, receiver, alert))
+                    # Host B's exhausted card breaches too: the breach checked is host A's.
+                    labels = alert["labels"]
+                    breach = labels["alertname"] == "RankscopeCorridorBreach"
+                    if breach and labels.get("instance") != a.address:
+                        continue
+                    pages.setdefault(labels["alertname"], (at, receiver, alert))
                 assert set(pages) == expected, f"unexpected pages: {set(pages) - expected}"
 
                 _, receiver, breach = pages["RankscopeCorridorBreach"]
@@ -542,6 +577,14 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                     "severity": "warning",
                 }.items() <= holder["labels"].items()
                 assert str(sleeper.pid) in holder["annotations"]["description"]
+
+                _, receiver, dead = pages["RankscopeNcclPeerDead"]
+                assert receiver == "rankscope-pager"
+                assert {
+                    "endpoint": ras.address,
+                    "instance": a.address,
+                    "severity": "critical",
+                }.items() <= dead["labels"].items()
 
                 latency = {name: round(page[0] - injected, 1) for name, page in pages.items()}
                 print(

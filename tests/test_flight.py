@@ -246,6 +246,26 @@ def test_reader_rereads_a_file_replaced_in_place(flight_dir: Path) -> None:
     assert [r.header.wall for r in reader.poll()] == [10.0]
 
 
+def test_a_budgeted_poll_reads_at_most_its_budget_and_loses_nothing(flight_dir: Path) -> None:
+    for name in ("a", "b", "c"):
+        write(flight_dir / f"{name}.jsonl", *(line(wall=float(i)) for i in range(10)))
+    total = sum(p.stat().st_size for p in flight_dir.iterdir())
+    reader = FlightReader(flight_dir)
+    budget = len(line()) * 4 + 17  # a budget that cuts lines
+    walls: list[float] = []
+    backlogs = []
+    for _ in range(100):
+        walls += [r.header.wall for r in reader.poll(budget)]
+        backlogs.append(reader.backlog)
+        if not reader.backlog:
+            break
+    assert backlogs[0] == total - budget
+    assert backlogs == sorted(backlogs, reverse=True) and backlogs[-1] == 0
+    assert len(backlogs) == -(-total // budget)  # ceil: every poll read its whole budget
+    assert sorted(walls) == sorted(float(i) for i in range(10) for _ in range(3))
+    assert reader.skipped.total() == 0
+
+
 def test_reader_of_a_missing_directory_returns_nothing(tmp_path: Path) -> None:
     reader = FlightReader(tmp_path / "not-yet")
     assert reader.poll() == []

@@ -545,10 +545,40 @@ def test_all_on_args_parse_as_set(chart: helm.Chart) -> None:
     assert set(web.users) == {"prometheus"} and bcrypt.checkpw(
         PASSWORD.encode(), web.users["prometheus"]
     )
-    # Every collector the daemon can switch off has a value, and no other.
+    # Every collector the daemon can switch off has a value, and no other (nccl-ras has a
+    # section of its own, ncclRas, with its addresses).
     schema = json.loads((CHART / "values.schema.json").read_text())
     switches = set(schema["properties"]["collectors"]["properties"])
-    assert switches == {*daemon_cli.FLIGHT_COLLECTORS, *daemon_cli.CARD_COLLECTORS}
+    switchable = {*daemon_cli.FLIGHT_COLLECTORS, *daemon_cli.CARD_COLLECTORS} - {"nccl-ras"}
+    assert switches == switchable
+
+
+def test_nccl_ras_is_off_by_default_and_passes_its_flags_when_enabled(chart: helm.Chart) -> None:
+    default = container(objects(chart))
+    assert not any("nccl-ras" in a for a in default["args"])
+    assert "HOST_IP" not in {e["name"] for e in default["env"]}
+    found = container(
+        objects(
+            chart,
+            {
+                "ncclRas": {
+                    "enabled": True,
+                    "addresses": ["$(HOST_IP):28028", "$(HOST_IP):28029"],
+                    "interval": "30s",
+                }
+            },
+        )
+    )
+    args = found["args"]
+    parsed = build_parser(args).parse_args(args)
+    assert parsed.collector_nccl_ras is True
+    assert parsed.nccl_ras_address == ["$(HOST_IP):28028", "$(HOST_IP):28029"]
+    assert parsed.nccl_ras_interval == 30.0
+    # The kubelet expands $(HOST_IP) in args from this env entry.
+    (host_ip,) = [e for e in found["env"] if e["name"] == "HOST_IP"]
+    assert host_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    with pytest.raises(helm.HelmValuesError):
+        render(chart, {"ncclRas": {"enabled": True, "interval": "soon"}})
 
 
 # --- privilege -------------------------------------------------------------------------------

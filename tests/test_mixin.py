@@ -90,7 +90,7 @@ def test_an_unknown_config_key_is_an_error() -> None:
 def test_promtool_checks_the_rules() -> None:
     result = run(binary("promtool"), "check", "rules", str(ALERTS / "rankscope.rules.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 20 rules found" in result.stdout
+    assert "SUCCESS: 22 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
@@ -112,6 +112,8 @@ def test_promtool_unit_tests_pass() -> None:
         {"corridorBreachWindow": "10m"},
         {"samplerOverrunShare": 0.2},
         {"exporterDownFor": "10m"},
+        {"ncclCountMismatchFor": "30s"},
+        {"ncclPeerDeadFor": "1m"},
     ],
     ids=lambda o: next(iter(o)),
 )
@@ -182,6 +184,8 @@ def test_alerts_carry_severity_summary_description_and_runbook() -> None:
         "RankscopeCorridorThin",
         "RankscopeCensusSkew",
         "RankscopeCensusStalled",
+        "RankscopeNcclCountMismatch",
+        "RankscopeNcclPeerDead",
         "RankscopeForeignHolder",
         "RankscopeOutOfMemory",
         "RankscopeExporterDown",
@@ -349,7 +353,7 @@ def test_amtool_checks_the_example() -> None:
     result = run(binary("amtool"), "check-config", str(AM_EXAMPLE))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
-    assert "5 inhibit rules" in result.stdout
+    assert "6 inhibit rules" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -365,6 +369,11 @@ def test_amtool_checks_the_example() -> None:
             "rankscope-pager",
         ),
         (["alertname=RankscopeOutOfMemory", "severity=critical", "uuid=GPU-a"], "rankscope-pager"),
+        (
+            ["alertname=RankscopeNcclCountMismatch", "severity=critical", "comm=0x4a93"],
+            "rankscope-pager",
+        ),
+        (["alertname=RankscopeNcclPeerDead", "severity=critical"], "rankscope-pager"),
         (["alertname=RankscopeForeignHolder", "severity=warning", "boot=b1"], "rankscope-tickets"),
         (["alertname=RankscopeSamplerLagging", "severity=warning"], "rankscope-tickets"),
         (["alertname=RankscopeSomethingInfo", "severity=info"], "rankscope-null"),

@@ -28,6 +28,21 @@ def key(labels: dict[str, Any]) -> tuple[str, str]:
 
 ALERTS = [
     {"alertname": "RankscopeCensusSkew", "severity": "critical", "boot": "b1", "rank": "2"},
+    # RAS sees the census's skew of b1 too: one page. A RAS mismatch on a communicator no
+    # flight record maps (no boot) pages on its own, as does a dead peer.
+    {
+        "alertname": "RankscopeNcclCountMismatch",
+        "severity": "critical",
+        "boot": "b1",
+        "op": "AllReduce",
+    },
+    {
+        "alertname": "RankscopeNcclCountMismatch",
+        "severity": "critical",
+        "comm": "0x9181",
+        "op": "AllReduce",
+    },
+    {"alertname": "RankscopeNcclPeerDead", "severity": "critical", "endpoint": "localhost:28028"},
     {"alertname": "RankscopeCensusStalled", "severity": "warning", "boot": "b1", "rank": "0"},
     {"alertname": "RankscopeCensusStalled", "severity": "warning", "boot": "b2", "rank": "0"},
     {
@@ -71,6 +86,7 @@ ALERTS = [
 ]
 INHIBITED = {
     ("RankscopeCensusStalled", "b1"),
+    ("RankscopeNcclCountMismatch", "b1"),
     ("RankscopeForeignHolder", "GPU-a"),
 }
 
@@ -82,7 +98,7 @@ def test_routing_and_inhibitions(tmp_path: Path) -> None:
             post_alerts(am.url, ALERTS)
             deadline = time.monotonic() + 20
             delivered: dict[tuple[str, str, str], str] = {}
-            while time.monotonic() < deadline and len(delivered) < 5:
+            while time.monotonic() < deadline and len(delivered) < 7:
                 time.sleep(0.5)
                 delivered = {
                     (*key(alert["labels"]), alert["labels"].get("instance", "")): receiver
@@ -106,6 +122,8 @@ def test_routing_and_inhibitions(tmp_path: Path) -> None:
             assert status["inhibitedBy"], k
     assert delivered == {
         ("RankscopeCensusSkew", "b1", ""): "rankscope-pager",
+        ("RankscopeNcclCountMismatch", "", ""): "rankscope-pager",
+        ("RankscopeNcclPeerDead", "", ""): "rankscope-pager",
         ("RankscopeCensusStalled", "b2", ""): "rankscope-tickets",
         ("RankscopeCorridorBreach", "GPU-a", "h1:19400"): "rankscope-pager",
         ("RankscopeForeignHolder", "GPU-b", "h1:19400"): "rankscope-tickets",

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rankscope.record import HOST_PIDNS_INODE
+from rankscope.procfs import HOST_PIDNS_INODE
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 1 << 30

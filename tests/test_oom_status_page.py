@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.demo.cards import CARD_TOTAL, DRIVER_RESERVED, SimulatedCards
-from rankscope.record import read_start_ticks
+from rankscope.procfs import read_start_ticks
 from test_oom_cli import header, oom_line, write
 from test_status_page import browser, serve  # noqa: F401 - the browser fixture
 

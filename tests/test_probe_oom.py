@@ -26,7 +26,8 @@ from rankscope.flight import read_flight
 from rankscope.oom import oom_events
 from rankscope.probe import oom
 from rankscope.probe.nvml_view import NvmlView
-from rankscope.record import RECORDER, read_start_ticks
+from rankscope.procfs import read_start_ticks
+from rankscope.record import RECORDER
 from rankscope.schema import Oom
 from test_probe_views import UUID, FakeNvml
 

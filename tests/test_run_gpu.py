@@ -57,9 +57,6 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
         pytest.skip("nvidia-smi is not on PATH")
     venv = make_armed_venv(tmp_path / "venv")
     flight = tmp_path / "flight"
-    # Inductor's kernels need a C compiler; without one, the cudagraphs backend captures
-    # the same way (torch.cuda.graph) with no code generation.
-    backend = "inductor" if shutil.which("cc") or shutil.which("gcc") else "cudagraphs"
     proc = subprocess.Popen(
         [
             venv.python,
@@ -71,8 +68,6 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
             "--",
             venv.python,
             str(PROGRAM),
-            "--backend",
-            backend,
         ],
         env=venv.env(RANKSCOPE_SAMPLE_EVERY="0.5"),
         stdout=subprocess.PIPE,
@@ -108,7 +103,12 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
     captures = [m for m in marks if m.phase == "capture_end"]
     assert captures, phases
     assert phases.index("cuda_init") < phases.index("capture_begin")
-    assert all(c.extra["pool_bytes"] > 0 for c in captures), [c.extra for c in captures]
+    # Every capture reads its pool; the graphs of one compiled model share one pool, which
+    # may still be empty at the end of the first capture (seen on the H200: 0, with the
+    # pools that did hold segments in pool_why) and holds the graphs' memory by the last.
+    assert all(c.extra["pool_bytes"] is not None for c in captures), [c.extra for c in captures]
+    assert all(c.extra["pool_why"] for c in captures if c.extra["pool_bytes"] == 0)
+    assert captures[-1].extra["pool_bytes"] > 0, [c.extra for c in captures]
     first_capture = marks[phases.index("capture_begin")]
     assert first_capture.torch.reserved is not None
     weights_reserved = first_capture.torch.reserved - (cuda_init.torch.reserved or 0)
@@ -130,7 +130,6 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
     probe_mib, exit_mib = probe_bytes // MiB, exit_bytes // MiB
 
     figures: dict[str, Any] = {
-        "backend": backend,
         "device": cuda_init.device.to_json(),
         "parameters_bytes": params,
         "process_start_nvml_self_bytes": marks[0].nvml.self_bytes,

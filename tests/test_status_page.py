@@ -111,13 +111,34 @@ def ranks(flight_dir: Path) -> Iterator[list[Rank]]:
 
 
 @contextlib.contextmanager
-def serve(flight_dir: Path, script: Path) -> Iterator[str]:
+def serve(flight_dir: Path, script: Path, floor: bool = True) -> Iterator[str]:
     """The daemon as the demo starts it (rankscope.demo.services.daemon)."""
-    flags = ["--device.source=script", f"--device.script={script}", f"--corridor.floor={FLOOR}"]
+    flags = ["--device.source=script", f"--device.script={script}"]
+    flags += [f"--corridor.floor={FLOOR}"] if floor else []
     with daemon(
         flight_dir.parent, flight_dir, free_port(), [*flags, "--holdings.interval=200ms"]
     ) as d:
         yield d.url
+
+
+def visible_legend(page: Any) -> list[list[str]]:
+    """[class, background colour] of each legend swatch shown."""
+    return page.eval_on_selector_all(
+        ".legend .swatch",
+        "els => els.filter(e => e.checkVisibility())"
+        ".map(e => [e.className, getComputedStyle(e).backgroundColor])",
+    )
+
+
+def legend_entries_not_drawn(page: Any) -> list[str]:
+    """The legend swatches shown whose colour no bar draws at least a pixel wide."""
+    drawn = page.eval_on_selector_all(
+        ".card .bar, .card .bar *",
+        "els => els.map(e => [getComputedStyle(e).backgroundColor,"
+        " e.getBoundingClientRect().width])",
+    )
+    seen = {colour for colour, width in drawn if width >= 1}
+    return [name for name, colour in visible_legend(page) if colour not in seen]
 
 
 @pytest.fixture
@@ -181,6 +202,8 @@ def test_status_page_shows_cards_ranks_census_and_follows_the_flight_dir(
                 )
                 assert str(foreign.pid) in foreign_row.inner_text()
                 assert page.locator(".card[data-gpu='0'] .bar .seg.foreign").count() == 1
+                assert legend_entries_not_drawn(page) == []
+                assert len(visible_legend(page)) == 5
 
                 # Each rank's waterfall row, and the census of every rank, in agreement.
                 for r in range(WORLD):
@@ -226,3 +249,21 @@ def test_status_page_shows_cards_ranks_census_and_follows_the_flight_dir(
     finally:
         foreign.kill()
         foreign.wait()
+
+
+def test_the_legend_names_only_colours_a_bar_draws(
+    tmp_path: Path, flight_dir: Path, browser: Any
+) -> None:
+    """No floor configured and no process on the cards: no floor, rank or foreign entry."""
+    cards = SimulatedCards(tmp_path / "cards.json")
+    cards.write()
+    with serve(flight_dir, cards.path, floor=False) as url:
+        page = browser.new_page()
+        page.goto(url + "/")
+        page.wait_for_selector(".card[data-gpu='0'] .bar .seg.free")
+        assert page.locator(".bar .floor-mark").count() == 0
+        assert legend_entries_not_drawn(page) == []
+        assert [name for name, _ in visible_legend(page)] == [
+            "swatch unattributed",
+            "swatch free",
+        ]

@@ -382,7 +382,12 @@ def pool_fields(torch: Any, graph: Any) -> dict[str, Any]:
         segments = torch.cuda.memory._snapshot().get("segments", [])
     except Exception as exc:
         return {"pool": list(pool_id), "pool_bytes": None, "pool_why": f"no snapshot: {exc!r}"}
-    return {"pool": list(pool_id), "pool_bytes": pool_bytes(segments, pool_id), "pool_why": None}
+    held = pool_bytes(segments, pool_id)
+    why = None
+    if held == 0:  # say which pools do hold segments: the capture may have used another
+        pools = sorted({tuple(s.get("segment_pool_id", ())) for s in segments})
+        why = f"no allocator segment in pool {pool_id} at capture end; pools holding some: {pools}"
+    return {"pool": list(pool_id), "pool_bytes": held, "pool_why": why}
 
 
 def pool_bytes(segments: Sequence[dict[str, Any]], pool_id: Sequence[int]) -> int:

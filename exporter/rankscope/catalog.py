@@ -24,6 +24,8 @@ CENSUS_RANK_LABELS = ("boot", "rank")
 CENSUS_OP_LABELS = ("boot", "rank", "group", "op")
 DIVERGENCE_LABELS = ("boot", "group", "op")
 OOM_LABELS = ("gpu", "uuid", "boot", "rank", "pid")
+NCCL_COMM_LABELS = ("endpoint", "comm", "comm_secondary", "boot")
+NCCL_RANK_LABELS = (*NCCL_COMM_LABELS, "nccl_rank", "rank", "host", "pid")
 
 
 @dataclass(frozen=True)
@@ -292,6 +294,132 @@ CATALOG: tuple[Metric, ...] = (
         "Wall-clock time of the rank's latest census snapshot, as Unix seconds.",
         CENSUS_RANK_LABELS,
         "census",
+    ),
+    # --- NCCL RAS (the nccl-ras collector; docs/census.md, "NCCL RAS") ---
+    Metric(
+        "rankscope_nccl_communicators",
+        "gauge",
+        "",
+        "Communicators the RAS endpoint reported (kept while seen within the forget window).",
+        ("endpoint",),
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_communicator_size",
+        "gauge",
+        "",
+        "Ranks in the communicator, as NCCL reports it.",
+        NCCL_COMM_LABELS,
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_communicator_ranks_reporting",
+        "gauge",
+        "",
+        "Ranks of the communicator that answered RAS (JSON report only).",
+        NCCL_COMM_LABELS,
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_communicator_ranks_missing",
+        "gauge",
+        "",
+        "Ranks of the communicator that did not answer RAS (JSON report only).",
+        NCCL_COMM_LABELS,
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_collectives_total",
+        "counter",
+        "",
+        "Collectives a rank launched on the communicator, per op, as NCCL counts them (JSON "
+        "report only; no Send/Recv; a one-rank communicator counts none).",
+        (*NCCL_RANK_LABELS, "op"),
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_count_mismatch",
+        "gauge",
+        "",
+        "1 where the ranks of a communicator disagreed on an op's count with the lowest "
+        "count unchanged over the persistence polls (or NCCL's text report flagged it).",
+        (*NCCL_COMM_LABELS, "op"),
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_status_mismatch",
+        "gauge",
+        "",
+        "1 where the ranks of a communicator reported different status over the persistence polls.",
+        NCCL_COMM_LABELS,
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_rank_missing",
+        "gauge",
+        "",
+        "1 for a rank RAS could not reach, by state (unresponsive, dead).",
+        (*NCCL_RANK_LABELS, "state"),
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_dead_processes",
+        "gauge",
+        "",
+        "Job processes RAS considers dead (the text report's DEAD count; in JSON the "
+        "distinct missing ranks marked considered_dead).",
+        ("endpoint",),
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_info",
+        "info",
+        "",
+        "NCCL version and CUDA versions of the job behind a RAS endpoint, and the report "
+        "format it answered in.",
+        ("endpoint", "version", "cuda_runtime", "cuda_driver", "format"),
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_ras_up",
+        "gauge",
+        "",
+        "1 when the last poll of the RAS endpoint returned a report that parsed.",
+        ("endpoint",),
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_ras_poll_duration_seconds",
+        "gauge",
+        "seconds",
+        "Time the last poll of the RAS endpoint took (connect, report, parse).",
+        ("endpoint",),
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_ras_last_error",
+        "gauge",
+        "",
+        "1 for the reason the last poll failed (refused, timeout, truncated, malformed, "
+        "too_large, unknown_version), 0 for the others; all 0 after a success.",
+        ("endpoint", "reason"),
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_ras_poll_errors_total",
+        "counter",
+        "",
+        "Failed polls of the RAS endpoint, by reason.",
+        ("endpoint", "reason"),
+        "nccl-ras",
+    ),
+    Metric(
+        "rankscope_nccl_ras_polls_total",
+        "counter",
+        "",
+        "Polls of the RAS endpoint, failed or not.",
+        ("endpoint",),
+        "nccl-ras",
     ),
     # --- the instrument itself ---
     Metric("rankscope_build_info", "info", "", "rankscope version.", ("version",), "self"),

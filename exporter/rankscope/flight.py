@@ -172,27 +172,50 @@ class FlightReader:
         self.skipped: collections.Counter[str] = collections.Counter()
         self.invalid: collections.Counter[str] = collections.Counter()  # per field name
         self.restarted: set[str] = set()
+        self.backlog = 0  # bytes left unread by the last poll (past its budget)
         self._tails: dict[str, _Tail] = {}
 
-    def poll(self) -> list[Record]:
+    def poll(self, budget: int | None = None) -> list[Record]:
+        """The lines appended since the last poll; with ``budget``, at most that many bytes
+        are read (a line cut at the budget is completed by the next poll), the rest is left
+        for the next poll and counted in ``backlog``."""
         records: list[Record] = []
         present: set[str] = set()
         self.restarted = set()
+        left = budget if budget is not None else -1
+        self.backlog = 0
         for path in _flight_files(self.flight_dir):
             name = path.name
             present.add(name)
             try:
-                self._poll_file(path, records)
+                if left == 0:
+                    self.backlog += self._unread(path)
+                    continue
+                read = self._poll_file(path, records, left)
+                if left > 0:
+                    left = max(left - read, 0)
+                    if left == 0:
+                        self.backlog += self._unread(path)
             except FileNotFoundError:  # removed between the listing and the open
                 present.discard(name)
         for gone in set(self._tails) - present:
             del self._tails[gone]
         return records
 
-    def _poll_file(self, path: Path, records: list[Record]) -> None:
+    def _unread(self, path: Path) -> int:
+        """Bytes of ``path`` not read yet (what a budgeted poll left for later)."""
+        st = path.lstat()
+        tail = self._tails.get(path.name)
+        if tail is None or tail.inode != st.st_ino or st.st_size < tail.offset:
+            return st.st_size
+        return st.st_size - tail.offset
+
+    def _poll_file(self, path: Path, records: list[Record], budget: int = -1) -> int:
+        """Read what ``path`` appended (at most ``budget`` bytes when not negative); the
+        bytes read."""
         fd = _open_regular(path)
         if fd is None:
-            return
+            return 0
         with open(fd, "rb") as f:
             st = os.fstat(f.fileno())
             tail = self._tails.get(path.name)
@@ -203,12 +226,16 @@ class FlightReader:
             f.seek(tail.offset)
             # Read what was appended in bounded chunks: memory stays within the cap
             # whatever one poll finds (a giant line is dropped as it streams).
-            while tail.offset < st.st_size:
-                data = f.read(min(st.st_size - tail.offset, READ_CHUNK))
+            read = 0
+            while tail.offset < st.st_size and (budget < 0 or read < budget):
+                want = min(st.st_size - tail.offset, READ_CHUNK)
+                data = f.read(want if budget < 0 else min(want, budget - read))
                 if not data:
                     break
                 tail.offset += len(data)
+                read += len(data)
                 self._take(tail, data, path.name, records)
+            return read
 
     def _take(self, tail: _Tail, data: bytes, name: str, records: list[Record]) -> None:
         if tail.oversized:  # the rest of a dropped line, up to its newline

@@ -1,11 +1,9 @@
 """A plain transformers generation script: a LLaMA-style model built from a config with
-random weights, on CUDA, generating with a static KV cache, eagerly and then with its
-forward compiled in "reduce-overhead" mode (CUDA graphs). It imports nothing from rankscope.
+random weights, on CUDA, generating with a static KV cache, eagerly and then with
+transformers' own compiled decoding (generate() compiles the forward in "reduce-overhead"
+mode, CUDA graphs, when the cache is static). It imports nothing from rankscope.
 
-    python llama_generate.py [--layers 8] [--hidden 1024] [--new-tokens 48] [--backend B]
-
---backend cudagraphs compiles without Inductor's code generation (no C compiler needed);
-both capture the decode step into CUDA graphs through torch.cuda.graph.
+    python llama_generate.py [--layers 8] [--hidden 1024] [--new-tokens 48]
 """
 
 import argparse
@@ -21,7 +19,6 @@ def main():
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=4, help="generations per mode")
-    parser.add_argument("--backend", default="inductor", choices=["inductor", "cudagraphs"])
     args = parser.parse_args()
 
     config = LlamaConfig(
@@ -47,11 +44,9 @@ def main():
     )
 
     for mode in ("eager", "cuda graphs"):
-        if mode == "cuda graphs":
-            if args.backend == "inductor":
-                model.forward = torch.compile(model.forward, mode="reduce-overhead")
-            else:
-                model.forward = torch.compile(model.forward, backend="cudagraphs")
+        # The second mode lets generate() compile its decoding step, as transformers does
+        # by default with a static cache (torch.compile "reduce-overhead": CUDA graphs).
+        settings["disable_compile"] = mode == "eager"
         for _ in range(args.rounds):
             start = time.perf_counter()
             with torch.inference_mode():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rankscope.census.naming import SEND, Key, parse_instance, parse_p2p
+from rankscope.census.naming import SEND, Key, channel_name, parse_instance, parse_p2p
 
 Entry = dict[str, Any]  # {group, op, counts: {"<rank>": n}, divergent, lagging: [rank]}
 
@@ -63,7 +63,7 @@ def compare_group(group: str, per_rank: Mapping[int, Mapping[str, int]]) -> list
             src: per_rank[src].get(f"send>{dst}", 0),
             dst: per_rank[dst].get(f"recv<{src}", 0),
         }
-        entries.append(make_entry(group, f"p2p {src}>{dst}", counts))
+        entries.append(make_entry(group, channel_name(src, dst), counts))
     return entries
 
 

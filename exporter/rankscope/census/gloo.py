@@ -41,9 +41,17 @@ def describe(entry: Entry) -> str:
 class Comparator:
     """Gathers (round, counts) over ``group`` on a daemon thread, round by round."""
 
-    def __init__(self, dist: Any, group: Any, rank: int, own_group: bool = False) -> None:
+    def __init__(
+        self,
+        dist: Any,
+        group: Any,
+        rank: int,
+        own_group: bool = False,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         self.dist = dist
         self.group = group
+        self.timeout_s = timeout_s  # the group's: how long one gather can wait for a peer
         self.own_group = own_group  # created by enable_comparison: destroyed with the comparator
         self.rank = rank
         self.compared = 0
@@ -192,7 +200,7 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
         if RECORDER.rank.rank is None:
             RECORDER.configure(rank=rank, world_size=dist.get_world_size())
         disable_comparison()
-        _active = Comparator(dist, group, rank, own_group=own)
+        _active = Comparator(dist, group, rank, own_group=own, timeout_s=timeout_s)
         snapshots.STATE.on_snapshot = _active.submit
         _stop_before_teardown()
         return _active
@@ -231,6 +239,23 @@ def _stop_before_teardown() -> None:
     try:
         if register is None:
             raise RuntimeError("threading._register_atexit is missing")
-        register(disable_comparison)
+        register(_stop_at_exit)
     except RuntimeError:  # shutting down already, or an interpreter without the hook
-        atexit.register(disable_comparison)
+        atexit.register(_stop_at_exit)
+
+
+def _stop_at_exit() -> None:
+    """At exit, wait for the rounds already submitted as long as one gather may take: the
+    peers are gathering the same rounds, so a live job finishes in milliseconds, and a
+    thread left inside a gloo call when torch tears down aborts the process (seen under
+    load with a 5 s wait). Only a dead peer makes this wait the group's timeout."""
+    comparator = _active
+    if comparator is None:
+        return
+    disable_comparison(timeout=comparator.timeout_s + 5.0)
+    if comparator._thread.is_alive():
+        log.warning(
+            "rankscope census: the comparison thread is still in a gather after %.0f s; "
+            "a peer is probably gone",
+            comparator.timeout_s + 5.0,
+        )

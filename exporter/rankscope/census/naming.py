@@ -90,3 +90,18 @@ def parse_p2p(op: str) -> tuple[str, int] | None:
             except ValueError:
                 return None
     return None
+
+
+def channel_name(src: int, dst: int) -> str:
+    """The report's one name for the p2p channel from global rank ``src`` to ``dst``."""
+    return f"p2p {src}>{dst}"
+
+
+def report_op_name(rank: int, op: str) -> str:
+    """``op`` as counted by ``rank``, named as the report names it: a p2p op by its channel
+    (rank 0's ``send>2`` and rank 2's ``recv<0`` are both ``p2p 0>2``); any other op as is."""
+    p2p = parse_p2p(op)
+    if p2p is None:
+        return op
+    kind, peer = p2p
+    return channel_name(rank, peer) if kind == SEND else channel_name(peer, rank)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rankscope.census.compare import Entry, compare_group, members_of, split_by_group
-from rankscope.census.naming import parse_p2p
+from rankscope.census.naming import parse_p2p, report_op_name
 from rankscope.schema import AnyLine, Census, CensusDump, Divergence, Line
 
 if TYPE_CHECKING:
@@ -260,7 +260,7 @@ def _rank_summary(state: _Rank) -> dict[str, Any]:
         "counts": [
             [g, op, n]
             for g, ops in sorted(state.rounds[last_round].items())
-            for op, n in sorted(ops.items())
+            for op, n in sorted((report_op_name(state.rank, op), n) for op, n in ops.items())
         ]
         if last_round is not None
         else [],

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client.exposition import choose_encoder
@@ -22,6 +22,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from rankscope import __version__
 from rankscope.daemon.flightstate import FlightState
+from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, paginate
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.webconfig import TLSConfig
 from rankscope.flight import BootNotFoundError, Flight
@@ -109,6 +110,11 @@ def create_app(
             state.refresh()
         if not state.up:
             problems.append(f"flight directory {state.flight_dir}: {state.error}")
+        elif state.backlog:
+            problems.append(
+                f"catching up: {state.backlog / 2**20:.1f} MiB of flight directory "
+                f"{state.flight_dir} left to read"
+            )
         if cards is not None and not cards.ready():
             problems.append("the device source has not been tried yet")
         running = collecting() if collecting is not None else None
@@ -123,12 +129,18 @@ def create_app(
         return {"boots": [b.as_json() for b in state.boots()]}
 
     @app.get("/api/v1/phases")
-    def phases(boot: str | None = None) -> dict[str, Any]:
-        return phases_report(_flight(state, boot))
+    def phases(
+        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
+    ) -> dict[str, Any]:
+        doc = phases_report(_flight(state, boot))
+        return paginate(doc, PHASES_LISTS, offset, limit, _next_page(request, limit))
 
     @app.get("/api/v1/census")
-    def census(boot: str | None = None) -> dict[str, Any]:
-        return census_report(_flight(state, boot))
+    def census(
+        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
+    ) -> dict[str, Any]:
+        doc = census_report(_flight(state, boot))
+        return paginate(doc, CENSUS_LISTS, offset, limit, _next_page(request, limit))
 
     @app.get("/api/v1/cards")
     def cards_api() -> dict[str, Any]:
@@ -141,10 +153,15 @@ def create_app(
         return body
 
     @app.get("/api/v1/oom")
-    def oom_api() -> dict[str, Any]:
-        if ooms is None:
-            return {"ooms": [], "why": "the oom collector is off"}
-        return {"ooms": ooms.documents()}
+    def oom_api(
+        request: Request, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
+    ) -> dict[str, Any]:
+        doc: dict[str, Any] = (
+            {"ooms": ooms.documents()}
+            if ooms is not None
+            else {"ooms": [], "why": "the oom collector is off"}
+        )
+        return paginate(doc, ("ooms",), offset, limit, _next_page(request, limit))
 
     index = static_dir / "index.html"
     if static_dir.is_dir():
@@ -157,6 +174,21 @@ def create_app(
         return HTMLResponse(landing_page())
 
     return app
+
+
+# The long lists of each answer, paged by ?offset= and ?limit= (docs/architecture.md, API).
+PHASES_LISTS = ("processes",)
+CENSUS_LISTS = ("ranks", "entries", "history", "in_process")
+Offset = Annotated[int, Query(ge=0)]
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
+
+
+def _next_page(request: Request, limit: int) -> Callable[[int], str]:
+    def url(offset: int) -> str:
+        query = request.url.include_query_params(offset=offset, limit=limit).query
+        return f"{request.url.path}?{query}"
+
+    return url
 
 
 def _fresh(state: FlightState) -> None:
@@ -231,6 +263,7 @@ class Daemon:
     monitor: Monitor | None = None
     otlp: Pusher | None = None
     refresher: Pusher | None = None  # keeps the flight state current for the API
+    background: tuple[Pusher, ...] = ()  # pollers with their own threads (nccl-ras)
 
     def server(self) -> uvicorn.Server:
         """The uvicorn server; ValueError naming the files for a certificate and key that
@@ -296,11 +329,15 @@ class Daemon:
         try:
             if self.otlp is not None:
                 self.otlp.start()
+            for poller in self.background:
+                poller.start()
             scheme = "https" if self.tls is not None else "http"
             host, port = sock.getsockname()[:2]
             log.info("rankscope serving on %s://%s:%d/metrics", scheme, host, port)
             server.run(sockets=[sock])
         finally:
+            for poller in self.background:
+                poller.stop()
             sock.close()
             if self.otlp is not None:
                 self.otlp.stop()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankscope.daemon import cards
 from rankscope.daemon.collectors import table
-from rankscope.daemon.flags import argtype, parse_duration
+from rankscope.daemon.flags import argtype, parse_bytes, parse_duration
 from rankscope.record import ENV_DIR
 
 if TYPE_CHECKING:
@@ -69,6 +69,15 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         "its record file stays, and the API and CLI still show it)",
     )
     parser.add_argument(
+        "--flight.read-budget",
+        dest="read_budget",
+        type=argtype(parse_bytes),
+        default=None,
+        metavar="BYTES",
+        help="read at most this much of the flight directory per refresh (default 4MiB): "
+        "a large directory is read over several refreshes, /readyz says 503 until then",
+    )
+    parser.add_argument(
         "--phases.boots",
         dest="phase_boots",
         type=int,
@@ -101,6 +110,54 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     )
     table.add_switches(parser)
     cards.add_arguments(parser)
+    _add_nccl_ras_arguments(parser)
+
+
+def _add_nccl_ras_arguments(parser: argparse.ArgumentParser) -> None:
+    from rankscope.daemon import nccl_ras
+
+    g = parser.add_argument_group("nccl-ras (NCCL's RAS status reports, docs/census.md)")
+    g.add_argument(
+        "--collector.nccl-ras.address",
+        dest="nccl_ras_address",
+        action="append",
+        metavar="HOST:PORT",
+        help=f"RAS endpoint (NCCL_RAS_ADDR of a job); repeatable, one per job: jobs that "
+        f"share the default port answer in turn (SO_REUSEPORT). Default {nccl_ras.DEFAULT_ADDRESS}",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.interval",
+        dest="nccl_ras_interval",
+        type=argtype(parse_duration),
+        default=15.0,
+        metavar="DURATION",
+        help="time between polls of every endpoint (default 15s)",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.persist-polls",
+        dest="nccl_ras_persist_polls",
+        type=int,
+        default=nccl_ras.DEFAULT_PERSIST_POLLS,
+        metavar="N",
+        help="successive polls a count mismatch must hold with its lowest count unchanged "
+        f"before it is reported (default {nccl_ras.DEFAULT_PERSIST_POLLS})",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.timeout",
+        dest="nccl_ras_timeout",
+        type=argtype(parse_duration),
+        default=nccl_ras.REPORT_TIMEOUT_S,
+        metavar="DURATION",
+        help=f"deadline for one report after STATUS (default {nccl_ras.REPORT_TIMEOUT_S:g}s)",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.max-bytes",
+        dest="nccl_ras_max_bytes",
+        type=int,
+        default=nccl_ras.DEFAULT_MAX_BYTES,
+        metavar="BYTES",
+        help=f"largest report read (default {nccl_ras.DEFAULT_MAX_BYTES})",
+    )
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:
@@ -144,7 +201,8 @@ def build(args: argparse.Namespace) -> Daemon:
     """Assemble the daemon from its flags; ValueError/OSError for a flag that cannot work."""
     from rankscope.census.report import census_document
     from rankscope.daemon.app import FLIGHT_REFRESH_S, Daemon, create_app
-    from rankscope.daemon.flightstate import EXITED_GRACE_S, FlightState
+    from rankscope.daemon.flightstate import EXITED_GRACE_S, READ_BUDGET_BYTES, FlightState
+    from rankscope.daemon.nccl_ras import DEFAULT_ADDRESS, Endpoint, RasPoller
     from rankscope.daemon.oom import OomBook
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
     from rankscope.daemon.registry import TimedCollectors
@@ -171,6 +229,7 @@ def build(args: argparse.Namespace) -> Daemon:
         flight_dir,
         exited_grace=args.exited_grace or EXITED_GRACE_S,
         proc=getattr(args, "path_procfs", "/proc"),
+        read_budget=args.read_budget or READ_BUDGET_BYTES,
     )
     monitor = None
     if table.needs_monitor(args):
@@ -179,8 +238,24 @@ def build(args: argparse.Namespace) -> Daemon:
     if table.enabled(args, "oom"):
         watch = monitor.exhaustion if monitor is not None else None
         ooms = OomBook(state, watch, getattr(args, "path_procfs", "/proc"))
+    background: list[RasPoller] = []
+    ras = None
+    if table.enabled(args, "nccl-ras"):
+        if args.nccl_ras_persist_polls < 1:
+            raise ValueError("--collector.nccl-ras.persist-polls must be 1 or more")
+        endpoints = [
+            Endpoint(
+                address,
+                persist_polls=args.nccl_ras_persist_polls,
+                max_bytes=args.nccl_ras_max_bytes,
+                report_timeout=args.nccl_ras_timeout,
+            )
+            for address in dict.fromkeys(args.nccl_ras_address or [DEFAULT_ADDRESS])
+        ]
+        ras = RasPoller(endpoints, args.nccl_ras_interval)
+        background.append(ras)
     timed = TimedCollectors(
-        table.build(table.Inputs(args, state, monitor, ooms)), refresh=state.refresh
+        table.build(table.Inputs(args, state, monitor, ooms, ras)), refresh=state.refresh
     )
 
     app: Any = create_app(
@@ -213,4 +288,5 @@ def build(args: argparse.Namespace) -> Daemon:
         monitor=monitor,
         otlp=otlp,
         refresher=Periodic("rankscope-flight", FLIGHT_REFRESH_S, state.refresh),
+        background=tuple(background),
     )

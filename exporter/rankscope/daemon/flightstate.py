@@ -55,6 +55,11 @@ MAX_OOMS_PER_PROCESS = 64
 # The same for census-stream lines (a snapshot every 50 scheduler iterations by default).
 MAX_CENSUS_LINES_PER_PROCESS = 4096
 
+# One refresh reads at most this much (then the next refresh goes on): a scrape or an API
+# request that refreshes first never waits for a whole large directory (docs/daemon.md,
+# "Start-up on a large flight directory").
+READ_BUDGET_BYTES = 4 << 20
+
 log = logging.getLogger("rankscope.daemon")
 
 
@@ -138,8 +143,12 @@ class FlightState:
         flight_dir: str | os.PathLike[str],
         exited_grace: float = EXITED_GRACE_S,
         proc: str = DEFAULT_ROOT,
+        read_budget: int = READ_BUDGET_BYTES,
     ) -> None:
         self.flight_dir = Path(flight_dir)
+        self.read_budget = read_budget
+        self.backlog = 0  # bytes the last refresh left unread: > 0 while catching up
+        self._catch_up_since: float | None = None
         self.exited_grace = exited_grace
         self._proc = proc
         self._host = socket.gethostname()
@@ -170,7 +179,7 @@ class FlightState:
         # refresh reads at a time.
         with self._polling:
             try:
-                records = self._reader.poll()
+                records = self._reader.poll(self.read_budget)
                 restarted = self._reader.restarted
                 present = _present_files(self.flight_dir)
             except OSError as exc:
@@ -178,6 +187,7 @@ class FlightState:
                     self.up, self.error = False, str(exc)
                 return False
             self._note_directory()
+            self._note_backlog(self._reader.backlog)
             self._note_exits()
             with self._lock:
                 # A file truncated or replaced is read again from its start: what it held
@@ -192,6 +202,22 @@ class FlightState:
                 self.up, self.error = True, None
                 self.refreshed_at = time.monotonic()
             return True
+
+    def _note_backlog(self, backlog: int) -> None:
+        """Log a backlog (a large directory at start-up) when it appears and when it is read."""
+        now = time.monotonic()
+        if backlog and self._catch_up_since is None:
+            self._catch_up_since = now
+            log.info(
+                "catching up on flight directory %s: %.1f MiB left to read, %.0f MiB a refresh",
+                self.flight_dir,
+                backlog / 2**20,
+                self.read_budget / 2**20,
+            )
+        elif not backlog and self._catch_up_since is not None:
+            log.info("caught up on %s in %.1fs", self.flight_dir, now - self._catch_up_since)
+            self._catch_up_since = None
+        self.backlog = backlog
 
     def _note_exits(self) -> None:
         """When each process of this host's PID namespace was first found gone. A process
@@ -399,6 +425,13 @@ class FlightState:
         gone = [k for k in self._streams if k[0] not in present]
         for key in gone:
             del self._streams[key]
+        if gone:  # the host pids of processes no file names any more go too
+            live = {
+                (st.process.host, st.process.pid, st.process.start_ticks)
+                for st in self._streams.values()
+            }
+            for process in [p for p in self._host_pids if p not in live]:
+                del self._host_pids[process]
         for boot, by_key in list(self._divergences.items()):
             for gk in [gk for gk, line in by_key.items() if line.header.file not in present]:
                 del by_key[gk]

@@ -46,6 +46,11 @@ DEFAULTS: dict[str, Any] = {
     "samplerOverrunShare": 0.05,
     "samplerLagWindow": "5m",
     "samplerLaggingFor": "10m",
+    # RankscopeNcclCountMismatch: the daemon already requires the mismatch to persist over
+    # --collector.nccl-ras.persist-polls polls with stuck laggards; this is its `for:`.
+    "ncclCountMismatchFor": "1m",
+    # RankscopeNcclPeerDead: RAS declares a peer dead after 60 s unreachable; page at once.
+    "ncclPeerDeadFor": "0s",
 }
 
 

@@ -506,8 +506,72 @@ def census(c: Mapping[str, Any]) -> dict:
                 unit="ops",
                 width=24,
             ),
+            *_nccl_ras_panels(f'{s}, instance=~"$instance"'),
         ],
     )
+
+
+def _nccl_ras_panels(host: str) -> list[dict]:
+    """NCCL's own view through its RAS endpoints (the nccl-ras collector, off by default:
+    these panels stay empty without it). Not filtered by boot: a communicator whose ranks
+    match no flight record has no boot (docs/census.md, "NCCL RAS")."""
+    comm = "{{endpoint}} {{comm}} {{boot}}"
+    return [
+        table(
+            "NCCL communicators (RAS)",
+            "Every communicator a RAS endpoint reported: its size, the ranks that answered "
+            "and the ranks that did not; boot and rank where the flight records map them.",
+            [
+                (f"rankscope_nccl_communicator_size{{{host}}}", ""),
+                (f"rankscope_nccl_communicator_ranks_reporting{{{host}}}", ""),
+                (f"rankscope_nccl_communicator_ranks_missing{{{host}}}", ""),
+            ],
+            width=24,
+        ),
+        timeseries(
+            "NCCL mismatches (RAS)",
+            "1 where a communicator's ranks stay at different counts (per op) or status "
+            "over several polls: what RankscopeNcclCountMismatch pages on.",
+            [
+                (f"rankscope_nccl_count_mismatch{{{host}}}", comm + " {{op}}"),
+                (f"rankscope_nccl_status_mismatch{{{host}}}", comm + " status"),
+            ],
+        ),
+        timeseries(
+            "NCCL dead and unreachable peers (RAS)",
+            "Processes RAS considers dead (RankscopeNcclPeerDead), and missing ranks by state.",
+            [
+                (f"rankscope_nccl_dead_processes{{{host}}}", "{{endpoint}} dead processes"),
+                (
+                    f"sum by (endpoint, state) (rankscope_nccl_rank_missing{{{host}}})",
+                    "{{endpoint}} {{state}} ranks",
+                ),
+            ],
+        ),
+        timeseries(
+            "NCCL collectives per second (RAS)",
+            "Rate of collectives each rank launched per communicator and op, as NCCL counts "
+            "them (no Send/Recv; one-rank communicators count none).",
+            [
+                (
+                    f"rate(rankscope_nccl_collectives_total{{{host}}}[$__rate_interval])",
+                    "{{comm}} rank {{nccl_rank}} {{op}}",
+                )
+            ],
+            unit="ops",
+        ),
+        timeseries(
+            "RAS endpoint polls",
+            "1 when the last poll of an endpoint parsed; failed polls per second by reason.",
+            [
+                (f"rankscope_nccl_ras_up{{{host}}}", "{{endpoint}} up"),
+                (
+                    f"rate(rankscope_nccl_ras_poll_errors_total{{{host}}}[$__rate_interval])",
+                    "{{endpoint}} {{reason}}",
+                ),
+            ],
+        ),
+    ]
 
 
 def instrument(c: Mapping[str, Any]) -> dict:

@@ -319,6 +319,45 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
         # per pid (a per-node agent on every card, a card shared by dozens) made the alert
         # group's evaluation outgrow its interval at fleet scale (docs/benchmarks.md).
         _alert(
+            "RankscopeNcclCountMismatch",
+            "critical",
+            _expr(
+                """
+                max by ({daemon}, endpoint, comm, comm_secondary, boot, op) (rankscope_nccl_count_mismatch{{{s}}}) == 1
+                or
+                max by ({daemon}, endpoint, comm, comm_secondary, boot) (rankscope_nccl_status_mismatch{{{s}}}) == 1
+                """,
+                s=s,
+                daemon=daemon,
+            ),
+            c["ncclCountMismatchFor"],
+            "NCCL's RAS shows ranks of one communicator stuck at different counts.",
+            """{{ if $labels.op }}The ranks of NCCL communicator {{ $labels.comm }}
+            disagree on their {{ $labels.op }} count, and the lagging ranks have not moved
+            over several polls{{ else }}The ranks of NCCL communicator {{ $labels.comm }}
+            report different status (init, error, finalize or abort){{ end }}, as the RAS
+            endpoint {{ $labels.endpoint }} on {{ $labels.instance }} reports it{{ if
+            $labels.boot }} (boot {{ $labels.boot }}){{ end }}. The communicator is hung or
+            about to hang in a mismatched collective.""",
+            c,
+        ),
+        _alert(
+            "RankscopeNcclPeerDead",
+            "critical",
+            _expr(
+                """
+                rankscope_nccl_dead_processes{{{s}}} > 0
+                """,
+                s=s,
+            ),
+            c["ncclPeerDeadFor"],
+            "NCCL's RAS considers a process of the job dead.",
+            """The RAS endpoint {{ $labels.endpoint }} on {{ $labels.instance }} reports
+            {{ $value }} job process(es) unreachable over the RAS network for 60 s or more
+            (considered dead); every communicator they belong to will hang.""",
+            c,
+        ),
+        _alert(
             "RankscopeForeignHolder",
             "warning",
             _expr(

@@ -207,6 +207,10 @@ function renderCards(doc) {
     return;
   }
   replace(box, cards.map(renderCard));
+  // The legend names only what some bar draws (no floor configured: no floor entry).
+  for (const entry of document.querySelectorAll(".legend [data-drawn]")) {
+    entry.hidden = !box.querySelector(".bar " + entry.dataset.drawn);
+  }
 }
 
 // ---- phase waterfall ----------------------------------------------------------------------

@@ -26,6 +26,7 @@ from rankscope.daemon.registry import Collector
 
 if TYPE_CHECKING:
     from rankscope.daemon.cards import CardMonitor
+    from rankscope.daemon.nccl_ras import RasPoller
     from rankscope.daemon.oom import OomBook
 
 
@@ -38,6 +39,7 @@ class Inputs:
     state: FlightState
     monitor: CardMonitor | None
     ooms: OomBook | None = None
+    ras: RasPoller | None = None  # built when the nccl-ras collector is on; the daemon runs it
 
 
 @dataclass(frozen=True)
@@ -47,11 +49,19 @@ class Entry:
     factory: Callable[[Inputs], Collector]
     reads_cards: bool = False  # gated on the card monitor, which it reads
     switchable: bool = True  # False: always on, no switch
+    default_on: bool = True  # the switch's default
 
 
 def _monitor(inputs: Inputs) -> CardMonitor:
     assert inputs.monitor is not None  # the gate: reads_cards entries run with a monitor
     return inputs.monitor
+
+
+def _nccl_ras(inputs: Inputs) -> Collector:
+    from rankscope.daemon.collectors.nccl_ras import NcclRasCollector
+
+    assert inputs.ras is not None  # built by the daemon whenever the collector is on
+    return NcclRasCollector(inputs.ras, inputs.state)
 
 
 def _ooms(inputs: Inputs) -> OomBook:
@@ -90,6 +100,13 @@ TABLE: tuple[Entry, ...] = (
         lambda i: _monitor(i).collector("holdings"),
         reads_cards=True,
     ),
+    Entry(
+        "nccl-ras",
+        "NCCL's RAS status reports: communicators, per-rank counts, mismatches, dead peers "
+        "(docs/census.md; off until proven on your NCCL)",
+        _nccl_ras,
+        default_on=False,
+    ),
 )
 
 
@@ -98,15 +115,17 @@ def add_switches(parser: argparse.ArgumentParser) -> None:
         if entry.switchable:
             parser.add_argument(
                 f"--collector.{entry.name}",
-                dest=f"collector_{entry.name}",
+                dest=f"collector_{entry.name.replace('-', '_')}",
                 action=argparse.BooleanOptionalAction,
-                default=True,
-                help=f"the {entry.name} collector: {entry.help} (default on)",
+                default=entry.default_on,
+                help=f"the {entry.name} collector: {entry.help} "
+                f"(default {'on' if entry.default_on else 'off'})",
             )
 
 
 def enabled(args: argparse.Namespace, name: str) -> bool:
-    return bool(getattr(args, f"collector_{name}", True))
+    default = next((e.default_on for e in TABLE if e.name == name), True)
+    return bool(getattr(args, f"collector_{name.replace('-', '_')}", default))
 
 
 def needs_monitor(args: argparse.Namespace) -> bool:

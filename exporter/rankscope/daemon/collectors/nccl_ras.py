@@ -1,0 +1,164 @@
+"""NCCL RAS: what the RAS endpoints last reported, read from the poller's state (never a
+connection in the scrape path), with each communicator mapped to a rankscope boot and each
+rank to a rankscope rank where the flight records make that unambiguous.
+
+The mapping (docs/census.md, "NCCL RAS"): RAS names a rank by (host address, pid), the pid
+as the NCCL process sees it, which is the pid its flight records carry. A RAS rank maps to
+the one (boot, rank) whose process has that pid, searched in the newest boot first, then in
+older boots; it stays unmapped when several (boot, rank) hold the pid, or when the report
+shows the pid on more than one host (the same pid on two nodes, or in two containers, is
+not one process). A communicator gets a boot when its mapped ranks all share one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+from rankscope.daemon.flightstate import FlightState, FlightView
+from rankscope.daemon.nccl_ras import EndpointView, RasPoller
+from rankscope.daemon.nccl_ras_report import ERROR_REASONS, Communicator
+from rankscope.daemon.registry import add, counter, gauge, info, label_values
+
+Identity = tuple[str, int | None]  # (boot, rankscope rank)
+
+
+def pid_identities(view: FlightView) -> dict[int, Identity | None]:
+    """pid -> the one (boot, rank) of the flight records that has it, newest boot first;
+    None for a pid held by several (boot, rank) of the boot it is found in."""
+    out: dict[int, Identity | None] = {}
+    for boot in reversed(view.boots):
+        found: dict[int, set[Identity]] = {}
+        for st in view.streams:
+            if st.boot == boot:
+                found.setdefault(st.process.pid, set()).add((boot, st.process.rank))
+        for pid, ids in found.items():
+            if pid not in out:
+                out[pid] = next(iter(ids)) if len(ids) == 1 else None
+    return out
+
+
+def map_ranks(
+    comms: list[Communicator], identities: dict[int, Identity | None]
+) -> dict[tuple[str, int], Identity]:
+    """(host, pid) of RAS ranks -> (boot, rank), only where unambiguous."""
+    hosts_of_pid: dict[int, set[str]] = {}
+    for comm in comms:
+        for host, pid in [(r.host, r.pid) for r in comm.ranks] + [
+            (m.host, m.pid) for m in comm.missing
+        ]:
+            hosts_of_pid.setdefault(pid, set()).add(host)
+    out: dict[tuple[str, int], Identity] = {}
+    for pid, hosts in hosts_of_pid.items():
+        ident = identities.get(pid)
+        if ident is not None and len(hosts) == 1 and pid >= 0:
+            out[(next(iter(hosts)), pid)] = ident
+    return out
+
+
+def comm_boot(comm: Communicator, mapped: dict[tuple[str, int], Identity]) -> str | None:
+    boots = {mapped[(r.host, r.pid)][0] for r in comm.ranks if (r.host, r.pid) in mapped}
+    return next(iter(boots)) if len(boots) == 1 else None
+
+
+class NcclRasCollector:
+    name = "nccl-ras"  # the --collector.nccl-ras switch
+
+    def __init__(self, poller: RasPoller, state: FlightState) -> None:
+        self.poller = poller
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        identities = pid_identities(self.state.view())
+        fams = {
+            n: gauge(f"rankscope_nccl_{n}")
+            for n in (
+                "communicators",
+                "communicator_size",
+                "communicator_ranks_reporting",
+                "communicator_ranks_missing",
+                "count_mismatch",
+                "status_mismatch",
+                "rank_missing",
+                "dead_processes",
+                "ras_up",
+                "ras_poll_duration_seconds",
+                "ras_last_error",
+            )
+        }
+        collectives = counter("rankscope_nccl_collectives_total")
+        errors = counter("rankscope_nccl_ras_poll_errors_total")
+        polls = counter("rankscope_nccl_ras_polls_total")
+        nccl = info("rankscope_nccl_info")
+        for ep in self.poller.views():
+            self._endpoint(ep, identities, fams, collectives, nccl)
+            add(polls, (ep.address,), ep.polls)
+            for reason in ERROR_REASONS:
+                add(errors, (ep.address, reason), ep.errors[reason])
+        yield from (*fams.values(), collectives, errors, polls, nccl)
+
+    def _endpoint(
+        self,
+        ep: EndpointView,
+        identities: dict[int, Identity | None],
+        fams: dict[str, GaugeMetricFamily],
+        collectives: CounterMetricFamily,
+        nccl: InfoMetricFamily,
+    ) -> None:
+        a = ep.address
+        if ep.last_success is not None:
+            add(fams["ras_up"], (a,), 1.0 if ep.last_success else 0.0)
+            for reason in ERROR_REASONS:
+                add(fams["ras_last_error"], (a, reason), float(ep.last_error == reason))
+        add(fams["ras_poll_duration_seconds"], (a,), ep.last_duration)
+        report = ep.report
+        if report is None:
+            return
+        nccl.add_metric(
+            label_values(
+                a,
+                report.nccl_version,
+                report.cuda_runtime_version,
+                report.cuda_driver_version,
+                report.format,
+            ),
+            {},
+        )
+        comms = [s.comm for s in ep.comms]
+        mapped = map_ranks(comms, identities)
+        add(fams["communicators"], (a,), len(comms))
+        dead: set[tuple[str, int]] = set()
+        for comm in comms:
+            boot = comm_boot(comm, mapped)
+            key = (a, comm.hash, comm.secondary_hash, boot)
+            add(fams["communicator_size"], key, comm.size)
+            add(fams["communicator_ranks_reporting"], key, comm.ranks_count)
+            add(fams["communicator_ranks_missing"], key, comm.missing_ranks_count)
+            persisting = ep.persisting.get(comm.key, ())
+            ops = {op for r in comm.ranks if r.counts for op in r.counts}
+            ops |= {op for op in comm.reported_mismatches if op != "status"}
+            for op in sorted(ops):
+                add(fams["count_mismatch"], (*key, op), float(op in persisting))
+            if comm.ranks or "status" in comm.reported_mismatches:
+                add(fams["status_mismatch"], key, float("status" in persisting))
+            for r in comm.ranks:
+                ident = mapped.get((r.host, r.pid))
+                rank_key = (*key, r.rank, ident[1] if ident else None, r.host, r.pid)
+                for op, n in sorted((r.counts or {}).items()):
+                    add(collectives, (*rank_key, op), n)
+            for m in comm.missing:
+                ident = mapped.get((m.host, m.pid))
+                rank_key = (*key, m.rank, ident[1] if ident else None, m.host, m.pid)
+                if m.considered_dead:
+                    dead.add((m.host, m.pid))
+                    add(fams["rank_missing"], (*rank_key, "dead"), 1.0)
+                elif m.unresponsive:
+                    add(fams["rank_missing"], (*rank_key, "unresponsive"), 1.0)
+        dead_count = report.dead_count if report.format == "text" else len(dead)
+        add(fams["dead_processes"], (a,), dead_count)

@@ -1,0 +1,290 @@
+"""The NCCL RAS source: asks each RAS endpoint for its status report on a thread of its
+own and keeps the last parsed result, so a scrape never waits on NCCL.
+
+One TCP connection answers one report (docs/nccl-ras-notes.md): ``CLIENT PROTOCOL 2`` ->
+``SERVER PROTOCOL 2``; ``SET FORMAT json`` -> ``OK`` (2.28.7+) or ``ERROR: Unknown
+command`` (older: the text report follows); ``STATUS`` -> the report, then EOF. The
+endpoint is untrusted: every step has a deadline, the report a byte cap, and a failure is
+one of the bounded reasons of :data:`ERROR_REASONS`, never an exception out of the thread.
+
+Several endpoints: NCCL binds its client socket with SO_REUSEPORT, so two jobs on one host
+with the default address share port 28028 and the kernel hands each connection to either
+one. Per-job addresses (``NCCL_RAS_ADDR``), one ``--collector.nccl-ras.address`` each, make
+every poll land on a known job. Because a shared port may answer for another job, a
+communicator is kept (and exported) until it has been absent from ``forget_after``
+successive polls of its endpoint, not dropped at the first reply that lacks it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rankscope.daemon.nccl_ras_report import (
+    ERROR_REASONS,
+    KNOWN_PROTOCOL,
+    Communicator,
+    RasReport,
+    ReportError,
+    count_mismatches,
+    parse_report,
+    status_differs,
+)
+
+log = logging.getLogger("rankscope.daemon")
+
+DEFAULT_ADDRESS = "localhost:28028"
+CONNECT_TIMEOUT_S = 2.0
+LINE_TIMEOUT_S = 3.0  # each setup line's answer
+REPORT_TIMEOUT_S = 12.0  # NCCL waits up to 5 s per leg + 5 s for its peers (ras_internal.h)
+DEFAULT_MAX_BYTES = 16 << 20
+MAX_LINE_BYTES = 4096
+DEFAULT_PERSIST_POLLS = 3
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[V6]:PORT' -> (host, port); ValueError otherwise."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port_text)
+
+
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise ReportError("timeout", "deadline passed")
+        return left
+
+
+def _recv_line(sock: socket.socket, buf: bytearray, seconds: float) -> str:
+    deadline = _Deadline(seconds)
+    while b"\n" not in buf:
+        if len(buf) > MAX_LINE_BYTES:
+            raise ReportError("malformed", "setup answer longer than a line")
+        sock.settimeout(deadline.left())
+        chunk = _recv(sock)
+        if not chunk:
+            raise ReportError("truncated", "connection closed during the handshake")
+        buf += chunk
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line.decode("utf-8", "replace").strip()
+
+
+def _recv(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(65536)
+    except TimeoutError:
+        raise ReportError("timeout", "no answer within the deadline") from None
+    except ConnectionResetError:
+        raise ReportError("truncated", "connection reset") from None
+
+
+def query(
+    address: tuple[str, int],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    report_timeout: float = REPORT_TIMEOUT_S,
+) -> bytes:
+    """One status report, as sent (JSON where the server takes ``SET FORMAT json``);
+    ReportError with its reason otherwise."""
+    try:
+        sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+    except ConnectionRefusedError:
+        raise ReportError("refused", f"{address[0]}:{address[1]} refused") from None
+    except TimeoutError:
+        raise ReportError("timeout", "connect timed out") from None
+    except OSError as exc:
+        raise ReportError("refused", f"connect: {exc.strerror or exc}") from None
+    with sock:
+        buf = bytearray()
+        try:
+            sock.sendall(f"CLIENT PROTOCOL {KNOWN_PROTOCOL}\n".encode())
+            answer = _recv_line(sock, buf, LINE_TIMEOUT_S)
+            if not answer.upper().startswith("SERVER PROTOCOL "):
+                raise ReportError("malformed", f"handshake answer {answer[:60]!r}")
+            if answer.split()[-1] != str(KNOWN_PROTOCOL):
+                raise ReportError("unknown_version", f"server speaks {answer[:60]!r}")
+            sock.sendall(b"SET FORMAT json\n")
+            # "OK" (2.28.7+) or "ERROR: Unknown command" (older): STATUS then gives text.
+            _recv_line(sock, buf, LINE_TIMEOUT_S)
+            sock.sendall(b"STATUS\n")
+            deadline = _Deadline(report_timeout)
+            while True:
+                sock.settimeout(deadline.left())
+                chunk = _recv(sock)
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > max_bytes:
+                    raise ReportError("too_large", f"report over {max_bytes} bytes")
+        except TimeoutError:
+            raise ReportError("timeout", "send timed out") from None
+        except OSError as exc:  # reset or broken pipe mid-exchange
+            raise ReportError("truncated", f"connection lost: {exc}") from None
+        if not buf:
+            raise ReportError("truncated", "no report after STATUS")
+        return bytes(buf)
+
+
+@dataclass
+class CommState:
+    """What the poller keeps about one communicator of one endpoint."""
+
+    comm: Communicator
+    last_seen_poll: int
+    # op (or "status") -> (successive polls the op disagreed, lowest count at the first)
+    streaks: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    """One endpoint's state for a scrape."""
+
+    address: str
+    polls: int
+    last_success: bool | None  # None before the first poll
+    last_duration: float | None
+    last_error: str | None  # a reason of ERROR_REASONS
+    errors: dict[str, int]
+    report: RasReport | None  # the last report that parsed
+    comms: tuple[CommState, ...]
+    persisting: dict[tuple[str, str], tuple[str, ...]]  # comm key -> persisting mismatches
+
+
+class Endpoint:
+    """Poll state of one address; ``poll_once`` is the whole cycle, so tests drive it
+    without the thread."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        persist_polls: int = DEFAULT_PERSIST_POLLS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        report_timeout: float = REPORT_TIMEOUT_S,
+        fetch: Callable[[], bytes] | None = None,
+    ) -> None:
+        self.address = address
+        target = parse_address(address)
+        self._fetch = fetch or (
+            lambda: query(target, max_bytes=max_bytes, report_timeout=report_timeout)
+        )
+        self.persist_polls = persist_polls
+        self.forget_after = max(10, 4 * persist_polls)
+        self._lock = threading.Lock()
+        self._polls = 0
+        self._success: bool | None = None
+        self._duration: float | None = None
+        self._error: str | None = None
+        self._errors = dict.fromkeys(ERROR_REASONS, 0)
+        self._report: RasReport | None = None
+        self._comms: dict[tuple[str, str], CommState] = {}
+
+    def poll_once(self) -> None:
+        start = time.perf_counter()
+        try:
+            report: RasReport | None = parse_report(self._fetch())
+            error = None
+        except ReportError as exc:
+            report, error = None, exc.reason
+            log.debug("nccl-ras %s: %s", self.address, exc)
+        except Exception as exc:  # an endpoint must never stop the thread
+            report, error = None, "malformed"
+            log.warning("nccl-ras %s: unexpected %r", self.address, exc)
+        elapsed = time.perf_counter() - start
+        with self._lock:
+            self._polls += 1
+            self._success, self._duration, self._error = error is None, elapsed, error
+            if error is not None:
+                self._errors[error] += 1
+            if report is not None:
+                self._report = report
+                self._merge(report)
+
+    def _merge(self, report: RasReport) -> None:
+        n = self._polls
+        for comm in report.communicators:
+            held = self._comms.get(comm.key)
+            state = CommState(comm, n, held.streaks if held else {})
+            found: dict[str, int] = {op: low for op, (low, _high) in count_mismatches(comm).items()}
+            if status_differs(comm):
+                found["status"] = 0
+            for op in comm.reported_mismatches:
+                found.setdefault(op, -1)
+            streaks: dict[str, tuple[int, int]] = {}
+            for op, low in found.items():
+                prior = state.streaks.get(op)
+                # A count mismatch persists only while the laggards stay put: ranks in
+                # flight show different counts at every poll, but their lowest count moves.
+                if prior is not None and prior[1] == low:
+                    streaks[op] = (prior[0] + 1, low)
+                else:
+                    streaks[op] = (1, low)
+            state.streaks = streaks
+            self._comms[comm.key] = state
+        for key in [k for k, s in self._comms.items() if n - s.last_seen_poll >= self.forget_after]:
+            del self._comms[key]
+
+    def view(self) -> EndpointView:
+        with self._lock:
+            comms = tuple(self._comms.values())
+            persisting = {
+                s.comm.key: tuple(
+                    op for op, (count, _) in s.streaks.items() if count >= self.persist_polls
+                )
+                for s in comms
+            }
+            return EndpointView(
+                address=self.address,
+                polls=self._polls,
+                last_success=self._success,
+                last_duration=self._duration,
+                last_error=self._error,
+                errors=dict(self._errors),
+                report=self._report,
+                comms=comms,
+                persisting=persisting,
+            )
+
+
+class RasPoller:
+    """Polls each endpoint every ``interval`` on a daemon thread of its own, so an endpoint
+    that hangs until its deadline delays no other."""
+
+    def __init__(self, endpoints: list[Endpoint], interval: float) -> None:
+        self.endpoints = endpoints
+        self.interval = interval
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for endpoint in self.endpoints:
+            thread = threading.Thread(
+                target=self._run, args=(endpoint,), name="rankscope-nccl-ras", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def _run(self, endpoint: Endpoint) -> None:
+        while not self._stop.is_set():
+            endpoint.poll_once()
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            # A poll in progress ends at its own deadline at worst; the thread is a daemon.
+            thread.join(timeout=1.0)
+
+    def views(self) -> list[EndpointView]:
+        return [e.view() for e in self.endpoints]

@@ -1,0 +1,353 @@
+"""NCCL RAS status reports -> typed reports: pure functions, no I/O.
+
+The report layouts are NCCL's (src/ras/client_support.cc; docs/nccl-ras-notes.md has the
+facts by version). JSON (2.28.7+, ``SET FORMAT json``) gives every rank of every
+communicator with its collective counts; the text report (every version since 2.24) gives
+grouped rows and, in its Errors / Warnings sections, the dead processes and the
+mismatches NCCL itself found. A report that does not parse raises :class:`ReportError` with
+one of the bounded reasons of :data:`ERROR_REASONS`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# The reasons a poll fails, a closed set (the label values of the self metrics).
+ERROR_REASONS = ("refused", "timeout", "truncated", "malformed", "too_large", "unknown_version")
+# The only protocol number any NCCL (2.24 .. 2.30) has spoken.
+KNOWN_PROTOCOL = 2
+
+
+class ReportError(Exception):
+    """A poll or report that cannot be used; ``reason`` is one of ERROR_REASONS."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in ERROR_REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RasRank:
+    """One rank of a communicator as RAS reports it. ``counts`` is None in the text report
+    (it gives no per-rank counts); ``status`` is the JSON status object flattened to a
+    comparable tuple."""
+
+    rank: int
+    host: str
+    pid: int
+    cuda_dev: int | None
+    counts: dict[str, int] | None
+    status: tuple[tuple[str, object], ...]
+
+
+@dataclass(frozen=True)
+class MissingRank:
+    rank: int
+    host: str
+    pid: int
+    unresponsive: bool
+    considered_dead: bool
+
+
+@dataclass(frozen=True)
+class Communicator:
+    """``key`` is NCCL's own id, hash + secondary hash (the hash alone is not unique, per
+    NCCL's source); the text report has no secondary hash, so its key's second part is ""."""
+
+    hash: str
+    secondary_hash: str
+    size: int | None
+    ranks_count: int | None
+    missing_ranks_count: int | None
+    ranks: tuple[RasRank, ...] = ()
+    missing: tuple[MissingRank, ...] = ()
+    # Mismatches NCCL itself reported (text Warnings section): op names, or "status".
+    reported_mismatches: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.hash, self.secondary_hash)
+
+
+@dataclass(frozen=True)
+class DeadProcess:
+    pid: int
+    host: str
+
+
+@dataclass(frozen=True)
+class RasReport:
+    format: str  # "json" or "text"
+    nccl_version: str
+    cuda_runtime_version: int | None
+    cuda_driver_version: int | None
+    communicators: tuple[Communicator, ...]
+    # Job-wide DEAD section (text only): its count, and the processes it lists (NCCL lists
+    # them only when they are few, so the count can exceed the list).
+    dead_count: int = 0
+    dead: tuple[DeadProcess, ...] = ()
+    timeouts: int | None = None
+
+
+def parse_report(data: bytes) -> RasReport:
+    """A report as the server sent it: JSON when it starts with '{', text otherwise."""
+    text = _decode(data)
+    if text.lstrip().startswith("{"):
+        return parse_json_report(text)
+    return parse_text_report(text)
+
+
+def _decode(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReportError("malformed", f"not UTF-8 at byte {exc.start}") from None
+
+
+# --- JSON (2.28.7+) ------------------------------------------------------------------------
+
+
+def parse_json_report(text: str) -> RasReport:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # An error at the very end of the text, or a string never closed, is a report cut
+        # short; elsewhere, garbage.
+        cut = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+        reason = "truncated" if cut else "malformed"
+        raise ReportError(reason, f"JSON: {exc.msg} at char {exc.pos}") from None
+    if not isinstance(doc, dict):
+        raise ReportError("malformed", "JSON report is not an object")
+    version = doc.get("nccl_version")
+    if not isinstance(version, str) or not _version_ok(version):
+        raise ReportError("unknown_version", f"nccl_version {version!r}")
+    comms_raw = doc.get("communicators")
+    if not isinstance(comms_raw, list):
+        raise ReportError("malformed", "no communicators list")
+    comms = tuple(_json_comm(c, i) for i, c in enumerate(comms_raw))
+    ras_raw = doc.get("ras")
+    ras: dict[str, Any] = ras_raw if isinstance(ras_raw, dict) else {}
+    return RasReport(
+        format="json",
+        nccl_version=version,
+        cuda_runtime_version=_opt_int(doc.get("cuda_runtime_version")),
+        cuda_driver_version=_opt_int(doc.get("cuda_driver_version")),
+        communicators=comms,
+        timeouts=_opt_int(ras.get("timeouts_count")),
+    )
+
+
+def _version_ok(version: str) -> bool:
+    return re.fullmatch(r"\d+\.\d+\.\d+", version.split("+")[0]) is not None
+
+
+def _opt_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _req_int(obj: dict[str, Any], key: str, where: str) -> int:
+    value = _opt_int(obj.get(key))
+    if value is None:
+        raise ReportError("malformed", f"{where}.{key} is not an integer")
+    return value
+
+
+def _req_str(obj: dict[str, Any], key: str, where: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise ReportError("malformed", f"{where}.{key} is not a string")
+    return value
+
+
+def _json_comm(raw: object, index: int) -> Communicator:
+    where = f"communicators[{index}]"
+    if not isinstance(raw, dict):
+        raise ReportError("malformed", f"{where} is not an object")
+    ranks_raw, missing_raw = raw.get("ranks", []), raw.get("missing_ranks", [])
+    if not isinstance(ranks_raw, list) or not isinstance(missing_raw, list):
+        raise ReportError("malformed", f"{where}: ranks / missing_ranks are not lists")
+    return Communicator(
+        hash=_req_str(raw, "hash", where),
+        secondary_hash=_req_str(raw, "secondary_hash", where),
+        size=_req_int(raw, "size", where),
+        ranks_count=_req_int(raw, "ranks_count", where),
+        missing_ranks_count=_req_int(raw, "missing_ranks_count", where),
+        ranks=tuple(_json_rank(r, f"{where}.ranks[{i}]") for i, r in enumerate(ranks_raw)),
+        missing=tuple(
+            _json_missing(r, f"{where}.missing_ranks[{i}]") for i, r in enumerate(missing_raw)
+        ),
+    )
+
+
+def _pid(obj: dict[str, Any], where: str) -> int:
+    # NCCL writes -1 for an unknown pid.
+    return _req_int(obj, "pid", where)
+
+
+def _json_rank(raw: object, where: str) -> RasRank:
+    if not isinstance(raw, dict):
+        raise ReportError("malformed", f"{where} is not an object")
+    counts_raw = raw.get("collective_counts")
+    if not isinstance(counts_raw, dict) or not all(
+        _opt_int(v) is not None for v in counts_raw.values()
+    ):
+        raise ReportError("malformed", f"{where}.collective_counts is not op -> integer")
+    status_raw = raw.get("status")
+    if not isinstance(status_raw, dict):
+        raise ReportError("malformed", f"{where}.status is not an object")
+    return RasRank(
+        rank=_req_int(raw, "rank", where),
+        host=_req_str(raw, "host", where),
+        pid=_pid(raw, where),
+        cuda_dev=_opt_int(raw.get("cuda_dev")),
+        counts={str(k): int(v) for k, v in counts_raw.items()},
+        status=tuple(sorted((str(k), v) for k, v in status_raw.items())),
+    )
+
+
+def _json_missing(raw: object, where: str) -> MissingRank:
+    if not isinstance(raw, dict):
+        raise ReportError("malformed", f"{where} is not an object")
+    status_raw = raw.get("status")
+    status: dict[str, Any] = status_raw if isinstance(status_raw, dict) else {}
+    return MissingRank(
+        rank=_req_int(raw, "rank", where),
+        host=_req_str(raw, "host", where),
+        pid=_pid(raw, where),
+        unresponsive=status.get("unresponsive") is True,
+        considered_dead=status.get("considered_dead") is True,
+    )
+
+
+# --- text (2.24+) --------------------------------------------------------------------------
+
+_VERSION_LINE = re.compile(r"NCCL version (\S+)")
+_CUDA_LINE = re.compile(r"CUDA runtime version (\d+), driver version (\d+)")
+# "%5d  %8d  %8d  %8s  %8d  %8d  %8s  %6s": group, comms, nodes/comm, ranks/node (may be
+# a range "7-8"), ranks/comm, ranks in group, status, errors.
+_GROUP_ROW = re.compile(
+    r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+([\d-]+)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$"
+)
+_DEAD_COUNT = re.compile(r"^\s*(\d+) job process(?:es are| is) considered dead")
+_PROCESS_LINE = re.compile(r"^\s*Process (-?\d+) on node (\S+) managing GPU")
+_COMM_ENTRY = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) ([A-Z,]+)\s*$")
+_MISMATCH_OP = re.compile(r"Communicator ranks have different (\w+) operation counts")
+_MISMATCH_STATUS = "Communicator ranks have different status"
+# 2.24 / 2.25 name no op: "different collective operation counts".
+_MISMATCH_ANY = "Communicator ranks have different collective operation counts"
+
+
+def parse_text_report(text: str) -> RasReport:
+    lines = text.splitlines()
+    if not lines:
+        raise ReportError("truncated", "empty report")
+    head = _VERSION_LINE.match(lines[0])
+    if head is None:
+        raise ReportError("malformed", f"first line {lines[0][:60]!r} is not 'NCCL version'")
+    version = head.group(1)
+    if not _version_ok(version):
+        raise ReportError("unknown_version", f"NCCL version {version!r}")
+    # Every text report ends with its Warnings section (possibly empty): without it the
+    # report was cut short.
+    if "Warnings" not in (line.strip() for line in lines):
+        raise ReportError("truncated", "no Warnings section")
+    cuda = _CUDA_LINE.match(lines[1]) if len(lines) > 1 else None
+    section = ""
+    groups: list[tuple[int, int, int, int, str, str]] = []
+    dead_count = 0
+    dead: list[DeadProcess] = []
+    mismatches: dict[str, list[str]] = {}
+    timeouts: int | None = None
+    hashes: dict[str, str] = {}  # "#group-index" -> the hash NCCL printed for it
+    entry_id: str | None = None
+    block = ""
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        if nxt and set(nxt) == {"="} and stripped:
+            section = stripped.split("...")[0].strip()
+            continue
+        if section == "Communicators":
+            row = _GROUP_ROW.match(line)
+            if row:
+                g = row.groups()
+                groups.append((int(g[0]), int(g[1]), int(g[4]), int(g[5]), g[6], g[7]))
+            continue
+        if section not in ("Errors", "Warnings"):
+            continue
+        if line and not line.startswith(" "):
+            block, entry_id = stripped, None
+            entry = _COMM_ENTRY.match(stripped)
+            if entry:
+                entry_id = f"#{entry.group(1)}-{entry.group(2)}"
+                hashes[entry_id] = "0x" + entry.group(3).lower()
+            continue
+        if block == "DEAD":
+            m = _DEAD_COUNT.match(line)
+            if m:
+                dead_count = int(m.group(1))
+            p = _PROCESS_LINE.match(line)
+            if p:
+                dead.append(DeadProcess(pid=int(p.group(1)), host=p.group(2)))
+        elif block == "TIMEOUT":
+            t = re.search(r"Encountered (\d+) communication timeout", line)
+            if t:
+                timeouts = int(t.group(1))
+        elif entry_id is not None and section == "Warnings":
+            op = _MISMATCH_OP.search(line)
+            if op and op.group(1) != "collective":
+                mismatches.setdefault(entry_id, []).append(op.group(1))
+            elif _MISMATCH_ANY in line:
+                mismatches.setdefault(entry_id, []).append("collective")
+            elif _MISMATCH_STATUS in line:
+                mismatches.setdefault(entry_id, []).append("status")
+    # The text groups communicators with equal shape into one row: each row yields its
+    # comms under NCCL's "#group-index" id, or the hash an Errors / Warnings entry printed
+    # for that id (size known, per-rank data not).
+    comms: list[Communicator] = []
+    for group, n_comms, ranks_per_comm, _ranks_in_group, _status, _errors in groups:
+        for idx in range(n_comms):
+            entry_id = f"#{group}-{idx}"
+            comms.append(
+                Communicator(
+                    hash=hashes.get(entry_id, entry_id),
+                    secondary_hash="",
+                    size=ranks_per_comm,
+                    ranks_count=None,
+                    missing_ranks_count=None,
+                    reported_mismatches=tuple(mismatches.get(entry_id, ())),
+                )
+            )
+    return RasReport(
+        format="text",
+        nccl_version=version,
+        cuda_runtime_version=int(cuda.group(1)) if cuda else None,
+        cuda_driver_version=int(cuda.group(2)) if cuda else None,
+        communicators=tuple(comms),
+        dead_count=dead_count,
+        dead=tuple(dead),
+        timeouts=timeouts,
+    )
+
+
+# --- findings that need no history ---------------------------------------------------------
+
+
+def count_mismatches(comm: Communicator) -> dict[str, tuple[int, int]]:
+    """op -> (lowest, highest) count over the reporting ranks, for each op whose ranks
+    disagree in this one report (a snapshot; persistence is the poller's business)."""
+    out: dict[str, tuple[int, int]] = {}
+    ops = {op for r in comm.ranks if r.counts for op in r.counts}
+    for op in sorted(ops):
+        values = {r.counts.get(op, 0) for r in comm.ranks if r.counts is not None}
+        if len(values) > 1:
+            out[op] = (min(values), max(values))
+    return out
+
+
+def status_differs(comm: Communicator) -> bool:
+    return len({r.status for r in comm.ranks}) > 1
