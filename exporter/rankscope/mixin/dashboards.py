@@ -426,6 +426,7 @@ def census(c: Mapping[str, Any]) -> dict:
     rank = f'{s}, instance=~"$instance", boot=~"$boot"'
     op = f'{rank}, group=~"$group"'
     derived = 'boot=~"$boot", group=~"$group"'
+    lookback = c["censusSkewLookback"]
     return _dashboard(
         "rankscope-census",
         "rankscope / Census",
@@ -454,12 +455,12 @@ def census(c: Mapping[str, Any]) -> dict:
                 "Counts at the latest common round",
                 "Per group instance and op, the largest and smallest count among the ranks "
                 "that stand at the group's latest round, and each rank that was behind within "
-                "the time range with its largest deficit to the most advanced rank (a rank "
-                "ahead stands alone at its round at some instants, compared with nobody).",
+                "RankscopeCensusSkew's lookback with its largest deficit to the most advanced "
+                "rank (a rank ahead stands alone at its round at some instants).",
                 [
                     (f"rankscope:census_group_max_collectives{{{derived}}}", ""),
                     (f"rankscope:census_group_min_collectives{{{derived}}}", ""),
-                    (f"max_over_time(rankscope:census_rank_deficit{{{derived}}}[$__range])", ""),
+                    (f"max_over_time(rankscope:census_rank_deficit{{{derived}}}[{lookback}])", ""),
                 ],
                 width=24,
             ),
