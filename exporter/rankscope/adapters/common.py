@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 
 from rankscope import census, probe
-from rankscope.adapters.points import AttachError, HookPoint, Undo, resolve
+from rankscope.adapters.points import Adapter, AttachError, HookPoint, Undo, points_of, resolve
 from rankscope.census.wrap import OpNamer
 
 
@@ -35,6 +36,17 @@ def count_methods(
     cls = owners.pop()
     methods = {p.qualname.rsplit(".", 1)[1]: table[p.qualname.rsplit(".", 1)[1]] for p in points}
     return [census.instrument_methods(cls, methods, group_of=group_of)]
+
+
+def install_parallel_state(
+    adapter: Adapter, module: ModuleType, name: str, table: Mapping[str, str | OpNamer]
+) -> list[Undo]:
+    """The parallel-state module both frameworks share the shape of: resolve the functions
+    the adapter calls (a missing one fails the attach here, not mid-boot), then count the
+    GroupCoordinator's methods under ``table``."""
+    for point in points_of(adapter, name, ("call",)):
+        resolve(module, point)
+    return count_methods(module, points_of(adapter, name, ("count",)), table)
 
 
 def configure_ranks(parallel_state: str, *, runner: str | None) -> None:

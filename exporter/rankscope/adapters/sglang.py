@@ -153,10 +153,7 @@ class SGLangAdapter(Adapter):
         }
 
     def _install_parallel_state(self, module: ModuleType) -> list[Undo]:
-        for point in points_of(self, PARALLEL_STATE, ("call",)):
-            resolve(module, point)
-        counted = points_of(self, PARALLEL_STATE, ("count",))
-        return common.count_methods(module, counted, COORDINATOR_OPS)
+        return common.install_parallel_state(self, module, PARALLEL_STATE, COORDINATOR_OPS)
 
     def _install_model_runner(self, module: ModuleType) -> list[Undo]:
         wraps = points_of(self, MODEL_RUNNER, ("wrap",))

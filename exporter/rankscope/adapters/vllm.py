@@ -182,10 +182,7 @@ class VLLMAdapter(Adapter):
         }
 
     def _install_parallel_state(self, module: ModuleType) -> list[Undo]:
-        for point in points_of(self, PARALLEL_STATE, ("call",)):
-            resolve(module, point)
-        counted = points_of(self, PARALLEL_STATE, ("count",))
-        return common.count_methods(module, counted, COORDINATOR_OPS)
+        return common.install_parallel_state(self, module, PARALLEL_STATE, COORDINATOR_OPS)
 
     def _install_communicator(self, module: ModuleType) -> list[Undo]:
         counted = points_of(self, CUDA_COMMUNICATOR, ("count",))
