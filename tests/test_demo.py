@@ -366,3 +366,6 @@ def test_the_card_summary_never_mixes_instants() -> None:
     assert "pid 2 (exited) 4.00 GiB" in line and "?" not in line
     assert line.endswith("free 10.75 GiB")  # 80 - 65 - 4 - 0.25, from the same scan
     assert "1.00 GiB" not in line  # the daemon's window, spanning an earlier scenario
+    # The margin is the daemon's (its window's minimum), and says so: a trough shorter than
+    # the summary's polling shows there while "worst this scenario" missed it.
+    assert "margin over the daemon's window +73.75 GiB" in line

@@ -88,7 +88,8 @@ def card_lines(cards_doc: dict[str, Any], worst: dict[str, int] | None = None) -
         )
         lines.append(
             f"  gpu {card.get('gpu')}{tag}: now free {gib(card.get('free'))} ({low}), "
-            f"floor {gib(card.get('floor'))}, margin {gib(card.get('margin'), signed=True)}, "
+            f"floor {gib(card.get('floor'))}, "
+            f"margin over the daemon's window {gib(card.get('margin'), signed=True)}, "
             f"breaches {card.get('breaches', 'n/a')}; last holdings scan: ranks {len(ranks)} "
             f"holding {gib(card.get('rank_resident'))}, foreign: {foreign_text}, "
             f"free {gib(scan_free)}"
