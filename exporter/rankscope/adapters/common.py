@@ -38,6 +38,33 @@ def count_methods(
     return [census.instrument_methods(cls, methods, group_of=group_of)]
 
 
+def coordinator_points(
+    parallel_state: str, ops: Mapping[str, Any], p2p_params: Mapping[str, tuple[str, int]]
+) -> tuple[HookPoint, ...]:
+    """The hook points both frameworks' GroupCoordinator offers alike: its counted ops (with
+    the peer parameter a point-to-point op reads), the attributes that name its group and
+    ranks, and the module's group getters."""
+    return (
+        *(
+            HookPoint(
+                parallel_state,
+                f"GroupCoordinator.{m}",
+                "count",
+                (p2p_params[m],) if m in p2p_params else (),
+            )
+            for m in ops
+        ),
+        *(
+            HookPoint(parallel_state, f"GroupCoordinator.{a}", "read")
+            for a in ("unique_name", "ranks", "rank_in_group", "world_size", "rank", "local_rank")
+        ),
+        *(
+            HookPoint(parallel_state, f, "call")
+            for f in ("get_world_group", "get_tp_group", "get_pp_group")
+        ),
+    )
+
+
 def install_parallel_state(
     adapter: Adapter, module: ModuleType, name: str, table: Mapping[str, str | OpNamer]
 ) -> list[Undo]:

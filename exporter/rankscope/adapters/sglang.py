@@ -72,23 +72,7 @@ P2P_PARAMS = {
 }
 
 POINTS: tuple[HookPoint, ...] = (
-    *(
-        HookPoint(
-            PARALLEL_STATE,
-            f"GroupCoordinator.{m}",
-            "count",
-            (P2P_PARAMS[m],) if m in P2P_PARAMS else (),
-        )
-        for m in COORDINATOR_OPS
-    ),
-    *(
-        HookPoint(PARALLEL_STATE, f"GroupCoordinator.{a}", "read")
-        for a in ("unique_name", "ranks", "rank_in_group", "world_size", "rank", "local_rank")
-    ),
-    *(
-        HookPoint(PARALLEL_STATE, f, "call")
-        for f in ("get_world_group", "get_tp_group", "get_pp_group")
-    ),
+    *common.coordinator_points(PARALLEL_STATE, COORDINATOR_OPS, P2P_PARAMS),
     HookPoint(MODEL_RUNNER, "ModelRunner.init_torch_distributed", "wrap"),
     HookPoint(MODEL_RUNNER, "ModelRunner.load_model", "wrap"),
     HookPoint(MODEL_RUNNER, "ModelRunner.alloc_memory_pool", "wrap"),

@@ -88,23 +88,7 @@ COMMUNICATOR_OPS: dict[str, Any] = {
 COMMUNICATOR_P2P = {"send": ("dst", 1), "recv": ("src", 2)}
 
 POINTS: tuple[HookPoint, ...] = (
-    *(
-        HookPoint(
-            PARALLEL_STATE,
-            f"GroupCoordinator.{m}",
-            "count",
-            (COORDINATOR_P2P[m],) if m in COORDINATOR_P2P else (),
-        )
-        for m in COORDINATOR_OPS
-    ),
-    *(
-        HookPoint(PARALLEL_STATE, f"GroupCoordinator.{a}", "read")
-        for a in ("unique_name", "ranks", "rank_in_group", "world_size", "rank", "local_rank")
-    ),
-    *(
-        HookPoint(PARALLEL_STATE, f, "call")
-        for f in ("get_world_group", "get_tp_group", "get_pp_group")
-    ),
+    *common.coordinator_points(PARALLEL_STATE, COORDINATOR_OPS, COORDINATOR_P2P),
     *(
         HookPoint(
             CUDA_COMMUNICATOR,
