@@ -318,9 +318,17 @@ def pooled(
     statistic of all its neighbouring baseline steps; its standard error by a cluster
     bootstrap over the condition's blocks, each resampled with its two neighbours."""
 
+    ordered = {j: sorted(blocks[j]["steps"]) for i in idx for j in (i - 1, i, i + 1)}
+
     def ratios(chosen: list[int]) -> dict[str, float]:
-        cond = sorted(t for i in chosen for t in blocks[i]["steps"])
-        base = sorted(t for i in chosen for j in (i - 1, i + 1) for t in blocks[j]["steps"])
+        cond: list[float] = []
+        base: list[float] = []
+        for i in chosen:
+            cond += ordered[i]
+            base += ordered[i - 1]
+            base += ordered[i + 1]
+        cond.sort()  # sorted runs: timsort merges them
+        base.sort()
         out = {}
         for s in stats:
             if s == "mean":

@@ -23,11 +23,24 @@ measured in the same run.
   releases the GIL and must wait for it on return; made with the GIL held
   (rankscope.daemon.devices.hold_gil, what the daemon now does) it does not. Printed: the
   published mean per sample against the bare call timed on a quiet thread.
+- cadence (always): what a fair bare read is. The sampler makes one read alone every 100 ms,
+  after a sleep, so it finds the caches and the driver's path cold; a read in a tight loop,
+  or made right after another, finds them warm. A STAND-IN C call into the kernel
+  (sysinfo(2), GIL held, not NVML) timed the three ways; then a real `rankscope serve` at
+  100 ms on a SIMULATED card, holdings on, scraped every second by another process, against
+  its own bare reads (one stat of the script, one lookup) made the three ways in this
+  process, and the sampler's code run in this quiet process with its reads timed apart.
+  Skipped where fastapi/uvicorn are missing.
 - daemon (GPU, --daemon): the issue's figure itself. A real `rankscope serve` at 100 ms with
   holdings, scraped every second, while another process keeps the GPU busy; its published
-  rankscope_sampler_duration_seconds (sum/count over the window) against a bare
-  nvmlDeviceGetMemoryInfo made by this process under the same load in the same window.
-  Goal: within 2x.
+  rankscope_sampler_duration_seconds (sum/count over the window) against bare
+  nvmlDeviceGetMemoryInfo reads made in this process under the same load in the same
+  window, the way the sampler makes its own: alone, one every 100 ms, on the sampler's kind
+  of thread, in turn the direct read with the GIL held (the daemon's own read function),
+  the same through ctypes.CDLL (GIL released) and pynvml's wrapper; beside them the direct
+  read made right after another (what this bench compared against before) and in a loop,
+  and the sampler's code in this quiet process. Goal: published within 2x of the direct
+  read made alone.
 
 Figures are medians over rounds; each round times a block of samples.
 """
@@ -300,7 +313,11 @@ class TimedReads:
         return bool(self._timed(self.inner.changed))
 
     def read_free(self, slot: int) -> int:
-        return int(self._timed(lambda: self.inner.read_free(slot)))
+        started = time.perf_counter_ns()
+        try:
+            return self.inner.read_free(slot)
+        finally:
+            self.spent_ns += time.perf_counter_ns() - started
 
     def read_processes(self, slot: int) -> dict[int, int | None]:
         return self.inner.read_processes(slot)
