@@ -3,6 +3,9 @@
     python3 bench/bench_interference.py [--seconds 240] [--block 0.5] [--out DIR]
     python3 bench/bench_interference.py --smoke     # no GPU: STAND-INs, the code path only
 
+--seconds is the whole run's budget, start-up and model builds included (240 s by default,
+about 4.2 minutes with the interpreter's start and the report; --quick: 120 s).
+
 GPU only (exits at once, saying so, without CUDA), except --smoke. A transformers
 LLaMA-style model built from a config with random weights (about 1.1 B parameters, bf16),
 batch 8, a static KV cache, decodes one token per step; each step's wall time is taken with
@@ -399,12 +402,14 @@ def run_mode(
     """Warm up, then B c B c ... B blocks until ``deadline`` (time.monotonic)."""
     warm_end = time.monotonic() + args.warmup
     warm_medians: list[float] = []  # one a second: the clocks settling, or not
-    while time.monotonic() < warm_end:
+    while True:  # at least one round: its p50 sets the block's steps
         second_end = min(warm_end, time.monotonic() + 1.0)
-        times: list[float] = []
+        times = timed_steps(step, 5)
         while time.monotonic() < second_end:
             times += timed_steps(step, 5)
         warm_medians.append(statistics.median(times))
+        if time.monotonic() >= warm_end:
+            break
     per_step = warm_medians[-1] / 1e3
     steps = max(args.min_steps, round(args.block / per_step))
     print(

@@ -417,18 +417,21 @@ def published_against_bare(
         n_quiet = len(quiet.durations)
         time.sleep(seconds)
         c1, s1 = harness.sampler_totals(daemon.metrics())
+    finally:
         quiet.stop()
         lone.stop()
-        cards = len(daemon.cards())
-        tight_ns = per_call(tight, 200, rounds) * 1e9
-    finally:
         scraper.kill()
         scraper.wait()
+    # A sample of a source that is down is counted too, and reads nothing.
+    cards = sum(1 for card in daemon.cards() if card.get("free") is not None)
+    if not cards:
+        raise RuntimeError(f"the daemon reads no card: {daemon.cards()}")
+    tight_ns = per_call(tight, 200, rounds) * 1e9
     return {
         "window_s": seconds,
         "cards": cards,
         "published_samples": c1 - c0,
-        "published_us": (s1 - s0) / max(1.0, c1 - c0) / max(1, cards) * 1e6,
+        "published_us": (s1 - s0) / max(1.0, c1 - c0) / cards * 1e6,
         "lone_us": {k: us(v) for k, v in lone.lone.items()},
         "right_after_us": us(lone.right_after),
         "quiet_sampler_us": us(quiet.durations[n_quiet:], 1e6),
