@@ -2,6 +2,7 @@
 
     python3 bench/bench_interference.py [--seconds 240] [--block 0.5] [--out DIR]
     python3 bench/bench_interference.py --smoke     # no GPU: STAND-INs, the code path only
+    python3 bench/bench_interference.py --replay DIR/steps.csv [--block-steps N]
 
 --seconds is the whole run's budget, start-up and model builds included (240 s by default,
 about 4.2 minutes with the interpreter's start and the report; --quick: 120 s).
@@ -479,6 +480,31 @@ def print_report(mode: str, result: dict[str, Any]) -> None:
         )
 
 
+def replay(path: Path, block_steps: int | None, args: argparse.Namespace) -> None:
+    """What this design's estimators make of steps recorded before (a steps.csv): each
+    mode's steps, in their order, cut into blocks of ``block_steps`` and labelled
+    B c B c ... B as a run would. Whatever the recording ran, every condition here is a
+    relabelled stretch of it, so each one's standard error is a noise floor."""
+    streams: dict[str, list[float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            streams.setdefault(row["mode"], []).append(float(row["ms"]))
+    print(f"REPLAY of {path}: recorded steps relabelled, no condition ran here")
+    for mode, stream in streams.items():
+        n = block_steps or max(args.min_steps, round(args.block * 1e3 / statistics.median(stream)))
+        chunks = [stream[i : i + n] for i in range(0, len(stream) - n + 1, n)]
+        chunks = chunks[: len(chunks) - 1 + len(chunks) % 2]  # end on a baseline block
+        order = rounds(args.seed)
+        blocks = [
+            {"condition": "baseline" if k % 2 == 0 else next(order), **block_stats(c), "steps": c}
+            for k, c in enumerate(chunks)
+        ]
+        print_report(
+            f"{mode}, {len(stream)} steps in blocks of {n}",
+            analyse(blocks, args.bootstrap, args.seed),
+        )
+
+
 def pin_and_freeze(pin: bool) -> str:
     """Pin this process to one CPU (the highest it may use: interrupts and housekeeping
     favour the lowest) and stop the garbage collector, what it would otherwise do at
@@ -507,7 +533,15 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="no GPU: STAND-IN step and processes")
     p.add_argument("--out", type=Path, help="directory for interference.json and steps.csv")
     p.add_argument("--seed", type=int, default=17)
+    p.add_argument(
+        "--replay", type=Path, metavar="STEPS_CSV", help="no run: the estimators on recorded steps"
+    )
+    p.add_argument("--block-steps", type=int, help="--replay: steps a block (default from --block)")
     args = p.parse_args()
+    if args.replay:
+        args.block = args.block or 0.5
+        replay(args.replay, args.block_steps, args)
+        return
     if not args.smoke:
         harness.require_cuda("bench_interference")
     default_seconds = 12.0 if args.smoke else 120.0 if args.quick else 240.0

@@ -108,3 +108,13 @@ def test_the_smoke_run_writes_every_block(tmp_path: Path) -> None:
     assert set(counts) == {(b["mode"], b["block"]) for b in blocks}
     for (mode, _), n in counts.items():
         assert n == result["modes"][mode]["block_steps"] >= 20
+    # The recorded steps replayed through the same estimators, in blocks of 10.
+    replay = subprocess.run(
+        [sys.executable, str(BENCH / "bench_interference.py"), "--replay", str(out / "steps.csv"),
+         "--block-steps", "10", "--bootstrap", "20"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    graph_steps = sum(n for (mode, _), n in counts.items() if mode == "graph")
+    assert f"graph, {graph_steps} steps in blocks of 10" in replay.stdout
+    assert "noise floor (1 SE of the null condition" in replay.stdout
