@@ -471,28 +471,38 @@ def report(result: dict[str, Any], bare: str) -> None:
 
 def cadence(seconds: float, rounds: int, out: dict[str, Any]) -> None:
     """Why a read the sampler makes alone every 100 ms costs more than the same read in a
-    loop, on this machine: a STAND-IN C call into the kernel (sysinfo(2) with the GIL held,
-    not NVML) timed lone at the sampler's cadence, right after another, and in a loop; then
+    loop, on this machine: a STAND-IN C call into the kernel (sysinfo(2), not NVML) timed
+    lone at the sampler's cadence (with the GIL held and released, in turn), right after
+    another, and in a loop; then
     a real `rankscope serve` on the simulated source against its own bare reads (one stat
     of the script, one lookup) made the same three ways in this process."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = ctypes.CDLL(None)
     buf = ctypes.create_string_buffer(256)  # struct sysinfo is 112 bytes on x86-64
-    sysinfo = hold_gil(libc.sysinfo)
-
-    def standin() -> None:
-        sysinfo(buf)
-
-    lone = LoneReads({"stand-in sysinfo": standin}, standin, 0.1)
+    released = libc.sysinfo  # through ctypes.CDLL: the GIL released during the call
+    held = hold_gil(released)
+    kinds: dict[str, Callable[[], object]] = {
+        "GIL held": lambda: held(buf),
+        "GIL released": lambda: released(buf),
+    }
+    lone = LoneReads(kinds, kinds["GIL held"], 0.1)
     lone.start()
-    time.sleep(min(seconds, 5.0))
+    time.sleep(min(seconds, 6.0))
     lone.stop()
-    loop = per_call(standin, 2000, rounds) * 1e6
-    one, after = us(lone.lone["stand-in sysinfo"]), us(lone.right_after)
-    print("cadence: a STAND-IN C call into the kernel (sysinfo, GIL held; not NVML):")
-    print(f"  lone, every 100 ms          {one['mean']:8.2f} us (p50 {one['p50']:.2f})")
-    print(f"  right after another         {after['mean']:8.2f} us (p50 {after['p50']:.2f})")
-    print(f"  tight loop                  {loop:8.2f} us   lone / loop {one['mean'] / loop:5.1f}x")
-    out["cadence_standin"] = {"lone_us": one, "right_after_us": after, "tight_loop_us": loop}
+    loop = per_call(kinds["GIL held"], 2000, rounds) * 1e6
+    print("cadence: a STAND-IN C call into the kernel (sysinfo(2), not NVML), quiet process:")
+    standin: dict[str, Any] = {}
+    for name, values in lone.lone.items():
+        v = standin[f"lone_{name.split()[1]}_us"] = us(values)
+        label = f"lone every 100 ms, {name}"
+        print(f"  {label:32s} {v['mean']:8.2f} us (p50 {v['p50']:.2f})")
+    after = standin["right_after_us"] = us(lone.right_after)
+    one = standin["lone_held_us"]
+    label = "right after another, GIL held"
+    print(f"  {label:32s} {after['mean']:8.2f} us (p50 {after['p50']:.2f})")
+    label = "tight loop, GIL held"
+    print(f"  {label:32s} {loop:8.2f} us   lone / loop {one['mean'] / loop:5.1f}x")
+    standin["tight_loop_us"] = loop
+    out["cadence_standin"] = standin
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
