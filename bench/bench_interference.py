@@ -277,12 +277,13 @@ def quantile(ordered: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
 
 
+QUANTILES = {"p50": 0.5, "p99": 0.99, "p999": 0.999}
+
+
 def block_stats(times: list[float]) -> dict[str, float]:
     ordered = sorted(times)
     return {
-        "p50": quantile(ordered, 0.5),
-        "p99": quantile(ordered, 0.99),
-        "p999": quantile(ordered, 0.999),
+        **{s: quantile(ordered, p) for s, p in QUANTILES.items()},
         "mean": statistics.fmean(times),
     }
 
@@ -338,8 +339,7 @@ def pooled(
             if s == "mean":
                 out[s] = statistics.fmean(cond) / statistics.fmean(base)
             else:
-                p = {"p50": 0.5, "p99": 0.99, "p999": 0.999}[s]
-                out[s] = quantile(cond, p) / quantile(base, p)
+                out[s] = quantile(cond, QUANTILES[s]) / quantile(base, QUANTILES[s])
         return out
 
     point = ratios(idx)
