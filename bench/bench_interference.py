@@ -1,42 +1,70 @@
 """What rankscope costs a decoding model: inter-token latency (ITL) with and without it.
 
-    python3 bench/bench_interference.py [--quick] [--out DIR]
+    python3 bench/bench_interference.py [--seconds 240] [--block 0.5] [--out DIR]
+    python3 bench/bench_interference.py --smoke     # no GPU: STAND-INs, the code path only
+    python3 bench/bench_interference.py --replay DIR/steps.csv [--block-steps N]
 
-GPU only (exits at once, saying so, without CUDA). A transformers LLaMA-style model built
-from a config with random weights (about 1.1 B parameters, bf16), batch 8, a static KV
-cache, decodes one token per step; each step's wall time is taken with a synchronize per
-step. Two modes: eager, and one decode step captured in a CUDA graph and replayed.
+--seconds is the whole run's budget, start-up and model builds included (240 s by default,
+about 4.2 minutes with the interpreter's start and the report; --quick: 120 s).
+
+GPU only (exits at once, saying so, without CUDA), except --smoke. A transformers
+LLaMA-style model built from a config with random weights (about 1.1 B parameters, bf16),
+batch 8, a static KV cache, decodes one token per step; each step's wall time is taken with
+a synchronize per step. Two modes: one decode step captured in a CUDA graph and replayed
+(most of the time budget), and eager (a short share: it is CPU-bound and noisier).
 
 Conditions, each a set of real processes started once and held stopped (SIGSTOP) except
 during their own blocks, so every block runs next to the same idle processes:
 
     baseline  nothing running
+    null      nothing running either, scheduled and estimated exactly as a condition: the
+              A/A comparison whose standard error is the noise floor
     serve100  `rankscope serve` at 100 ms, holdings on (1 s), a scraper on /metrics every 1 s
     serve20   the same at 20 ms
     serve10   the same at 10 ms
     nvml25    a bare NVML poller: process list + memory info every 25 ms
     smi100    nvidia-smi --query-gpu=memory.used --format=csv -lms 100
 
-Schedule: after a warm-up that brings the clocks to steady state, blocks alternate
-baseline / condition (B c B c B ...), the conditions shuffled (seeded) in each round, so
-every condition block has a baseline block on each side, and decoding never pauses between
-blocks. Figures: per block ITL p50 / p99 / p99.9 / mean; per condition the paired ratio of
-each of its blocks to the mean of its two neighbouring baseline blocks (median, min, max)
-(mean with its standard error, min, max) and the pooled ratio (all its steps against all
-baseline steps). The noise floor is the same paired ratio for each baseline block against
-the baseline blocks two away (its neighbours of the same kind): one standard error of a
-mean of as many such ratios as a condition has blocks; and the spread between baseline
-blocks (max / min - 1). Raw per-block
-figures go to DIR/interference.json and every step to DIR/steps.csv.
+Schedule: the decoding process is pinned to one CPU and Python's garbage collector is off
+while it is timed (--no-pin keeps both as they are); a warm-up (--warmup, decoding
+without timing blocks) brings the GPU and CPU clocks to steady state first; no clock or
+setting is changed. Then short blocks (--block seconds) alternate baseline / condition
+(B c B c ... B) until the mode's share of --seconds is spent, the conditions shuffled
+(seeded) in rounds, a round never starting with the condition that ended the one before,
+so each condition block has baseline blocks on both sides that no other block of the same
+condition uses, and decoding never pauses between blocks.
 
-Budget: about 5 minutes on an H200 in full, about 2 with --quick.
+Estimators (docs/benchmarks.md, "The decode-interference method"):
+
+- p50 and mean, paired: for each block of a condition, d = ln(stat of the block) minus the
+  mean of ln(stat) of its two neighbouring baseline blocks; the condition's ratio is
+  exp(mean d) and its standard error sd(d) / sqrt(k) over its k blocks (the d of one
+  condition are independent: they share no baseline block), as a fraction of the ratio.
+- p99 and p99.9, pooled: every step of the condition's blocks against every step of their
+  neighbouring baseline blocks (a block of a few hundred steps has no p99.9 of its own);
+  the standard error by a cluster bootstrap that resamples the condition's blocks, each
+  with its two neighbours (--bootstrap resamples, seeded).
+- The noise floor: the `null` condition's standard error for each statistic, i.e. what one
+  standard error of a condition with no effect is in this run; its ratio should be 1
+  within about two of them. The spread between baseline blocks (max / min - 1) is printed
+  too; it grows with the number of blocks and is not the floor.
+
+A resumed process runs at once whatever fell due while it was stopped: the daemon's
+1 s holdings read therefore comes once per serve block when blocks are shorter than 1 s
+(at the default 0.5 s, twice its rate: the serve figures are an upper bound), the 100 ms
+and faster loops and the scraper (which counts only the time it runs) keep their rates.
+
+Raw figures: DIR/interference.json (every block's statistics, in order, with the
+warm-up's per-second medians) and DIR/steps.csv (every step).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
+import math
 import os
 import random
 import signal
@@ -44,13 +72,15 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import harness
 
-CONDITIONS = ("serve100", "serve20", "serve10", "nvml25", "smi100")
+CONDITIONS = ("null", "serve100", "serve20", "serve10", "nvml25", "smi100")
+STATS = ("p50", "p99", "p999", "mean")
+PAIRED = ("p50", "mean")  # per-block statistics steady enough to pair block by block
 
 NVML_POLLER = """
 import time, pynvml
@@ -63,20 +93,12 @@ while True:
     time.sleep(0.025)
 """
 
-SCRAPER = """
-import sys, time, urllib.request
-url = sys.argv[1]
-while True:
-    time.sleep(1.0)
-    try:
-        urllib.request.urlopen(url, timeout=10).read()
-    except OSError:
-        pass
-"""
+# --smoke: a STAND-IN for every condition's processes (no NVML, no nvidia-smi here).
+STANDIN_PROCESS = "import time\nwhile True: time.sleep(0.01)"
 
 
 class Condition:
-    """Real processes that run only while resumed."""
+    """Real processes that run only while resumed (none for the baseline and null)."""
 
     def __init__(self, name: str, procs: list[subprocess.Popen[Any]], daemon: Any = None):
         self.name, self.procs, self.daemon = name, procs, daemon
@@ -106,17 +128,19 @@ class Condition:
                 p.wait()
 
 
-def start_conditions(log_dir: Path | None) -> dict[str, Condition]:
-    env = harness.child_env()
-    out: dict[str, Condition] = {}
+def start_conditions(log_dir: Path | None, smoke: bool) -> dict[str, Condition]:
+    out: dict[str, Condition] = {"baseline": Condition("baseline", [])}
     try:
         for name in CONDITIONS:
-            if name.startswith("serve"):
+            if name == "null":
+                out[name] = Condition(name, [])
+            elif smoke:
+                standin = subprocess.Popen([sys.executable, "-c", STANDIN_PROCESS])
+                out[name] = Condition(name, [standin])
+            elif name.startswith("serve"):
                 log = log_dir / f"{name}.log" if log_dir else None
                 daemon = harness.Daemon(int(name[5:]), log=log)
-                scraper = subprocess.Popen(
-                    [sys.executable, "-c", SCRAPER, daemon.url + "/metrics"], env=env
-                )
+                scraper = harness.start_scraper(daemon.url + "/metrics", 1.0)
                 out[name] = Condition(name, [daemon.proc, scraper], daemon)
             elif name == "nvml25":
                 out[name] = Condition(name, [subprocess.Popen([sys.executable, "-c", NVML_POLLER])])
@@ -208,6 +232,21 @@ def build_decoder(
     return step
 
 
+def standin_step(ms: float = 1.0) -> Callable[[], None]:
+    """--smoke: a STAND-IN decode step, pure Python for about ``ms`` (no GPU, no model)."""
+    n = 1000
+    t = time.perf_counter()
+    for _ in range(5):
+        sum(range(n))
+    per = (time.perf_counter() - t) / 5 / n
+    n = max(1, round(ms / 1e3 / per))
+
+    def step() -> None:
+        sum(range(n))
+
+    return step
+
+
 def timed_steps(step: Callable[[], None], n: int) -> list[float]:
     """n steps' wall times in ms, one synchronize per step (inside step)."""
     out = []
@@ -219,183 +258,347 @@ def timed_steps(step: Callable[[], None], n: int) -> list[float]:
     return out
 
 
-def schedule(rounds: int, seed: int) -> list[str]:
+def rounds(seed: int) -> Iterator[str]:
+    """Conditions for B c B c ...: shuffled rounds, a round never starting with the
+    condition that ended the one before, so no baseline block sits between two blocks of
+    one condition."""
     rng = random.Random(seed)
-    order = ["baseline"]
-    for _ in range(rounds):
+    last = None
+    while True:
         names = list(CONDITIONS)
         rng.shuffle(names)
-        for name in names:
-            order += [name, "baseline"]
-    return order
+        if names[0] == last:
+            names[0], names[-1] = names[-1], names[0]
+        last = names[-1]
+        yield from names
 
 
-STATS = ("p50", "p99", "p999", "mean")
+def quantile(ordered: list[float], p: float) -> float:
+    return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
 
 
-def analyse(blocks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Paired and pooled ratios per condition; the baseline's own noise floor."""
-    base_idx = [i for i, b in enumerate(blocks) if b["condition"] == "baseline"]
-    out: dict[str, Any] = {}
+QUANTILES = {"p50": 0.5, "p99": 0.99, "p999": 0.999}
 
-    def neighbours(i: int, kind_gap: int) -> list[dict[str, Any]]:
-        return [blocks[j] for j in (i - kind_gap, i + kind_gap) if 0 <= j < len(blocks)]
 
-    null: dict[str, list[float]] = {s: [] for s in STATS}
-    for i in base_idx:
-        around = [b for b in neighbours(i, 2) if b["condition"] == "baseline"]
-        if len(around) == 2:
-            for s in STATS:
-                null[s].append(blocks[i][s] / statistics.fmean(b[s] for b in around))
-    base_values = {s: [blocks[i][s] for i in base_idx] for s in STATS}
-    base_steps = [t for i in base_idx for t in blocks[i]["steps"]]
-    half = [
-        [t for k, i in enumerate(base_idx) if k % 2 == h for t in blocks[i]["steps"]]
-        for h in (0, 1)
+def block_stats(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    return {
+        **{s: quantile(ordered, p) for s, p in QUANTILES.items()},
+        "mean": statistics.fmean(times),
+    }
+
+
+def pairs(blocks: list[dict[str, Any]], name: str) -> list[int]:
+    """Indices of ``name``'s blocks that have a baseline block on each side."""
+    return [
+        i
+        for i, b in enumerate(blocks)
+        if b["condition"] == name
+        and 0 < i < len(blocks) - 1
+        and blocks[i - 1]["condition"] == blocks[i + 1]["condition"] == "baseline"
     ]
-    q_half = [harness.quantiles(h) for h in half]
-    blocks_per_condition = max(1, sum(b["condition"] == CONDITIONS[0] for b in blocks))
-    out["noise_floor"] = {
+
+
+def paired(blocks: list[dict[str, Any]], idx: list[int], stat: str) -> dict[str, Any]:
+    """The paired estimator: exp(mean d), d = ln(block) - mean ln(its two baselines)."""
+    d = [
+        math.log(blocks[i][stat])
+        - (math.log(blocks[i - 1][stat]) + math.log(blocks[i + 1][stat])) / 2
+        for i in idx
+    ]
+    ratio = math.exp(statistics.fmean(d))
+    return {
+        "estimator": "paired",
+        "ratio": ratio,
+        "se": statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else None,
+        "block_min": math.exp(min(d)),
+        "block_max": math.exp(max(d)),
+    }
+
+
+def pooled(
+    blocks: list[dict[str, Any]], idx: list[int], stats: tuple[str, ...], resamples: int, seed: int
+) -> dict[str, dict[str, Any]]:
+    """The pooled estimator: a statistic of all the condition's steps over the same
+    statistic of all its neighbouring baseline steps; its standard error by a cluster
+    bootstrap over the condition's blocks, each resampled with its two neighbours."""
+
+    ordered = {j: sorted(blocks[j]["steps"]) for i in idx for j in (i - 1, i, i + 1)}
+
+    def ratios(chosen: list[int]) -> dict[str, float]:
+        cond: list[float] = []
+        base: list[float] = []
+        for i in chosen:
+            cond += ordered[i]
+            base += ordered[i - 1]
+            base += ordered[i + 1]
+        cond.sort()  # sorted runs: timsort merges them
+        base.sort()
+        out = {}
+        for s in stats:
+            if s == "mean":
+                out[s] = statistics.fmean(cond) / statistics.fmean(base)
+            else:
+                out[s] = quantile(cond, QUANTILES[s]) / quantile(base, QUANTILES[s])
+        return out
+
+    point = ratios(idx)
+    rng = random.Random(seed)
+    boot: dict[str, list[float]] = {s: [] for s in stats}
+    if len(idx) > 1:
+        for _ in range(resamples):
+            for s, r in ratios([rng.choice(idx) for _ in idx]).items():
+                boot[s].append(r)
+    return {
         s: {
-            # One standard error of a condition's mean paired ratio, had it no effect: the
-            # spread of baseline-against-baseline ratios over as many blocks.
-            "se_of_condition_mean": statistics.stdev(null[s]) / blocks_per_condition**0.5
-            if len(null[s]) > 1
-            else None,
-            "paired_median": statistics.median(null[s]) if null[s] else None,
-            "paired_min": min(null[s], default=None),
-            "paired_max": max(null[s], default=None),
-            "spread_max_over_min": max(base_values[s]) / min(base_values[s]) - 1,
-            "split_half_ratio": q_half[1][s] / q_half[0][s],
+            "estimator": "pooled",
+            "ratio": point[s],
+            # as a fraction of the ratio, like the paired SE
+            "se": statistics.stdev(boot[s]) / point[s] if len(boot[s]) > 1 else None,
         }
+        for s in stats
+    }
+
+
+def analyse(blocks: list[dict[str, Any]], resamples: int = 400, seed: int = 0) -> dict[str, Any]:
+    """Per condition and statistic: the ratio to the neighbouring baselines with its
+    standard error (paired for p50 and mean, pooled with a cluster bootstrap for p99 and
+    p99.9; both kinds are kept for every statistic); the noise floor is the null's."""
+    out: dict[str, Any] = {"conditions": {}}
+    base_idx = [i for i, b in enumerate(blocks) if b["condition"] == "baseline"]
+    base = sorted(t for i in base_idx for t in blocks[i]["steps"])
+    out["baseline_ms"] = {**block_stats(base), "steps": len(base), "blocks": len(base_idx)}
+    out["baseline_spread"] = {
+        s: max(blocks[i][s] for i in base_idx) / min(blocks[i][s] for i in base_idx) - 1
         for s in STATS
     }
-    q_base = harness.quantiles(base_steps)
-    out["baseline_ms"] = q_base
     for name in CONDITIONS:
-        idx = [i for i, b in enumerate(blocks) if b["condition"] == name]
-        paired: dict[str, list[float]] = {s: [] for s in STATS}
-        for i in idx:
-            around = [b for b in neighbours(i, 1) if b["condition"] == "baseline"]
-            for s in STATS:
-                paired[s].append(blocks[i][s] / statistics.fmean(b[s] for b in around))
-        q = harness.quantiles([t for i in idx for t in blocks[i]["steps"]])
-        out[name] = {
-            s: {
-                "paired_mean": statistics.fmean(paired[s]),
-                "paired_se": statistics.stdev(paired[s]) / len(paired[s]) ** 0.5
-                if len(paired[s]) > 1
-                else None,
-                "paired_median": statistics.median(paired[s]),
-                "paired_min": min(paired[s]),
-                "paired_max": max(paired[s]),
-                "pooled": q[s] / q_base[s],
-            }
-            for s in STATS
-        }
-        out[name]["blocks"] = len(idx)
+        idx = pairs(blocks, name)
+        if not idx:
+            out["conditions"][name] = {"blocks": 0}
+            continue
+        cell: dict[str, Any] = {"blocks": len(idx)}
+        pool = pooled(blocks, idx, STATS, resamples, seed)
+        for s in STATS:
+            cell[s] = paired(blocks, idx, s) if s in PAIRED else dict(pool[s])
+            cell[s]["pooled"] = pool[s]  # both estimators, for every statistic
+        out["conditions"][name] = cell
+    null = out["conditions"].get("null", {})
+    out["noise_floor"] = {
+        s: {"se": null[s]["se"], "null_ratio": null[s]["ratio"], "estimator": null[s]["estimator"]}
+        if s in null
+        else None
+        for s in STATS
+    }
     return out
 
 
 def run_mode(
-    mode: str, step: Callable[[], None], conditions: dict[str, Condition], args: argparse.Namespace
-) -> list[dict[str, Any]]:
+    mode: str,
+    step: Callable[[], None],
+    conditions: dict[str, Condition],
+    deadline: float,
+    args: argparse.Namespace,
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """Warm up, then B c B c ... B blocks until ``deadline`` (time.monotonic)."""
     warm_end = time.monotonic() + args.warmup
-    warm: list[float] = []
-    while time.monotonic() < warm_end:
-        warm += timed_steps(step, 20)
-    per_step = statistics.median(warm[-200:]) / 1e3
-    steps = max(50, round(args.block / per_step))
-    order = schedule(args.rounds_graph if mode == "graph" else args.rounds_eager, args.seed)
+    warm_medians: list[float] = []  # one a second: the clocks settling, or not
+    while True:  # at least one round: its p50 sets the block's steps
+        second_end = min(warm_end, time.monotonic() + 1.0)
+        times = timed_steps(step, 5)
+        while time.monotonic() < second_end:
+            times += timed_steps(step, 5)
+        warm_medians.append(statistics.median(times))
+        if time.monotonic() >= warm_end:
+            break
+    per_step = warm_medians[-1] / 1e3
+    steps = max(args.min_steps, round(args.block / per_step))
     print(
-        f"{mode}: step {per_step * 1e3:.3f} ms after {args.warmup:.0f} s warm-up; "
-        f"{len(order)} blocks of {steps} steps",
+        f"{mode}: step {per_step * 1e3:.3f} ms after a {args.warmup:.1f} s warm-up (per-second "
+        f"p50 {warm_medians[0]:.3f} -> {warm_medians[-1]:.3f} ms); blocks of {steps} steps "
+        f"until {deadline - time.monotonic():.0f} s from now",
         flush=True,
     )
     blocks: list[dict[str, Any]] = []
-    for n, name in enumerate(order):
-        cond = conditions.get(name)
-        if cond is not None:
-            cond.resume()
+    order = rounds(args.seed)
+    t0 = time.monotonic()
+
+    def block(name: str) -> None:
+        cond = conditions[name]
+        started = time.monotonic()
+        cond.resume()
         try:
             times = timed_steps(step, steps)
         finally:
-            if cond is not None:
-                cond.pause()
+            cond.pause()
         blocks.append(
-            {"mode": mode, "block": n, "condition": name, **harness.quantiles(times),
-             "steps": times}
+            {"mode": mode, "block": len(blocks), "condition": name, "t": started - t0,
+             **block_stats(times), "steps": times}
         )  # fmt: skip
-    return blocks
+
+    block("baseline")
+    pair_s = 2 * (time.monotonic() - t0)  # a condition block and the baseline after it
+    while time.monotonic() + pair_s < deadline:
+        block(next(order))
+        block("baseline")
+    return blocks, warm_medians
+
+
+def fmt_cell(r: dict[str, Any]) -> str:
+    se = r["se"] if r["se"] is not None else float("nan")
+    return f"{r['ratio']:.4f} +- {se:.4f}"
 
 
 def print_report(mode: str, result: dict[str, Any]) -> None:
     base = result["baseline_ms"]
     print(
         f"\n{mode}: baseline ITL p50 {base['p50']:.3f} ms, p99 {base['p99']:.3f}, "
-        f"p99.9 {base['p999']:.3f}, mean {base['mean']:.3f}"
+        f"p99.9 {base['p999']:.3f}, mean {base['mean']:.3f} ({base['blocks']} blocks)"
     )
     floor = result["noise_floor"]
     print(
-        "noise floor (1 SE of a condition's mean paired ratio, from baseline-vs-baseline): "
+        "noise floor (1 SE of the null condition, an A/A comparison): "
         + ", ".join(
-            f"{s} {floor[s]['se_of_condition_mean']:.3%}"
+            f"{s} {floor[s]['se']:.3%} ({floor[s]['estimator']})"
             for s in ("p50", "p99", "p999")
-            if floor[s]["se_of_condition_mean"] is not None
+            if floor[s] is not None and floor[s]["se"] is not None
         )
-        + "; spread between baseline blocks (max/min-1): "
-        + ", ".join(f"{s} {floor[s]['spread_max_over_min']:.2%}" for s in ("p50", "p99", "p999"))
+        + "; spread between baseline blocks (max/min-1, not the floor): "
+        + ", ".join(f"{s} {result['baseline_spread'][s]:.2%}" for s in ("p50", "p99", "p999"))
     )
-    print(f"{'':10s}" + "".join(f"{s:>40s}" for s in ("p50", "p99", "p99.9")))
-    print(f"{'':10s}" + "     paired mean +- SE [min..max]  pooled" * 3)
+    print(
+        f"{'':10s}{'blocks':>7s}{'p50 (paired)':>20s}{'p99 (pooled)':>20s}{'p99.9 (pooled)':>20s}"
+        f"{'mean (paired)':>20s}"
+    )
     for name in CONDITIONS:
-        cells = []
-        for s in ("p50", "p99", "p999"):
-            r = result[name][s]
-            se = r["paired_se"] if r["paired_se"] is not None else float("nan")
-            cells.append(
-                f"{r['paired_mean']:.4f}+-{se:.4f} [{r['paired_min']:.3f}..{r['paired_max']:.3f}]"
-                f" {r['pooled']:.4f}"
-            )
-        print(f"{name:10s}" + "".join(f"{c:>40s}" for c in cells))
+        cell = result["conditions"][name]
+        if not cell["blocks"]:
+            print(f"{name:10s}{0:7d}  (no block ran)")
+            continue
+        print(
+            f"{name:10s}{cell['blocks']:7d}" + "".join(f"{fmt_cell(cell[s]):>20s}" for s in STATS)
+        )
+
+
+def replay(path: Path, block_steps: int | None, args: argparse.Namespace) -> None:
+    """What this design's estimators make of steps recorded before (a steps.csv): each
+    mode's steps, in their order, cut into blocks of ``block_steps`` and labelled
+    B c B c ... B as a run would. Whatever the recording ran, every condition here is a
+    relabelled stretch of it, so each one's standard error is a noise floor."""
+    streams: dict[str, list[float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            streams.setdefault(row["mode"], []).append(float(row["ms"]))
+    print(f"REPLAY of {path}: recorded steps relabelled, no condition ran here")
+    for mode, stream in streams.items():
+        n = block_steps or max(args.min_steps, round(args.block * 1e3 / statistics.median(stream)))
+        chunks = [stream[i : i + n] for i in range(0, len(stream) - n + 1, n)]
+        chunks = chunks[: len(chunks) - 1 + len(chunks) % 2]  # end on a baseline block
+        order = rounds(args.seed)
+        blocks = [
+            {"condition": "baseline" if k % 2 == 0 else next(order), **block_stats(c), "steps": c}
+            for k, c in enumerate(chunks)
+        ]
+        print_report(
+            f"{mode}, {len(stream)} steps in blocks of {n}",
+            analyse(blocks, args.bootstrap, args.seed),
+        )
+
+
+def pin_and_freeze(pin: bool) -> str:
+    """Pin this process to one CPU (the highest it may use: interrupts and housekeeping
+    favour the lowest) and stop the garbage collector, what it would otherwise do at
+    random steps; returns what was done, for the report."""
+    if not pin:
+        return "not pinned, GC on"
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[-1]})
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    return f"pinned to CPU {cpus[-1]} of {len(cpus)}, GC off while timed"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="about 2 minutes instead of 5")
+    p.add_argument("--seconds", type=float, help="the whole run's budget (default 240, smoke 12)")
+    p.add_argument("--block", type=float, help="seconds a block (default 0.5, smoke 0.03)")
+    p.add_argument("--warmup", type=float, help="seconds of warm-up a mode (default 8, smoke 0.5)")
+    p.add_argument("--min-steps", type=int, default=20, help="fewest steps a block")
     p.add_argument("--modes", default="graph,eager", help="graph, eager or both (default)")
+    p.add_argument("--eager-share", type=float, default=0.2, help="of the time left for modes")
+    p.add_argument("--bootstrap", type=int, default=400, help="resamples for the pooled SE")
+    p.add_argument("--no-pin", dest="pin", action="store_false", help="leave CPU and GC as is")
+    p.add_argument("--quick", action="store_true", help="--seconds 120")
+    p.add_argument("--smoke", action="store_true", help="no GPU: STAND-IN step and processes")
     p.add_argument("--out", type=Path, help="directory for interference.json and steps.csv")
     p.add_argument("--seed", type=int, default=17)
+    p.add_argument(
+        "--replay", type=Path, metavar="STEPS_CSV", help="no run: the estimators on recorded steps"
+    )
+    p.add_argument("--block-steps", type=int, help="--replay: steps a block (default from --block)")
     args = p.parse_args()
-    harness.require_cuda("bench_interference")
-    args.block, args.warmup = (0.6, 6.0) if args.quick else (1.2, 15.0)
-    args.rounds_graph, args.rounds_eager = (3, 3) if args.quick else (8, 4)
+    if args.replay:
+        args.block = args.block or 0.5
+        replay(args.replay, args.block_steps, args)
+        return
+    if not args.smoke:
+        harness.require_cuda("bench_interference")
+    default_seconds = 12.0 if args.smoke else 120.0 if args.quick else 240.0
+    args.seconds = args.seconds or default_seconds
+    args.block = args.block or (0.03 if args.smoke else 0.5)
+    args.warmup = args.warmup if args.warmup is not None else (0.5 if args.smoke else 8.0)
     started = time.monotonic()
+    end = started + args.seconds
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-    conditions = start_conditions(args.out)
-    results: dict[str, Any] = {"modes": {}}
+    if args.smoke:
+        print("SMOKE: a STAND-IN step (pure Python) and STAND-IN processes for every condition;")
+        print("       the schedule and the statistics run, no figure here means anything")
+    conditions = start_conditions(args.out, args.smoke)
+    results: dict[str, Any] = {"modes": {}, "args": {k: str(v) for k, v in vars(args).items()}}
     all_blocks: list[dict[str, Any]] = []
+    modes = args.modes.split(",")
     try:
-        print(f"conditions up in {time.monotonic() - started:.1f} s: {', '.join(conditions)}")
-        for mode in args.modes.split(","):
+        print(f"conditions up in {time.monotonic() - started:.1f} s: {', '.join(CONDITIONS)}")
+        results["process"] = pin_and_freeze(args.pin)
+        print(results["process"])
+        for n, mode in enumerate(modes):
+            left = end - time.monotonic()
+            share = (
+                1.0
+                if n == len(modes) - 1
+                else 1 - args.eager_share
+                if mode == "graph"
+                else args.eager_share
+            )
+            deadline = time.monotonic() + left * share
             try:
-                step = build_decoder(batch=8, cache_len=512, graph=mode == "graph")
+                step = (
+                    standin_step(1.0 if mode == "graph" else 3.0)
+                    if args.smoke
+                    else build_decoder(batch=8, cache_len=512, graph=mode == "graph")
+                )
             except Exception as exc:  # one mode failing must not lose the other's figures
                 print(f"{mode}: could not build the decoder: {exc!r}", flush=True)
                 results["modes"][mode] = {"error": repr(exc)}
                 continue
-            blocks = run_mode(mode, step, conditions, args)
+            blocks, warm = run_mode(mode, step, conditions, deadline, args)
+            gc.collect()
             all_blocks += blocks
-            results["modes"][mode] = analyse(blocks)
-            print_report(mode, results["modes"][mode])
+            result = analyse(blocks, args.bootstrap, args.seed)
+            result["warmup_p50_per_second_ms"] = warm
+            result["block_steps"] = len(blocks[0]["steps"])
+            results["modes"][mode] = result
+            print_report(mode, result)
             del step
     finally:
+        gc.enable()
         for c in conditions.values():
             c.stop()
     results["seconds"] = time.monotonic() - started
     results["blocks"] = [{k: v for k, v in b.items() if k != "steps"} for b in all_blocks]
-    print(f"\ntotal {results['seconds']:.0f} s")
+    print(f"\ntotal {results['seconds']:.0f} s (budget {args.seconds:.0f} s)")
     if args.out:
         (args.out / "interference.json").write_text(json.dumps(results, indent=1))
         with open(args.out / "steps.csv", "w", newline="") as f:

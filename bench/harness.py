@@ -50,7 +50,8 @@ def child_env() -> dict[str, str]:
 
 class Daemon:
     """`python3 -m rankscope serve` from this checkout on a free loopback port, NVML source,
-    holdings on; stopped by :meth:`stop`. ``extra`` are more flags."""
+    holdings on; stopped by :meth:`stop`. ``extra`` are more flags (a later
+    ``--device.source`` overrides the NVML one)."""
 
     def __init__(self, interval_ms: int, extra: Sequence[str] = (), log: Path | None = None):
         self.port = free_port()
@@ -125,6 +126,32 @@ class Scraper:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=15)
+
+
+SCRAPER = """
+import sys, time, urllib.request
+url, every = sys.argv[1], float(sys.argv[2])
+due, last = every, time.monotonic()
+while True:
+    time.sleep(0.05)
+    now = time.monotonic()
+    # Only the time this process ran counts: held stopped (SIGSTOP) between a bench's
+    # blocks, it must not make up every scrape it missed the moment it resumes.
+    due -= min(now - last, 0.1)
+    last = now
+    if due <= 0:
+        due = every
+        try:
+            urllib.request.urlopen(url, timeout=10).read()
+        except OSError:
+            pass
+"""
+
+
+def start_scraper(url: str, every: float = 1.0) -> subprocess.Popen[bytes]:
+    """A process fetching ``url`` every ``every`` seconds of its own running time, as
+    Prometheus would; in a process of its own so the bench's process stays quiet."""
+    return subprocess.Popen([sys.executable, "-c", SCRAPER, url, str(every)], env=child_env())
 
 
 def sampler_totals(text: str) -> tuple[float, float]:

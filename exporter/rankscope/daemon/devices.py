@@ -99,10 +99,10 @@ def hold_gil(fn: Any) -> Any:
 
     A call through ctypes.CDLL releases the GIL and must take it back on return; while a
     scrape or the holdings thread runs Python, that wait lasts up to the interpreter's
-    switch interval (5 ms), and it landed in the sampler's own timing: the daemon published
-    100-132 us a sample on a busy H200 against 27-30 us for the read itself. A memory-info
-    read is tens of microseconds, so holding the GIL through it costs the HTTP threads
-    nothing they would notice (docs/corridor.md, "The sampler's own cost")."""
+    switch interval (5 ms), and it lands in the sampler's own timing (the `gil` part of
+    bench/bench_sampler.py shows it with a stand-in call). A memory-info read is tens of
+    microseconds, so holding the GIL through it costs the HTTP threads nothing they would
+    notice (docs/corridor.md, "The sampler's own cost")."""
     if not isinstance(fn, CFuncPtr):  # a stand-in in tests
         return fn
     address = ctypes.cast(fn, ctypes.c_void_p).value
