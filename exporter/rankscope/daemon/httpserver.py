@@ -210,6 +210,11 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.send_response_only(code, message)
         self.send_header("Date", self.date_time_string())
 
+    def send_header(self, keyword: str, value: str) -> None:
+        # Lower-case names, as uvicorn sent them (and HTTP/2 requires): clients that read
+        # headers into a plain dict keep working.
+        super().send_header(keyword.lower(), value)
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s %s", self.address_string(), format % args)
 
