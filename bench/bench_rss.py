@@ -7,10 +7,11 @@ Starts a real `rankscope serve` from this checkout (default: the scripted source
 SIMULATED card, an empty flight directory; --source nvml on a GPU machine), scrapes /metrics
 --scrapes times, and reads VmRSS and VmHWM from /proc. A second, separate interpreter
 builds the same daemon without serving and lists which optional heavy packages that pulled
-in (opentelemetry, bcrypt, yaml, torch, numpy, pynvml): a run without OTLP or basic auth
-should load none of them but what fastapi itself imports (it imports the opentelemetry API
-when that is installed); pynvml loads only when the NVML source opens, after the build. With --against CMD (a GPU machine with nvitop-exporter installed), CMD runs
-too, is given the same warm-up, and the ratio of the two RSS is printed (goal <= 1.0x).
+in (opentelemetry, bcrypt, yaml, torch, numpy, pynvml, and the ASGI stack the daemon once
+served on): a run without OTLP, a web config or basic auth should load none of them; pynvml
+loads only when the NVML source opens, after the build. With --against CMD (a GPU machine
+with nvitop-exporter installed), CMD runs too, is given the same warm-up, and the ratio of
+the two RSS is printed (goal <= 1.0x).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 import harness
 
-HEAVY = ("opentelemetry", "bcrypt", "yaml", "torch", "numpy", "pynvml")
+HEAVY = ("opentelemetry", "bcrypt", "yaml", "torch", "numpy", "pynvml", "fastapi", "uvicorn")
 
 IMPORTS = """
 import sys

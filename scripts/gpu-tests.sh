@@ -11,8 +11,8 @@ export PYTHONUNBUFFERED=1
 status=0
 if [ "${1:-}" = "--perf" ]; then
   # Issue 17's GPU benches, about 7 minutes in all on an H200 (`--perf --quick`: about 5); raw
-  # figures under $OUT/perf when OUT is set. Needs fastapi and uvicorn (the daemon), and for
-  # the RSS comparison nvitop-exporter installed (pip install --no-deps .whl/nvitop*.whl).
+  # figures under $OUT/perf when OUT is set. For the RSS comparison, nvitop-exporter installed
+  # (pip install --no-deps .whl/nvitop*.whl).
   export PYTHONPATH="$PWD/exporter${PYTHONPATH:+:$PYTHONPATH}"
   out() { [ -n "${OUT:-}" ] && echo "--out $OUT/perf/$1"; }
   quick=""; [ "${2:-}" = "--quick" ] && quick="--quick"
