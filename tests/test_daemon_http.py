@@ -191,9 +191,7 @@ def test_connections_are_bounded(
     monkeypatch.setattr(httpserver, "ACCEPT_WAIT_S", 0.2)
     app = Router()
     app.get("/fast")(lambda request: text("fast"))
-    with serving(app) as server:
-        server._max = 2
-        server._slots = threading.BoundedSemaphore(2)
+    with serving(app, max_connections=2) as server:
         host, port = server.socket.getsockname()[:2]
         held = [socket.create_connection((host, port), timeout=10) for _ in range(2)]
         with caplog.at_level(logging.WARNING, logger="rankscope.daemon"):

@@ -334,9 +334,10 @@ def serving(
     app: App,
     sock: socket.socket | None = None,
     tls: ssl.SSLContext | None = None,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> Iterator[Server]:
     """``app`` served on ``sock`` (default: a free loopback port) until the block ends."""
-    server = Server(sock if sock is not None else listen("127.0.0.1", 0), app, tls)
+    server = Server(sock if sock is not None else listen("127.0.0.1", 0), app, tls, max_connections)
     server.start()
     try:
         yield server
