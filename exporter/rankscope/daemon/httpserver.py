@@ -272,6 +272,8 @@ class Server(socketserver.TCPServer):
                 conn = self.tls.wrap_socket(request, server_side=True)
             with self._lock:
                 self._open.add(conn)
+                if self.stopping:  # came in as the stop looked: answer nothing more
+                    _end_reads(conn)
             self.finish_request(conn, client_address)
         except OSError as exc:  # a refused handshake, a reset, a client that went away
             log.debug("http %s: %s", client_address[0], exc)
@@ -294,14 +296,10 @@ class Server(socketserver.TCPServer):
         close idle keep-alive connections, and close the socket."""
         if self._accepting is not None:
             self.shutdown()  # returns once serve_forever has
-        self.stopping = True
         with self._lock:
-            conns = list(self._open)
-        for conn in conns:
-            # The read side only (the plain socket's, under any TLS): an idle connection
-            # sees its end, an answer being written still goes out.
-            with contextlib.suppress(OSError):
-                socket.socket.shutdown(conn, socket.SHUT_RD)
+            self.stopping = True
+            for conn in self._open:
+                _end_reads(conn)
         deadline = time.monotonic() + grace
         taken = 0
         while taken < self._max and self._slots.acquire(
@@ -311,6 +309,13 @@ class Server(socketserver.TCPServer):
         if taken < self._max:
             log.warning("http: %d connection(s) still open at stop", self._max - taken)
         self.server_close()
+
+
+def _end_reads(conn: socket.socket) -> None:
+    """Shut the read side of a connection (of the plain socket, under any TLS): an idle
+    keep-alive connection sees its end, an answer being written still goes out."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(conn, socket.SHUT_RD)
 
 
 def listen(host: str, port: int) -> socket.socket:
