@@ -22,7 +22,7 @@ if [ "${1:-}" = "--perf" ]; then
   python3 bench/bench_trough.py $(out trough) || status=1                       # ~0.7 min
   against=""; command -v nvitop-exporter >/dev/null && \
     against="--against=nvitop-exporter --bind-address 127.0.0.1 --port 5050"
-  python3 bench/bench_rss.py --source nvml ${against:+"$against"} $(out rss) || status=1
+  python3 bench/bench_rss.py --source nvml --arena-max 2 ${against:+"$against"} $(out rss) || status=1
   python3 bench/bench_mark.py --iterations 1000 || status=1                     # ~0.3 min
   exit "$status"
 fi
