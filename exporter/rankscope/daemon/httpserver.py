@@ -1,7 +1,7 @@
 """The daemon's HTTP layer on the standard library: a request, a response, a router and a
 threaded server with TLS, the way prometheus_client's start_http_server serves /metrics.
 
-An ASGI stack (FastAPI, starlette, pydantic, uvicorn, anyio) cost the daemon about 25 MiB
+An ASGI stack (FastAPI, starlette, pydantic, uvicorn, anyio) cost the daemon about 22 MiB
 of resident memory for a dozen GET routes; docs/architecture.md says what was given up.
 Every request runs in its own thread (at most MAX_CONNECTIONS at once), so a slow collector
 or a bcrypt check never holds up another request.
