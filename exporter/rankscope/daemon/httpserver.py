@@ -3,8 +3,8 @@ threaded server with TLS, the way prometheus_client's start_http_server serves /
 
 An ASGI stack (FastAPI, starlette, pydantic, uvicorn, anyio) cost the daemon about 22 MiB
 of resident memory for a dozen GET routes; docs/architecture.md says what was given up.
-Every request runs in its own thread (at most MAX_CONNECTIONS at once), so a slow collector
-or a bcrypt check never holds up another request.
+Every connection is served in its own thread (at most MAX_CONNECTIONS at once), so a slow
+collector or a bcrypt check never holds up another request.
 """
 
 from __future__ import annotations
