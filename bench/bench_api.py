@@ -5,9 +5,9 @@ directory, as ratios measured in the same run.
 
 The latest boot is the same in both directories: two ranks, each with a marks file (four
 marks) and a census file (20 snapshots); the larger directory adds older boots, one file
-each, as a flight directory that is never cleaned up holds them. Each request goes through
-the daemon's ASGI app (FastAPI's TestClient, in process), which answers from the tailed
-FlightState. In the daemon a refresher thread tails the directory once a second, off the
+each, as a flight directory that is never cleaned up holds them. Each request goes to the
+daemon's app on its own HTTP server over loopback (one kept-alive connection), which answers
+from the tailed FlightState. In the daemon a refresher thread tails the directory once a second, off the
 request path; here the state is refreshed once before the requests and the request path is
 timed alone, and the refresh's own cost (one listing and one open per file) is printed next
 to it. The baseline is the path the API took before: a one-shot read of the whole directory
@@ -20,6 +20,8 @@ Goal: the API's cost with 1,000 files within a few per cent of its cost with 1 (
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
 import os
 import statistics
 import sys
@@ -29,13 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi.testclient import TestClient
 from prometheus_client.registry import CollectorRegistry
 
 from rankscope.census.report import census_document
 from rankscope.daemon import app as app_module
 from rankscope.daemon.app import create_app
 from rankscope.daemon.flightstate import FlightState
+from rankscope.daemon.httpserver import serving
 from rankscope.flight import read_flight
 from rankscope.ledger import phases_document
 from rankscope.record import ProcessIdentity, RankIdentity, Recorder
@@ -94,18 +96,31 @@ def measure(flight: Path, requests: int) -> dict[str, float]:
         phases_report=lambda f: phases_document(f, state.host_pid),
         census_report=census_document,
     )
-    client = TestClient(app)
+    stack = contextlib.ExitStack()
+    server = stack.enter_context(serving(app))
+    host, port = server.socket.getsockname()[:2]
+    client = http.client.HTTPConnection(host, port, timeout=30)
+    stack.callback(client.close)
     state.refresh()
     app_module.API_REFRESH_S = float("inf")  # the refresher's job, timed apart below
 
     def get(path: str) -> Callable[[], Any]:
         def call() -> Any:
-            response = client.get(path)
-            assert response.status_code == 200, response.text
-            return response
+            client.request("GET", path)
+            response = client.getresponse()
+            body = response.read()
+            assert response.status == 200, body[:500]
+            return body
 
         return call
 
+    with stack:
+        return timed(state, flight, requests, get)
+
+
+def timed(
+    state: FlightState, flight: Path, requests: int, get: Callable[[str], Callable[[], Any]]
+) -> dict[str, float]:
     figures = {
         "refresh with nothing new (once a second)": per_request_us(state.refresh, 20),
         "api phases": per_request_us(get("/api/v1/phases"), requests),

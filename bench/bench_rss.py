@@ -2,15 +2,17 @@
 
     python3 bench/bench_rss.py [--source script|nvml] [--scrapes 5] [--out DIR]
                                [--against 'nvitop-exporter --bind-address 127.0.0.1']
+                               [--arena-max N]
 
 Starts a real `rankscope serve` from this checkout (default: the scripted source, one
 SIMULATED card, an empty flight directory; --source nvml on a GPU machine), scrapes /metrics
 --scrapes times, and reads VmRSS and VmHWM from /proc. A second, separate interpreter
 builds the same daemon without serving and lists which optional heavy packages that pulled
-in (opentelemetry, bcrypt, yaml, torch, numpy, pynvml): a run without OTLP or basic auth
-should load none of them but what fastapi itself imports (it imports the opentelemetry API
-when that is installed); pynvml loads only when the NVML source opens, after the build. With --against CMD (a GPU machine with nvitop-exporter installed), CMD runs
-too, is given the same warm-up, and the ratio of the two RSS is printed (goal <= 1.0x).
+in (opentelemetry, bcrypt, yaml, torch, numpy, pynvml, and the ASGI stack the daemon once
+served on): a run without OTLP, a web config or basic auth should load none of them; pynvml
+loads only when the NVML source opens, after the build. With --against CMD (a GPU machine
+with nvitop-exporter installed), CMD runs too, is given the same warm-up, and the ratio of
+the two RSS is printed (goal <= 1.0x).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 import harness
 
-HEAVY = ("opentelemetry", "bcrypt", "yaml", "torch", "numpy", "pynvml")
+HEAVY = ("opentelemetry", "bcrypt", "yaml", "torch", "numpy", "pynvml", "fastapi", "uvicorn")
 
 IMPORTS = """
 import sys
@@ -45,9 +47,29 @@ def rss_kib(pid: int) -> dict[str, int]:
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
+        if key in ("VmRSS", "VmHWM", "Threads"):
             out[key] = int(value.split()[0])
     return out
+
+
+def rss_by_mapping(pid: int, top: int = 12) -> dict[str, int]:
+    """Resident KiB per mapped file (anonymous memory as [anon], the heap as [heap]), largest
+    first: where two processes' RSS differs (the NVML library, the interpreter, the heap)."""
+    sizes: dict[str, int] = {}
+    name = "[anon]"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            name = fields[5] if len(fields) > 5 else "[anon]"
+        elif fields[0] == "Rss:":
+            sizes[name] = sizes.get(name, 0) + int(fields[1])
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1])
+    return dict(ranked[:top]) | {"(the rest)": sum(v for _, v in ranked[top:])}
+
+
+def print_mappings(mappings: dict[str, int]) -> None:
+    for name, kib in mappings.items():
+        print(f"    {kib / 1024:6.1f} MiB  {name}")
 
 
 def warm(url: str, scrapes: int) -> None:
@@ -57,6 +79,30 @@ def warm(url: str, scrapes: int) -> None:
         time.sleep(0.2)
 
 
+def measure(serve: list[str], env: dict[str, str], scrapes: int) -> tuple[dict[str, int], Any]:
+    """A real `rankscope serve` with the ``serve`` arguments on a free port, warmed by
+    ``scrapes`` scrapes: its RSS figures and its RSS by mapping."""
+    port = harness.free_port()
+    cmd = [sys.executable, "-m", "rankscope", *serve, f"--web.listen-address=127.0.0.1:{port}"]
+    daemon = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/readyz", timeout=2).read()
+                break
+            except OSError:
+                if daemon.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("bench_rss: rankscope serve did not start") from None
+                time.sleep(0.2)
+        warm(url + "/metrics", scrapes)
+        return rss_kib(daemon.pid), rss_by_mapping(daemon.pid)
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=15)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--source", choices=("script", "nvml"), default="script")
@@ -64,6 +110,12 @@ def main() -> None:
     p.add_argument("--against", help="another exporter's command line, serving on --against-url")
     p.add_argument("--against-url", default="http://127.0.0.1:5050/metrics")
     p.add_argument("--out", type=Path, help="directory for rss.json")
+    p.add_argument(
+        "--arena-max",
+        type=int,
+        help="also measure the daemon with MALLOC_ARENA_MAX=N: how much of its RSS is glibc's "
+        "per-thread arenas (the sampler, holdings and HTTP threads each call NVML)",
+    )
     args = p.parse_args()
     result: dict[str, Any] = {"source": args.source}
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,29 +127,17 @@ def main() -> None:
             script.write_text(json.dumps({"cards": [
                 {"index": 0, "uuid": "GPU-sim-0", "total": "80GiB", "free": "40GiB"}]}))  # fmt: skip
             flags.append(f"--device.script={script}")
-        port = harness.free_port()
-        cmd = [sys.executable, "-m", "rankscope", "serve", f"--web.listen-address=127.0.0.1:{port}",
-               f"--device.source={'nvml' if args.source == 'nvml' else 'script'}",
-               "--log.level=warning", *flags]  # fmt: skip
-        daemon = subprocess.Popen(cmd, env=harness.child_env(), stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    urllib.request.urlopen(url + "/readyz", timeout=2).read()
-                    break
-                except OSError:
-                    if daemon.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit("bench_rss: rankscope serve did not start") from None
-                    time.sleep(0.2)
-            warm(url + "/metrics", args.scrapes)
-            result["rankscope_kib"] = rss_kib(daemon.pid)
-        finally:
-            daemon.terminate()
-            daemon.wait(timeout=15)
+        source = f"--device.source={'nvml' if args.source == 'nvml' else 'script'}"
+        serve = ["serve", source, "--log.level=warning", *flags]
+        result["rankscope_kib"], result["rankscope_mappings_kib"] = measure(
+            serve, harness.child_env(), args.scrapes
+        )
+        if args.arena_max:
+            env = harness.child_env() | {"MALLOC_ARENA_MAX": str(args.arena_max)}
+            result["rankscope_arena_max"] = {"MALLOC_ARENA_MAX": args.arena_max}
+            result["rankscope_arena_max"]["kib"], _ = measure(serve, env, args.scrapes)
         imports = subprocess.run(
-            [sys.executable, "-c", IMPORTS, *cmd[4:]],
+            [sys.executable, "-c", IMPORTS, *serve[1:]],
             env=harness.child_env(), capture_output=True, text=True, check=True,
         ).stdout.split()  # fmt: skip
         result["heavy_imports"] = [m for m in HEAVY if m in imports]
@@ -109,22 +149,34 @@ def main() -> None:
     )
     print(
         f"  optional heavy packages loaded: {', '.join(result['heavy_imports']) or 'none'} "
-        f"({result['top_level_modules']} top-level modules)"
+        f"({result['top_level_modules']} top-level modules), {r['Threads']} threads"
     )
+    print_mappings(result["rankscope_mappings_kib"])
+    if args.arena_max:
+        a = result["rankscope_arena_max"]["kib"]
+        print(
+            f"  the same with MALLOC_ARENA_MAX={args.arena_max} (glibc arenas, a diagnostic): "
+            f"RSS {a['VmRSS'] / 1024:.1f} MiB"
+        )
     if args.against:
         other = subprocess.Popen(shlex.split(args.against), stderr=subprocess.DEVNULL)
         try:
             time.sleep(5)
             warm(args.against_url, args.scrapes)
-            result["against"] = {"cmd": args.against, "kib": rss_kib(other.pid)}
+            result["against"] = {
+                "cmd": args.against,
+                "kib": rss_kib(other.pid),
+                "mappings_kib": rss_by_mapping(other.pid),
+            }
         finally:
             other.terminate()
             other.wait(timeout=15)
         o = result["against"]["kib"]
         print(
-            f"  {args.against}: RSS {o['VmRSS'] / 1024:.1f} MiB; rankscope / it = "
-            f"{r['VmRSS'] / o['VmRSS']:.2f}x (goal <= 1.00x)"
+            f"  {args.against}: RSS {o['VmRSS'] / 1024:.1f} MiB, {o['Threads']} threads; "
+            f"rankscope / it = {r['VmRSS'] / o['VmRSS']:.2f}x (goal <= 1.00x)"
         )
+        print_mappings(result["against"]["mappings_kib"])
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "rss.json").write_text(json.dumps(result, indent=1))

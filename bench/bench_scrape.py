@@ -9,7 +9,7 @@ Two figures, each as p50/p99 and as a ratio to the baseline measured in the same
 - collect+encode: the daemon's registry (every collector runs, the flight tail included)
   encoded by generate_latest, vs a prometheus_client registry of plain Gauges holding the
   same series (what prometheus_client costs with no collection work at all);
-- HTTP scrape: GET /metrics of the daemon on uvicorn, vs prometheus_client's own
+- HTTP scrape: GET /metrics of the daemon (its http.server), vs prometheus_client's own
   start_http_server serving that baseline registry.
 
 Cards come from the SIMULATED device source (there is no GPU here); the 64 processes are

@@ -11,8 +11,8 @@ export PYTHONUNBUFFERED=1
 status=0
 if [ "${1:-}" = "--perf" ]; then
   # Issue 17's GPU benches, about 6.5 minutes in all on an H200 (`--perf --quick`: about 4.5); raw
-  # figures under $OUT/perf when OUT is set. Needs fastapi and uvicorn (the daemon), and for
-  # the RSS comparison nvitop-exporter installed (pip install --no-deps .whl/nvitop*.whl).
+  # figures under $OUT/perf when OUT is set. For the RSS comparison, nvitop-exporter installed
+  # (pip install --no-deps .whl/nvitop*.whl).
   export PYTHONPATH="$PWD/exporter${PYTHONPATH:+:$PYTHONPATH}"
   out() { [ -n "${OUT:-}" ] && echo "--out $OUT/perf/$1"; }
   quick=""; [ "${2:-}" = "--quick" ] && quick="--quick"
@@ -22,7 +22,7 @@ if [ "${1:-}" = "--perf" ]; then
   python3 bench/bench_trough.py $(out trough) || status=1                       # ~0.7 min
   against=""; command -v nvitop-exporter >/dev/null && \
     against="--against=nvitop-exporter --bind-address 127.0.0.1 --port 5050"
-  python3 bench/bench_rss.py --source nvml ${against:+"$against"} $(out rss) || status=1
+  python3 bench/bench_rss.py --source nvml --arena-max 2 ${against:+"$against"} $(out rss) || status=1
   python3 bench/bench_mark.py --iterations 1000 || status=1                     # ~0.3 min
   exit "$status"
 fi

@@ -46,3 +46,23 @@ def flight_dir(tmp_path):
     d = tmp_path / "flight"
     d.mkdir()
     return d
+
+
+@pytest.fixture
+def serve_app():
+    """Serves a daemon app (rankscope.daemon.app.create_app) with the daemon's own HTTP
+    server on a free loopback port, and returns an httpx client for it; stopped after the
+    test. Call it once per app."""
+    import contextlib
+
+    import httpx
+
+    from rankscope.daemon.httpserver import serving
+
+    with contextlib.ExitStack() as stack:
+
+        def start(app):
+            server = stack.enter_context(serving(app))
+            return stack.enter_context(httpx.Client(base_url=server.url, timeout=10))
+
+        yield start

@@ -9,10 +9,12 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
-from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from rankscope import catalog
@@ -30,6 +32,7 @@ from rankscope.schema import MarkArena, MarkNvml
 from test_daemon_flightstate import GiB, census, mark, rank_recorder
 
 REPO = Path(__file__).resolve().parent.parent
+ServeApp = Callable[[Any], httpx.Client]  # the conftest fixture serve_app
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -146,7 +149,7 @@ def test_each_collector_exposes_what_the_catalog_assigns_it(
         assert owners == {m.collector}, (m.name, owners)
 
 
-def test_collector_switches_turn_collectors_off(flight_dir: Path) -> None:
+def test_collector_switches_turn_collectors_off(flight_dir: Path, serve_app: ServeApp) -> None:
     _flight(flight_dir)
     daemon = cli.build(
         parse(
@@ -159,7 +162,7 @@ def test_collector_switches_turn_collectors_off(flight_dir: Path) -> None:
     )
     assert daemon.monitor is None
     assert {c.name for c in daemon.collectors.collectors} == {"self", "phases", "arenas"}
-    text = TestClient(daemon.app).get("/metrics").text
+    text = serve_app(daemon.app).get("/metrics").text
     names = {f.name for f in text_string_to_metric_families(text)}
     assert "rankscope_phase_reserved_bytes" in names
     assert "rankscope_collectives" not in names
@@ -185,10 +188,12 @@ def test_catalog_names_follow_prometheus_conventions() -> None:
         assert m.help.endswith("."), m.name
 
 
-def test_the_landing_page_links_every_endpoint(flight_dir: Path, tmp_path: Path) -> None:
+def test_the_landing_page_links_every_endpoint(
+    flight_dir: Path, tmp_path: Path, serve_app: ServeApp
+) -> None:
     state = FlightState(flight_dir)
     registry = TimedCollectors().registry()
-    bare = TestClient(
+    bare = serve_app(
         create_app(
             registry=registry,
             state=state,
@@ -210,7 +215,7 @@ def test_the_landing_page_links_every_endpoint(flight_dir: Path, tmp_path: Path)
     static.mkdir()
     (static / "index.html").write_text('<html><body><a href="metrics">m</a></body></html>')
     (static / "app.js").write_text("// status page")
-    client = TestClient(
+    client = serve_app(
         create_app(
             registry=registry,
             state=state,
@@ -227,7 +232,7 @@ def test_the_landing_page_links_every_endpoint(flight_dir: Path, tmp_path: Path)
     assert client.get("/static/app.js").text == "// status page"
 
 
-def test_readiness_says_why_it_is_not_ready(tmp_path: Path) -> None:
+def test_readiness_says_why_it_is_not_ready(tmp_path: Path, serve_app: ServeApp) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     app = create_app(
@@ -236,12 +241,12 @@ def test_readiness_says_why_it_is_not_ready(tmp_path: Path) -> None:
         phases_report=phases_document,
         census_report=census_document,
     )
-    client = TestClient(app)
+    client = serve_app(app)
     response = client.get("/readyz")
     assert response.status_code == 503
     assert str(not_a_dir) in response.json()["problems"][0]
     assert client.get("/healthz").status_code == 200
-    ok = TestClient(
+    ok = serve_app(
         create_app(
             registry=TimedCollectors().registry(),
             state=FlightState(tmp_path / "not-yet"),
@@ -257,7 +262,9 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def test_the_phases_api_counts_a_rank_in_another_pid_namespace_as_a_rank(flight_dir: Path) -> None:
+def test_the_phases_api_counts_a_rank_in_another_pid_namespace_as_a_rank(
+    flight_dir: Path, serve_app: ServeApp
+) -> None:
     """A real process in its own PID namespace (unshare --pid), seen by NVML under its host
     pid: the daemon finds it through /proc, so the card's identity counts its bytes as
     rank-resident, where the records alone (the CLI) could only call them foreign."""
@@ -283,7 +290,7 @@ def test_the_phases_api_counts_a_rank_in_another_pid_namespace_as_a_rank(flight_
         daemon = cli.build(
             parse(f"--flight-dir={flight_dir}", "--no-collector.cards", "--no-collector.holdings")
         )
-        (card,) = TestClient(daemon.app).get("/api/v1/phases").json()["cards"]
+        (card,) = serve_app(daemon.app).get("/api/v1/phases").json()["cards"]
         (identity_row,) = card["identities"]
         assert identity_row["rank_resident"] == 3 * GiB
         assert identity_row["foreign"] == 1 * GiB
@@ -295,7 +302,7 @@ def test_the_phases_api_counts_a_rank_in_another_pid_namespace_as_a_rank(flight_
 
 
 def test_the_api_answers_from_the_tailed_state_without_rereading_per_request(
-    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch, serve_app: ServeApp
 ) -> None:
     rec = rank_recorder(flight_dir, "boot-1", 0)
     rec.write_record(mark("pre_weight_load"))
@@ -316,7 +323,7 @@ def test_the_api_answers_from_the_tailed_state_without_rereading_per_request(
         phases_report=lambda flight: phases_document(flight, state.host_pid),
         census_report=census_document,
     )
-    client = TestClient(app)
+    client = serve_app(app)
     answers = [client.get(path).json() for path in ("/api/v1/phases", "/api/v1/census") * 3]
     assert not any(answer.pop("page")["truncated"] for answer in answers)  # all on one page
     assert client.get("/api/v1/boots").json()["boots"][0]["boot"] == "boot-1"
@@ -327,7 +334,9 @@ def test_the_api_answers_from_the_tailed_state_without_rereading_per_request(
     assert client.get("/api/v1/census?boot=nope").status_code == 404
 
 
-def test_api_answers_are_paged_and_the_pages_add_up_to_the_document(flight_dir: Path) -> None:
+def test_api_answers_are_paged_and_the_pages_add_up_to_the_document(
+    flight_dir: Path, serve_app: ServeApp
+) -> None:
     for rank in range(5):
         rec = rank_recorder(flight_dir, "boot-1", rank, host="elsewhere")
         rec.write_record(mark("pre_weight_load"))
@@ -339,7 +348,7 @@ def test_api_answers_are_paged_and_the_pages_add_up_to_the_document(flight_dir: 
         phases_report=lambda flight: phases_document(flight, state.host_pid),
         census_report=census_document,
     )
-    client = TestClient(app)
+    client = serve_app(app)
     whole = json.loads(json.dumps(phases_document(read_flight(flight_dir))))
     seen: list[dict[str, object]] = []
     url: str | None = "/api/v1/phases?boot=boot-1&limit=2"

@@ -168,12 +168,17 @@ def make_self_signed(directory: Path) -> tuple[Path, Path]:
 def https_get(
     url: str, context: ssl.SSLContext, auth: bytes | None = None
 ) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers with lower-cased names, body)."""
     req = urllib.request.Request(url, headers={"Authorization": auth.decode()} if auth else {})
     try:
         with urllib.request.urlopen(req, timeout=10, context=context) as resp:
-            return resp.status, dict(resp.headers), resp.read()
+            return resp.status, _lower(resp.headers), resp.read()
     except urllib.error.HTTPError as err:
-        return err.code, dict(err.headers), err.read()
+        return err.code, _lower(err.headers), err.read()
+
+
+def _lower(headers: Any) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}
 
 
 def test_a_daemon_serves_tls_and_basic_auth_from_its_web_config(

@@ -110,7 +110,6 @@ def test_a_real_nccl_jobs_ranks_map_to_its_flight_records(
 def test_a_real_daemon_serves_a_real_nccl_jobs_ras(
     nccl_job: tuple[str, int, str], tmp_path: Path
 ) -> None:
-    pytest.importorskip("uvicorn")
     from test_daemon_serve import scrape, serve
 
     address, _pid, _version = nccl_job

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from fastapi.testclient import TestClient
+import httpx
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from rankscope.census.report import census_document
@@ -65,7 +66,9 @@ def test_concurrent_scrapes_share_one_collection() -> None:
     assert gate.runs == 2
 
 
-def test_readyz_reports_a_stuck_collection(flight_dir: Path) -> None:
+def test_readyz_reports_a_stuck_collection(
+    flight_dir: Path, serve_app: Callable[[Any], httpx.Client]
+) -> None:
     running: list[float | None] = [None]
     app = create_app(
         registry=TimedCollectors().registry(),
@@ -74,7 +77,7 @@ def test_readyz_reports_a_stuck_collection(flight_dir: Path) -> None:
         census_report=census_document,
         collecting=lambda: running[0],
     )
-    client = TestClient(app)
+    client = serve_app(app)
     assert client.get("/readyz").status_code == 200
     running[0] = STUCK_SCRAPE_SECONDS / 2  # slow but within a scrape timeout
     assert client.get("/readyz").status_code == 200

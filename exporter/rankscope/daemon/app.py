@@ -5,23 +5,34 @@ from __future__ import annotations
 import gzip
 import html
 import logging
+import signal
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
-import uvicorn
-from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from fastapi.staticfiles import StaticFiles
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from rankscope import __version__
 from rankscope.daemon.flightstate import FlightState
+from rankscope.daemon.httpserver import (
+    App,
+    HTTPError,
+    Request,
+    Response,
+    Router,
+    Server,
+    json_response,
+    listen,
+    query_int,
+    static_files,
+    text,
+)
 from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, paginate
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.webconfig import TLSConfig
@@ -84,27 +95,27 @@ def create_app(
     ooms: OomSource | None = None,
     static_dir: Path = STATIC_DIR,
     collecting: Callable[[], float | None] | None = None,
-) -> FastAPI:
-    app = FastAPI(title="rankscope", version=__version__, docs_url=None, redoc_url=None)
+) -> Router:
+    app = Router()
 
     @app.get("/metrics")
     def metrics(request: Request) -> Response:
-        # Sync handler: FastAPI runs it in a worker thread, so a slow collector never
-        # stalls the event loop. The encoders are client_python's (text or OpenMetrics).
+        # Each request has its own thread, so a slow collector holds up no other request.
+        # The encoders are client_python's (text or OpenMetrics).
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         body = encoder(registry)
         headers = {"Vary": "Accept, Accept-Encoding"}
         if "gzip" in request.headers.get("accept-encoding", ""):
             body = gzip.compress(body, compresslevel=6)
             headers["Content-Encoding"] = "gzip"
-        return Response(body, media_type=content_type, headers=headers)
+        return Response(200, body, content_type, headers)
 
     @app.get("/healthz")
-    def healthz() -> PlainTextResponse:
-        return PlainTextResponse("ok\n")
+    def healthz(request: Request) -> Response:
+        return text("ok\n")
 
     @app.get("/readyz")
-    def readyz() -> JSONResponse:
+    def readyz(request: Request) -> Response:
         problems: list[str] = []
         if state.up is None:
             state.refresh()
@@ -121,57 +132,54 @@ def create_app(
         if running is not None and running > STUCK_SCRAPE_SECONDS:
             problems.append(f"a scrape has been collecting for {running:.0f}s")
         body = {"ready": not problems, "problems": problems}
-        return JSONResponse(body, status_code=200 if not problems else 503)
+        return json_response(body, status=200 if not problems else 503)
 
     @app.get("/api/v1/boots")
-    def boots() -> dict[str, Any]:
+    def boots(request: Request) -> Response:
         _fresh(state)
-        return {"boots": [b.as_json() for b in state.boots()]}
+        return json_response({"boots": [b.as_json() for b in state.boots()]})
 
     @app.get("/api/v1/phases")
-    def phases(
-        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
-    ) -> dict[str, Any]:
-        doc = phases_report(_flight(state, boot))
-        return paginate(doc, PHASES_LISTS, offset, limit, _next_page(request, limit))
+    def phases(request: Request) -> Response:
+        offset, limit = _page(request)
+        doc = phases_report(_flight(state, request.args().get("boot")))
+        return json_response(paginate(doc, PHASES_LISTS, offset, limit, _next_page(request, limit)))
 
     @app.get("/api/v1/census")
-    def census(
-        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
-    ) -> dict[str, Any]:
-        doc = census_report(_flight(state, boot))
-        return paginate(doc, CENSUS_LISTS, offset, limit, _next_page(request, limit))
+    def census(request: Request) -> Response:
+        offset, limit = _page(request)
+        doc = census_report(_flight(state, request.args().get("boot")))
+        return json_response(paginate(doc, CENSUS_LISTS, offset, limit, _next_page(request, limit)))
 
     @app.get("/api/v1/cards")
-    def cards_api() -> dict[str, Any]:
+    def cards_api(request: Request) -> Response:
         if cards is None:
-            return {"cards": [], "why": "the card monitor is not running"}
+            return json_response({"cards": [], "why": "the card monitor is not running"})
         body = cards.cards_json()
         latest = ooms.latest_by_uuid() if ooms is not None else {}
         for card in body["cards"]:
             card["last_oom"] = latest.get(card["uuid"])
-        return body
+        return json_response(body)
 
     @app.get("/api/v1/oom")
-    def oom_api(
-        request: Request, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
-    ) -> dict[str, Any]:
+    def oom_api(request: Request) -> Response:
+        offset, limit = _page(request)
         doc: dict[str, Any] = (
             {"ooms": ooms.documents()}
             if ooms is not None
             else {"ooms": [], "why": "the oom collector is off"}
         )
-        return paginate(doc, ("ooms",), offset, limit, _next_page(request, limit))
+        return json_response(paginate(doc, ("ooms",), offset, limit, _next_page(request, limit)))
 
     index = static_dir / "index.html"
     if static_dir.is_dir():
-        app.mount("/static", StaticFiles(directory=static_dir), name="static")
+        app.mount("/static", static_files(static_dir, "/static"))
 
-    @app.get("/", response_model=None)
-    def landing() -> Response:
+    @app.get("/")
+    def landing(request: Request) -> Response:
         if index.is_file():
-            return HTMLResponse(with_links(index.read_text(encoding="utf-8")))
-        return HTMLResponse(landing_page())
+            return text(with_links(index.read_text(encoding="utf-8")), content_type="text/html")
+        return text(landing_page(), content_type="text/html")
 
     return app
 
@@ -179,14 +187,18 @@ def create_app(
 # The long lists of each answer, paged by ?offset= and ?limit= (docs/architecture.md, API).
 PHASES_LISTS = ("processes",)
 CENSUS_LISTS = ("ranks", "entries", "history", "in_process")
-Offset = Annotated[int, Query(ge=0)]
-Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
+
+
+def _page(request: Request) -> tuple[int, int]:
+    """(offset, limit) of a paged request; 422 naming a bad one."""
+    offset = query_int(request, "offset", 0, ge=0)
+    limit = query_int(request, "limit", DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
+    return offset, limit
 
 
 def _next_page(request: Request, limit: int) -> Callable[[int], str]:
     def url(offset: int) -> str:
-        query = request.url.include_query_params(offset=offset, limit=limit).query
-        return f"{request.url.path}?{query}"
+        return request.url_with(offset=offset, limit=limit)
 
     return url
 
@@ -196,7 +208,7 @@ def _fresh(state: FlightState) -> None:
     directory no job has written yet is empty, not an error)."""
     state.refresh_if_older(API_REFRESH_S)
     if state.up is False:
-        raise HTTPException(503, f"flight directory {state.flight_dir}: {state.error}")
+        raise HTTPError(503, f"flight directory {state.flight_dir}: {state.error}")
 
 
 def _flight(state: FlightState, boot: str | None) -> Flight:
@@ -204,7 +216,7 @@ def _flight(state: FlightState, boot: str | None) -> Flight:
     try:
         return state.flight(boot)
     except BootNotFoundError as exc:
-        raise HTTPException(404, str(exc)) from exc
+        raise HTTPError(404, str(exc)) from exc
 
 
 def _link_items(links: tuple[tuple[str, str], ...]) -> str:
@@ -252,10 +264,10 @@ class Pusher(Protocol):
 
 @dataclass
 class Daemon:
-    """The assembled daemon: the ASGI app on uvicorn, plus the card monitor and the OTLP
-    pusher it starts before serving and stops after."""
+    """The assembled daemon: the app on the standard library's HTTP server, plus the card
+    monitor, the refresher and the pushers it starts before serving and stops after."""
 
-    app: Any
+    app: App
     host: str
     port: int
     collectors: TimedCollectors
@@ -265,63 +277,44 @@ class Daemon:
     refresher: Pusher | None = None  # keeps the flight state current for the API
     background: tuple[Pusher, ...] = ()  # pollers with their own threads (nccl-ras)
 
-    def server(self) -> uvicorn.Server:
-        """The uvicorn server; ValueError naming the files for a certificate and key that
-        cannot be loaded together (a key not matching its certificate, say)."""
-        tls: dict[str, Any] = {}
-        if self.tls is not None:
-            tls = {
-                "ssl_certfile": str(self.tls.cert_file),
-                "ssl_keyfile": str(self.tls.key_file),
-                "ssl_cert_reqs": self.tls.cert_reqs,
-                "ssl_ca_certs": str(self.tls.client_ca_file) if self.tls.client_ca_file else None,
-            }
-        config = uvicorn.Config(
-            self.app,
-            host=self.host,
-            port=self.port,
-            access_log=False,
-            log_config=None,  # the daemon's logging.basicConfig applies
-            server_header=False,
-            **tls,
-        )
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context of the web config, None without TLS; TLSError naming the files
+        for a certificate and key that cannot be loaded together (a key not matching its
+        certificate, say)."""
+        if self.tls is None:
+            return None
         try:
-            config.load()
+            context = self.tls.context()
         except ssl.SSLError as exc:
-            assert self.tls is not None
             raise TLSError(
                 f"TLS: cannot use certificate {self.tls.cert_file} with key "
                 f"{self.tls.key_file}: {exc.reason or exc}"
             ) from None
-        if self.tls is not None and config.ssl is not None:
-            self.tls.apply(config.ssl)
-            expired = self.tls.expired(time.time())
-            if expired:
-                log.warning(
-                    "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
-                    self.tls.cert_file,
-                    expired,
-                )
-        return uvicorn.Server(config)
+        expired = self.tls.expired(time.time())
+        if expired:
+            log.warning(
+                "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
+                self.tls.cert_file,
+                expired,
+            )
+        return context
 
     def bind(self) -> socket.socket:
         """The listening socket, bound before anything says it serves: a taken port is an
         OSError here, at start-up, not after the log line."""
-        family, kind, proto, _, address = socket.getaddrinfo(
-            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-        except OSError as exc:
-            sock.close()
-            raise OSError(
-                f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
-            ) from None
-        return sock
+        return listen(self.host, self.port)
 
-    def run(self, server: uvicorn.Server, sock: socket.socket) -> int:
+    def run(self, tls: ssl.SSLContext | None, sock: socket.socket) -> int:
+        """Serve until SIGTERM or SIGINT; then stop serving, stop the threads, and end by
+        the signal as a process without handlers would (SIGINT: KeyboardInterrupt)."""
+        stop = threading.Event()
+        caught: list[int] = []
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            caught.append(signum)
+            stop.set()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         if self.refresher is not None:
             self.refresher.start()
         if self.monitor is not None:
@@ -331,10 +324,14 @@ class Daemon:
                 self.otlp.start()
             for poller in self.background:
                 poller.start()
-            scheme = "https" if self.tls is not None else "http"
-            host, port = sock.getsockname()[:2]
-            log.info("rankscope serving on %s://%s:%d/metrics", scheme, host, port)
-            server.run(sockets=[sock])
+            server = Server(sock, self.app, tls)
+            server.start()
+            try:
+                log.info("rankscope serving on %s/metrics", server.url)
+                while not stop.wait(1.0):
+                    pass
+            finally:
+                server.stop()
         finally:
             for poller in self.background:
                 poller.stop()
@@ -345,7 +342,11 @@ class Daemon:
                 self.monitor.stop()
             if self.refresher is not None:
                 self.refresher.stop()
-        return 0 if server.started else 1
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        for signum in caught[:1]:
+            signal.raise_signal(signum)
+        return 0
 
 
 class TLSError(ValueError):

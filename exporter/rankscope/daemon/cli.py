@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rankscope.daemon import cards
 from rankscope.daemon.collectors import table
@@ -23,6 +23,7 @@ from rankscope.record import ENV_DIR
 
 if TYPE_CHECKING:
     from rankscope.daemon.app import Daemon
+    from rankscope.daemon.httpserver import App
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -186,7 +187,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         daemon = build(args)
-        server = daemon.server()  # a certificate that cannot serve fails here
+        tls = daemon.tls_context()  # a certificate that cannot serve fails here
         sock = daemon.bind()  # and a taken port here, before any "serving on"
     except TLSError as exc:
         print(f"rankscope serve: {exc}", file=sys.stderr)
@@ -194,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"rankscope serve: {exc}", file=sys.stderr)
         return 2
-    return daemon.run(server, sock)
+    return daemon.run(tls, sock)
 
 
 def build(args: argparse.Namespace) -> Daemon:
@@ -258,7 +259,7 @@ def build(args: argparse.Namespace) -> Daemon:
         table.build(table.Inputs(args, state, monitor, ooms, ras)), refresh=state.refresh
     )
 
-    app: Any = create_app(
+    app: App = create_app(
         registry=timed.registry(),
         state=state,
         cards=monitor,

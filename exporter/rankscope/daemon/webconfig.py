@@ -28,20 +28,13 @@ import os
 import ssl
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio.to_thread
+from rankscope.daemon.httpserver import App, HTTPError, Request, Response
 
 log = logging.getLogger("rankscope.daemon")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -103,11 +96,17 @@ class TLSConfig:
             return None
         return not_after if ssl.cert_time_to_seconds(not_after) < now else None
 
-    def apply(self, context: ssl.SSLContext) -> None:
-        """Settings uvicorn's own options cannot express (the version bounds)."""
+    def context(self) -> ssl.SSLContext:
+        """The server's TLS context; ssl.SSLError when the files cannot serve together."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        context.verify_mode = ssl.VerifyMode(self.cert_reqs)
+        if self.client_ca_file is not None:
+            context.load_verify_locations(cafile=str(self.client_ca_file))
         context.minimum_version = TLS_VERSIONS[self.min_version]
         if self.max_version is not None:
             context.maximum_version = TLS_VERSIONS[self.max_version]
+        return context
 
 
 @dataclass(frozen=True)
@@ -336,47 +335,28 @@ def _mtime(path: Path) -> tuple[int, int] | None:
 
 
 class WebConfigMiddleware:
-    """ASGI middleware: basic auth on every path (when users are configured) and the
-    configured response headers."""
+    """Around an app: basic auth on every path (when users are configured) and the
+    configured response headers on every answer, refusals included."""
 
     def __init__(
-        self, app: ASGIApp, auth: ReloadingAuth | BasicAuth | None, headers: dict[str, str]
+        self, app: App, auth: ReloadingAuth | BasicAuth | None, headers: dict[str, str]
     ) -> None:
         self.app = app
         self.auth = auth
-        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        self.headers = dict(headers)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def __call__(self, request: Request) -> Response:
         if self.auth is not None and self.auth.enabled:
-            header = dict(scope.get("headers") or []).get(b"authorization")
-            # bcrypt takes milliseconds: off the event loop, so other requests keep moving.
-            ok = await anyio.to_thread.run_sync(self.auth.check, header)
-            if not ok:
-                await self._refuse(send)
-                return
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start" and self.headers:
-                message["headers"] = [*message.get("headers", []), *self.headers]
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-    async def _refuse(self, send: Send) -> None:
-        body = b"Unauthorized\n"
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"text/plain; charset=utf-8"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b'Basic realm="rankscope"'),
-                    *self.headers,
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+            header = request.headers.get("authorization")
+            # http.server decodes headers as latin-1: this gives back the bytes sent.
+            if not self.auth.check(header.encode("latin-1") if header is not None else None):
+                response = Response(401, b"Unauthorized\n")
+                response.headers["WWW-Authenticate"] = 'Basic realm="rankscope"'
+                response.headers.update(self.headers)
+                return response
+        try:
+            response = self.app(request)
+        except HTTPError as exc:
+            response = exc.response()
+        response.headers.update(self.headers)
+        return response
