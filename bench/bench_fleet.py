@@ -75,6 +75,8 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
     labels = m.labels
     if m.name.startswith("rankscope_oom_") or labels == ("field",):
         return []  # published only after an OOM, or an invalid flight field: none here
+    if m.collector == "nccl-ras" or m.name == "rankscope_census_rank_deficit":
+        return []  # a collector off by default; a deficit only while a rank is behind
     if labels and labels[:2] == ("boot", "rank") and "phase" in labels:
         return [{**rank_labels(lo, r), "phase": p} for lo, r in ranks for p in PHASES]
     if "post" in labels:
@@ -115,6 +117,9 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
         return [{"boot": "boot-1", "rank": str(r)} for _, r in ranks]
     if labels == ("boot", "group", "op"):
         return []  # published only while ranks diverge
+    if labels == ("boot", "group"):  # the host's summary of each group its ranks are in
+        local = sorted({g for lo, _ in ranks for g in groups_of(host, lo)})
+        return [{"boot": "boot-1", "group": g} for g in local]
     if labels == ("version",):
         return [{"version": "0.0.0-fleet"}]
     if labels == ("source",):
