@@ -93,6 +93,10 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
         return [{**c, "model": "NVIDIA H200", "source": "nvml"} for c in cards]
     if labels == ("gpu", "uuid"):
         return cards
+    if labels == ("gpu", "uuid", "pid", "comm"):  # the largest foreign holder of each card
+        return [
+            {**card, "pid": str(20000 + c * 100), "comm": "worker0"} for c, card in enumerate(cards)
+        ]
     if labels == ("source", "gpu", "uuid"):
         return [{"source": "nvml", **c} for c in cards] + [
             {"source": "nvml", "gpu": "", "uuid": ""}

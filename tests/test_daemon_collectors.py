@@ -9,8 +9,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rankscope.daemon.collectors.arenas import ArenasCollector
 from rankscope.census.compare import DIGEST_BITS, digest
+from rankscope.daemon.collectors.arenas import ArenasCollector
 from rankscope.daemon.collectors.census import CensusCollector, host_summaries
 from rankscope.daemon.collectors.phases import PhasesCollector
 from rankscope.daemon.collectors.self import SelfCollector

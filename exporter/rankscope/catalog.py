@@ -234,6 +234,16 @@ CATALOG: tuple[Metric, ...] = (
         HOLDING_LABELS,
         "holdings",
     ),
+    Metric(
+        "rankscope_gpu_largest_foreign_bytes",
+        "gauge",
+        "bytes",
+        "Device memory held by the card's largest foreign process (no rank of any boot), "
+        "named by pid and comm; absent while no foreign process holds memory there. One "
+        "series per card, which RankscopeForeignHolder reads instead of every process.",
+        ("gpu", "uuid", "pid", "comm"),
+        "holdings",
+    ),
     # --- OOM instants ---
     Metric(
         "rankscope_oom_events_total",

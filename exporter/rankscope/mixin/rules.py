@@ -216,9 +216,6 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             is hung in a collective or wedged.""",
             c,
         ),
-        # The largest foreign holder of each card only: one alert per card at most, where one
-        # per pid (a per-node agent on every card, a card shared by dozens) made the alert
-        # group's evaluation outgrow its interval at fleet scale (docs/benchmarks.md).
         _alert(
             "RankscopeNcclCountMismatch",
             "critical",
@@ -258,12 +255,16 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             (considered dead); every communicator they belong to will hang.""",
             c,
         ),
+        # The largest foreign holder of each card only, as the daemon publishes it: one
+        # alert per card at most, where one per pid made the alert group's evaluation
+        # outgrow its interval at fleet scale, and a rule over every process series still
+        # cost it 5-8% of it (docs/benchmarks.md).
         _alert(
             "RankscopeForeignHolder",
             "warning",
             _expr(
                 """
-                topk by ({card}) (1, rankscope_gpu_process_bytes{{{s}, role="foreign"}} > {min_bytes})
+                (rankscope_gpu_largest_foreign_bytes{{{s}}} > {min_bytes})
                 * on({card}) group_left(boot)
                 (
                   0 * topk by ({card}) (1, sum by ({card}, boot) (rankscope_gpu_process_bytes{{{s}, role="rank"}}))
