@@ -7,8 +7,10 @@ SIMULATED targets: one HTTP server in this process serves, for each of --hosts h
 text exposition a daemon would serve (every metric of the catalog, rankscope.catalog): 8
 cards, 8 ranks of one job spanning every host (so the census groups hold hosts x 8 ranks),
 100 census series per rank (20 groups x 5 ops: world, the host's tp group, the pp group of
-its local rank, 17 more spanning every rank), 64 processes per card, phases, posts and
-arenas. A real Prometheus (`prometheus` on PATH) scrapes each host as its own target
+its local rank, 17 more spanning every rank) and the host's round and digest of each of the
+27 group instances its ranks are in (equal on every host: a healthy fleet), 64 processes
+per card and its largest foreign holder, phases, posts and arenas. The NCCL RAS collector
+(off by default) publishes nothing here. A real Prometheus (`prometheus` on PATH) scrapes each host as its own target
 (instance="host-N:19400", job="rankscope") every 15 s and evaluates
 alerts/rankscope.rules.yml (or --rules, e.g. an older version for a before/after in one
 sitting) every 15 s. After --wait seconds it reports:
