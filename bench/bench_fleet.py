@@ -25,8 +25,11 @@ sitting) every 15 s. After --wait seconds it reports:
   2 minutes at a 15 s step, timed by Prometheus itself (stats=all: evalTotalTime), the
   median of three runs (one for a panel over 2 s), and the series it returns.
 
-Values are static (counters do not move): the evaluation cost depends on the number of
-series and the label matching, not on the values. Budget: about 3 minutes.
+Values are those of a healthy fleet (VALUES: no breach, fresh snapshots, a sampler that
+samples), so no alert is active but RankscopeForeignHolder, once per card (its 63 foreign
+holders): an active alert costs its group the bookkeeping and the description's template,
+which a fleet where every alert fires would measure instead of the rules. Budget: about
+5 minutes.
 """
 
 from __future__ import annotations
@@ -141,7 +144,21 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
     raise ValueError(f"bench_fleet: no label sets for {m.name} {labels}")
 
 
-def exposition(host: int) -> bytes:
+# A healthy fleet: no breach, no overrun, a sampler that samples, fresh census snapshots, a
+# floor below the free memory; only the 63 foreign holders of every card are a fault
+# (RankscopeForeignHolder fires on each of the 512 cards). Placeholders are filled per scrape.
+NOW, SAMPLES = "@now@", "@samples@"
+VALUES = {
+    "rankscope_corridor_floor_bytes": str(2 * GiB),
+    "rankscope_corridor_breach_seconds_total": "0",
+    "rankscope_corridor_breaches_total": "0",
+    "rankscope_sampler_overruns_total": "0",
+    "rankscope_census_snapshot_timestamp_seconds": NOW,
+    "rankscope_sampler_duration_seconds_count": SAMPLES,
+}
+
+
+def exposition(host: int) -> str:
     lines = []
     for m in CATALOG:
         names = [m.name]
@@ -150,23 +167,33 @@ def exposition(host: int) -> bytes:
         for labels in label_sets(m, host):
             text = ",".join(f'{k}="{v}"' for k, v in labels.items())
             for name in names:
-                value = 40 * GiB if m.unit == "bytes" else 100
+                value = VALUES.get(name, str(40 * GiB if m.unit == "bytes" else 100))
                 lines.append(f"{name}{{{text}}} {value}")
-    return gzip.compress(("\n".join(lines) + "\n").encode())
+    return "\n".join(lines) + "\n"
 
 
 class Targets(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, hosts: int) -> None:
-        self.bodies = {f"/host/{h}/metrics": exposition(h) for h in range(hosts)}
+        self.started = time.time()
+        self.texts = {f"/host/{h}/metrics": exposition(h) for h in range(hosts)}
         super().__init__(("127.0.0.1", 0), Handler)
+
+    def body(self, path: str) -> bytes | None:
+        text = self.texts.get(path)
+        if text is None:
+            return None
+        now = time.time()
+        samples = int((now - self.started) * 10)  # the sampler at 100 ms
+        text = text.replace(NOW, f"{now:.3f}").replace(SAMPLES, str(samples))
+        return gzip.compress(text.encode(), compresslevel=1)
 
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         assert isinstance(self.server, Targets)
-        body = self.server.bodies.get(self.path)
+        body = self.server.body(self.path)
         if body is None:
             self.send_error(404)
             return
@@ -232,6 +259,7 @@ def rule_groups(base: str, when: str) -> dict[str, Any]:
                 "last": g.get("lastEvaluation"), "slowest_rule": slowest.get("name"),
                 "slowest_seconds": slowest.get("evaluationTime"),
                 "rule_seconds": {r["name"]: r.get("evaluationTime") for r in g["rules"]},
+                "active_alerts": {r["name"]: len(r["alerts"]) for r in g["rules"] if r.get("alerts")},
             })  # fmt: skip
     out: dict[str, Any] = {}
     print(f"\nrule group evaluation {when} (four readings, 15 s apart):")
@@ -246,12 +274,14 @@ def rule_groups(base: str, when: str) -> dict[str, Any]:
             "slowest_rule": worst["slowest_rule"],
             "slowest_rule_seconds": worst["slowest_seconds"],
             "rule_seconds": worst["rule_seconds"],
+            "active_alerts": worst["active_alerts"],
         }  # fmt: skip
         print(
             f"  {name:18s} {statistics.median(secs) * 1e3:8.1f} ms median, "
             f"{max(secs) * 1e3:8.1f} ms max = {max(secs) / interval:6.2%} of {interval:.0f} s"
             f" (goal < 1%); slowest rule {worst['slowest_rule']} "
             f"{worst['slowest_seconds'] * 1e3:.1f} ms"
+            + (f"; active alerts {worst['active_alerts']}" if worst["active_alerts"] else "")
         )
     return out
 
@@ -271,7 +301,7 @@ def main() -> None:
     targets = Targets(args.hosts)
     threading.Thread(target=targets.serve_forever, daemon=True).start()
     target_port = targets.server_address[1]
-    body_kb = statistics.mean(len(b) for b in targets.bodies.values()) / 1024
+    body_kb = statistics.mean(len(targets.body(p) or b"") for p in targets.texts) / 1024
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     result: dict[str, Any] = {
