@@ -7,8 +7,10 @@ SIMULATED targets: one HTTP server in this process serves, for each of --hosts h
 text exposition a daemon would serve (every metric of the catalog, rankscope.catalog): 8
 cards, 8 ranks of one job spanning every host (so the census groups hold hosts x 8 ranks),
 100 census series per rank (20 groups x 5 ops: world, the host's tp group, the pp group of
-its local rank, 17 more spanning every rank), 64 processes per card, phases, posts and
-arenas. A real Prometheus (`prometheus` on PATH) scrapes each host as its own target
+its local rank, 17 more spanning every rank) and the host's round and digest of each of the
+27 group instances its ranks are in (equal on every host: a healthy fleet), 64 processes
+per card and its largest foreign holder, phases, posts and arenas. The NCCL RAS collector
+(off by default) publishes nothing here. A real Prometheus (`prometheus` on PATH) scrapes each host as its own target
 (instance="host-N:19400", job="rankscope") every 15 s and evaluates
 alerts/rankscope.rules.yml (or --rules, e.g. an older version for a before/after in one
 sitting) every 15 s. After --wait seconds it reports:
@@ -23,8 +25,11 @@ sitting) every 15 s. After --wait seconds it reports:
   2 minutes at a 15 s step, timed by Prometheus itself (stats=all: evalTotalTime), the
   median of three runs (one for a panel over 2 s), and the series it returns.
 
-Values are static (counters do not move): the evaluation cost depends on the number of
-series and the label matching, not on the values. Budget: about 3 minutes.
+Values are those of a healthy fleet (VALUES: no breach, fresh snapshots, a sampler that
+samples), so no alert is active but RankscopeForeignHolder, once per card (its 63 foreign
+holders): an active alert costs its group the bookkeeping and the description's template,
+which a fleet where every alert fires would measure instead of the rules. Budget: about
+5 minutes.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
     labels = m.labels
     if m.name.startswith("rankscope_oom_") or labels == ("field",):
         return []  # published only after an OOM, or an invalid flight field: none here
+    if m.collector == "nccl-ras" or m.name == "rankscope_census_rank_deficit":
+        return []  # a collector off by default; a deficit only while a rank is behind
     if labels and labels[:2] == ("boot", "rank") and "phase" in labels:
         return [{**rank_labels(lo, r), "phase": p} for lo, r in ranks for p in PHASES]
     if "post" in labels:
@@ -91,6 +98,10 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
         return [{**c, "model": "NVIDIA H200", "source": "nvml"} for c in cards]
     if labels == ("gpu", "uuid"):
         return cards
+    if labels == ("gpu", "uuid", "pid", "comm"):  # the largest foreign holder of each card
+        return [
+            {**card, "pid": str(20000 + c * 100), "comm": "worker0"} for c, card in enumerate(cards)
+        ]
     if labels == ("source", "gpu", "uuid"):
         return [{"source": "nvml", **c} for c in cards] + [
             {"source": "nvml", "gpu": "", "uuid": ""}
@@ -115,6 +126,9 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
         return [{"boot": "boot-1", "rank": str(r)} for _, r in ranks]
     if labels == ("boot", "group", "op"):
         return []  # published only while ranks diverge
+    if labels == ("boot", "group"):  # the host's summary of each group its ranks are in
+        local = sorted({g for lo, _ in ranks for g in groups_of(host, lo)})
+        return [{"boot": "boot-1", "group": g} for g in local]
     if labels == ("version",):
         return [{"version": "0.0.0-fleet"}]
     if labels == ("source",):
@@ -130,7 +144,21 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
     raise ValueError(f"bench_fleet: no label sets for {m.name} {labels}")
 
 
-def exposition(host: int) -> bytes:
+# A healthy fleet: no breach, no overrun, a sampler that samples, fresh census snapshots, a
+# floor below the free memory; only the 63 foreign holders of every card are a fault
+# (RankscopeForeignHolder fires on each of the 512 cards). Placeholders are filled per scrape.
+NOW, SAMPLES = "@now@", "@samples@"
+VALUES = {
+    "rankscope_corridor_floor_bytes": str(2 * GiB),
+    "rankscope_corridor_breach_seconds_total": "0",
+    "rankscope_corridor_breaches_total": "0",
+    "rankscope_sampler_overruns_total": "0",
+    "rankscope_census_snapshot_timestamp_seconds": NOW,
+    "rankscope_sampler_duration_seconds_count": SAMPLES,
+}
+
+
+def exposition(host: int) -> str:
     lines = []
     for m in CATALOG:
         names = [m.name]
@@ -139,23 +167,33 @@ def exposition(host: int) -> bytes:
         for labels in label_sets(m, host):
             text = ",".join(f'{k}="{v}"' for k, v in labels.items())
             for name in names:
-                value = 40 * GiB if m.unit == "bytes" else 100
+                value = VALUES.get(name, str(40 * GiB if m.unit == "bytes" else 100))
                 lines.append(f"{name}{{{text}}} {value}")
-    return gzip.compress(("\n".join(lines) + "\n").encode())
+    return "\n".join(lines) + "\n"
 
 
 class Targets(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, hosts: int) -> None:
-        self.bodies = {f"/host/{h}/metrics": exposition(h) for h in range(hosts)}
+        self.started = time.time()
+        self.texts = {f"/host/{h}/metrics": exposition(h) for h in range(hosts)}
         super().__init__(("127.0.0.1", 0), Handler)
+
+    def body(self, path: str) -> bytes | None:
+        text = self.texts.get(path)
+        if text is None:
+            return None
+        now = time.time()
+        samples = int((now - self.started) * 10)  # the sampler at 100 ms
+        text = text.replace(NOW, f"{now:.3f}").replace(SAMPLES, str(samples))
+        return gzip.compress(text.encode(), compresslevel=1)
 
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         assert isinstance(self.server, Targets)
-        body = self.server.bodies.get(self.path)
+        body = self.server.body(self.path)
         if body is None:
             self.send_error(404)
             return
@@ -221,6 +259,7 @@ def rule_groups(base: str, when: str) -> dict[str, Any]:
                 "last": g.get("lastEvaluation"), "slowest_rule": slowest.get("name"),
                 "slowest_seconds": slowest.get("evaluationTime"),
                 "rule_seconds": {r["name"]: r.get("evaluationTime") for r in g["rules"]},
+                "active_alerts": {r["name"]: len(r["alerts"]) for r in g["rules"] if r.get("alerts")},
             })  # fmt: skip
     out: dict[str, Any] = {}
     print(f"\nrule group evaluation {when} (four readings, 15 s apart):")
@@ -235,12 +274,14 @@ def rule_groups(base: str, when: str) -> dict[str, Any]:
             "slowest_rule": worst["slowest_rule"],
             "slowest_rule_seconds": worst["slowest_seconds"],
             "rule_seconds": worst["rule_seconds"],
+            "active_alerts": worst["active_alerts"],
         }  # fmt: skip
         print(
             f"  {name:18s} {statistics.median(secs) * 1e3:8.1f} ms median, "
             f"{max(secs) * 1e3:8.1f} ms max = {max(secs) / interval:6.2%} of {interval:.0f} s"
             f" (goal < 1%); slowest rule {worst['slowest_rule']} "
             f"{worst['slowest_seconds'] * 1e3:.1f} ms"
+            + (f"; active alerts {worst['active_alerts']}" if worst["active_alerts"] else "")
         )
     return out
 
@@ -260,7 +301,7 @@ def main() -> None:
     targets = Targets(args.hosts)
     threading.Thread(target=targets.serve_forever, daemon=True).start()
     target_port = targets.server_address[1]
-    body_kb = statistics.mean(len(b) for b in targets.bodies.values()) / 1024
+    body_kb = statistics.mean(len(targets.body(p) or b"") for p in targets.texts) / 1024
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     result: dict[str, Any] = {

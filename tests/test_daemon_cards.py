@@ -143,6 +143,14 @@ def test_exposition_passes_promtool_and_matches_the_catalog(
     assert [s.value for s in overflow] == [sum(range(1, 34)) * MiB]
     [top] = [s for s in held if s.labels["pid"] == str(sleeper.pid)]
     assert (top.labels["comm"], top.labels["role"], top.value) == ("sleep", "foreign", 2 * GiB)
+    # One series per card names its largest foreign holder (none for the card that failed).
+    [largest] = families["rankscope_gpu_largest_foreign_bytes"].samples
+    assert (largest.labels["gpu"], largest.labels["pid"], largest.labels["comm"]) == (
+        "0",
+        str(sleeper.pid),
+        "sleep",
+    )
+    assert largest.value == 2 * GiB
     errors = families["rankscope_device_errors"].samples
     assert any(s.labels["gpu"] == "1" and s.value >= 1 for s in errors)
 

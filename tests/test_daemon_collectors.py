@@ -9,13 +9,14 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rankscope.census.compare import DIGEST_BITS, digest
 from rankscope.daemon.collectors.arenas import ArenasCollector
-from rankscope.daemon.collectors.census import CensusCollector
+from rankscope.daemon.collectors.census import CensusCollector, host_summaries
 from rankscope.daemon.collectors.phases import PhasesCollector
 from rankscope.daemon.collectors.self import SelfCollector
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import Collector, TimedCollectors
-from rankscope.schema import CensusDump, Divergence, MarkArena
+from rankscope.schema import Census, CensusDump, Divergence, MarkArena
 from test_daemon_flightstate import GiB, MiB, census, mark, rank_recorder
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -202,6 +203,75 @@ def test_census_counts_rounds_and_divergence_of_the_newest_boot(flight_dir: Path
     ) == [1]
     assert values(s, "rankscope_census_divergence", boot="boot-1", group="pp:0,1", op="send") == [0]
     assert len(values(s, "rankscope_census_snapshot_timestamp_seconds", boot="boot-1")) == 2
+
+
+def test_census_host_summary_compares_the_ranks_of_a_group_at_their_common_round(
+    flight_dir: Path,
+) -> None:
+    r0 = rank_recorder(flight_dir, "boot-1", 0, pid=10)
+    r1 = rank_recorder(flight_dir, "boot-1", 1, pid=11)
+    r2 = rank_recorder(flight_dir, "boot-1", 2, pid=12)
+    at5 = [["tp:0-2", "all_reduce", 50], ["tp:0-2", "broadcast", 5]]
+    r0.write_record(census(5, [*at5, ["pp:0-1", "send>1", 5]]))
+    r1.write_record(census(5, [*at5, ["pp:0-1", "recv<0", 4]]))
+    # Rank 2 skipped one all_reduce before round 5.
+    r2.write_record(census(5, [["tp:0-2", "all_reduce", 49], ["tp:0-2", "broadcast", 5]]))
+    # Rank 0 is a round ahead (a tick in flight): the others are compared at round 5, where
+    # its 100 against their 50 is no skew.
+    r0.write_record(
+        census(
+            10,
+            [["tp:0-2", "all_reduce", 100], ["tp:0-2", "broadcast", 10], ["pp:0-1", "send>1", 10]],
+        )
+    )
+    state = FlightState(flight_dir)
+    state.refresh()
+    s = scrape(CensusCollector(state))
+    assert values(s, "rankscope_census_group_round", boot="boot-1", group="tp:0-2") == [5]
+    assert values(s, "rankscope_census_group_digest", boot="boot-1", group="tp:0-2") == [
+        digest({"all_reduce": 50, "broadcast": 5})
+    ]
+    # Point-to-point ops are compared as channels here and left out of the digest.
+    assert values(s, "rankscope_census_group_digest", boot="boot-1", group="pp:0-1") == [digest({})]
+    deficits = {
+        (labels["rank"], labels["group"], labels["op"]): v
+        for labels, v in s["rankscope_census_rank_deficit"]
+    }
+    assert deficits == {("2", "tp:0-2", "all_reduce"): 1, ("1", "pp:0-1", "p2p 0>1"): 1}
+    # The others reach round 10 and rank 2's shortfall persists there.
+    r1.write_record(
+        census(
+            10,
+            [["tp:0-2", "all_reduce", 100], ["tp:0-2", "broadcast", 10], ["pp:0-1", "recv<0", 10]],
+        )
+    )
+    r2.write_record(census(10, [["tp:0-2", "all_reduce", 99], ["tp:0-2", "broadcast", 10]]))
+    state.refresh()
+    s = scrape(CensusCollector(state))
+    assert values(s, "rankscope_census_group_round", group="tp:0-2") == [10]
+    assert values(s, "rankscope_census_group_digest", group="tp:0-2") == [
+        digest({"all_reduce": 100, "broadcast": 10})
+    ]
+    assert [(lb["rank"], lb["op"], v) for lb, v in s["rankscope_census_rank_deficit"]] == [
+        ("2", "all_reduce", 1)
+    ]
+
+
+def test_census_host_summary_leaves_out_a_group_whose_ranks_share_no_round() -> None:
+    a = Census(round=5, every=None, counts={("tp:0-1", "all_reduce"): 5})
+    b = Census(round=6, every=None, counts={("tp:0-1", "all_reduce"): 6})
+    assert host_summaries({0: {5: a}, 1: {6: b}}) == {}
+    # One member alone is compared with nobody: a digest, no deficit.
+    (only,) = host_summaries({0: {5: a}}).values()
+    assert (only.round, only.deficits) == (5, {})
+
+
+def test_census_digest_is_equal_exactly_for_equal_collective_counts() -> None:
+    base = digest({"all_reduce": 100, "broadcast": 3})
+    assert base == digest({"broadcast": 3, "all_reduce": 100, "barrier": 0, "send>2": 7})
+    assert base != digest({"all_reduce": 99, "broadcast": 3})
+    assert base != digest({"all_reduce": 100, "broadcast": 3, "barrier": 1})
+    assert 0 <= base < 2**DIGEST_BITS and float(base) == base
 
 
 def test_self_reports_the_flight_source_and_skipped_lines(flight_dir: Path, tmp_path: Path) -> None:

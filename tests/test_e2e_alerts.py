@@ -360,7 +360,10 @@ def prometheus_state(prom: services.Prometheus) -> str:
         "rankscope_sampler_overruns_total",
         "rankscope_census_round",
         "rankscope_census_round_collectives",
-        "rankscope:census_rank_deficit",
+        "rankscope_census_rank_deficit",
+        "rankscope_census_group_round",
+        "rankscope_census_group_digest",
+        "rankscope:census_group_digests",
         "rankscope_census_divergence",
     ):
         found = [(r["metric"], r["value"][1]) for r in prom.query(expr)]
@@ -486,8 +489,9 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                 alerts = f'max_over_time(ALERTS{{alertname=~"Rankscope.+"}}[{window}])'
                 assert prom.query(alerts) == []
                 assert webhook.posts == []
-                skew = f'max_over_time(rankscope:census_skew{{boot="{BOOT}"}}[{window}]) == 0'
-                assert len(prom.query(skew)) == 1
+                # One digest among the hosts at the group's round throughout: they agreed.
+                agreed = f'max_over_time(rankscope:census_group_digests{{boot="{BOOT}"}}[{window}])'
+                assert [r["value"][1] for r in prom.query(agreed)] == ["1"]
 
                 # The faults, at once.
                 a, b = hosts["a"], hosts["b"]
@@ -545,8 +549,9 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                 }.items() <= breach["labels"].items()
 
                 # The first skew page may come from the ranks' own comparison (no rank
-                # label); the one from Prometheus's comparison names rank 2 on host B, and
-                # no healthy rank is ever named.
+                # label); the one from host B's daemon names rank 2 there, and no healthy
+                # rank is ever named. The hosts agree on the group's digest (B's most
+                # advanced rank is healthy), so no page names the group alone.
                 _, receiver, _ = pages["RankscopeCensusSkew"]
                 assert receiver == "rankscope-pager"
                 ranked = [labels for labels in skew_pages() if "rank" in labels]
@@ -560,7 +565,8 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                 }.items() <= ranked[0].items()
                 assert {labels["rank"] for labels in ranked} == {"2"}
                 assert all(
-                    (labels["boot"], labels["group"], labels["op"]) == (BOOT, GROUP, "all_reduce")
+                    (labels["boot"], labels["group"], labels.get("op"))
+                    == (BOOT, GROUP, "all_reduce")
                     for labels in skew_pages()
                 )
 
@@ -569,7 +575,6 @@ def test_faults_page_and_a_healthy_run_pages_nothing(tmp_path: Path) -> None:
                 assert {
                     "pid": str(sleeper.pid),
                     "comm": "sleep",
-                    "role": "foreign",
                     "boot": BOOT,
                     "gpu": "0",
                     "uuid": a.uuids[0],

@@ -22,6 +22,7 @@ CARD_LABELS = ("gpu", "uuid")
 HOLDING_LABELS = ("gpu", "uuid", "pid", "comm", "role", "boot", "rank")
 CENSUS_RANK_LABELS = ("boot", "rank")
 CENSUS_OP_LABELS = ("boot", "rank", "group", "op")
+CENSUS_GROUP_LABELS = ("boot", "group")
 DIVERGENCE_LABELS = ("boot", "group", "op")
 OOM_LABELS = ("gpu", "uuid", "boot", "rank", "pid")
 NCCL_COMM_LABELS = ("endpoint", "comm", "comm_secondary", "boot")
@@ -233,6 +234,16 @@ CATALOG: tuple[Metric, ...] = (
         HOLDING_LABELS,
         "holdings",
     ),
+    Metric(
+        "rankscope_gpu_largest_foreign_bytes",
+        "gauge",
+        "bytes",
+        "Device memory held by the card's largest foreign process (no rank of any boot), "
+        "named by pid and comm; absent while no foreign process holds memory there. One "
+        "series per card, which RankscopeForeignHolder reads instead of every process.",
+        ("gpu", "uuid", "pid", "comm"),
+        "holdings",
+    ),
     # --- OOM instants ---
     Metric(
         "rankscope_oom_events_total",
@@ -293,6 +304,38 @@ CATALOG: tuple[Metric, ...] = (
         "seconds",
         "Wall-clock time of the rank's latest census snapshot, as Unix seconds.",
         CENSUS_RANK_LABELS,
+        "census",
+    ),
+    # The host's summary of each group instance, which the census rules compare across
+    # hosts: series per group instance, not per (rank, op) (docs/alerting.md).
+    Metric(
+        "rankscope_census_group_round",
+        "gauge",
+        "",
+        "Latest census round that every rank of the group instance on this host has a "
+        "snapshot of: the round rankscope_census_group_digest and "
+        "rankscope_census_rank_deficit compare.",
+        CENSUS_GROUP_LABELS,
+        "census",
+    ),
+    Metric(
+        "rankscope_census_group_digest",
+        "gauge",
+        "",
+        "Digest of the group instance's collective counts on this host at "
+        "rankscope_census_group_round: an integer below 2^53 (exact in a float64) hashing each "
+        "op's count at its most advanced rank here, point-to-point channels left out. Hosts "
+        "at the same round with different digests disagree on some count.",
+        CENSUS_GROUP_LABELS,
+        "census",
+    ),
+    Metric(
+        "rankscope_census_rank_deficit",
+        "gauge",
+        "",
+        "Collectives a rank is behind the most advanced rank of its group instance on this "
+        "host at rankscope_census_group_round; published only for a rank behind.",
+        CENSUS_OP_LABELS,
         "census",
     ),
     # --- NCCL RAS (the nccl-ras collector; docs/census.md, "NCCL RAS") ---

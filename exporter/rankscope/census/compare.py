@@ -8,6 +8,7 @@ entry ``p2p a>b``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -87,3 +88,19 @@ def compare_ranks(per_rank: Mapping[int, Mapping[Key, int]]) -> list[Entry]:
             continue
         entries.extend(compare_group(group, {r: split[r].get(group, {}) for r in members}))
     return entries
+
+
+# A digest is published as a Prometheus sample, a float64: integers up to 2**53 are exact.
+DIGEST_BITS = 53
+
+
+def digest(counts: Mapping[str, int]) -> int:
+    """A hash of one group instance's {op: count}, below 2**DIGEST_BITS: equal counts give
+    equal digests on every host and in every process (no salted ``hash()``). Point-to-point
+    ops are left out (a sender's ``send>b`` and a receiver's ``recv<a`` differ by name, not
+    by count), and a zero count is the same as an absent op, as in :func:`compare_group`."""
+    text = "\n".join(
+        f"{op}\t{n}" for op, n in sorted(counts.items()) if n and parse_p2p(op) is None
+    )
+    raw = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "big") >> (64 - DIGEST_BITS)

@@ -452,22 +452,33 @@ def census(c: Mapping[str, Any]) -> dict:
         ],
         [
             table(
-                "Counts at the latest common round",
-                "Per group instance and op, the largest and smallest count among the ranks "
-                "that stand at the group's latest round, and each rank that was behind within "
-                "RankscopeCensusSkew's lookback with its largest deficit to the most advanced "
-                "rank (a rank ahead stands alone at its round at some instants).",
+                "Group instances across hosts",
+                "Per group instance: the latest census round a host compared it at, how many "
+                "different count digests the hosts at that round publish (1: they agree), and "
+                "each rank that was behind the most advanced rank of its host within "
+                "RankscopeCensusSkew's lookback, by how many collectives of which op.",
                 [
-                    (f"rankscope:census_group_max_collectives{{{derived}}}", ""),
-                    (f"rankscope:census_group_min_collectives{{{derived}}}", ""),
-                    (f"max_over_time(rankscope:census_rank_deficit{{{derived}}}[{lookback}])", ""),
+                    (f"rankscope:census_group_round{{{derived}}}", ""),
+                    (f"rankscope:census_group_digests{{{derived}}}", ""),
+                    (
+                        f"max_over_time(rankscope_census_rank_deficit{{{s}, {derived}}}[{lookback}])",
+                        "",
+                    ),
                 ],
                 width=24,
             ),
+            table(
+                "Counts per rank",
+                "Each rank's collective counts at its latest snapshot round, per group "
+                "instance and op, for the chosen host(s); compare ranks at the same round.",
+                [(f"rankscope_census_round_collectives{{{op}}}", "")],
+                width=24,
+            ),
             timeseries(
-                "Skew over time",
-                "Max minus min count among ranks at the same round, per group instance and op.",
-                [(f"rankscope:census_skew{{{derived}}}", "{{boot}} {{group}} {{op}}")],
+                "Hosts that disagree",
+                "Different count digests among the hosts at each group instance's latest "
+                "round: 1 while they agree, more while some count differs.",
+                [(f"rankscope:census_group_digests{{{derived}}}", "{{boot}} {{group}}")],
             ),
             timeseries(
                 "In-process divergence",

@@ -46,154 +46,37 @@ def recording_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def census_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The census comparison, reduced before any join so it scales with the fleet.
+    """The census comparison across hosts, on each host's summary of each group instance.
 
     A fleet holds ranks x (group, op) count series (51,200 at 64 hosts of 8 ranks with 100
-    each). Every rule here touches them only through a set filter (`and`) or an aggregation,
-    and records no series per (rank, group, op) except a lagging rank's deficit: the rounds
-    are compared per rank (hundreds of series), the counts reduced to a max and a min per
-    (boot, group, op, host), and the rank behind is named only where those differ.
+    each); any rule that selects them reads them all at every evaluation. So the daemon
+    compares the ranks of its own host (at a round all of them reached: exact, never a
+    round in flight) and publishes per group instance the round it compared and a digest
+    of the counts there (rankscope.catalog): the rules compare those, hosts x groups series
+    (1,728 at that scale), and name a rank and op in the alert's description only, a query
+    run for the one skewed group while the alert is active.
     """
     s = c["selector"]
     return [
         {
-            # The latest round any rank of the boot on one host reports. Ranks of one host
-            # are read in one scrape, so they stand at the same round unless one is ahead.
-            "record": "rankscope:census_host_round",
-            "expr": _expr("max by (boot, instance) (rankscope_census_round{{{s}}})", s=s),
-        },
-        {
-            # Each rank that stands at its host's latest round (value: the round).
-            "record": "rankscope:census_rank_at_host_round",
-            "expr": _expr(
-                """
-                rankscope_census_round{{{s}}}
-                == on(boot, instance) group_left
-                rankscope:census_host_round
-                """,
-                s=s,
-            ),
-        },
-        {
-            # The largest and smallest count among the ranks of one host at its round.
-            "record": "rankscope:census_host_max_collectives",
-            "expr": _expr(
-                """
-                max by (boot, group, op, instance) (
-                  rankscope_census_round_collectives{{{s}}}
-                  and ignoring(group, op)
-                  rankscope:census_rank_at_host_round
-                )
-                """,
-                s=s,
-            ),
-        },
-        {
-            "record": "rankscope:census_host_min_collectives",
-            "expr": _expr(
-                """
-                min by (boot, group, op, instance) (
-                  rankscope_census_round_collectives{{{s}}}
-                  and ignoring(group, op)
-                  rankscope:census_rank_at_host_round
-                )
-                """,
-                s=s,
-            ),
-        },
-        {
-            # The round each host reports for the group instance (hosts where it has ranks).
-            "record": "rankscope:census_group_host_round",
-            "expr": _expr(
-                """
-                rankscope:census_host_max_collectives * 0
-                + on(boot, instance) group_left
-                rankscope:census_host_round
-                """
-            ),
-        },
-        {
-            # The latest round any rank of the group instance has reported, across hosts.
+            # The latest round any host reports for the group instance.
             "record": "rankscope:census_group_round",
-            "expr": "max by (boot, group, op) (rankscope:census_group_host_round)",
+            "expr": _expr("max by (boot, group) (rankscope_census_group_round{{{s}}})", s=s),
         },
         {
-            # Largest and smallest count across the hosts that stand at the group's round.
-            # Two hosts are scraped at different moments, so they can stand a snapshot apart
-            # at every evaluation: a host behind is left out here, compared within itself.
-            "record": "rankscope:census_group_max_collectives",
+            # How many different digests the hosts at the group's latest round publish: 1
+            # where they agree on every count, more where a count differs. Hosts behind
+            # (scraped before their ranks reached that round) are compared one scrape later.
+            "record": "rankscope:census_group_digests",
             "expr": _expr(
                 """
-                max by (boot, group, op) (
-                  rankscope:census_host_max_collectives
-                  and
-                  (rankscope:census_group_host_round == on(boot, group, op) group_left rankscope:census_group_round)
+                count by (boot, group) (
+                  count_values by (boot, group) ("digest",
+                    rankscope_census_group_digest{{{s}}}
+                    and
+                    (rankscope_census_group_round{{{s}}} == on(boot, group) group_left rankscope:census_group_round)
+                  )
                 )
-                """
-            ),
-        },
-        {
-            "record": "rankscope:census_group_min_collectives",
-            "expr": _expr(
-                """
-                min by (boot, group, op) (
-                  rankscope:census_host_min_collectives
-                  and
-                  (rankscope:census_group_host_round == on(boot, group, op) group_left rankscope:census_group_round)
-                )
-                """
-            ),
-        },
-        {
-            # The cross-rank skew of one (boot, group instance, op): max minus min count at
-            # the same round, across hosts at the group's round or within one host.
-            "record": "rankscope:census_skew",
-            "expr": _expr(
-                """
-                max by (boot, group, op) (
-                  rankscope:census_group_max_collectives - rankscope:census_group_min_collectives
-                  or
-                  rankscope:census_host_max_collectives - rankscope:census_host_min_collectives
-                )
-                """
-            ),
-        },
-        {
-            # The count a rank of a skewed comparison is measured against, per host: the
-            # group's maximum on a host at the group's round, else its own host's maximum.
-            # Absent wherever nothing is skewed, which keeps the next rule's join small.
-            "record": "rankscope:census_reference_collectives",
-            "expr": _expr(
-                """
-                (
-                  rankscope:census_group_host_round
-                  == on(boot, group, op) group_left
-                  rankscope:census_group_round
-                )
-                * 0 + on(boot, group, op) group_left()
-                (rankscope:census_group_max_collectives > rankscope:census_group_min_collectives)
-                or
-                (rankscope:census_host_max_collectives > rankscope:census_host_min_collectives)
-                """
-            ),
-        },
-        {
-            # How many collectives a rank is behind the most advanced rank at the same round,
-            # recorded only where it is behind: the count series are first cut down to the
-            # skewed (boot, group, op, host) by a set filter, then joined.
-            "record": "rankscope:census_rank_deficit",
-            "expr": _expr(
-                """
-                rankscope:census_reference_collectives
-                - on(boot, group, op, instance) group_right()
-                (
-                  rankscope_census_round_collectives{{{s}}}
-                  and on(boot, group, op, instance)
-                  rankscope:census_reference_collectives
-                  and ignoring(group, op)
-                  rankscope:census_rank_at_host_round
-                )
-                > 0
                 """,
                 s=s,
             ),
@@ -277,8 +160,10 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             "critical",
             _expr(
                 """
-                max_over_time(rankscope:census_rank_deficit[{lookback}]) > 0
-                or on(boot, group, op)
+                max_over_time(rankscope_census_rank_deficit{{{s}}}[{lookback}]) > 0
+                or on(boot, group)
+                max_over_time(rankscope:census_group_digests[{lookback}]) > 1
+                or on(boot, group)
                 max by (boot, group, op) (rankscope_census_divergence{{{s}}}) > 0
                 """,
                 s=s,
@@ -286,14 +171,30 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             ),
             c["censusSkewFor"],
             "Ranks of one group instance disagree on a collective count at the same round.",
+            # Across hosts the alert names the group only; the query naming each rank
+            # behind and its op reads the group's count series, and runs only while the
+            # alert is active.
             """{{ if $labels.rank }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} is
             {{ $value }} {{ $labels.op }} collective(s) behind the most advanced rank of group
-            {{ $labels.group }} at census round {{ with printf
-            "rankscope:census_group_round{boot=%q,group=%q,op=%q}" $labels.boot $labels.group
-            $labels.op | query }}{{ . | first | value }}{{ end }}.{{ else }}The in-process
-            comparison of boot {{ $labels.boot }} found the ranks of group {{ $labels.group }}
-            disagreeing on {{ $labels.op }}.{{ end }} A rank skipped or added a collective;
-            the group will hang in its next mismatched collective.""",
+            {{ $labels.group }} on {{ $labels.instance }} at census round {{ with printf
+            "rankscope_census_group_round{instance=%q,boot=%q,group=%q}" $labels.instance
+            $labels.boot $labels.group | query }}{{ . | first | value }}{{ end }}.{{ else if
+            $labels.op }}The in-process comparison of boot {{ $labels.boot }} found the ranks
+            of group {{ $labels.group }} disagreeing on {{ $labels.op }}.{{ else }}The hosts
+            of group {{ $labels.group }} of boot {{ $labels.boot }} disagree on its collective
+            counts at census round {{ with printf
+            "rankscope:census_group_round{boot=%q,group=%q}" $labels.boot $labels.group |
+            query }}{{ . | first | value }}{{ end }}.{{ range printf
+            "max by (op) (rankscope_census_round_collectives{boot=%[1]q,group=%[2]q} and
+            on(job, instance, boot, rank) (rankscope_census_round{boot=%[1]q} ==
+            scalar(rankscope:census_group_round{boot=%[1]q,group=%[2]q}))) - on(op)
+            group_right() (rankscope_census_round_collectives{boot=%[1]q,group=%[2]q} and
+            on(job, instance, boot, rank) (rankscope_census_round{boot=%[1]q} ==
+            scalar(rankscope:census_group_round{boot=%[1]q,group=%[2]q}))) > 0" $labels.boot
+            $labels.group | query }} Rank {{ .Labels.rank }} is {{ .Value }} {{
+            .Labels.op }} collective(s) behind the most advanced rank.{{ else }} The ranks
+            have moved on since; rankscope census names them.{{ end }}{{ end }} A rank skipped
+            or added a collective; the group will hang in its next mismatched collective.""",
             c,
         ),
         _alert(
@@ -315,9 +216,6 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             is hung in a collective or wedged.""",
             c,
         ),
-        # The largest foreign holder of each card only: one alert per card at most, where one
-        # per pid (a per-node agent on every card, a card shared by dozens) made the alert
-        # group's evaluation outgrow its interval at fleet scale (docs/benchmarks.md).
         _alert(
             "RankscopeNcclCountMismatch",
             "critical",
@@ -357,12 +255,16 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
             (considered dead); every communicator they belong to will hang.""",
             c,
         ),
+        # The largest foreign holder of each card only, as the daemon publishes it: one
+        # alert per card at most, where one per pid made the alert group's evaluation
+        # outgrow its interval at fleet scale, and a rule over every process series still
+        # cost it 5-8% of it (docs/benchmarks.md).
         _alert(
             "RankscopeForeignHolder",
             "warning",
             _expr(
                 """
-                topk by ({card}) (1, rankscope_gpu_process_bytes{{{s}, role="foreign"}} > {min_bytes})
+                (rankscope_gpu_largest_foreign_bytes{{{s}}} > {min_bytes})
                 * on({card}) group_left(boot)
                 (
                   0 * topk by ({card}) (1, sum by ({card}, boot) (rankscope_gpu_process_bytes{{{s}, role="rank"}}))

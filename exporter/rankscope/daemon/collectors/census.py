@@ -1,15 +1,18 @@
 """Census: per-rank collective counts of the newest boot, the snapshot round they were
-taken at, and the divergences the in-process comparison found."""
+taken at, the divergences the in-process comparison found, and this host's summary of each
+group instance: the round its ranks here all reached, a digest of their counts there, and
+the deficit of each rank here that is behind (docs/alerting.md, "Why this shape")."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import Metric
 
-from rankscope.daemon.flightstate import FlightState
+from rankscope.census.compare import compare_group, digest, members_of, split_by_group
+from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.schema import Census, CensusDump, Divergence, Line
 
@@ -27,6 +30,79 @@ def diverges(body: Divergence) -> bool:
     return bool(body.lagging) or len(set(body.counts.values())) > 1
 
 
+@dataclass(frozen=True)
+class GroupSummary:
+    """What this host says about one group instance: the round compared, the digest of each
+    op's most advanced count there, and each (rank, op) behind at that round."""
+
+    round: int
+    digest: int
+    deficits: dict[tuple[int, str], int]
+
+
+def snapshots_since(st: StreamState, floor: int) -> dict[int, Census]:
+    """The snapshots of one stream at round ``floor`` or later, by round (the stream keeps
+    its census lines in order; the scan stops at the first older snapshot)."""
+    out: dict[int, Census] = {}
+    for line in reversed(st.census_lines):
+        body = line.body
+        if not isinstance(body, Census) or body.round is None or body.counts is None:
+            continue
+        if body.round < floor:
+            break
+        out.setdefault(body.round, body)
+    return out
+
+
+def host_summaries(history: Mapping[int, Mapping[int, Census]]) -> dict[str, GroupSummary]:
+    """Each group instance the ranks of this host report, compared at the latest round that
+    all of its members here have a snapshot of. ``history`` maps each rank to its snapshots
+    by round. A group whose members share no round here is left out: compared with
+    nobody, as ranks at different rounds must be."""
+    split = {
+        rank: {r: split_by_group(snap.counts or {}) for r, snap in snaps.items()}
+        for rank, snaps in history.items()
+        if snaps
+    }
+    latest = {rank: by_round[max(by_round)] for rank, by_round in split.items()}
+    out: dict[str, GroupSummary] = {}
+    for group in sorted({g for by_group in latest.values() for g in by_group}):
+        reporters = [rank for rank, by_group in latest.items() if group in by_group]
+        members = members_of(group, split, reporters)
+        common = set.intersection(*(set(split[m]) for m in members)) if members else set()
+        if not common:
+            continue
+        at = max(common)
+        per_rank = {m: split[m][at].get(group, {}) for m in members}
+        top: dict[str, int] = {}
+        for ops in per_rank.values():
+            for op, n in ops.items():
+                top[op] = max(top.get(op, 0), n)
+        deficits: dict[tuple[int, str], int] = {}
+        if len(members) > 1:
+            for entry in compare_group(group, per_rank):
+                most = max(entry["counts"].values())
+                for rank in entry["lagging"]:
+                    deficits[(rank, entry["op"])] = most - entry["counts"][str(rank)]
+        out[group] = GroupSummary(at, digest(top), deficits)
+    return out
+
+
+def latest_snapshots(
+    streams: Sequence[StreamState], boot: str | None
+) -> dict[Any, tuple[StreamState, Line[Census]]]:
+    """Per rank of ``boot``, its newest snapshot and the stream holding it (a rank that
+    restarted within one boot shows its newest process)."""
+    held: dict[Any, tuple[StreamState, Line[Census]]] = {}
+    for st in streams:
+        if st.boot != boot or st.snapshot is None:
+            continue
+        other = held.get(st.process.rank)
+        if other is None or other[1].header.wall <= st.snapshot.header.wall:
+            held[st.process.rank] = (st, st.snapshot)
+    return held
+
+
 @dataclass
 class CensusCollector:
     state: FlightState
@@ -40,32 +116,39 @@ class CensusCollector:
         round_counts = gauge("rankscope_census_round_collectives")
         stamp = gauge("rankscope_census_snapshot_timestamp_seconds")
         divergence = gauge("rankscope_census_divergence")
+        group_round = gauge("rankscope_census_group_round")
+        group_digest = gauge("rankscope_census_group_digest")
+        deficit = gauge("rankscope_census_rank_deficit")
         # Keyed by labels: a rank that restarted within one boot shows its newest process.
         totals: dict[tuple[Any, ...], tuple[float, float]] = {}
-        snapshots: dict[tuple[str | None, int | None], Line[Census]] = {}
         for st in view.streams:
-            if st.boot != boot:
+            if st.boot != boot or st.census is None:
                 continue
-            rank = st.process.rank
-            if st.census is not None:
-                wall = st.census.header.wall
-                for group, op, n in census_counts(st.census.body):
-                    key = (boot, rank, group, op)
-                    if key not in totals or totals[key][0] <= wall:
-                        totals[key] = (wall, n)
-            if st.snapshot is not None:
-                rank_key = (boot, rank)
-                held = snapshots.get(rank_key)
-                if held is None or held.header.wall <= st.snapshot.header.wall:
-                    snapshots[rank_key] = st.snapshot
+            wall = st.census.header.wall
+            for group, op, n in census_counts(st.census.body):
+                key = (boot, st.process.rank, group, op)
+                if key not in totals or totals[key][0] <= wall:
+                    totals[key] = (wall, n)
         for key, (_wall, n) in totals.items():
             add(total, key, n)
-        for (b, rank), snap in snapshots.items():
-            add(round_, (b, rank), snap.body.round)
-            add(stamp, (b, rank), snap.header.wall)
+        held = latest_snapshots(view.streams, boot)
+        for rank, (_st, snap) in held.items():
+            add(round_, (boot, rank), snap.body.round)
+            add(stamp, (boot, rank), snap.header.wall)
             for group, op, n in census_counts(snap.body):
-                add(round_counts, (b, rank, group, op), n)
+                add(round_counts, (boot, rank, group, op), n)
+        # The host's comparison, from each rank's snapshots since the oldest latest round.
+        floor = min((s.body.round for _, s in held.values() if s.body.round is not None), default=0)
+        history = {
+            rank: snapshots_since(st, floor) for rank, (st, _) in held.items() if rank is not None
+        }
+        for group, summary in host_summaries(history).items():
+            add(group_round, (boot, group), summary.round)
+            add(group_digest, (boot, group), summary.digest)
+            for (rank, op), behind in summary.deficits.items():
+                add(deficit, (boot, rank, group, op), behind)
         if boot is not None:
             for (group, op), line in view.divergences.get(boot, {}).items():
                 add(divergence, (boot, group, op), 1.0 if diverges(line.body) else 0.0)
         yield from (total, round_, round_counts, stamp, divergence)
+        yield from (group_round, group_digest, deficit)

@@ -1,6 +1,8 @@
 """The holdings collector: rankscope_gpu_process_bytes per card and process, role rank
-(matched to a rank's record) or foreign, capped per card with one overflow series. Series
-of exited processes vanish with the next process-list read."""
+(matched to a rank's record) or foreign, capped per card with one overflow series, and the
+card's largest foreign holder (rankscope_gpu_largest_foreign_bytes: one series per card for
+the alert, where a fleet has tens of thousands of process series). Series of exited
+processes vanish with the next process-list read."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from rankscope.daemon.holdings import cap
+from rankscope.daemon.holdings import ROLE_FOREIGN, cap
 from rankscope.daemon.registry import add, gauge
 from rankscope.daemon.sampler import Sampler
 
@@ -24,10 +26,19 @@ class HoldingsCollector:
 
     def collect(self) -> Iterator[Metric]:
         fam = gauge("rankscope_gpu_process_bytes")
+        largest = gauge("rankscope_gpu_largest_foreign_bytes")
         for v in self.sampler.views():
             if v.holdings is None:
                 continue
             for h in cap(list(v.holdings.processes), self.max_per_card):
                 labels = (v.identity.index, v.identity.uuid, h.pid, h.comm, h.role, h.boot, h.rank)
                 add(fam, labels, h.bytes)
+            foreign = [
+                h for h in v.holdings.processes if h.role == ROLE_FOREIGN and h.bytes is not None
+            ]
+            if foreign:
+                # The most bytes; among equals, the lowest pid, so the series stays put.
+                top = max(foreign, key=lambda h: (h.bytes, -(h.pid or 0)))
+                add(largest, (v.identity.index, v.identity.uuid, top.pid, top.comm), top.bytes)
         yield fam
+        yield largest
