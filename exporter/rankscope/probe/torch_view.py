@@ -8,8 +8,7 @@ allocation must leave the card untouched.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from rankscope.schema import MarkTorch
 
@@ -17,16 +16,16 @@ NOT_IMPORTED = "torch is not imported in this process"
 NOT_INITIALISED = "CUDA not initialised in this process"
 
 
-@dataclass(frozen=True)
-class Device:
+# Tuples, not dataclasses: a mark builds both every time, and a frozen dataclass costs
+# several times a tuple to build.
+class Device(NamedTuple):
     """The card this process works on: its CUDA index and NVML's uuid string (GPU-...)."""
 
     index: int
     uuid: str | None
 
 
-@dataclass
-class TorchReading:
+class TorchReading(NamedTuple):
     device: Device | None
     view: MarkTorch
     why_no_device: str | None
@@ -80,30 +79,39 @@ def initialising(cuda: Any) -> bool:
 
 
 class TorchView:
-    """Reads the allocator of the current device; caches each device's uuid."""
+    """Reads the allocator of the current device; caches each device's uuid, and the
+    accessors once CUDA is initialised (it stays so for the life of the process; a forked
+    child starts over)."""
 
     def __init__(self) -> None:
         self._uuids: dict[int, str | None] = {}
+        # (torch module, cuda module, current-device call, nested-stats call), once CUDA is up
+        self._live: tuple[Any, Any, Any, Any] | None = None
 
     def read(self) -> TorchReading:
         torch = sys.modules.get("torch")
-        if torch is None:
-            return TorchReading(None, empty_view(NOT_IMPORTED), NOT_IMPORTED)
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not (cuda.is_initialized() or initialising(cuda)):
-            return TorchReading(None, empty_view(NOT_INITIALISED), NOT_INITIALISED)
-        c = torch._C
-        # The private accessors skip torch.cuda's wrappers: memory_stats() flattens ~120 keys
-        # into a sorted dict (tens of microseconds) where a mark needs five numbers.
-        get_device = getattr(c, "_cuda_getDevice", None) or cuda.current_device
+        live = self._live
+        if live is None or live[0] is not torch:
+            if torch is None:
+                return TorchReading(None, empty_view(NOT_IMPORTED), NOT_IMPORTED)
+            cuda = getattr(torch, "cuda", None)
+            if cuda is None or not (cuda.is_initialized() or initialising(cuda)):
+                return TorchReading(None, empty_view(NOT_INITIALISED), NOT_INITIALISED)
+            c = torch._C
+            # The private accessors skip torch.cuda's wrappers: memory_stats() flattens ~120
+            # keys into a sorted dict (tens of microseconds) where a mark needs five numbers.
+            live = (
+                torch,
+                cuda,
+                getattr(c, "_cuda_getDevice", None) or cuda.current_device,
+                getattr(c, "_cuda_memoryStats", None) or cuda.memory_stats_as_nested_dict,
+            )
+            if cuda.is_initialized():  # not while torch's lazy init is still running
+                self._live = live
+        _, cuda, get_device, memory_stats = live
         index = int(get_device())
-        device = Device(index, self._uuid(cuda, index))
-        memory_stats = getattr(c, "_cuda_memoryStats", None)
-        if memory_stats is None:
-            stats = cuda.memory_stats_as_nested_dict(index)
-        else:
-            stats = memory_stats(index)
-        return TorchReading(device, view_from_stats(stats), None)
+        uuid = self._uuids[index] if index in self._uuids else self._uuid(cuda, index)
+        return TorchReading(Device(index, uuid), view_from_stats(memory_stats(index)), None)
 
     def _uuid(self, cuda: Any, index: int) -> str | None:
         if index not in self._uuids:
@@ -113,3 +121,4 @@ class TorchView:
 
     def after_fork_in_child(self) -> None:
         self._uuids.clear()
+        self._live = None
