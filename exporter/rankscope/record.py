@@ -19,8 +19,8 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field, fields
 from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
