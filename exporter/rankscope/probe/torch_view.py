@@ -44,31 +44,29 @@ def nvml_uuid(raw: Any) -> str:
 def view_from_stats(stats: dict[str, Any]) -> MarkTorch:
     """The mark's allocator fields from torch's nested memory-stats dict (a pure function).
     A key torch stops reporting gives null, never 0."""
-    reserved = _current_and_peak(stats, "reserved_bytes")
-    allocated = _current_and_peak(stats, "allocated_bytes")
+    # Direct lookups and no helper calls: a mark runs this every time, and a generic path
+    # walk cost more than the rest of the view.
+    reserved = _all_node(stats, "reserved_bytes")
+    allocated = _all_node(stats, "allocated_bytes")
+    current, used, peak = reserved.get("current"), allocated.get("current"), allocated.get("peak")
+    retries, ooms = stats.get("num_alloc_retries"), stats.get("num_ooms")
     return MarkTorch(
-        reserved=reserved[0],
-        allocated=allocated[0],
-        peak_allocated=allocated[1],
-        num_alloc_retries=_int(stats.get("num_alloc_retries")),
-        num_ooms=_int(stats.get("num_ooms")),
+        int(current) if isinstance(current, int) else None,
+        int(used) if isinstance(used, int) else None,
+        int(peak) if isinstance(peak, int) else None,
+        int(retries) if isinstance(retries, int) else None,
+        int(ooms) if isinstance(ooms, int) else None,
     )
 
 
-def _current_and_peak(stats: dict[str, Any], key: str) -> tuple[int | None, int | None]:
-    # Direct lookups: a mark runs this on every call, and a generic path walk cost more than
-    # the rest of the view.
-    try:
-        node = stats[key]["all"]
-    except (KeyError, TypeError):
-        return None, None
-    if not isinstance(node, dict):
-        return None, None
-    return _int(node.get("current")), _int(node.get("peak"))
+_NO_NODE: dict[str, Any] = {}
 
 
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) else None
+def _all_node(stats: dict[str, Any], key: str) -> dict[str, Any]:
+    """stats[key]["all"], or an empty dict where torch does not report it."""
+    node = stats.get(key)
+    node = node.get("all") if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else _NO_NODE
 
 
 def initialising(cuda: Any) -> bool:
