@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 from rankscope import probe
 from rankscope.probe.nvml_view import NvmlView
-from rankscope.probe.torch_view import Device, TorchReading, TorchView
+from rankscope.probe.torch_view import Device, TorchReading, TorchView, view_from_stats
 from rankscope.record import RECORDER
 
 Timed = Callable[[], Any] | str
@@ -154,8 +154,6 @@ class StandInTorchView(TorchView):
     }
 
     def read(self) -> TorchReading:
-        from rankscope.probe.torch_view import view_from_stats
-
         return TorchReading(Device(0, STAND_IN_UUID), view_from_stats(self.STATS), None)
 
 

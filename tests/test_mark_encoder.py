@@ -5,6 +5,8 @@ byte for byte but for its two times, and it parses back into the mark it came fr
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from rankscope.schema import (
 )
 
 MiB = 1 << 20
+TIMES = re.compile(rb',"mono":[^,]+,"wall":[^,]+')
 
 
 class Count(int):
@@ -81,6 +84,8 @@ VALID = {
 ODD = {
     "int subclass": card_mark(torch=MarkTorch(Count(5), Count(3), None, None, None, None)),
     "bool in an int field": card_mark(driver=MarkDriver(True, 1, None)),
+    "odd device": card_mark(device=MarkDevice(False, "u", Count(2), "w")),
+    "odd self bytes": card_mark(nvml=MarkNvml(Count(1), {1: 2}, None)),
     "float in an int field": card_mark(derived=MarkDerived(1.5, 1, float("nan"))),
     "str subclass": card_mark(phase=type("Phase", (str,), {})("p")),
     "odd proc keys": card_mark(nvml=MarkNvml(1, {True: 2, "x": Count(3), 9: 1.0}, None)),
@@ -114,8 +119,11 @@ def test_a_written_mark_parses_back_into_itself(
         payload["runner"] = runner
     generic = rec.header("mark")
     generic.update(payload)
-    generic["mono"], generic["wall"] = written["mono"], written["wall"]
-    assert text == (dumps(generic) + "\n").encode()
+    # The times are written to the microsecond (fixed point), the generic encoder's floats in
+    # their shortest repr: the same numbers, not the same digits.
+    assert re.fullmatch(rb'.*,"mono":\d+\.\d{6},"wall":\d+\.\d{6},.*\n', text, re.DOTALL)
+    assert abs(written["wall"] - time.time()) < 60 and written["mono"] > 0
+    assert TIMES.sub(b"", text) == TIMES.sub(b"", (dumps(generic) + "\n").encode())
 
     bad: list[str] = []
     line = parse_object(written, bad)

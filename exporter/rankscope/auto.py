@@ -116,10 +116,14 @@ def _optional(module: str, attr: str) -> None:
         log.warning("rankscope: %s.%s() failed: %r", module, attr, exc)
 
 
-def _mark(phase: str, **extra: Any) -> None:
-    from rankscope import probe
+def _loaded(name: str) -> Any:
+    """Module ``name``, imported at the first call. A ``from rankscope import x`` statement
+    in a hook costs microseconds at every call (importlib's fromlist handling, in Python)."""
+    return sys.modules.get(name) or importlib.import_module(name)
 
-    probe.mark(phase, **extra)
+
+def _mark(phase: str, **extra: Any) -> None:
+    _loaded("rankscope.probe").mark(phase, **extra)
 
 
 def _process_exit() -> None:
@@ -238,8 +242,7 @@ def _group_fields(dist: Any, group: Any) -> dict[str, Any]:
     """The group's instance name (as the census names it), ranks and backend; fields that
     cannot be read are null. These three queries are the mark's raw reads beyond a plain
     mark's (bench/bench_startup.py times them alone)."""
-    from rankscope.census import torch_patch
-
+    torch_patch = _loaded("rankscope.census.torch_patch")
     # try/except, not contextlib.suppress: a context manager costs a microsecond a block.
     try:
         name = torch_patch._instance_of(dist, group)

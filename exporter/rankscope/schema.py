@@ -136,14 +136,6 @@ def _text(value: Any) -> str:
     return dumps(value)
 
 
-def _flag(value: Any) -> str:
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    return dumps(value)
-
-
 # --- validated reads of one JSON object ------------------------------------------------------
 
 
@@ -333,9 +325,14 @@ class MarkDevice:
 
     def encode(self) -> str:
         """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
+        index, uuid, nvml_index, why = self.index, self.uuid, self.nvml_index, self.why
+        if not _NUM.issuperset((type(index), type(nvml_index))):
+            return dumps(self.to_json())
         return (
-            f'{{"index":{_num(self.index)},"uuid":{_text(self.uuid)},'
-            f'"nvml_index":{_num(self.nvml_index)},"why":{_text(self.why)}}}'
+            f'{{"index":{"null" if index is None else index},'
+            f'"uuid":{"null" if uuid is None else _text(uuid)},'
+            f'"nvml_index":{"null" if nvml_index is None else nvml_index},'
+            f'"why":{"null" if why is None else _text(why)}}}'
         )
 
     @classmethod
@@ -372,11 +369,18 @@ class MarkTorch:
 
     def encode(self) -> str:
         """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
+        reserved, allocated, peak = self.reserved, self.allocated, self.peak_allocated
+        retries, ooms, why = self.num_alloc_retries, self.num_ooms, self.why
+        types = (type(reserved), type(allocated), type(peak), type(retries), type(ooms))
+        if not _NUM.issuperset(types):
+            return dumps(self.to_json())
         return (
-            f'{{"reserved":{_num(self.reserved)},"allocated":{_num(self.allocated)},'
-            f'"peak_allocated":{_num(self.peak_allocated)},'
-            f'"num_alloc_retries":{_num(self.num_alloc_retries)},'
-            f'"num_ooms":{_num(self.num_ooms)},"why":{_text(self.why)}}}'
+            f'{{"reserved":{"null" if reserved is None else reserved},'
+            f'"allocated":{"null" if allocated is None else allocated},'
+            f'"peak_allocated":{"null" if peak is None else peak},'
+            f'"num_alloc_retries":{"null" if retries is None else retries},'
+            f'"num_ooms":{"null" if ooms is None else ooms},'
+            f'"why":{"null" if why is None else _text(why)}}}'
         )
 
     @classmethod
@@ -409,7 +413,14 @@ class MarkDriver:
 
     def encode(self) -> str:
         """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
-        return f'{{"free":{_num(self.free)},"total":{_num(self.total)},"why":{_text(self.why)}}}'
+        free, total, why = self.free, self.total, self.why
+        if not _NUM.issuperset((type(free), type(total))):
+            return dumps(self.to_json())
+        return (
+            f'{{"free":{"null" if free is None else free},'
+            f'"total":{"null" if total is None else total},'
+            f'"why":{"null" if why is None else _text(why)}}}'
+        )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkDriver:
@@ -450,7 +461,11 @@ class MarkNvml:
             listed = "{" + listed + "}"
         else:
             listed = dumps({str(p): used for p, used in procs.items()})
-        return f'{{"self_bytes":{_num(self.self_bytes)},"procs":{listed},"why":{_text(self.why)}}}'
+        why = self.why
+        return (
+            f'{{"self_bytes":{_num(self.self_bytes)},"procs":{listed},'
+            f'"why":{"null" if why is None else _text(why)}}}'
+        )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkNvml:
@@ -525,10 +540,14 @@ class MarkDerived:
 
     def encode(self) -> str:
         """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
+        non_torch, unbacked = self.non_torch, self.unbacked_reservation
+        measured = self.non_torch_measured
+        if not _NUM.issuperset((type(non_torch), type(unbacked))) or type(measured) is not bool:
+            return dumps(self.to_json())
         return (
-            f'{{"non_torch":{_num(self.non_torch)},'
-            f'"non_torch_measured":{_flag(self.non_torch_measured)},'
-            f'"unbacked_reservation":{_num(self.unbacked_reservation)}}}'
+            f'{{"non_torch":{"null" if non_torch is None else non_torch},'
+            f'"non_torch_measured":{"true" if measured else "false"},'
+            f'"unbacked_reservation":{"null" if unbacked is None else unbacked}}}'
         )
 
     @classmethod
