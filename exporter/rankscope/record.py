@@ -435,7 +435,7 @@ _FIXED_HEADER = frozenset(
 def _times() -> str:
     """A line's mono and wall members, in seconds to the microsecond: fixed-point formatting
     costs half what the shortest float repr does, and a mark formats two."""
-    return ',"mono":%.6f,"wall":%.6f' % (time.monotonic(), time.time())
+    return f',"mono":{time.monotonic():.6f},"wall":{time.time():.6f}'
 
 
 def _close_quietly(fd: int) -> None:
