@@ -120,7 +120,7 @@ def bare(phase: str, /, *, runner: str | None = None, **extra: Any) -> None:
 
 
 def disarmed(number: int, rounds: int, results: dict[str, Any]) -> None:
-    assert not probe.ARMED, "the disarmed figure needs RANKSCOPE_DIR unset"
+    assert not RECORDER.armed, "the disarmed figure needs RANKSCOPE_DIR unset"
     namespace = {"mark": probe.mark, "bare": bare}
     per_round = rounds_of(
         {"disarmed_mark": "mark('weights_loaded')", "bare_call": "bare('weights_loaded')"},
