@@ -177,7 +177,7 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
             graph = torch.cuda.CUDAGraph()
             x = torch.zeros(1024, device="cuda")
             with torch.cuda.graph(graph):
-                x.add_(1)
+                y = x * 2  # an allocation in the graph's pool, which capture_end then sums
             pool = tuple(graph.pool())
             fields = auto.pool_fields(torch, graph)
             print(f"capture_end's pool fields: {fields}")
@@ -195,12 +195,13 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
                     torch.cuda.memory._snapshot()
 
             candidates["capture_end"] = lambda: auto._mark_capture_end(torch, graph)
+            results["capture_end_pool_fields"] = fields
             candidates["pool_snapshot"] = pool_read
             candidates["whole_snapshot"] = lambda: torch.cuda.memory._snapshot()
             needs["capture_end"] = ["pool_snapshot"]
         per_round = rounds_of(candidates, iterations, rounds)
         if gpu:
-            del hold
+            del hold, y
         results["generic_marks"] = {"where": where, "ns": per_round, "ratios": {}}
         print(f"armed generic marks on the {where} ({rounds} alternated rounds)")
         for name in [*candidates]:
