@@ -144,3 +144,29 @@ def test_the_header_prefix_follows_configure(flight_dir: Path) -> None:
         (ln.header.boot, ln.header.rank) for ln in read_flight(flight_dir, all_boots=True).records
     ]
     assert heads == [("b1", None), ("b2", 5)]
+
+
+def test_the_disarmed_check_follows_the_process_recorder(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mark() reads a module-level copy of RECORDER.armed first; every change of the
+    recorder's state must reach it."""
+    from rankscope import probe
+    from rankscope.record import RECORDER
+
+    monkeypatch.setattr(RECORDER, "flight_dir", RECORDER.flight_dir)
+    saved = RECORDER.armed
+    try:
+        RECORDER.armed = False
+        assert probe.ARMED is False and probe.mark("off") is None
+        probe.configure(flight_dir=flight_dir)
+        assert probe.ARMED is True
+        assert probe.mark("on") is not None
+        RECORDER.armed = False
+        assert probe.mark("off again") is None
+    finally:
+        RECORDER.configure()
+        RECORDER.armed = saved
+        RECORDER._close_locked()
+    phases = [ln.body.phase for ln in of_kind(read_flight(flight_dir).records, Mark)]
+    assert phases == ["on"]
