@@ -104,7 +104,6 @@ _C_ENCODER = _c_encoder()
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=json_default)
 _quote = json.encoder.encode_basestring_ascii
 _int_text = int.__repr__
-_INT = frozenset([int])
 _NUM = frozenset([int, type(None)])
 _STR = frozenset([str])
 
@@ -454,16 +453,18 @@ class MarkNvml:
         procs = self.procs
         if procs is None:
             listed = "null"
-        elif _INT.issuperset(map(type, procs)) and _NUM.issuperset(map(type, procs.values())):
-            listed = ",".join(
-                [f'"{pid}":{"null" if used is None else used}' for pid, used in procs.items()]
-            )
-            listed = "{" + listed + "}"
         else:
-            listed = dumps({str(p): used for p, used in procs.items()})
-        why = self.why
+            parts = []
+            for pid, used in procs.items():  # one pass: checks and formats each entry
+                if type(pid) is not int or (used is not None and type(used) is not int):
+                    return dumps(self.to_json())
+                parts.append(f'"{pid}":{"null" if used is None else used}')
+            listed = "{" + ",".join(parts) + "}"
+        self_bytes, why = self.self_bytes, self.why
+        if self_bytes is not None and type(self_bytes) is not int:
+            return dumps(self.to_json())
         return (
-            f'{{"self_bytes":{_num(self.self_bytes)},"procs":{listed},'
+            f'{{"self_bytes":{"null" if self_bytes is None else self_bytes},"procs":{listed},'
             f'"why":{"null" if why is None else _text(why)}}}'
         )
 
