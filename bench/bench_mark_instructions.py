@@ -9,7 +9,8 @@ two totals over N is the instructions a mark executes. Cases: a mark in a proces
 torch (the reads are two dict lookups: nearly all is rankscope's own share), and on a
 STAND-IN card (bench_mark.py's named fake torch view and NVML, so the mark's GPU path runs
 with reads that cost nothing): a plain mark and process_start with its extra. Ratios are to
-the first tree. Needs valgrind.
+the first tree. Needs valgrind. Each tree runs once first, uncounted: the run that compiles
+a changed module's .pyc would otherwise count the compilation.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     results: dict[str, dict[str, int]] = {}
+    for tree in args.trees:  # a first run writes the .pyc files; its count would include that
+        instructions(tree, CASES["stand-in card, plain mark"], 0)
     for name, case in CASES.items():
         results[name] = {}
         for tree in args.trees:
