@@ -35,6 +35,11 @@ Adding a kind (one place, this module):
 2. add the class to the :data:`Body` union (one line; :data:`KINDS`, the parse table, is
    derived from it).
 
+A kind on a benchmarked hot path (the mark) may also define ``json_members(self) -> str``:
+its ``to_json()`` object as JSON text without the braces, byte for byte what :func:`dumps`
+makes of it; the writer then appends it to the header it encoded once, with no dict in
+between (tests/test_mark_encoder.py holds Mark to that).
+
 Writers then call ``RECORDER.write_record(MyKind(...))``; readers get ``Line[MyKind]``
 through :func:`of_kind`. A kind this reader does not know (written by a newer writer of the
 same schema version) parses into :class:`UnknownKind`, which keeps its header, so the boot
