@@ -259,12 +259,12 @@ def armed(number: int, rounds: int, holders: int, results: dict[str, Any]) -> No
     with tempfile.TemporaryDirectory() as tmp:
         RECORDER.configure(flight_dir=tmp)
         try:
-            write = line_writer(tmp, mark_line(tmp))
             if torch.cuda.is_available():
                 running = start_holders(holders)
                 torch.cuda.set_device(0)
                 hold = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
                 raw_reads, lean_reads, where = gpu_reads()
+                write = line_writer(tmp, mark_line(tmp))  # a line with the card's numbers
                 candidates: dict[str, Timed] = {
                     "mark": lambda: probe.mark("weights_loaded"),
                     "raw_reads": raw_reads,
@@ -273,6 +273,7 @@ def armed(number: int, rounds: int, holders: int, results: dict[str, Any]) -> No
                 }
             else:
                 running, hold = [], None
+                write = line_writer(tmp, mark_line(tmp))
                 cuda = torch.cuda
                 where = "CPU (torch imported, CUDA never initialised)"
                 candidates = {

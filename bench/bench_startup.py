@@ -131,7 +131,6 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         RECORDER.configure(flight_dir=tmp)
-        write = line_writer(tmp, mark_line(tmp))
         gpu = torch.cuda.is_available()
         if gpu:
             torch.cuda.set_device(0)
@@ -144,6 +143,7 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
                 cuda.is_initialized()
 
             lean_reads, where = None, "CPU (CUDA never initialised)"
+        write = line_writer(tmp, mark_line(tmp))  # on a GPU, a line with the card's numbers
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
         dist.init_process_group("gloo", rank=0, world_size=1)
