@@ -46,29 +46,30 @@ def nvml_uuid(raw: Any) -> str:
 def view_from_stats(stats: dict[str, Any]) -> MarkTorch:
     """The mark's allocator fields from torch's nested memory-stats dict (a pure function).
     A key torch stops reporting gives null, never 0."""
-    # Direct lookups and no helper calls: a mark runs this every time, and a generic path
-    # walk cost more than the rest of the view.
-    reserved = _all_node(stats, "reserved_bytes")
-    allocated = _all_node(stats, "allocated_bytes")
-    current, used, peak = reserved.get("current"), allocated.get("current"), allocated.get("peak")
+    # Direct lookups, and no call for a value that is already an int: a mark runs this
+    # every time, and a generic path walk cost more than the rest of the view.
+    try:
+        current = stats["reserved_bytes"]["all"].get("current")
+    except (KeyError, TypeError, AttributeError):
+        current = None
+    try:
+        node = stats["allocated_bytes"]["all"]
+        used, peak = node.get("current"), node.get("peak")
+    except (KeyError, TypeError, AttributeError):
+        used = peak = None
     retries, ooms = stats.get("num_alloc_retries"), stats.get("num_ooms")
     return MarkTorch(
-        int(current) if isinstance(current, int) else None,
-        int(used) if isinstance(used, int) else None,
-        int(peak) if isinstance(peak, int) else None,
-        int(retries) if isinstance(retries, int) else None,
-        int(ooms) if isinstance(ooms, int) else None,
+        current if type(current) is int else _int(current),
+        used if type(used) is int else _int(used),
+        peak if type(peak) is int else _int(peak),
+        retries if type(retries) is int else _int(retries),
+        ooms if type(ooms) is int else _int(ooms),
     )
 
 
-_NO_NODE: dict[str, Any] = {}
-
-
-def _all_node(stats: dict[str, Any], key: str) -> dict[str, Any]:
-    """stats[key]["all"], or an empty dict where torch does not report it."""
-    node = stats.get(key)
-    node = node.get("all") if isinstance(node, dict) else None
-    return node if isinstance(node, dict) else _NO_NODE
+def _int(value: Any) -> int | None:
+    """An int subclass (a bool, a numpy-like integer) as a plain int; anything else None."""
+    return int(value) if isinstance(value, int) else None
 
 
 def initialising(cuda: Any) -> bool:
