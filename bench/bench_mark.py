@@ -1,61 +1,207 @@
 """What one mark costs, as ratios to what it cannot avoid, measured in the same run.
 
-    python3 bench/bench_mark.py [--iterations N] [--holders N]
+    python3 bench/bench_mark.py [--iterations N] [--rounds N] [--holders N] [--out DIR]
 
-- disarmed: mark() with no flight directory, in ns, against a bare call of a function with
-  the same signature;
-- armed, on the CPU (torch imported, CUDA never initialised): against its one read
-  (torch.cuda.is_initialized) and against that read plus the write(2) of an equal line;
-- armed, on a GPU when there is one: against the raw reads a mark must make (the
-  allocator's stats call, one NVML memory-info call, one NVML process-list call through
-  pynvml), and against those reads plus the write(2). Goal: within 1.2x of the raw reads.
-  The mark lists processes with one NVML call into a reused buffer, cheaper than pynvml's
-  wrapper (two calls and a Python object per process); that leaner read is printed too.
+- disarmed: ``mark("weights_loaded")`` with no flight directory against a bare call of a
+  function of the same signature, both compiled into the same timeit loop, reached the same
+  way (a global name) and called the same way. Goal: within 1.1x.
+- armed, on a GPU when there is one: against the raw reads a mark must make (the allocator's
+  nested stats call, NVML's memory info and process list through pynvml's wrappers), and
+  against those reads plus the write(2) of an equally long line. Goal: within 1.2x of the raw
+  reads. The mark lists processes with one NVML call into a reused buffer, cheaper than
+  pynvml's wrapper (two calls and a Python object per process): the reads the mark actually
+  makes ("lean reads") are a third baseline, the strictest.
+- armed, on this machine's CPU in every run: the mark with CUDA never initialised (its one
+  read is is_initialized()), and the mark on a STAND-IN card (a named fake torch view and
+  fake NVML returning fixed numbers at once, so the mark's figure is rankscope's own share:
+  views, typed record, encoding, the write).
 
-With ``--holders N`` (GPU only), N other processes hold a CUDA context on the card while it
-measures, as on a serving card where the process list a mark reads is a dozen long.
-
-Each figure is the median of several repeats of a timed loop.
+Every figure is measured in rounds that alternate their order; each round takes the best of
+three timed loops (noise on a shared machine only adds time). Printed: the median over
+rounds, and each ratio's median with its spread (lowest and highest round). ``--out DIR``
+writes every round's numbers to DIR/bench_mark.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
+import timeit
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 from rankscope import probe
-from rankscope.record import RECORDER, Recorder
+from rankscope.probe.nvml_view import NvmlView
+from rankscope.probe.torch_view import Device, TorchReading, TorchView, view_from_stats
+from rankscope.record import RECORDER
+
+Timed = Callable[[], Any] | str
 
 
-def per_call_ns(fn: Callable[[], Any], iterations: int, repeats: int = 7) -> float:
-    fn()  # warm caches and lazy initialisation
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter_ns()
-        for _ in range(iterations):
-            fn()
-        samples.append((time.perf_counter_ns() - start) / iterations)
-    return statistics.median(samples)
+def rounds_of(
+    candidates: dict[str, Timed], number: int, rounds: int, namespace: dict[str, Any] | None = None
+) -> dict[str, list[float]]:
+    """ns per call of each candidate, one figure a round; the order alternates by round. A
+    string is compiled into timeit's loop (no call of ours around it)."""
+    timers = {
+        name: timeit.Timer(stmt, globals=namespace or {}) for name, stmt in candidates.items()
+    }
+    for timer in timers.values():
+        timer.timeit(max(number // 10, 1))  # warm caches and lazy initialisation
+    out: dict[str, list[float]] = {name: [] for name in candidates}
+    names = list(candidates)
+    for i in range(rounds):
+        for name in names if i % 2 == 0 else reversed(names):
+            best = min(timers[name].repeat(repeat=3, number=number))
+            out[name].append(best / number * 1e9)
+    return out
 
 
-def line_writer(directory: str, sample: dict[str, Any]) -> Callable[[], None]:
+def ratio_figure(
+    per_round: dict[str, list[float]], num: str, den: str | list[str]
+) -> dict[str, Any]:
+    """The ratio num / den (den: one name, or several summed) per round: median and spread."""
+    dens = [den] if isinstance(den, str) else den
+    ratios = [n / sum(per_round[d][i] for d in dens) for i, n in enumerate(per_round[num])]
+    return {
+        "median": statistics.median(ratios),
+        "low": min(ratios),
+        "high": max(ratios),
+        "rounds": ratios,
+    }
+
+
+def median(per_round: dict[str, list[float]], name: str) -> float:
+    return statistics.median(per_round[name])
+
+
+def say_ratio(label: str, figure: dict[str, Any], goal: str = "") -> None:
+    print(
+        f"  {label:<52} {figure['median']:.3f}x  (rounds {figure['low']:.3f}-"
+        f"{figure['high']:.3f}){'  goal ' + goal if goal else ''}"
+    )
+
+
+def say_time(label: str, ns: float) -> None:
+    print(f"  {label:<52} {ns / 1000:9.2f} us" if ns >= 1000 else f"  {label:<52} {ns:9.1f} ns")
+
+
+def line_writer(directory: str, line: bytes) -> Callable[[], None]:
     """The bare durable write a mark ends with: one write(2) of an equally long line."""
-    data = (json.dumps(sample, separators=(",", ":")) + "\n").encode()
     fd = os.open(os.path.join(directory, "bare.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
     def write() -> None:
-        os.write(fd, data)
+        os.write(fd, line)
 
     return write
 
+
+def mark_line(directory: str) -> bytes:
+    """A line as long as the mark's, for the bare write."""
+    sample = probe.mark("sample")
+    assert sample is not None
+    return (json.dumps({**RECORDER.header("mark"), **sample.to_json()}) + "\n").encode()
+
+
+# --- disarmed ---------------------------------------------------------------------------------
+
+
+def bare(phase: str, /, *, runner: str | None = None, **extra: Any) -> None:
+    """A function of the mark's signature that does nothing."""
+    return None
+
+
+def disarmed(number: int, rounds: int, results: dict[str, Any]) -> None:
+    assert not RECORDER.armed, "the disarmed figure needs RANKSCOPE_DIR unset"
+    namespace = {"mark": probe.mark, "bare": bare}
+    per_round = rounds_of(
+        {"disarmed_mark": "mark('weights_loaded')", "bare_call": "bare('weights_loaded')"},
+        number,
+        rounds,
+        namespace,
+    )
+    figure = ratio_figure(per_round, "disarmed_mark", "bare_call")
+    results["disarmed"] = {"ns": per_round, "ratio": figure}
+    print(f"disarmed mark ({rounds} alternated rounds of {number} calls)")
+    say_time("disarmed mark", median(per_round, "disarmed_mark"))
+    say_time("bare call of the same signature", median(per_round, "bare_call"))
+    say_ratio("disarmed mark / bare call", figure, "1.1x")
+
+
+# --- armed, stand-in card -------------------------------------------------------------------------
+
+STAND_IN_UUID = "GPU-00000000-stand-in"
+MiB = 1 << 20
+
+
+class StandInTorchView(TorchView):
+    """STAND-IN torch view (a fake: no GPU needed): CUDA 'initialised' on card 0, allocator
+    stats a fixed nested dict. Costs what building a reading costs, nothing for the read."""
+
+    STATS: ClassVar[dict[str, Any]] = {
+        "reserved_bytes": {"all": {"current": 512 * MiB, "peak": 600 * MiB}},
+        "allocated_bytes": {"all": {"current": 300 * MiB, "peak": 450 * MiB}},
+        "num_alloc_retries": 0,
+        "num_ooms": 0,
+    }
+
+    def read(self) -> TorchReading:
+        return TorchReading(Device(0, STAND_IN_UUID), view_from_stats(self.STATS), None)
+
+
+class StandInNvml:
+    """STAND-IN NVML binding (a fake): one card, fixed memory info, ``holders`` + 1 processes."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, holders: int) -> None:
+        self.procs = [(os.getpid(), 1012 * MiB)] + [
+            (900_000 + i, 500 * MiB) for i in range(holders)
+        ]
+        self.info = SimpleNamespace(free=70_000 * MiB, total=80_000 * MiB)
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        return "stand-in-handle"
+
+    def nvmlDeviceGetIndex(self, handle: str) -> int:
+        return 0
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> Any:
+        return self.info
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
+        return [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.procs]
+
+
+def armed_stand_in(number: int, rounds: int, holders: int, results: dict[str, Any]) -> None:
+    saved = probe.TORCH, probe.NVML
+    probe.TORCH, probe.NVML = StandInTorchView(), NvmlView(StandInNvml(holders))
+    try:
+        recorded = probe.mark("stand_in")
+        assert recorded is not None and recorded.nvml.self_bytes == 1012 * MiB, recorded
+        per_round = rounds_of({"mark": lambda: probe.mark("weights_loaded")}, number, rounds)
+    finally:
+        probe.TORCH, probe.NVML = saved
+    results["armed_stand_in"] = {"ns": per_round, "processes": holders + 1}
+    print(f"armed mark on a STAND-IN card (fake reads, {holders + 1} processes listed)")
+    say_time(
+        "mark: rankscope's own share (views, record, encoding, write)", median(per_round, "mark")
+    )
+
+
+# --- armed, CPU and GPU ---------------------------------------------------------------------------
 
 HOLDER = (
     "import sys, torch; torch.cuda.set_device(0); x = torch.ones(1 << 20, device='cuda'); "
@@ -76,101 +222,128 @@ def start_holders(count: int) -> list[subprocess.Popen[str]]:
     return holders
 
 
-def report(name: str, ns: float, baselines: dict[str, float]) -> None:
-    ratios = "  ".join(f"{ns / base:.2f}x {label}" for label, base in baselines.items())
-    print(f"{name:<44} {ns / 1000:9.2f} us  {ratios}")
+def gpu_reads() -> tuple[Callable[[], None], Callable[[], None], str]:
+    """(raw reads through pynvml's wrappers, the lean reads the mark makes, where)."""
+    import pynvml
+    import torch
+
+    from rankscope.probe.nvml_view import _fast_process_lister
+
+    recorded = probe.mark("gpu")
+    assert recorded is not None and recorded.nvml.procs is not None, recorded
+    handle = pynvml.nvmlDeviceGetHandleByUUID(recorded.device.uuid)
+    index = torch.cuda.current_device()
+    stats = torch._C._cuda_memoryStats
+    memory_info = pynvml.nvmlDeviceGetMemoryInfo
+    processes = pynvml.nvmlDeviceGetComputeRunningProcesses
+    one_call = _fast_process_lister(pynvml)
+    assert one_call is not None
+
+    def raw_reads() -> None:
+        stats(index)
+        memory_info(handle)
+        processes(handle)
+
+    def lean_reads() -> None:
+        stats(index)
+        memory_info(handle)
+        one_call(handle)
+
+    where = f"GPU ({torch.cuda.get_device_name()}, {len(recorded.nvml.procs)} processes)"
+    return raw_reads, lean_reads, where
+
+
+def armed(number: int, rounds: int, holders: int, results: dict[str, Any]) -> None:
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        RECORDER.configure(flight_dir=tmp)
+        try:
+            if torch.cuda.is_available():
+                running = start_holders(holders)
+                torch.cuda.set_device(0)
+                hold = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+                raw_reads, lean_reads, where = gpu_reads()
+                write = line_writer(tmp, mark_line(tmp))  # a line with the card's numbers
+                candidates: dict[str, Timed] = {
+                    "mark": lambda: probe.mark("weights_loaded"),
+                    "raw_reads": raw_reads,
+                    "lean_reads": lean_reads,
+                    "write": write,
+                }
+            else:
+                running, hold = [], None
+                write = line_writer(tmp, mark_line(tmp))
+                cuda = torch.cuda
+                where = "CPU (torch imported, CUDA never initialised)"
+                candidates = {
+                    "mark": lambda: probe.mark("weights_loaded"),
+                    "raw_reads": lambda: cuda.is_initialized(),
+                    "write": write,
+                }
+            per_round = rounds_of(candidates, number, rounds)
+            armed_stand_in(number, rounds, holders, results)
+            for holder in running:
+                holder.kill()
+                holder.wait()
+            del hold
+        finally:
+            RECORDER.configure()  # keeps the directory: disarm by hand below
+            RECORDER.flight_dir = None
+            RECORDER.armed = False
+    figures = {
+        "mark / raw reads": ratio_figure(per_round, "mark", "raw_reads"),
+        "mark / (raw reads + write)": ratio_figure(per_round, "mark", ["raw_reads", "write"]),
+    }
+    if "lean_reads" in per_round:
+        figures["mark / (lean reads + write)"] = ratio_figure(
+            per_round, "mark", ["lean_reads", "write"]
+        )
+    results["armed"] = {"where": where, "ns": per_round, "ratios": figures}
+    print(f"armed mark on {where}")
+    for name in per_round:
+        say_time(name.replace("_", " "), median(per_round, name))
+    own = [
+        m - r - w
+        for m, r, w in zip(
+            per_round["mark"],
+            per_round.get("lean_reads", per_round["raw_reads"]),
+            per_round["write"],
+            strict=True,
+        )
+    ]
+    results["armed"]["own_share_ns"] = own
+    say_time("mark minus (its reads + write): rankscope's own share", statistics.median(own))
+    for label, figure in figures.items():
+        say_ratio(
+            label,
+            figure,
+            "1.2x" if label == "mark / raw reads" and "lean_reads" in per_round else "",
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--iterations", type=int, default=2000, help="armed marks a timed loop")
+    parser.add_argument("--rounds", type=int, default=9, help="alternated rounds a figure")
     parser.add_argument("--holders", type=int, default=0, help="other processes on the card")
+    parser.add_argument("--out", type=Path, help="write every round's numbers here as JSON")
     args = parser.parse_args()
-    n = args.iterations
     import torch
 
-    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} cpus")
-    recorder = Recorder(flight_dir=None, boot="bench")
-    probe.RECORDER = recorder
-
-    def bare(phase: str, /, *, runner: str | None = None, **extra: Any) -> None:
-        return None
-
-    # Both reached the same way (a name bound here), alternated over five rounds: calling
-    # the mark as probe.mark added a global and an attribute lookup the bare call did not
-    # pay, which is the caller's choice, not the mark's cost.
-    mark = probe.mark
-    rounds = [
-        (per_call_ns(lambda: mark("weights_loaded"), n * 10),
-         per_call_ns(lambda: bare("weights_loaded"), n * 10))
-        for _ in range(5)
-    ]  # fmt: skip
-    disarmed = statistics.median(r[0] for r in rounds)
-    bare_call = statistics.median(r[1] for r in rounds)
-    print(
-        f"{'disarmed mark':<44} {disarmed:9.1f} ns  {disarmed / bare_call:.2f}x the bare call ({bare_call:.1f} ns)"
-    )
-
-    with tempfile.TemporaryDirectory() as tmp:
-        recorder.configure(flight_dir=tmp)
-        sample = probe.mark("sample")
-        assert sample is not None
-        write = line_writer(tmp, {**recorder.header("mark"), **sample.to_json()})
-        write_ns = per_call_ns(write, n)
-
-        holders = start_holders(args.holders) if torch.cuda.is_available() else []
-        if torch.cuda.is_available():
-            torch.cuda.set_device(0)
-            hold = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-            mark = probe.mark("gpu")
-            assert mark is not None and mark.nvml.procs is not None, mark
-            import pynvml
-
-            handle = pynvml.nvmlDeviceGetHandleByUUID(mark.device.uuid)
-            index = torch.cuda.current_device()
-            stats = torch._C._cuda_memoryStats
-
-            def raw_reads() -> None:
-                stats(index)
-                pynvml.nvmlDeviceGetMemoryInfo(handle)
-                pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-
-            reads = per_call_ns(raw_reads, n)
-            from rankscope.probe.nvml_view import _fast_process_lister
-
-            one_call = _fast_process_lister(pynvml)
-            if one_call is not None:
-
-                def lean_reads() -> None:
-                    stats(index)
-                    pynvml.nvmlDeviceGetMemoryInfo(handle)
-                    one_call(handle)
-
-                lean = per_call_ns(lean_reads, n)
-                print(f"{'raw reads, one-call process list (used)':<44} {lean / 1000:9.2f} us")
-            where = f"GPU ({torch.cuda.get_device_name()}, {len(mark.nvml.procs)} processes)"
-            flattened = per_call_ns(lambda: torch.cuda.memory_stats(index), n)
-            nested = per_call_ns(lambda: stats(index), n)
-            print(f"{'torch.cuda.memory_stats (flattened)':<44} {flattened / 1000:9.2f} us")
-            print(f"{'torch._C._cuda_memoryStats (nested, used)':<44} {nested / 1000:9.2f} us")
-            del hold
-        else:
-            cuda = torch.cuda
-
-            def raw_reads() -> None:
-                cuda.is_initialized()
-
-            reads = per_call_ns(raw_reads, n)
-            where = "CPU (torch imported, CUDA not initialised)"
-        armed = per_call_ns(lambda: probe.mark("weights_loaded"), n)
-        print(f"armed mark on {where}")
-        print(f"{'raw reads':<44} {reads / 1000:9.2f} us")
-        print(f"{'raw reads + write(2) of the line':<44} {(reads + write_ns) / 1000:9.2f} us")
-        report("armed mark", armed, {"raw reads": reads, "reads+write": reads + write_ns})
-        for holder in holders:
-            holder.kill()
-            holder.wait()
-    RECORDER.configure()  # the global recorder was never armed by this bench
+    results: dict[str, Any] = {
+        "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "holders": args.holders,
+    }
+    print(f"python {results['python']}, torch {results['torch']}, {results['cpus']} cpus")
+    disarmed(args.iterations * 100, args.rounds, results)
+    armed(args.iterations, args.rounds, args.holders, results)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_mark.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 

@@ -1,6 +1,7 @@
 """What zero-touch arming costs, as ratios against baselines measured in the same run.
 
-    python3 bench/bench_startup.py [--starts N] [--iterations N] [--out DIR]
+    python3 bench/bench_startup.py [--starts N] [--iterations N] [--rounds N] [--marks-only]
+                                   [--out DIR]
 
 - unarmed start-up: ``python -c pass`` (and ``python -c "import torch"``) in a venv whose
   site-packages holds rankscope-auto.pth, nothing armed, against the same venv without it;
@@ -8,12 +9,17 @@
   Goal: <= 1.02x.
 - armed start-up: the same with RANKSCOPE_AUTO=1 and RANKSCOPE_DIR (what an armed process
   pays once: importing rankscope, the process_start mark), for the record.
-- armed cost per generic mark, in process, against the raw reads a mark makes (on the CPU:
-  torch.cuda.is_initialized() and the write(2) of an equal line; on a GPU: the allocator's
-  stats call, NVML's memory info and process list, and the write) as bench_mark.py does:
-  process_start (a mark with one extra), nccl_init_end (a mark with the group's fields
-  read from torch.distributed) and, on a GPU, capture_end (a mark with the graph pool's
-  bytes from the allocator's snapshot). Goal: within 1.2x of the raw reads.
+- armed cost per generic mark, in process, each called as its hook calls it (rankscope.auto)
+  against the raw reads it needs plus the write(2) of an equally long line, alternated in
+  rounds (median and spread, as bench_mark.py). The raw reads: a mark's base reads (on the
+  CPU torch.cuda.is_initialized(); on a GPU the allocator's stats call and NVML's memory info
+  and process list through pynvml), plus for nccl_init_end the group queries it records
+  (the census's instance name, torch.distributed's get_process_group_ranks and get_backend),
+  plus for capture_end (GPU only) the read of the graph pool's segments (a snapshot of that
+  pool alone, as torch.cuda.MemPool.snapshot takes it; the whole allocator's snapshot where
+  this torch takes no pool). process_start reads nothing more than a plain mark. Goal:
+  within 1.2x. On a GPU the lean reads (the one-call process list the mark makes) are a
+  second, stricter baseline.
 - the automatic census cadence: a world all_reduce on a one-rank gloo group, counted with
   auto_tick against counted without it.
 
@@ -35,6 +41,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench_mark import (
+    gpu_reads,
+    line_writer,
+    mark_line,
+    median,
+    ratio_figure,
+    rounds_of,
+    say_ratio,
+    say_time,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PTH = ROOT / "exporter" / "rankscope-auto.pth"
@@ -102,85 +119,103 @@ def per_call_ns(fn: Callable[[], Any], iterations: int, repeats: int = 7) -> flo
     return statistics.median(samples)
 
 
-def in_process(iterations: int, results: dict[str, Any]) -> None:
+def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
+    """The generic marks, each through the hook's own call (rankscope.auto), against the raw
+    reads it needs plus the write, alternated in rounds (bench_mark.rounds_of)."""
     import torch
     import torch.distributed as dist
 
     from rankscope import auto, census, probe
-    from rankscope.census import snapshots
+    from rankscope.census import snapshots, torch_patch
     from rankscope.record import RECORDER
 
     with tempfile.TemporaryDirectory() as tmp:
         RECORDER.configure(flight_dir=tmp)
-        sample = probe.mark("sample")
-        assert sample is not None
-        data = (
-            json.dumps({**RECORDER.header("mark"), **sample.to_json()}, separators=(",", ":"))
-            + "\n"
-        )
-        fd = os.open(os.path.join(tmp, "bare.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        raw_line = data.encode()
-
-        def write() -> None:
-            os.write(fd, raw_line)
-
         gpu = torch.cuda.is_available()
         if gpu:
-            import pynvml
-
             torch.cuda.set_device(0)
             hold = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-            mark = probe.mark("gpu")
-            assert mark is not None
-            handle = pynvml.nvmlDeviceGetHandleByUUID(mark.device.uuid)
-            index = torch.cuda.current_device()
-            stats = torch._C._cuda_memoryStats
-
-            def raw_reads() -> None:
-                stats(index)
-                pynvml.nvmlDeviceGetMemoryInfo(handle)
-                pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            base_reads, lean_reads, where = gpu_reads()
         else:
             cuda = torch.cuda
 
-            def raw_reads() -> None:
+            def base_reads() -> None:
                 cuda.is_initialized()
 
-        reads = per_call_ns(raw_reads, iterations) + per_call_ns(write, iterations)
+            lean_reads, where = None, "CPU (CUDA never initialised)"
+        write = line_writer(tmp, mark_line(tmp))  # on a GPU, a line with the card's numbers
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
         dist.init_process_group("gloo", rank=0, world_size=1)
-        marks: dict[str, Callable[[], Any]] = {
-            "process_start": lambda: probe.mark("process_start", python="3"),
-            "nccl_init_end": lambda: probe.mark(
+        world = dist.GroupMember.WORLD
+
+        def group_queries() -> None:
+            # what nccl_init_end reads beyond a plain mark (auto._group_fields)
+            torch_patch._instance_of(dist, None)
+            list(dist.get_process_group_ranks(world))
+            str(dist.get_backend(None))
+
+        candidates: dict[str, Any] = {
+            "plain_mark": lambda: probe.mark("weights_loaded"),
+            "process_start": lambda: auto._mark("process_start", python="3.12.0"),
+            "nccl_init_end": lambda: auto._mark(
                 "nccl_init_end", seconds=0.1, **auto._group_fields(dist, None)
             ),
+            "base_reads": base_reads,
+            "group_queries": group_queries,
+            "write": write,
+        }
+        if lean_reads is not None:
+            candidates["lean_reads"] = lean_reads
+        # each generic mark: (what it adds to the base reads and the write)
+        needs: dict[str, list[str]] = {
+            "plain_mark": [],
+            "process_start": [],
+            "nccl_init_end": ["group_queries"],
         }
         if gpu:
             graph = torch.cuda.CUDAGraph()
             x = torch.zeros(1024, device="cuda")
             with torch.cuda.graph(graph):
-                x.add_(1)
-            marks["capture_end"] = lambda: probe.mark(
-                "capture_end", **auto.pool_fields(torch, graph)
-            )
-        where = "GPU" if gpu else "CPU (CUDA never initialised)"
-        plain_mark = per_call_ns(lambda: probe.mark("weights_loaded"), iterations)
-        print(
-            f"armed generic marks on the {where}; raw reads + write(2): {reads / 1000:.2f} us, "
-            f"a plain mark: {plain_mark / 1000:.2f} us"
-        )
-        results["raw_reads_and_write_us"] = reads / 1000
-        results["plain_mark_us"] = plain_mark / 1000
-        for name, fn in marks.items():
-            ns = per_call_ns(fn, iterations)
-            results[f"mark_{name}_us"] = ns / 1000
-            print(
-                f"  {name:<16} {ns / 1000:9.2f} us  {ns / reads:.2f}x the raw reads + write, "
-                f"{ns / plain_mark:.2f}x a plain mark"
-            )
+                y = x * 2  # an allocation in the graph's pool, which capture_end then sums
+            pool = tuple(graph.pool())
+            fields = auto.pool_fields(torch, graph)
+            print(f"capture_end's pool fields: {fields}")
+            assert fields["pool_bytes"], fields
+            form = auto._pool_form
+            snapshot = torch._C._cuda_memorySnapshot
+            if callable(form):
+                argument = form(pool)
+
+                def pool_read() -> None:
+                    snapshot(argument)["segments"]
+            else:  # this torch takes no pool: the whole snapshot is the read
+
+                def pool_read() -> None:
+                    torch.cuda.memory._snapshot()
+
+            candidates["capture_end"] = lambda: auto._mark_capture_end(torch, graph)
+            results["capture_end_pool_fields"] = fields
+            candidates["pool_snapshot"] = pool_read
+            candidates["whole_snapshot"] = lambda: torch.cuda.memory._snapshot()
+            needs["capture_end"] = ["pool_snapshot"]
+        per_round = rounds_of(candidates, iterations, rounds)
         if gpu:
-            del hold
+            del hold, y
+        results["generic_marks"] = {"where": where, "ns": per_round, "ratios": {}}
+        print(f"armed generic marks on the {where} ({rounds} alternated rounds)")
+        for name in [*candidates]:
+            say_time(name.replace("_", " "), median(per_round, name))
+        for name, extra_reads in needs.items():
+            raw = ["base_reads", *extra_reads, "write"]
+            figure = ratio_figure(per_round, name, raw)
+            results["generic_marks"]["ratios"][f"{name} / raw reads + write"] = figure
+            say_ratio(f"{name} / ({' + '.join(raw)})", figure, "1.2x")
+            if lean_reads is not None:
+                lean = ["lean_reads", *extra_reads, "write"]
+                figure = ratio_figure(per_round, name, lean)
+                results["generic_marks"]["ratios"][f"{name} / lean reads + write"] = figure
+                say_ratio(f"{name} / ({' + '.join(lean)})", figure)
 
         # The automatic cadence on the hot path: what auto_tick adds to a counted world
         # collective (snapshots off: every is huge), against the collective itself.
@@ -195,14 +230,17 @@ def in_process(iterations: int, results: dict[str, Any]) -> None:
             f"1-rank gloo all_reduce, {collective / 1000:.1f} us)"
         )
         dist.destroy_process_group()
-        os.close(fd)
         RECORDER.configure()
+        RECORDER.flight_dir = None
+        RECORDER.armed = False
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starts", type=int, default=60, help="start-ups of each kind")
     parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=9, help="alternated rounds a mark figure")
+    parser.add_argument("--marks-only", action="store_true", help="skip the start-up figures")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args()
     results: dict[str, Any] = {
@@ -210,34 +248,35 @@ def main() -> int:
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
-    env["PYTHONPATH"] = str(ROOT / "exporter")
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = make_venv(Path(tmp) / "plain", with_pth=False)
-        hooked = make_venv(Path(tmp) / "hooked", with_pth=True)
-        armed_env = {**env, "RANKSCOPE_AUTO": "1", "RANKSCOPE_DIR": str(Path(tmp) / "flight")}
-        for label, code, starts in (
-            ("python -c pass", "pass", args.starts),
-            ("python -c 'import torch'", "import torch", max(args.starts // 10, 3)),
-        ):
-            unarmed = startup_ratio(plain, hooked, code, env, env, starts)
-            armed = startup_ratio(plain, hooked, code, env, armed_env, starts)
-            key = "startup_" + ("pass" if code == "pass" else "torch")
-            results[key] = {"unarmed": unarmed, "armed": armed}
-            print(
-                f"{label:<26} [{starts} starts each] without the .pth "
-                f"{unarmed['plain_median_ms']:.1f} ms (min {unarmed['plain_min_ms']:.1f}); "
-                f"with it, unarmed: {unarmed['median_ratio']:.3f}x median, "
-                f"{unarmed['min_ratio']:.3f}x min; armed: {armed['median_ratio']:.2f}x median"
-            )
-    line = pth_line_ns(args.iterations * 50)
-    results["pth_line_unarmed_ns"] = line
-    base = results["startup_pass"]["unarmed"]["plain_min_ms"] * 1e6
-    print(
-        f"the .pth line, unarmed, in process: {line:.0f} ns ({line / base:.6f} of the "
-        "fastest bare start-up)"
-    )
-    in_process(args.iterations, results)
+    if not args.marks_only:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
+        env["PYTHONPATH"] = str(ROOT / "exporter")
+        with tempfile.TemporaryDirectory() as tmp:
+            plain = make_venv(Path(tmp) / "plain", with_pth=False)
+            hooked = make_venv(Path(tmp) / "hooked", with_pth=True)
+            armed_env = {**env, "RANKSCOPE_AUTO": "1", "RANKSCOPE_DIR": str(Path(tmp) / "flight")}
+            for label, code, starts in (
+                ("python -c pass", "pass", args.starts),
+                ("python -c 'import torch'", "import torch", max(args.starts // 10, 3)),
+            ):
+                unarmed = startup_ratio(plain, hooked, code, env, env, starts)
+                armed = startup_ratio(plain, hooked, code, env, armed_env, starts)
+                key = "startup_" + ("pass" if code == "pass" else "torch")
+                results[key] = {"unarmed": unarmed, "armed": armed}
+                print(
+                    f"{label:<26} [{starts} starts each] without the .pth "
+                    f"{unarmed['plain_median_ms']:.1f} ms (min {unarmed['plain_min_ms']:.1f}); "
+                    f"with it, unarmed: {unarmed['median_ratio']:.3f}x median, "
+                    f"{unarmed['min_ratio']:.3f}x min; armed: {armed['median_ratio']:.2f}x median"
+                )
+        line = pth_line_ns(args.iterations * 50)
+        results["pth_line_unarmed_ns"] = line
+        base = results["startup_pass"]["unarmed"]["plain_min_ms"] * 1e6
+        print(
+            f"the .pth line, unarmed, in process: {line:.0f} ns ({line / base:.6f} of the "
+            "fastest bare start-up)"
+        )
+    in_process(args.iterations, args.rounds, results)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_startup.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -23,14 +23,14 @@ if [ "${1:-}" = "--perf" ]; then
   against=""; command -v nvitop-exporter >/dev/null && \
     against="--against=nvitop-exporter --bind-address 127.0.0.1 --port 5050"
   python3 bench/bench_rss.py --source nvml --arena-max 2 ${against:+"$against"} $(out rss) || status=1
-  python3 bench/bench_mark.py --iterations 1000 || status=1                     # ~0.3 min
+  python3 bench/bench_mark.py --iterations 1000 $(out mark) || status=1        # ~0.5 min
   exit "$status"
 fi
 for file in $(grep -l "pytest.mark.gpu" tests/test_*.py); do
   python3 -m pytest -m gpu -v -p no:cacheprovider "$file" || status=1
 done
 [ "${1:-}" = "--tests-only" ] && exit "$status"
-python3 bench/bench_mark.py || status=1
+python3 bench/bench_mark.py ${OUT:+--out "$OUT"} || status=1
 python3 bench/bench_sampler.py || status=1
 python3 bench/bench_startup.py --starts 20 ${OUT:+--out "$OUT"} || status=1
 python3 bench/multigpu.py ${OUT:+--out "$OUT"} || status=1

@@ -5,6 +5,8 @@ The processes themselves are tested in tests/test_run.py."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,86 @@ def test_pool_bytes_sums_the_segments_of_one_pool() -> None:
     assert auto.pool_bytes(SEGMENTS, [1, 5]) == 8 << 20
     assert auto.pool_bytes(SEGMENTS, (9, 9)) == 0
     assert auto.pool_bytes([], (1, 3)) == 0
+
+
+class StandInAllocator:
+    """STAND-IN for torch._C's snapshot call (no GPU here): ``takes`` is the argument shape
+    this 'torch' accepts for one pool (3: (a, b, include_traces), 2: (a, b), 0: none, like a
+    torch before pool snapshots); every call is counted by shape."""
+
+    def __init__(self, takes: int, filters: bool = True) -> None:
+        self.takes, self.filters = takes, filters
+        self.calls: list[int | None] = []
+
+    def _cuda_memorySnapshot(self, arg: Any) -> dict[str, Any]:
+        self.calls.append(None if arg is None else len(arg))
+        if arg is None:
+            return {"segments": SEGMENTS}
+        if len(arg) != self.takes:
+            raise TypeError(f"incompatible function arguments: {arg!r}")
+        pool = tuple(arg[:2])
+        keep = [s for s in SEGMENTS if s.get("segment_pool_id") == pool] if self.filters else []
+        return {"segments": keep}
+
+
+def stand_in_torch(allocator: StandInAllocator) -> Any:
+    memory = SimpleNamespace(_snapshot=lambda: allocator._cuda_memorySnapshot(None))
+    return SimpleNamespace(_C=allocator, cuda=SimpleNamespace(memory=memory))
+
+
+class Graph:
+    def __init__(self, pool: tuple[int, int]) -> None:
+        self._pool = pool
+
+    def pool(self) -> tuple[int, int]:
+        return self._pool
+
+
+@pytest.mark.parametrize("takes", [3, 2])
+def test_capture_end_reads_one_pools_snapshot_in_the_form_this_torch_takes(
+    takes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+    allocator = StandInAllocator(takes)
+    torch = stand_in_torch(allocator)
+    first = auto.pool_fields(torch, Graph((1, 3)))
+    assert first == {"pool": [1, 3], "pool_bytes": 22 << 20, "pool_why": None}
+    del allocator.calls[:]
+    assert auto.pool_fields(torch, Graph((1, 5)))["pool_bytes"] == 8 << 20
+    assert allocator.calls == [takes]  # the form found once, then used alone; no whole snapshot
+
+
+def test_a_torch_without_pool_snapshots_sums_the_whole_snapshot_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+    allocator = StandInAllocator(takes=0)
+    torch = stand_in_torch(allocator)
+    fields = auto.pool_fields(torch, Graph((1, 3)))
+    assert fields["pool_bytes"] == 22 << 20
+    assert "takes no snapshot of one pool" in fields["pool_why"]
+    del allocator.calls[:]
+    auto.pool_fields(torch, Graph((1, 3)))
+    assert allocator.calls == [None]  # not retried at every capture
+
+
+def test_an_empty_pool_names_the_pools_that_hold_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+    torch = stand_in_torch(StandInAllocator(takes=3))
+    fields = auto.pool_fields(torch, Graph((9, 9)))
+    assert fields["pool_bytes"] == 0
+    assert "no allocator segment in pool (9, 9)" in fields["pool_why"]
+    assert "(1, 3)" in fields["pool_why"] and "(1, 5)" in fields["pool_why"]
+
+
+def test_a_pool_snapshot_that_lists_nothing_is_checked_against_the_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+    torch = stand_in_torch(StandInAllocator(takes=3, filters=False))
+    fields = auto.pool_fields(torch, Graph((1, 3)))
+    assert fields["pool_bytes"] == 22 << 20
+    assert "listed none of its segments" in fields["pool_why"]
 
 
 @pytest.mark.parametrize(

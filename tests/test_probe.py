@@ -369,6 +369,7 @@ def test_a_flight_directory_under_a_regular_file_costs_one_warning(tmp_path: Pat
 def recorder(flight_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Recorder:
     rec = Recorder(flight_dir=flight_dir, boot="test-boot")
     monkeypatch.setattr(probe, "RECORDER", rec)
+    monkeypatch.setattr(probe, "ARMED", True)  # the mark follows the process's RECORDER
     return rec
 
 

@@ -218,3 +218,32 @@ def test_the_driver_view_and_nvmls_process_list_agree_with_the_mark(flight_dir: 
     # The one-call process list reads what pynvml's wrapper reads.
     assert got["fast"] is not None, "pynvml no longer exposes what the fast process list uses"
     assert got["fast"] == got["public"]
+
+
+def test_capture_end_reads_only_its_pools_snapshot(flight_dir: Path) -> None:
+    """The generic capture_end mark sums its graph pool's bytes from a snapshot of that pool
+    alone (the whole allocator's snapshot is what made it cost 8x a plain mark), and the sum
+    equals the whole snapshot's for that pool."""
+    out = run_child(
+        """
+        import json, torch
+        from rankscope import auto
+        torch.cuda.set_device(0)
+        other = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # the default pool
+        graph, x = torch.cuda.CUDAGraph(), torch.zeros(1 << 20, device="cuda")
+        with torch.cuda.graph(graph):
+            y = x * 2
+        fields = auto.pool_fields(torch, graph)
+        pool = tuple(graph.pool())
+        whole = auto.pool_bytes(torch.cuda.memory._snapshot()["segments"], pool)
+        form = auto._pool_form
+        used = auto.POOL_SNAPSHOT_FORMS.index(form) if callable(form) else None
+        print(json.dumps({"fields": fields, "whole": whole, "form": used,
+                          "torch": torch.__version__}))
+        """,
+        flight_dir,
+    )
+    print(out)
+    assert out["form"] is not None, out  # this torch takes one pool's snapshot
+    assert out["fields"]["pool_why"] is None, out
+    assert out["fields"]["pool_bytes"] == out["whole"] > 0, out

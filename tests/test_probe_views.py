@@ -274,6 +274,7 @@ def test_an_arena_collected_while_registered_is_not_kept_alive(
     flight_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(probe, "RECORDER", Recorder(flight_dir=flight_dir, boot="b"))
+    monkeypatch.setattr(probe, "ARMED", True)  # the mark follows the process's RECORDER
     arena = Arena(64 * MiB, 16 * MiB)
     alive = weakref.ref(arena)
     arenas.register("kv", arena)
@@ -331,6 +332,7 @@ def test_a_mark_on_the_fake_card_holds_every_view(
 ) -> None:
     recorder = Recorder(flight_dir=flight_dir, boot="b")
     monkeypatch.setattr(probe, "RECORDER", recorder)
+    monkeypatch.setattr(probe, "ARMED", True)  # the mark follows the process's RECORDER
     monkeypatch.setattr(probe, "TORCH", FakeCudaTorchView(NESTED_STATS))
     me = recorder.process.pid
     monkeypatch.setattr(probe, "NVML", NvmlView(FakeNvml([(me, 1012 * MiB), (4242, 4400 * MiB)])))

@@ -116,10 +116,14 @@ def _optional(module: str, attr: str) -> None:
         log.warning("rankscope: %s.%s() failed: %r", module, attr, exc)
 
 
-def _mark(phase: str, **extra: Any) -> None:
-    from rankscope import probe
+def _loaded(name: str) -> Any:
+    """Module ``name``, imported at the first call. A ``from rankscope import x`` statement
+    in a hook costs microseconds at every call (importlib's fromlist handling, in Python)."""
+    return sys.modules.get(name) or importlib.import_module(name)
 
-    probe.mark(phase, **extra)
+
+def _mark(phase: str, **extra: Any) -> None:
+    _loaded("rankscope.probe").mark(phase, **extra)
 
 
 def _process_exit() -> None:
@@ -236,18 +240,24 @@ def _backend_name(backend: Any) -> str | None:
 
 def _group_fields(dist: Any, group: Any) -> dict[str, Any]:
     """The group's instance name (as the census names it), ranks and backend; fields that
-    cannot be read are null."""
-    from rankscope.census import torch_patch
-
-    out: dict[str, Any] = {"group": None, "ranks": None, "backend": None}
-    with contextlib.suppress(Exception):
-        out["group"] = torch_patch._instance_of(dist, group)
-    with contextlib.suppress(Exception):
+    cannot be read are null. These three queries are the mark's raw reads beyond a plain
+    mark's (bench/bench_startup.py times them alone)."""
+    torch_patch = _loaded("rankscope.census.torch_patch")
+    # try/except, not contextlib.suppress: a context manager costs a microsecond a block.
+    try:
+        name = torch_patch._instance_of(dist, group)
+    except Exception:
+        name = None
+    try:
         pg = group if group is not None else dist.GroupMember.WORLD
-        out["ranks"] = list(dist.get_process_group_ranks(pg))
-    with contextlib.suppress(Exception):
-        out["backend"] = str(dist.get_backend(group))
-    return out
+        ranks = list(dist.get_process_group_ranks(pg))
+    except Exception:
+        ranks = None
+    try:
+        backend = str(dist.get_backend(group))
+    except Exception:
+        backend = None
+    return {"group": name, "ranks": ranks, "backend": backend}
 
 
 def _wrap_init_process_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -379,15 +389,57 @@ def pool_fields(torch: Any, graph: Any) -> dict[str, Any]:
     except Exception as exc:
         return {"pool": None, "pool_bytes": None, "pool_why": f"pool unreadable: {exc!r}"}
     try:
-        segments = torch.cuda.memory._snapshot().get("segments", [])
+        segments, why = pool_segments(torch, pool_id)
+        held = pool_bytes(segments, pool_id)
+        if held == 0 and why is None:  # the pool's own snapshot: check the whole allocator
+            segments = _whole_snapshot(torch)
+            held = pool_bytes(segments, pool_id)
+            if held:
+                why = f"the snapshot of pool {pool_id} listed none of its segments: {WHOLE}"
     except Exception as exc:
         return {"pool": list(pool_id), "pool_bytes": None, "pool_why": f"no snapshot: {exc!r}"}
-    held = pool_bytes(segments, pool_id)
-    why = None
     if held == 0:  # say which pools do hold segments: the capture may have used another
         pools = sorted({tuple(s.get("segment_pool_id", ())) for s in segments})
         why = f"no allocator segment in pool {pool_id} at capture end; pools holding some: {pools}"
     return {"pool": list(pool_id), "pool_bytes": held, "pool_why": why}
+
+
+WHOLE = "bytes summed from the whole allocator's snapshot (every segment of the process)"
+
+# The argument forms torch._C._cuda_memorySnapshot takes for one memory pool, newest first:
+# (pool, include_traces) in recent torch (torch.cuda.memory_snapshot(mempool_id,
+# include_traces)), (pool) before it. The first capture_end finds the one this torch takes.
+POOL_SNAPSHOT_FORMS: tuple[Callable[[tuple[int, ...]], tuple[Any, ...]], ...] = (
+    lambda pool: (pool[0], pool[1], False),
+    lambda pool: (pool[0], pool[1]),
+)
+_UNTRIED = "untried"
+_pool_form: Any = _UNTRIED  # the form that worked, or None when none did
+
+
+def pool_segments(torch: Any, pool_id: tuple[int, ...]) -> tuple[list[dict[str, Any]], str | None]:
+    """(the allocator's segments holding pool ``pool_id``'s, why the read was the whole
+    allocator's instead). One pool's snapshot, as torch.cuda.MemPool.snapshot() takes it,
+    builds only that pool's segments; the whole allocator's builds every segment of the
+    process (a serving process holds hundreds). A torch that takes no pool gets the whole
+    snapshot, and the mark says so in its pool_why."""
+    global _pool_form
+    snapshot = getattr(torch._C, "_cuda_memorySnapshot", None)
+    if snapshot is not None and len(pool_id) == 2 and _pool_form is not None:
+        for form in POOL_SNAPSHOT_FORMS if _pool_form is _UNTRIED else (_pool_form,):
+            try:
+                segments = snapshot(form(pool_id))["segments"]
+            except (TypeError, RuntimeError, KeyError):
+                continue
+            _pool_form = form
+            return list(segments), None
+        if _pool_form is _UNTRIED:
+            _pool_form = None
+    return _whole_snapshot(torch), f"this torch takes no snapshot of one pool: {WHOLE}"
+
+
+def _whole_snapshot(torch: Any) -> list[dict[str, Any]]:
+    return list(torch.cuda.memory._snapshot().get("segments", []))
 
 
 def pool_bytes(segments: Sequence[dict[str, Any]], pool_id: Sequence[int]) -> int:

@@ -35,6 +35,11 @@ Adding a kind (one place, this module):
 2. add the class to the :data:`Body` union (one line; :data:`KINDS`, the parse table, is
    derived from it).
 
+A kind on a benchmarked hot path (the mark) may also define ``json_members(self) -> str``:
+its ``to_json()`` object as JSON text without the braces, byte for byte what :func:`dumps`
+makes of it; the writer then appends it to the header it encoded once, with no dict in
+between (tests/test_mark_encoder.py holds Mark to that).
+
 Writers then call ``RECORDER.write_record(MyKind(...))``; readers get ``Line[MyKind]``
 through :func:`of_kind`. A kind this reader does not know (written by a newer writer of the
 same schema version) parses into :class:`UnknownKind`, which keeps its header, so the boot
@@ -44,6 +49,7 @@ one, needs SCHEMA_VERSION to move, with the old version still read.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +63,81 @@ MAX_BYTES = 1 << 50
 Json = dict[str, Any]
 Bad = list[str]  # names of the fields a parse rejected, e.g. "mark.torch.reserved"
 Counts = dict[tuple[str, str], int]  # (group instance, op) -> collectives issued
+
+
+# --- encoding -------------------------------------------------------------------------------
+
+
+def json_default(obj: Any) -> Any:
+    """What an unencodable value records as: numpy and torch scalars their item, sets and
+    tuples a list, anything else its text; never a failed line."""
+    item = getattr(obj, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except Exception:  # a tensor of many elements has no single item
+            return str(obj)
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+# One compact encoder built once: json.dumps constructs a new one on every call. CPython's C
+# encoder where its signature is the known one; no circular check (a cyclic value ends in
+# RecursionError, which the writer counts as a dropped line).
+def _c_encoder() -> Any:
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        return make(
+            None,
+            json_default,
+            json.encoder.encode_basestring_ascii,
+            None,
+            ":",
+            ",",
+            False,
+            False,
+            True,
+        )
+    except TypeError:
+        return None
+
+
+_C_ENCODER = _c_encoder()
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=json_default)
+_quote = json.encoder.encode_basestring_ascii
+_int_text = int.__repr__
+_NUM = frozenset([int, type(None)])
+_STR = frozenset([str])
+
+
+def dumps(obj: Any) -> str:
+    """``obj`` as compact JSON text, the one encoding every line uses."""
+    if _C_ENCODER is not None:
+        return "".join(_C_ENCODER(obj, 0))
+    return _ENCODER.encode(obj)
+
+
+# The hot-path encoders below format fields whose type is already known; each falls back to
+# dumps() for any other value, so their text is always dumps()'s, byte for byte.
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "null"
+    if type(value) is int:
+        return _int_text(value)
+    return dumps(value)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if type(value) is str:
+        return _quote(value)
+    return dumps(value)
 
 
 # --- validated reads of one JSON object ------------------------------------------------------
@@ -246,6 +327,18 @@ class MarkDevice:
             "why": self.why,
         }
 
+    def encode(self) -> str:
+        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
+        index, uuid, nvml_index, why = self.index, self.uuid, self.nvml_index, self.why
+        if not _NUM.issuperset((type(index), type(nvml_index))):
+            return dumps(self.to_json())
+        return (
+            f'{{"index":{"null" if index is None else index},'
+            f'"uuid":{"null" if uuid is None else _text(uuid)},'
+            f'"nvml_index":{"null" if nvml_index is None else nvml_index},'
+            f'"why":{"null" if why is None else _text(why)}}}'
+        )
+
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkDevice:
         w = "mark.device"
@@ -278,6 +371,22 @@ class MarkTorch:
             "why": self.why,
         }
 
+    def encode(self) -> str:
+        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
+        reserved, allocated, peak = self.reserved, self.allocated, self.peak_allocated
+        retries, ooms, why = self.num_alloc_retries, self.num_ooms, self.why
+        types = (type(reserved), type(allocated), type(peak), type(retries), type(ooms))
+        if not _NUM.issuperset(types):
+            return dumps(self.to_json())
+        return (
+            f'{{"reserved":{"null" if reserved is None else reserved},'
+            f'"allocated":{"null" if allocated is None else allocated},'
+            f'"peak_allocated":{"null" if peak is None else peak},'
+            f'"num_alloc_retries":{"null" if retries is None else retries},'
+            f'"num_ooms":{"null" if ooms is None else ooms},'
+            f'"why":{"null" if why is None else _text(why)}}}'
+        )
+
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkTorch:
         w = "mark.torch"
@@ -306,6 +415,17 @@ class MarkDriver:
     def to_json(self) -> Json:
         return {"free": self.free, "total": self.total, "why": self.why}
 
+    def encode(self) -> str:
+        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
+        free, total, why = self.free, self.total, self.why
+        if not _NUM.issuperset((type(free), type(total))):
+            return dumps(self.to_json())
+        return (
+            f'{{"free":{"null" if free is None else free},'
+            f'"total":{"null" if total is None else total},'
+            f'"why":{"null" if why is None else _text(why)}}}'
+        )
+
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkDriver:
         w = "mark.driver"
@@ -332,6 +452,26 @@ class MarkNvml:
             "procs": {str(p): used for p, used in procs.items()} if procs is not None else None,
             "why": self.why,
         }
+
+    def encode(self) -> str:
+        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
+        procs = self.procs
+        if procs is None:
+            listed = "null"
+        else:
+            parts = []
+            for pid, used in procs.items():  # one pass: checks and formats each entry
+                if type(pid) is not int or (used is not None and type(used) is not int):
+                    return dumps(self.to_json())
+                parts.append(f'"{pid}":{"null" if used is None else used}')
+            listed = "{" + ",".join(parts) + "}"
+        self_bytes, why = self.self_bytes, self.why
+        if self_bytes is not None and type(self_bytes) is not int:
+            return dumps(self.to_json())
+        return (
+            f'{{"self_bytes":{"null" if self_bytes is None else self_bytes},"procs":{listed},'
+            f'"why":{"null" if why is None else _text(why)}}}'
+        )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkNvml:
@@ -371,6 +511,13 @@ class MarkArena:
             "why": self.why,
         }
 
+    def encode(self) -> str:
+        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
+        return (
+            f'{{"reserved":{_num(self.reserved)},"backed":{_num(self.backed)},'
+            f'"retained":{_num(self.retained)},"why":{_text(self.why)}}}'
+        )
+
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkArena:
         w = "mark.arenas"
@@ -396,6 +543,18 @@ class MarkDerived:
             "non_torch_measured": self.non_torch_measured,
             "unbacked_reservation": self.unbacked_reservation,
         }
+
+    def encode(self) -> str:
+        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
+        non_torch, unbacked = self.non_torch, self.unbacked_reservation
+        measured = self.non_torch_measured
+        if not _NUM.issuperset((type(non_torch), type(unbacked))) or type(measured) is not bool:
+            return dumps(self.to_json())
+        return (
+            f'{{"non_torch":{"null" if non_torch is None else non_torch},'
+            f'"non_torch_measured":{"true" if measured else "false"},'
+            f'"unbacked_reservation":{"null" if unbacked is None else unbacked}}}'
+        )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkDerived:
@@ -436,6 +595,28 @@ class Mark:
             "arenas": {name: arena.to_json() for name, arena in self.arenas.items()},
             "derived": self.derived.to_json(),
         }
+
+    def json_members(self) -> str:
+        """The members of ``to_json()``'s object as JSON text, no braces: byte for byte what
+        ``dumps(self.to_json())`` holds between its braces, formatted from the typed fields
+        with no intermediate dicts (a mark is on a benchmarked hot path; the writer appends
+        them to a pre-encoded header)."""
+        arenas = self.arenas
+        if not arenas:
+            arena_text = "{}"
+        elif _STR.issuperset(map(type, arenas)):
+            arena_text = ",".join([f"{_quote(n)}:{a.encode()}" for n, a in arenas.items()])
+            arena_text = "{" + arena_text + "}"
+        else:
+            arena_text = dumps({n: a.to_json() for n, a in arenas.items()})
+        extra = self.extra
+        extra_text = dumps(extra) if extra or type(extra) is not dict else "{}"
+        return (
+            f'"phase":{_text(self.phase)},"extra":{extra_text},'
+            f'"device":{self.device.encode()},"torch":{self.torch.encode()},'
+            f'"driver":{self.driver.encode()},"nvml":{self.nvml.encode()},'
+            f'"arenas":{arena_text},"derived":{self.derived.encode()}'
+        )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> Mark | None:

@@ -104,6 +104,8 @@ def read_arena(arena: Any) -> MarkArena:
 
 def snapshot() -> dict[str, MarkArena]:
     """{name: its bytes} for every live registered arena."""
+    if not _registry:  # every mark asks; most processes register none
+        return {}
     with _lock:
         refs = list(_registry.items())
     out: dict[str, MarkArena] = {}

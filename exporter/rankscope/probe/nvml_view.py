@@ -77,14 +77,11 @@ def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
             count = ctypes.c_uint(len(buf))
             ret = fn(handle, ctypes.byref(count), buf)
             if ret == nvml.NVML_SUCCESS:
+                # One element view per process (buf[i] builds a new one at every access).
                 return [
-                    (
-                        int(buf[i].pid),
-                        None
-                        if buf[i].usedGpuMemory == not_available
-                        else int(buf[i].usedGpuMemory),
-                    )
-                    for i in range(count.value)
+                    (int(entry.pid), None if used == not_available else int(used))
+                    for entry in buf[: count.value]
+                    for used in (entry.usedGpuMemory,)
                 ]
             if ret != nvml.NVML_ERROR_INSUFFICIENT_SIZE:
                 raise nvml.NVMLError(ret)
@@ -153,7 +150,8 @@ class NvmlView:
             why = f"CUDA device {device.index} reports no uuid to match with NVML"
             return None, empty_driver(why), empty_nvml(why)
         try:
-            handle, nvml_index = self._handle(device.uuid)
+            cached = self._handles.get(device.uuid)
+            handle, nvml_index = cached if cached is not None else self._handle(device.uuid)
         except Exception as exc:
             why = self._failure or f"NVML has no card {device.uuid}: {exc}"
             return None, empty_driver(why), empty_nvml(why)

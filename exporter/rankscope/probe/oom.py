@@ -174,10 +174,6 @@ def _attach(c: Any) -> None:
     STATE.attached, STATE.settled, STATE.why = True, True, None
 
 
-def note_phase(phase: str, wall: float | None) -> None:
-    STATE.last_phase, STATE.last_phase_wall = phase, wall
-
-
 # --- the observer -----------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from rankscope.schema import MarkTorch
 
@@ -17,7 +17,9 @@ NOT_IMPORTED = "torch is not imported in this process"
 NOT_INITIALISED = "CUDA not initialised in this process"
 
 
-@dataclass(frozen=True)
+# A mark builds both every time: a slotted dataclass and a tuple, not a frozen dataclass
+# (which costs several times as much to build).
+@dataclass(slots=True)
 class Device:
     """The card this process works on: its CUDA index and NVML's uuid string (GPU-...)."""
 
@@ -25,8 +27,7 @@ class Device:
     uuid: str | None
 
 
-@dataclass
-class TorchReading:
+class TorchReading(NamedTuple):
     device: Device | None
     view: MarkTorch
     why_no_device: str | None
@@ -45,30 +46,29 @@ def nvml_uuid(raw: Any) -> str:
 def view_from_stats(stats: dict[str, Any]) -> MarkTorch:
     """The mark's allocator fields from torch's nested memory-stats dict (a pure function).
     A key torch stops reporting gives null, never 0."""
-    reserved = _current_and_peak(stats, "reserved_bytes")
-    allocated = _current_and_peak(stats, "allocated_bytes")
+    # Direct lookups, and no call for a value that is already an int: a mark runs this
+    # every time, and a generic path walk cost more than the rest of the view.
+    try:
+        current = stats["reserved_bytes"]["all"].get("current")
+    except (KeyError, TypeError, AttributeError):
+        current = None
+    try:
+        node = stats["allocated_bytes"]["all"]
+        used, peak = node.get("current"), node.get("peak")
+    except (KeyError, TypeError, AttributeError):
+        used = peak = None
+    retries, ooms = stats.get("num_alloc_retries"), stats.get("num_ooms")
     return MarkTorch(
-        reserved=reserved[0],
-        allocated=allocated[0],
-        peak_allocated=allocated[1],
-        num_alloc_retries=_int(stats.get("num_alloc_retries")),
-        num_ooms=_int(stats.get("num_ooms")),
+        current if type(current) is int else _int(current),
+        used if type(used) is int else _int(used),
+        peak if type(peak) is int else _int(peak),
+        retries if type(retries) is int else _int(retries),
+        ooms if type(ooms) is int else _int(ooms),
     )
 
 
-def _current_and_peak(stats: dict[str, Any], key: str) -> tuple[int | None, int | None]:
-    # Direct lookups: a mark runs this on every call, and a generic path walk cost more than
-    # the rest of the view.
-    try:
-        node = stats[key]["all"]
-    except (KeyError, TypeError):
-        return None, None
-    if not isinstance(node, dict):
-        return None, None
-    return _int(node.get("current")), _int(node.get("peak"))
-
-
 def _int(value: Any) -> int | None:
+    """An int subclass (a bool, a numpy-like integer) as a plain int; anything else None."""
     return int(value) if isinstance(value, int) else None
 
 
@@ -80,30 +80,39 @@ def initialising(cuda: Any) -> bool:
 
 
 class TorchView:
-    """Reads the allocator of the current device; caches each device's uuid."""
+    """Reads the allocator of the current device; caches each device's uuid, and the
+    accessors once CUDA is initialised (it stays so for the life of the process; a forked
+    child starts over)."""
 
     def __init__(self) -> None:
         self._uuids: dict[int, str | None] = {}
+        # (torch module, cuda module, current-device call, nested-stats call), once CUDA is up
+        self._live: tuple[Any, Any, Any, Any] | None = None
 
     def read(self) -> TorchReading:
         torch = sys.modules.get("torch")
-        if torch is None:
-            return TorchReading(None, empty_view(NOT_IMPORTED), NOT_IMPORTED)
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not (cuda.is_initialized() or initialising(cuda)):
-            return TorchReading(None, empty_view(NOT_INITIALISED), NOT_INITIALISED)
-        c = torch._C
-        # The private accessors skip torch.cuda's wrappers: memory_stats() flattens ~120 keys
-        # into a sorted dict (tens of microseconds) where a mark needs five numbers.
-        get_device = getattr(c, "_cuda_getDevice", None) or cuda.current_device
+        live = self._live
+        if live is None or live[0] is not torch:
+            if torch is None:
+                return TorchReading(None, empty_view(NOT_IMPORTED), NOT_IMPORTED)
+            cuda = getattr(torch, "cuda", None)
+            if cuda is None or not (cuda.is_initialized() or initialising(cuda)):
+                return TorchReading(None, empty_view(NOT_INITIALISED), NOT_INITIALISED)
+            c = torch._C
+            # The private accessors skip torch.cuda's wrappers: memory_stats() flattens ~120
+            # keys into a sorted dict (tens of microseconds) where a mark needs five numbers.
+            live = (
+                torch,
+                cuda,
+                getattr(c, "_cuda_getDevice", None) or cuda.current_device,
+                getattr(c, "_cuda_memoryStats", None) or cuda.memory_stats_as_nested_dict,
+            )
+            if cuda.is_initialized():  # not while torch's lazy init is still running
+                self._live = live
+        _, cuda, get_device, memory_stats = live
         index = int(get_device())
-        device = Device(index, self._uuid(cuda, index))
-        memory_stats = getattr(c, "_cuda_memoryStats", None)
-        if memory_stats is None:
-            stats = cuda.memory_stats_as_nested_dict(index)
-        else:
-            stats = memory_stats(index)
-        return TorchReading(device, view_from_stats(stats), None)
+        uuid = self._uuids[index] if index in self._uuids else self._uuid(cuda, index)
+        return TorchReading(Device(index, uuid), view_from_stats(memory_stats(index)), None)
 
     def _uuid(self, cuda: Any, index: int) -> str | None:
         if index not in self._uuids:
@@ -113,3 +122,4 @@ class TorchView:
 
     def after_fork_in_child(self) -> None:
         self._uuids.clear()
+        self._live = None

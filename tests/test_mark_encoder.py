@@ -1,0 +1,172 @@
+"""The mark's fast encoder (Mark.json_members, Recorder's pre-encoded header) against the
+generic one and the typed parser: the line a mark writes is the line the dict path writes,
+byte for byte but for its two times, and it parses back into the mark it came from."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankscope.flight import read_flight
+from rankscope.record import Recorder
+from rankscope.schema import (
+    Mark,
+    MarkArena,
+    MarkDerived,
+    MarkDevice,
+    MarkDriver,
+    MarkNvml,
+    MarkTorch,
+    dumps,
+    of_kind,
+    parse_object,
+)
+
+MiB = 1 << 20
+TIMES = re.compile(rb',"mono":[^,]+,"wall":[^,]+')
+
+
+class Count(int):
+    """An int subclass: a writer must not trust its text (its repr is not JSON)."""
+
+    def __repr__(self) -> str:
+        return f"Count({int(self)})"
+
+    __str__ = __repr__
+
+
+def card_mark(**changes: Any) -> Mark:
+    mark = Mark(
+        "weights_loaded",
+        {"shards": 4, "dtype": "bf16", "ratio": 0.25, "tags": ["a", "b"]},
+        MarkDevice(0, "GPU-1234-abcd", 3, None),
+        MarkTorch(512 * MiB, 300 * MiB, 450 * MiB, 2, 0, None),
+        MarkDriver(70_000 * MiB, 80_000 * MiB, None),
+        MarkNvml(1012 * MiB, {4242: 4400 * MiB, 77: None, 123: 1012 * MiB}, None),
+        {"kv": MarkArena(100, 40, 7, None), 'odd \u00e9"\n': MarkArena(None, None, None, "x")},
+        MarkDerived(-500 * MiB, True, 60),
+    )
+    for name, value in changes.items():
+        setattr(mark, name, value)
+    return mark
+
+
+def cpu_mark() -> Mark:
+    why = "CUDA not initialised in this process"
+    return Mark(
+        "pre_weight_load",
+        {},
+        MarkDevice(why=why),
+        MarkTorch(why=why),
+        MarkDriver(why=why),
+        MarkNvml(why=why),
+        {},
+        MarkDerived(),
+    )
+
+
+# Marks whose fields the typed parser reads back unchanged.
+VALID = {
+    "on a card": card_mark(),
+    "cpu": cpu_mark(),
+    "unicode phase, no procs": card_mark(phase='\u2603 "quoted" \\ tab\t', nvml=MarkNvml()),
+    "empty procs": card_mark(nvml=MarkNvml(0, {}, None)),
+    "nested extra": card_mark(extra={"a": {"b": [1, None, True]}, "n": None}),
+}
+
+# Values of the wrong type in typed fields (a caller's object, an int subclass, a bool): the
+# fast encoder must fall back to exactly what the generic encoder writes.
+ODD = {
+    "int subclass": card_mark(torch=MarkTorch(Count(5), Count(3), None, None, None, None)),
+    "bool in an int field": card_mark(driver=MarkDriver(True, 1, None)),
+    "odd device": card_mark(device=MarkDevice(False, "u", Count(2), "w")),
+    "odd self bytes": card_mark(nvml=MarkNvml(Count(1), {1: 2}, None)),
+    "float in an int field": card_mark(derived=MarkDerived(1.5, 1, float("nan"))),
+    "str subclass": card_mark(phase=type("Phase", (str,), {})("p")),
+    "odd proc keys": card_mark(nvml=MarkNvml(1, {True: 2, "x": Count(3), 9: 1.0}, None)),
+    "odd arena names": card_mark(arenas={1: MarkArena(1, 1, 1, None)}),
+    "extra not a dict": card_mark(extra=None),
+    "extra of sets and tuples": card_mark(extra={"s": {3}, "t": (1, 2), "p": Path("/x")}),
+}
+
+
+@pytest.mark.parametrize("mark", [*VALID.values(), *ODD.values()], ids=[*VALID, *ODD])
+def test_the_fast_members_are_the_generic_encoding_byte_for_byte(mark: Mark) -> None:
+    assert "{" + mark.json_members() + "}" == dumps(mark.to_json())
+
+
+@pytest.mark.parametrize("runner", [None, "draft", 'r\u00e9"x'])
+@pytest.mark.parametrize("mark", VALID.values(), ids=list(VALID))
+def test_a_written_mark_parses_back_into_itself(
+    mark: Mark, runner: str | None, flight_dir: Path
+) -> None:
+    rec = Recorder(flight_dir=flight_dir, boot="enc-boot")
+    rec.configure(rank=1, tp_rank=0, runner="target")
+    assert rec.write_record(mark, runner=runner)
+    (path,) = flight_dir.iterdir()
+    text = path.read_bytes()
+    assert text.endswith(b"\n") and text.count(b"\n") == 1
+    written = json.loads(text)
+
+    # The generic path (header dict updated with the payload) gives the same bytes.
+    payload = mark.to_json()
+    if runner is not None:
+        payload["runner"] = runner
+    generic = rec.header("mark")
+    generic.update(payload)
+    # The times are written to the microsecond (fixed point), the generic encoder's floats in
+    # their shortest repr: the same numbers, not the same digits.
+    assert re.fullmatch(rb'.*,"mono":\d+\.\d{6},"wall":\d+\.\d{6},.*\n', text, re.DOTALL)
+    assert abs(written["wall"] - time.time()) < 60 and written["mono"] > 0
+    assert TIMES.sub(b"", text) == TIMES.sub(b"", (dumps(generic) + "\n").encode())
+
+    bad: list[str] = []
+    line = parse_object(written, bad)
+    assert bad == [] and line is not None
+    assert line.body == mark
+    assert line.header.runner == (runner or "target")
+    assert (line.header.rank, line.header.tp_rank, line.header.boot) == (1, 0, "enc-boot")
+    (read,) = of_kind(read_flight(flight_dir).records, Mark)
+    assert read.body == mark
+
+
+def test_the_header_prefix_follows_configure(flight_dir: Path) -> None:
+    rec = Recorder(flight_dir=flight_dir, boot="b1")
+    rec.write_record(cpu_mark())
+    rec.configure(boot_id="b2", rank=5)
+    rec.write_record(cpu_mark())
+    heads = [
+        (ln.header.boot, ln.header.rank) for ln in read_flight(flight_dir, all_boots=True).records
+    ]
+    assert heads == [("b1", None), ("b2", 5)]
+
+
+def test_the_disarmed_check_follows_the_process_recorder(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mark() reads a module-level copy of RECORDER.armed first; every change of the
+    recorder's state must reach it."""
+    from rankscope import probe
+    from rankscope.record import RECORDER
+
+    monkeypatch.setattr(RECORDER, "flight_dir", RECORDER.flight_dir)
+    saved = RECORDER.armed
+    try:
+        RECORDER.armed = False
+        assert probe.ARMED is False and probe.mark("off") is None
+        probe.configure(flight_dir=flight_dir)
+        assert probe.ARMED is True
+        assert probe.mark("on") is not None
+        RECORDER.armed = False
+        assert probe.mark("off again") is None
+    finally:
+        RECORDER.configure()
+        RECORDER.armed = saved
+        RECORDER._close_locked()
+    phases = [ln.body.phase for ln in of_kind(read_flight(flight_dir).records, Mark)]
+    assert phases == ["on"]
