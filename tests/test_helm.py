@@ -37,6 +37,7 @@ import tomllib
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+import rankscope
 from rankscope.cli import build_parser
 from rankscope.daemon import cli as daemon_cli
 from rankscope.daemon.webconfig import parse_web_config
@@ -718,8 +719,12 @@ def test_notes_say_how_to_reach_the_metrics(chart: helm.Chart) -> None:
 
 def test_app_version_is_the_package_version() -> None:
     chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    package = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert chart_meta["appVersion"] == package
+    # The package's version has one source, rankscope.__version__, which pyproject.toml reads.
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "rankscope.__version__"
+    }
+    assert chart_meta["appVersion"] == rankscope.__version__
 
 
 def _openssl_cert(directory: Path) -> tuple[Path, Path]:
