@@ -106,10 +106,10 @@ CASES = {
         "card": True,
         "call": 'auto._mark("process_start", python="3.12.0")',
     },
-    # as rankscope.auto._after_world calls it
+    # as the new_group hook calls it, for the world group
     "stand-in card, nccl_init_end": {
         "card": True,
-        "call": 'auto._mark("nccl_init_end", seconds=0.1, **auto._group_fields(dist, None))',
+        "call": "auto._after_group(dist, dist.GroupMember.WORLD, None, 0.1)",
     },
     "stand-in group queries (alone)": {
         "card": True,

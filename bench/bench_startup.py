@@ -158,9 +158,8 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
         candidates: dict[str, Any] = {
             "plain_mark": lambda: probe.mark("weights_loaded"),
             "process_start": lambda: auto._mark("process_start", python="3.12.0"),
-            "nccl_init_end": lambda: auto._mark(
-                "nccl_init_end", seconds=0.1, **auto._group_fields(dist, None)
-            ),
+            # as the new_group hook calls it, for the world group
+            "nccl_init_end": lambda: auto._after_group(dist, world, None, 0.1),
             "base_reads": base_reads,
             "group_queries": group_queries,
             "write": write,

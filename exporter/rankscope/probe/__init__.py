@@ -114,6 +114,15 @@ def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> Mark | No
     return _record(phase, runner, extra)
 
 
+def mark_fields(phase: str, extra: dict[str, Any], /) -> Mark | None:
+    """``mark(phase, **extra)`` for a caller that holds its extra fields as a dict already
+    (rankscope.auto's hooks): the dict itself becomes the mark's extra, with no keyword
+    packing. The caller must not change it afterwards. Never raises."""
+    if not ARMED:
+        return None
+    return _record(phase, None, extra)
+
+
 def _record(phase: str, runner: str | None, extra: dict[str, Any]) -> Mark | None:
     # Apart from mark(): the disarmed call then sets up a frame of three locals, not six.
     phase = phase if type(phase) is str else str(phase)
