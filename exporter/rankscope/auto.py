@@ -118,18 +118,24 @@ def _optional(module: str, attr: str) -> None:
 
 def _loaded(name: str) -> Any:
     """Module ``name``, imported at the first call. A ``from rankscope import x`` statement
-    in a hook costs microseconds at every call (importlib's fromlist handling, in Python)."""
+    in a hook costs microseconds at every call (importlib's fromlist handling, in Python).
+    The generic marks' hooks inline the common case (``_modules.get(name) or
+    _loaded(name)``): one Python call fewer at every mark."""
     return sys.modules.get(name) or importlib.import_module(name)
 
 
+_modules = sys.modules
+PROBE, TORCH_PATCH = "rankscope.probe", "rankscope.census.torch_patch"
+
+
 def _mark(phase: str, **extra: Any) -> None:
-    _loaded("rankscope.probe").mark_fields(phase, extra)
+    _mark_fields(phase, extra)
 
 
 def _mark_fields(phase: str, extra: dict[str, Any]) -> None:
     """``_mark`` for a hook that built its fields as a dict: that dict is the mark's extra,
     not repacked as keywords twice on the way (a generic mark's share is mostly such work)."""
-    _loaded("rankscope.probe").mark_fields(phase, extra)
+    (_modules.get(PROBE) or _loaded(PROBE)).mark_fields(phase, extra)
 
 
 def _process_exit() -> None:
@@ -249,7 +255,7 @@ def _group_fields(dist: Any, group: Any, seconds: float) -> dict[str, Any]:
     census names it), ranks and backend; fields that cannot be read are null. These three
     queries are the mark's raw reads beyond a plain mark's (bench/bench_startup.py times
     them alone)."""
-    torch_patch = _loaded("rankscope.census.torch_patch")
+    torch_patch = _modules.get(TORCH_PATCH) or _loaded(TORCH_PATCH)
     # try/except, not contextlib.suppress: a context manager costs a microsecond a block.
     try:
         name = torch_patch._instance_of(dist, group)
