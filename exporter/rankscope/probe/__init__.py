@@ -28,7 +28,7 @@ from rankscope.probe.torch_view import TorchView
 from rankscope.record import RECORDER, publish_boot_id
 from rankscope.schema import Mark, MarkArena, MarkDerived, MarkDevice, MarkNvml, MarkTorch
 
-__all__ = ["arenas", "configure", "derive", "mark", "oom", "publish_boot_id"]
+__all__ = ["arenas", "configure", "derive", "mark", "mark_fields", "oom", "publish_boot_id"]
 
 log = logging.getLogger("rankscope")
 
