@@ -183,8 +183,8 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
             assert fields["pool_bytes"], fields
             form = auto._pool_form
             snapshot = torch._C._cuda_memorySnapshot
-            if callable(form):
-                argument = form(pool)
+            if form in auto.POOL_SNAPSHOT_FORMS:
+                argument = pool + form
 
                 def pool_read() -> None:
                     snapshot(argument)["segments"]

@@ -425,13 +425,11 @@ def pool_fields(torch: Any, graph: Any) -> dict[str, Any]:
 
 WHOLE = "bytes summed from the whole allocator's snapshot (every segment of the process)"
 
-# The argument forms torch._C._cuda_memorySnapshot takes for one memory pool, newest first:
-# (pool, include_traces) in recent torch (torch.cuda.memory_snapshot(mempool_id,
-# include_traces)), (pool) before it. The first capture_end finds the one this torch takes.
-POOL_SNAPSHOT_FORMS: tuple[Callable[[tuple[int, ...]], tuple[Any, ...]], ...] = (
-    lambda pool: (pool[0], pool[1], False),
-    lambda pool: (pool[0], pool[1]),
-)
+# The argument forms torch._C._cuda_memorySnapshot takes for one memory pool, newest first,
+# as what follows the pool id's two numbers: (pool, include_traces) in recent torch
+# (torch.cuda.memory_snapshot(mempool_id, include_traces)), (pool) before it. The first
+# capture_end finds the one this torch takes.
+POOL_SNAPSHOT_FORMS: tuple[tuple[Any, ...], ...] = ((False,), ())
 _UNTRIED = "untried"
 _pool_form: Any = _UNTRIED  # the form that worked, or None when none did
 
@@ -449,7 +447,7 @@ def pool_segments(
     if snapshot is not None and len(pool_id) == 2 and _pool_form is not None:
         for form in POOL_SNAPSHOT_FORMS if _pool_form is _UNTRIED else (_pool_form,):
             try:
-                segments = snapshot(form(pool_id))["segments"]
+                segments = snapshot(pool_id + form)["segments"]
             except (TypeError, RuntimeError, KeyError):
                 continue
             _pool_form = form
