@@ -184,6 +184,7 @@ def test_the_disarmed_check_follows_the_process_recorder(
         assert probe.mark("on") is not None
         RECORDER.armed = False
         assert probe.mark("off again") is None
+        assert probe.mark_fields("off as fields", {"n": 1}) is None
     finally:
         RECORDER.configure()
         RECORDER.armed = saved
