@@ -21,6 +21,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 
@@ -34,20 +36,102 @@ from bench_mark import StandInNvml, StandInTorchView
 RECORDER.configure(flight_dir=tempfile.mkdtemp())
 if {card!r}:
     probe.TORCH, probe.NVML = StandInTorchView(), NvmlView(StandInNvml(0))
-extra = {extra!r}
-probe.mark("warm", **extra)
+from rankscope import auto
+from rankscope.census import torch_patch
+from bench_mark_instructions import StandInDist, StandInGraph, StandInTorch
+dist, torch, graph = StandInDist(), StandInTorch(), StandInGraph()
+call = lambda: {call}
+call()
 for _ in range({count}):
-    probe.mark({phase!r}, **extra)
+    call()
 """
 
+
+class StandInDist:
+    """STAND-IN torch.distributed (a fake: no process group here): a world group of one
+    rank on gloo, answering the queries nccl_init_end makes (rankscope.auto._group_fields)."""
+
+    class ProcessGroup:
+        pass
+
+    def __init__(self) -> None:
+        self.GroupMember = SimpleNamespace(WORLD=self.ProcessGroup())
+
+    def get_process_group_ranks(self, group: Any) -> list[int]:
+        return [0]
+
+    def get_backend(self, group: Any = None) -> str:
+        return "gloo"
+
+
+# One segment of a graph's private pool as torch's allocator snapshot lists it (the keys
+# torch 2.x gives; the pool's blocks as one allocation).
+STAND_IN_SEGMENT = {
+    "device": 0,
+    "address": 139_637_976_727_552,
+    "total_size": 2 << 20,
+    "allocated_size": 4096,
+    "active_size": 4096,
+    "requested_size": 4096,
+    "stream": 0,
+    "segment_type": "small",
+    "segment_pool_id": (1, 1),
+    "is_expandable": False,
+    "frames": [],
+    "blocks": [{"address": 139_637_976_727_552, "size": 4096, "state": "active_allocated"}],
+}
+
+
+class StandInTorch:
+    """STAND-IN torch (a fake: no CUDA here): the one-pool allocator snapshot capture_end
+    reads (rankscope.auto.pool_segments), answering with a fixed one-segment pool."""
+
+    def __init__(self) -> None:
+        snapshot = {"segments": [STAND_IN_SEGMENT]}
+        self._C = SimpleNamespace(_cuda_memorySnapshot=lambda *args: snapshot)
+
+
+class StandInGraph:
+    """STAND-IN torch.cuda.CUDAGraph (a fake): its private pool's id."""
+
+    def pool(self) -> tuple[int, int]:
+        return (1, 1)
+
+
+PLAIN = 'probe.mark("weights_loaded")'
 CASES = {
-    "no torch, plain mark": {"card": False, "phase": "weights_loaded", "extra": {}},
-    "stand-in card, plain mark": {"card": True, "phase": "weights_loaded", "extra": {}},
+    "no torch, plain mark": {"card": False, "call": PLAIN},
+    "stand-in card, plain mark": {"card": True, "call": PLAIN},
     "stand-in card, process_start": {
         "card": True,
-        "phase": "process_start",
-        "extra": {"python": "3.12.0"},
+        "call": 'auto._mark("process_start", python="3.12.0")',
     },
+    # as the new_group hook calls it, for the world group
+    "stand-in card, nccl_init_end": {
+        "card": True,
+        "call": "auto._after_group(dist, dist.GroupMember.WORLD, None, 0.1)",
+    },
+    "stand-in group queries (alone)": {
+        "card": True,
+        "call": "(torch_patch._instance_of(dist, None), "
+        "list(dist.get_process_group_ranks(dist.GroupMember.WORLD)), str(dist.get_backend(None)))",
+    },
+    # as rankscope.auto's capture_end wrapper calls it
+    "stand-in card, capture_end": {
+        "card": True,
+        "call": "auto._mark_capture_end(torch, graph)",
+    },
+    "stand-in pool snapshot (alone)": {
+        "card": True,
+        "call": 'torch._C._cuda_memorySnapshot((1, 1, False))["segments"]',
+    },
+}
+
+# each generic mark: the case counting the reads it adds beyond a plain mark's (None: none)
+OWN_SHARE = {
+    "stand-in card, process_start": None,
+    "stand-in card, nccl_init_end": "stand-in group queries (alone)",
+    "stand-in card, capture_end": "stand-in pool snapshot (alone)",
 }
 
 
@@ -90,6 +174,18 @@ def main() -> int:
         first = results[name][str(args.trees[0])]
         row = "  ".join(f"{tree}: {n} ({n / first:.2f}x)" for tree, n in results[name].items())
         print(f"{name:<30} instructions a mark  {row}")
+    # A generic mark's own share beyond a plain mark's: its count less the plain mark's and
+    # the reads it adds (counted alone on the same stand-ins).
+    own: dict[str, dict[str, int]] = {}
+    for name, reads in OWN_SHARE.items():
+        own[name] = {}
+        for tree in args.trees:
+            t = str(tree)
+            extra = results[name][t] - results["stand-in card, plain mark"][t]
+            own[name][t] = extra - (results[reads][t] if reads else 0)
+        row = "  ".join(f"{tree}: {n:+d}" for tree, n in own[name].items())
+        print(f"{name:<30} own share beyond a plain mark  {row}")
+    results["own share beyond a plain mark"] = own
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_mark_instructions.json").write_text(json.dumps(results, indent=2) + "\n")

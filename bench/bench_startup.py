@@ -19,7 +19,8 @@
   pool alone, as torch.cuda.MemPool.snapshot takes it; the whole allocator's snapshot where
   this torch takes no pool). process_start reads nothing more than a plain mark. Goal:
   within 1.2x. On a GPU the lean reads (the one-call process list the mark makes) are a
-  second, stricter baseline.
+  second, stricter baseline. Each generic mark's own share beyond a plain mark's is printed
+  too: the median over rounds of the mark less a plain mark and the reads it adds (signed).
 - the automatic census cadence: a world all_reduce on a one-rank gloo group, counted with
   auto_tick against counted without it.
 
@@ -158,9 +159,8 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
         candidates: dict[str, Any] = {
             "plain_mark": lambda: probe.mark("weights_loaded"),
             "process_start": lambda: auto._mark("process_start", python="3.12.0"),
-            "nccl_init_end": lambda: auto._mark(
-                "nccl_init_end", seconds=0.1, **auto._group_fields(dist, None)
-            ),
+            # as the new_group hook calls it, for the world group
+            "nccl_init_end": lambda: auto._after_group(dist, world, None, 0.1),
             "base_reads": base_reads,
             "group_queries": group_queries,
             "write": write,
@@ -184,8 +184,8 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
             assert fields["pool_bytes"], fields
             form = auto._pool_form
             snapshot = torch._C._cuda_memorySnapshot
-            if callable(form):
-                argument = form(pool)
+            if form in auto.POOL_SNAPSHOT_FORMS:
+                argument = pool + form
 
                 def pool_read() -> None:
                     snapshot(argument)["segments"]
@@ -211,6 +211,17 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
             figure = ratio_figure(per_round, name, raw)
             results["generic_marks"]["ratios"][f"{name} / raw reads + write"] = figure
             say_ratio(f"{name} / ({' + '.join(raw)})", figure, "1.2x")
+            if name != "plain_mark":
+                # its own work beyond a plain mark's: the mark less a plain mark and the reads
+                # it adds, per round (the rounds alternate, so drift hits all alike)
+                own = statistics.median(
+                    mark - plain - sum(per_round[r][i] for r in extra_reads)
+                    for i, (mark, plain) in enumerate(
+                        zip(per_round[name], per_round["plain_mark"], strict=True)
+                    )
+                )
+                results["generic_marks"].setdefault("own_beyond_plain_ns", {})[name] = own
+                say_time(f"{name}: own share beyond a plain mark", own)
             if lean_reads is not None:
                 lean = ["lean_reads", *extra_reads, "write"]
                 figure = ratio_figure(per_round, name, lean)

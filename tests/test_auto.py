@@ -5,6 +5,8 @@ The processes themselves are tested in tests/test_run.py."""
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -174,3 +176,43 @@ def test_optional_parts_cost_a_line_never_the_arming(caplog: pytest.LogCaptureFi
         ("WARNING", "rankscope"),
     ], caplog.records
     assert "json.no_such_function() failed" in caplog.records[1].getMessage()
+
+
+TIMES = re.compile(rb',"mono":[^,]+,"wall":[^,]+')
+
+
+def test_the_hooks_write_the_line_the_keyword_mark_writes(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nccl_init_end and capture_end hand their fields to the mark as one dict
+    (probe.mark_fields): each line is the one probe.mark(phase, **fields) writes, byte for
+    byte but for its times, fields in the same order. Over a real one-rank gloo group."""
+    import torch.distributed as dist
+
+    from rankscope import probe
+    from rankscope.record import RECORDER
+
+    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+    torch = stand_in_torch(StandInAllocator(takes=3))
+    saved = RECORDER.armed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        probe.configure(flight_dir=flight_dir)
+        auto._after_group(dist, dist.GroupMember.WORLD, None, 0.25)
+        probe.mark("nccl_init_end", seconds=0.25, group="world:0", ranks=[0], backend="gloo")
+        auto._after_group(dist, object(), (3, 1), 1e-06)  # torch's placeholder: no member
+        probe.mark(
+            "nccl_init_end", seconds=1e-06, group=None, ranks=[1, 3], backend=None, member=False
+        )
+        auto._mark_capture_end(torch, Graph((1, 3)))
+        probe.mark("capture_end", pool=[1, 3], pool_bytes=22 << 20, pool_why=None)
+    finally:
+        dist.destroy_process_group()
+        RECORDER.configure()
+        RECORDER.armed = saved
+        RECORDER._close_locked()
+    (path,) = flight_dir.iterdir()
+    lines = [TIMES.sub(b"", line) for line in path.read_bytes().splitlines()]
+    assert len(lines) == 6
+    for hook, keywords in zip(lines[::2], lines[1::2], strict=True):
+        assert hook == keywords

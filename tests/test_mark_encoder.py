@@ -77,6 +77,26 @@ VALID = {
     "unicode phase, no procs": card_mark(phase='\u2603 "quoted" \\ tab\t', nvml=MarkNvml()),
     "empty procs": card_mark(nvml=MarkNvml(0, {}, None)),
     "nested extra": card_mark(extra={"a": {"b": [1, None, True]}, "n": None}),
+    # the generic marks' extras (rankscope.auto), as their hooks pass them
+    "process_start": card_mark(phase="process_start", extra={"python": "3.12.0"}),
+    "forked process_start": card_mark(phase="process_start", extra={"forked": True}),
+    "nccl_init_begin": card_mark(extra={"group": "world", "backend": "nccl"}),
+    "nccl_init_end": card_mark(
+        extra={"seconds": 0.1234567, "group": "world:0", "ranks": [0, 1, 7], "backend": "nccl"}
+    ),
+    "nccl_init_end, no member": card_mark(
+        extra={"seconds": 3e-07, "group": None, "ranks": [], "backend": None, "member": False}
+    ),
+    "nccl_init_end, unreadable": card_mark(
+        extra={"seconds": 12.0, "group": None, "ranks": None, "backend": None}
+    ),
+    "capture_end": card_mark(extra={"pool": [1, 2], "pool_bytes": 2 << 20, "pool_why": None}),
+    "capture_end, unreadable": card_mark(
+        extra={"pool": None, "pool_bytes": None, "pool_why": "pool unreadable: E('\u00e9\"')"}
+    ),
+    "odd extra keys and values": card_mark(
+        extra={'k\u00e9 "\n': -(10**30), "f": -0.0, "tiny": 5e-324, "big": 1e300, "b": False}
+    ),
 }
 
 # Values of the wrong type in typed fields (a caller's object, an int subclass, a bool): the
@@ -164,6 +184,7 @@ def test_the_disarmed_check_follows_the_process_recorder(
         assert probe.mark("on") is not None
         RECORDER.armed = False
         assert probe.mark("off again") is None
+        assert probe.mark_fields("off as fields", {"n": 1}) is None
     finally:
         RECORDER.configure()
         RECORDER.armed = saved

@@ -237,7 +237,7 @@ def test_capture_end_reads_only_its_pools_snapshot(flight_dir: Path) -> None:
         pool = tuple(graph.pool())
         whole = auto.pool_bytes(torch.cuda.memory._snapshot()["segments"], pool)
         form = auto._pool_form
-        used = auto.POOL_SNAPSHOT_FORMS.index(form) if callable(form) else None
+        used = auto.POOL_SNAPSHOT_FORMS.index(form) if form in auto.POOL_SNAPSHOT_FORMS else None
         print(json.dumps({"fields": fields, "whole": whole, "form": used,
                           "torch": torch.__version__}))
         """,

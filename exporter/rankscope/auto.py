@@ -118,12 +118,24 @@ def _optional(module: str, attr: str) -> None:
 
 def _loaded(name: str) -> Any:
     """Module ``name``, imported at the first call. A ``from rankscope import x`` statement
-    in a hook costs microseconds at every call (importlib's fromlist handling, in Python)."""
+    in a hook costs microseconds at every call (importlib's fromlist handling, in Python).
+    The generic marks' hooks inline the common case (``_modules.get(name) or
+    _loaded(name)``): one Python call fewer at every mark."""
     return sys.modules.get(name) or importlib.import_module(name)
 
 
+_modules = sys.modules
+PROBE, TORCH_PATCH = "rankscope.probe", "rankscope.census.torch_patch"
+
+
 def _mark(phase: str, **extra: Any) -> None:
-    _loaded("rankscope.probe").mark(phase, **extra)
+    _mark_fields(phase, extra)
+
+
+def _mark_fields(phase: str, extra: dict[str, Any]) -> None:
+    """``_mark`` for a hook that built its fields as a dict: that dict is the mark's extra,
+    not repacked as keywords twice on the way (a generic mark's share is mostly such work)."""
+    (_modules.get(PROBE) or _loaded(PROBE)).mark_fields(phase, extra)
 
 
 def _process_exit() -> None:
@@ -238,11 +250,12 @@ def _backend_name(backend: Any) -> str | None:
     return None if backend is None else str(backend)
 
 
-def _group_fields(dist: Any, group: Any) -> dict[str, Any]:
-    """The group's instance name (as the census names it), ranks and backend; fields that
-    cannot be read are null. These three queries are the mark's raw reads beyond a plain
-    mark's (bench/bench_startup.py times them alone)."""
-    torch_patch = _loaded("rankscope.census.torch_patch")
+def _group_fields(dist: Any, group: Any, seconds: float) -> dict[str, Any]:
+    """nccl_init_end's fields: the creation's seconds, the group's instance name (as the
+    census names it), ranks and backend; fields that cannot be read are null. These three
+    queries are the mark's raw reads beyond a plain mark's (bench/bench_startup.py times
+    them alone)."""
+    torch_patch = _modules.get(TORCH_PATCH) or _loaded(TORCH_PATCH)
     # try/except, not contextlib.suppress: a context manager costs a microsecond a block.
     try:
         name = torch_patch._instance_of(dist, group)
@@ -257,7 +270,7 @@ def _group_fields(dist: Any, group: Any) -> dict[str, Any]:
         backend = str(dist.get_backend(group))
     except Exception:
         backend = None
-    return {"group": name, "ranks": ranks, "backend": backend}
+    return {"seconds": seconds, "group": name, "ranks": ranks, "backend": backend}
 
 
 def _wrap_init_process_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -278,7 +291,7 @@ def _after_world(dist: Any, seconds: float) -> None:
 
     if RECORDER.rank.rank is None:  # multiprocessing.spawn: no RANK in the environment
         RECORDER.configure(rank=dist.get_rank(), world_size=dist.get_world_size())
-    _mark("nccl_init_end", seconds=seconds, **_group_fields(dist, None))
+    _mark_fields("nccl_init_end", _group_fields(dist, None, seconds))
     from rankscope import census
     from rankscope.census import counts
 
@@ -326,10 +339,16 @@ def _plain_ranks(ranks: Any) -> list[int] | None:
 
 def _after_group(dist: Any, group: Any, ranks: Any, seconds: float) -> None:
     if isinstance(group, dist.ProcessGroup):
-        fields = _group_fields(dist, group)
+        fields = _group_fields(dist, group, seconds)
     else:  # this rank is no member: torch returns a placeholder
-        fields = {"group": None, "ranks": _plain_ranks(ranks), "backend": None, "member": False}
-    _mark("nccl_init_end", seconds=seconds, **fields)
+        fields = {
+            "seconds": seconds,
+            "group": None,
+            "ranks": _plain_ranks(ranks),
+            "backend": None,
+            "member": False,
+        }
+    _mark_fields("nccl_init_end", fields)
 
 
 def _wrap_destroy_process_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -377,7 +396,7 @@ def _hook_graphs(torch: ModuleType) -> None:
 
 
 def _mark_capture_end(torch: Any, graph: Any) -> None:
-    _mark("capture_end", **pool_fields(torch, graph))
+    _mark_fields("capture_end", pool_fields(torch, graph))
 
 
 def pool_fields(torch: Any, graph: Any) -> dict[str, Any]:
@@ -385,7 +404,7 @@ def pool_fields(torch: Any, graph: Any) -> dict[str, Any]:
     a why, where unreadable). Graphs may share one pool (frameworks capture every batch size
     into one): the bytes are the pool's, not this graph's alone."""
     try:
-        pool_id = tuple(int(x) for x in graph.pool())
+        pool_id = tuple(map(int, graph.pool()))
     except Exception as exc:
         return {"pool": None, "pool_bytes": None, "pool_why": f"pool unreadable: {exc!r}"}
     try:
@@ -406,18 +425,18 @@ def pool_fields(torch: Any, graph: Any) -> dict[str, Any]:
 
 WHOLE = "bytes summed from the whole allocator's snapshot (every segment of the process)"
 
-# The argument forms torch._C._cuda_memorySnapshot takes for one memory pool, newest first:
-# (pool, include_traces) in recent torch (torch.cuda.memory_snapshot(mempool_id,
-# include_traces)), (pool) before it. The first capture_end finds the one this torch takes.
-POOL_SNAPSHOT_FORMS: tuple[Callable[[tuple[int, ...]], tuple[Any, ...]], ...] = (
-    lambda pool: (pool[0], pool[1], False),
-    lambda pool: (pool[0], pool[1]),
-)
+# The argument forms torch._C._cuda_memorySnapshot takes for one memory pool, newest first,
+# as what follows the pool id's two numbers: (pool, include_traces) in recent torch
+# (torch.cuda.memory_snapshot(mempool_id, include_traces)), (pool) before it. The first
+# capture_end finds the one this torch takes.
+POOL_SNAPSHOT_FORMS: tuple[tuple[Any, ...], ...] = ((False,), ())
 _UNTRIED = "untried"
 _pool_form: Any = _UNTRIED  # the form that worked, or None when none did
 
 
-def pool_segments(torch: Any, pool_id: tuple[int, ...]) -> tuple[list[dict[str, Any]], str | None]:
+def pool_segments(
+    torch: Any, pool_id: tuple[int, ...]
+) -> tuple[Sequence[dict[str, Any]], str | None]:
     """(the allocator's segments holding pool ``pool_id``'s, why the read was the whole
     allocator's instead). One pool's snapshot, as torch.cuda.MemPool.snapshot() takes it,
     builds only that pool's segments; the whole allocator's builds every segment of the
@@ -428,11 +447,11 @@ def pool_segments(torch: Any, pool_id: tuple[int, ...]) -> tuple[list[dict[str, 
     if snapshot is not None and len(pool_id) == 2 and _pool_form is not None:
         for form in POOL_SNAPSHOT_FORMS if _pool_form is _UNTRIED else (_pool_form,):
             try:
-                segments = snapshot(form(pool_id))["segments"]
+                segments = snapshot(pool_id + form)["segments"]
             except (TypeError, RuntimeError, KeyError):
                 continue
             _pool_form = form
-            return list(segments), None
+            return segments, None
         if _pool_form is _UNTRIED:
             _pool_form = None
     return _whole_snapshot(torch), f"this torch takes no snapshot of one pool: {WHOLE}"
@@ -446,11 +465,12 @@ def pool_bytes(segments: Sequence[dict[str, Any]], pool_id: Sequence[int]) -> in
     """Bytes of the allocator's segments that belong to memory pool ``pool_id`` (a pure
     function over torch.cuda.memory._snapshot()'s segments)."""
     want = tuple(pool_id)
-    return sum(
-        int(seg.get("total_size", 0))
-        for seg in segments
-        if tuple(seg.get("segment_pool_id", ())) == want
-    )
+    held = 0
+    for seg in segments:  # a loop, not sum() of a generator: a capture_end's own share
+        seg_pool = seg.get("segment_pool_id", ())
+        if seg_pool == want or (type(seg_pool) is not tuple and tuple(seg_pool) == want):
+            held += int(seg.get("total_size", 0))
+    return held
 
 
 def _guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

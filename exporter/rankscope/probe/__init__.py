@@ -28,7 +28,7 @@ from rankscope.probe.torch_view import TorchView
 from rankscope.record import RECORDER, publish_boot_id
 from rankscope.schema import Mark, MarkArena, MarkDerived, MarkDevice, MarkNvml, MarkTorch
 
-__all__ = ["arenas", "configure", "derive", "mark", "oom", "publish_boot_id"]
+__all__ = ["arenas", "configure", "derive", "mark", "mark_fields", "oom", "publish_boot_id"]
 
 log = logging.getLogger("rankscope")
 
@@ -112,6 +112,15 @@ def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> Mark | No
     if not ARMED:
         return None
     return _record(phase, runner, extra)
+
+
+def mark_fields(phase: str, extra: dict[str, Any], /) -> Mark | None:
+    """``mark(phase, **extra)`` for a caller that holds its extra fields as a dict already
+    (rankscope.auto's hooks): the dict itself becomes the mark's extra, with no keyword
+    packing. The caller must not change it afterwards. Never raises."""
+    if not ARMED:
+        return None
+    return _record(phase, None, extra)
 
 
 def _record(phase: str, runner: str | None, extra: dict[str, Any]) -> Mark | None:
