@@ -236,15 +236,5 @@ def _card_json(v: CardView) -> dict[str, Any]:
         "rank_resident": held.rank_resident if held else None,
         "foreign": held.foreign if held else None,
         "unattributed": held.unattributed if held else None,
-        "processes": [
-            {
-                "pid": h.pid,
-                "comm": h.comm,
-                "bytes": h.bytes,
-                "role": h.role,
-                "boot": h.boot,
-                "rank": h.rank,
-            }
-            for h in (held.processes if held else ())
-        ],
+        "processes": [h.to_json() for h in (held.processes if held else ())],
     }

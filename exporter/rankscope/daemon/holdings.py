@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rankscope.daemon.devices import DeviceError
 from rankscope.daemon.flightstate import RankProcess
@@ -40,6 +41,17 @@ class Holding:
     role: str  # rank, foreign, overflow
     boot: str | None
     rank: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's form of a holding (/api/v1/cards, /api/v1/oom)."""
+        return {
+            "pid": self.pid,
+            "comm": self.comm,
+            "bytes": self.bytes,
+            "role": self.role,
+            "boot": self.boot,
+            "rank": self.rank,
+        }
 
 
 @dataclass(frozen=True)

@@ -62,20 +62,9 @@ class Exhaustion:
             "free": self.worst_free,
             "onset_wall": self.onset_wall,
             "onset_free": self.onset_free,
-            "holders": None if self.holders is None else [_holder_json(h) for h in self.holders],
+            "holders": None if self.holders is None else [h.to_json() for h in self.holders],
             "why": [self.why] if self.why else [],
         }
-
-
-def _holder_json(h: Holding) -> dict[str, Any]:
-    return {
-        "pid": h.pid,
-        "comm": h.comm,
-        "bytes": h.bytes,
-        "role": h.role,
-        "boot": h.boot,
-        "rank": h.rank,
-    }
 
 
 @dataclass
