@@ -30,7 +30,6 @@ measured in the same run.
   100 ms on a SIMULATED card, holdings on, scraped every second by another process, against
   its own bare reads (one stat of the script, one lookup) made the three ways in this
   process, and the sampler's code run in this quiet process with its reads timed apart.
-  Skipped where fastapi/uvicorn are missing.
 - daemon (GPU, --daemon): the issue's figure itself. A real `rankscope serve` at 100 ms with
   holdings, scraped every second, while another process keeps the GPU busy; its published
   rankscope_sampler_duration_seconds (sum/count over the window) against bare
@@ -503,12 +502,6 @@ def cadence(seconds: float, rounds: int, out: dict[str, Any]) -> None:
     print(f"  {label:32s} {loop:8.2f} us   lone / loop {one['mean'] / loop:5.1f}x")
     standin["tight_loop_us"] = loop
     out["cadence_standin"] = standin
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as exc:
-        print(f"cadence, daemon: skipped, `rankscope serve` needs fastapi and uvicorn ({exc})")
-        return
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cards.json"
         holder = subprocess.Popen(["sleep", "600"])
