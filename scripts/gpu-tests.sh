@@ -10,13 +10,15 @@ export PYTHONUNBUFFERED=1
 [ -n "${OUT:-}" ] && export RANKSCOPE_GPU_OUT="$OUT"
 status=0
 if [ "${1:-}" = "--perf" ]; then
-  # Issue 17's GPU benches, about 6.5 minutes in all on an H200 (`--perf --quick`: about 4.5); raw
+  # Issue 17's GPU benches, about 10 minutes in all on an H200 (`--perf --quick`: about 4.5); raw
   # figures under $OUT/perf when OUT is set. For the RSS comparison, nvitop-exporter installed
   # (pip install --no-deps .whl/nvitop*.whl).
   export PYTHONPATH="$PWD/exporter${PYTHONPATH:+:$PYTHONPATH}"
   out() { [ -n "${OUT:-}" ] && echo "--out $OUT/perf/$1"; }
   quick=""; [ "${2:-}" = "--quick" ] && quick="--quick"
   python3 bench/bench_interference.py $quick $(out interference) || status=1  # ~4.2 min (2.1 quick)
+  # Why eager blocks are not comparable on a given machine: ~3.5 min, skipped with --quick.
+  [ -z "$quick" ] && { python3 bench/bench_eager_schedules.py || status=1; }
   python3 bench/bench_sampler.py --daemon --daemon-seconds 30 --cadence-seconds 10 \
     --samples 500 --processes 16 --gil-seconds 3 $(out sampler) || status=1     # ~1.3 min
   python3 bench/bench_trough.py $(out trough) || status=1                       # ~0.7 min
