@@ -7,18 +7,17 @@ import html
 import logging
 import signal
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from rankscope import __version__
+from rankscope.daemon.exposition import choose_encoder
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.httpserver import (
     App,
@@ -35,8 +34,12 @@ from rankscope.daemon.httpserver import (
 )
 from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, paginate
 from rankscope.daemon.registry import TimedCollectors
-from rankscope.daemon.webconfig import TLSConfig
 from rankscope.flight import BootNotFoundError, Flight
+
+if TYPE_CHECKING:  # ssl and the web config load only when a web config is given
+    import ssl
+
+    from rankscope.daemon.webconfig import TLSConfig
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -101,7 +104,7 @@ def create_app(
     @app.get("/metrics")
     def metrics(request: Request) -> Response:
         # Each request has its own thread, so a slow collector holds up no other request.
-        # The encoders are client_python's (text or OpenMetrics).
+        # The encoders: client_python's OpenMetrics, its text format (rankscope.daemon.exposition).
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         body = encoder(registry)
         headers = {"Vary": "Accept, Accept-Encoding"}
@@ -283,6 +286,8 @@ class Daemon:
         certificate, say)."""
         if self.tls is None:
             return None
+        import ssl
+
         try:
             context = self.tls.context()
         except ssl.SSLError as exc:
