@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import html
 import logging
 import signal
 import socket
@@ -222,10 +221,24 @@ def _flight(state: FlightState, boot: str | None) -> Flight:
         raise HTTPError(404, str(exc)) from exc
 
 
+def escape(text: str) -> str:
+    """html.escape (quotes included) without the html module, whose entity table alone is
+    0.5 MiB of the daemon's resident memory."""
+    for char, entity in (
+        ("&", "&amp;"),
+        ("<", "&lt;"),
+        (">", "&gt;"),
+        ('"', "&quot;"),
+        ("'", "&#x27;"),
+    ):
+        text = text.replace(char, entity)
+    return text
+
+
 def _link_items(links: tuple[tuple[str, str], ...]) -> str:
     # Relative hrefs, so the page works behind a proxy that serves it under a path prefix.
     return "\n".join(
-        f'    <li><a href="{href.lstrip("/")}">{html.escape(href)}</a> {html.escape(what)}</li>'
+        f'    <li><a href="{href.lstrip("/")}">{escape(href)}</a> {escape(what)}</li>'
         for href, what in links
     )
 
@@ -248,7 +261,7 @@ def landing_page() -> str:
     items = _link_items(LINKS)
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>rankscope</title></head>\n"
-        f"<body>\n  <h1>rankscope {html.escape(__version__)}</h1>\n  <ul>\n{items}\n  </ul>\n"
+        f"<body>\n  <h1>rankscope {escape(__version__)}</h1>\n  <ul>\n{items}\n  </ul>\n"
         "</body></html>\n"
     )
 
