@@ -4,20 +4,23 @@
                                [--against 'nvitop-exporter --bind-address 127.0.0.1']
                                [--arena-max N]
 
-Starts a real `rankscope serve` from this checkout (default: the scripted source, one
-SIMULATED card, an empty flight directory; --source nvml on a GPU machine), scrapes /metrics
---scrapes times, and reads VmRSS and VmHWM from /proc. A second, separate interpreter
-builds the same daemon without serving and lists which optional heavy packages that pulled
-in (opentelemetry, bcrypt, yaml, torch, numpy, pynvml, and the ASGI stack the daemon once
-served on): a run without OTLP, a web config or basic auth should load none of them; pynvml
-loads only when the NVML source opens, after the build. With --against CMD (a GPU machine
-with nvitop-exporter installed), CMD runs too, is given the same warm-up, and the ratio of
-the two RSS is printed (goal <= 1.0x).
+Starts a real `rankscope serve` from this checkout, byte-compiled first as an installed
+wheel is (default: the scripted source, one SIMULATED card, an empty flight directory;
+--source nvml on a GPU machine), scrapes /metrics --scrapes times, and reads VmRSS and VmHWM
+from /proc. A second, separate interpreter builds the same daemon without serving and lists
+which optional heavy packages that pulled in (opentelemetry, bcrypt, yaml, torch, numpy,
+pynvml, and the ASGI stack the daemon once served on): a run without OTLP, a web config or
+basic auth should load none of them; pynvml loads only when the NVML source opens, after the
+build. Each process's RSS is also shown by mapping, with its thread count and whether
+OpenSSL's libcrypto is mapped (a default run imports neither ssl nor hashlib). With
+--against CMD (a GPU machine with nvitop-exporter installed), CMD runs too, is given the
+same warm-up, and the ratio of the two RSS is printed (goal <= 1.0x).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import shlex
 import subprocess
@@ -67,6 +70,12 @@ def rss_by_mapping(pid: int, top: int = 12) -> dict[str, int]:
     return dict(ranked[:top]) | {"(the rest)": sum(v for _, v in ranked[top:])}
 
 
+def openssl_mapped(pid: int) -> bool:
+    """Whether OpenSSL's libcrypto is mapped: Python's ssl and hashlib modules bring it, and
+    a default `rankscope serve` imports neither (docs/architecture.md)."""
+    return "/libcrypto.so" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def print_mappings(mappings: dict[str, int]) -> None:
     for name, kib in mappings.items():
         print(f"    {kib / 1024:6.1f} MiB  {name}")
@@ -79,9 +88,11 @@ def warm(url: str, scrapes: int) -> None:
         time.sleep(0.2)
 
 
-def measure(serve: list[str], env: dict[str, str], scrapes: int) -> tuple[dict[str, int], Any]:
+def measure(
+    serve: list[str], env: dict[str, str], scrapes: int
+) -> tuple[dict[str, int], Any, bool]:
     """A real `rankscope serve` with the ``serve`` arguments on a free port, warmed by
-    ``scrapes`` scrapes: its RSS figures and its RSS by mapping."""
+    ``scrapes`` scrapes: its RSS figures, its RSS by mapping, whether OpenSSL is mapped."""
     port = harness.free_port()
     cmd = [sys.executable, "-m", "rankscope", *serve, f"--web.listen-address=127.0.0.1:{port}"]
     daemon = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
@@ -97,7 +108,7 @@ def measure(serve: list[str], env: dict[str, str], scrapes: int) -> tuple[dict[s
                     raise SystemExit("bench_rss: rankscope serve did not start") from None
                 time.sleep(0.2)
         warm(url + "/metrics", scrapes)
-        return rss_kib(daemon.pid), rss_by_mapping(daemon.pid)
+        return rss_kib(daemon.pid), rss_by_mapping(daemon.pid), openssl_mapped(daemon.pid)
     finally:
         daemon.terminate()
         daemon.wait(timeout=15)
@@ -117,7 +128,11 @@ def main() -> None:
         "per-thread arenas (the sampler, holdings and HTTP threads each call NVML)",
     )
     args = p.parse_args()
-    result: dict[str, Any] = {"source": args.source}
+    # The daemon imports byte-compiled modules, as from an installed wheel (pip compiles
+    # nvitop-exporter's too): compiling the sources at start-up would add the compiler's
+    # high-water mark, about 1.4 MiB on the dev VM, to a first run and not to the next.
+    compileall.compile_dir(harness.REPO / "exporter", quiet=1)
+    result: dict[str, Any] = {"source": args.source, "byte_compiled": True}
     with tempfile.TemporaryDirectory() as tmp:
         flight = Path(tmp) / "flight"
         flight.mkdir()
@@ -129,13 +144,13 @@ def main() -> None:
             flags.append(f"--device.script={script}")
         source = f"--device.source={'nvml' if args.source == 'nvml' else 'script'}"
         serve = ["serve", source, "--log.level=warning", *flags]
-        result["rankscope_kib"], result["rankscope_mappings_kib"] = measure(
-            serve, harness.child_env(), args.scrapes
-        )
+        rss, mappings, openssl = measure(serve, harness.child_env(), args.scrapes)
+        result["rankscope_kib"], result["rankscope_mappings_kib"] = rss, mappings
+        result["rankscope_openssl_mapped"] = openssl
         if args.arena_max:
             env = harness.child_env() | {"MALLOC_ARENA_MAX": str(args.arena_max)}
             result["rankscope_arena_max"] = {"MALLOC_ARENA_MAX": args.arena_max}
-            result["rankscope_arena_max"]["kib"], _ = measure(serve, env, args.scrapes)
+            result["rankscope_arena_max"]["kib"], _, _ = measure(serve, env, args.scrapes)
         imports = subprocess.run(
             [sys.executable, "-c", IMPORTS, *serve[1:]],
             env=harness.child_env(), capture_output=True, text=True, check=True,
@@ -144,12 +159,13 @@ def main() -> None:
         result["top_level_modules"] = len(imports)
     r = result["rankscope_kib"]
     print(
-        f"rankscope serve, {args.source} source, one card, after {args.scrapes} scrapes: "
+        f"rankscope serve (byte-compiled), {args.source} source, one card, after {args.scrapes} scrapes: "
         f"RSS {r['VmRSS'] / 1024:.1f} MiB (peak {r['VmHWM'] / 1024:.1f} MiB)"
     )
     print(
         f"  optional heavy packages loaded: {', '.join(result['heavy_imports']) or 'none'} "
-        f"({result['top_level_modules']} top-level modules), {r['Threads']} threads"
+        f"({result['top_level_modules']} top-level modules), {r['Threads']} threads, "
+        f"OpenSSL mapped: {'yes' if result['rankscope_openssl_mapped'] else 'no'}"
     )
     print_mappings(result["rankscope_mappings_kib"])
     if args.arena_max:
@@ -167,13 +183,15 @@ def main() -> None:
                 "cmd": args.against,
                 "kib": rss_kib(other.pid),
                 "mappings_kib": rss_by_mapping(other.pid),
+                "openssl_mapped": openssl_mapped(other.pid),
             }
         finally:
             other.terminate()
             other.wait(timeout=15)
         o = result["against"]["kib"]
         print(
-            f"  {args.against}: RSS {o['VmRSS'] / 1024:.1f} MiB, {o['Threads']} threads; "
+            f"  {args.against}: RSS {o['VmRSS'] / 1024:.1f} MiB, {o['Threads']} threads, "
+            f"OpenSSL mapped: {'yes' if result['against']['openssl_mapped'] else 'no'}; "
             f"rankscope / it = {r['VmRSS'] / o['VmRSS']:.2f}x (goal <= 1.00x)"
         )
         print_mappings(result["against"]["mappings_kib"])

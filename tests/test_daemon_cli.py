@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import html
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ from rankscope import catalog
 from rankscope.census.report import census_document
 from rankscope.daemon import app as app_module
 from rankscope.daemon import cli, flightstate
-from rankscope.daemon.app import LINKS, Daemon, create_app, landing_page, with_links
+from rankscope.daemon.app import LINKS, Daemon, create_app, escape, landing_page, with_links
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.flight import read_flight
@@ -186,6 +187,11 @@ def test_catalog_names_follow_prometheus_conventions() -> None:
             assert m.family.endswith("_" + m.unit), m.name
         assert "le" not in m.labels and "quantile" not in m.labels
         assert m.help.endswith("."), m.name
+
+
+def test_the_landing_pages_escape_is_html_escape() -> None:
+    tricky = """<a href="x">Tom & 'Jerry'</a> &amp; \u00e9"""
+    assert escape(tricky) == html.escape(tricky) != tricky
 
 
 def test_the_landing_page_links_every_endpoint(

@@ -105,3 +105,28 @@ def test_a_real_rank_on_a_gpu_shows_with_its_own_figures(flight_dir: Path, tmp_p
             }
     finally:
         stop_processes([rank])
+
+
+@pytest.mark.gpu
+def test_a_daemon_reading_nvml_maps_no_openssl(flight_dir: Path) -> None:
+    """A default daemon imports neither ssl nor hashlib (docs/architecture.md, "What the
+    daemon imports"), with the NVML source open too."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "serve", f"--flight-dir={flight_dir}",
+         "--device.source=nvml", "--web.listen-address=127.0.0.1:0"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        started = next((line for line in proc.stderr if "serving on" in line), "")
+        assert started, f"rankscope serve exited {proc.wait()} without serving"
+        url = started.split("serving on ")[1].split("/metrics")[0]
+        for accept in ("", "application/openmetrics-text"):
+            status, _headers, body = get(url + "/metrics", {"Accept": accept})
+            assert status == 200 and b"rankscope_gpu_free_bytes{" in body
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "libnvidia-ml.so" in maps  # the check sees the libraries the daemon loaded
+        assert "/libcrypto.so" not in maps and "/libssl.so" not in maps
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -9,6 +9,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,7 +31,7 @@ from rankscope.daemon.httpserver import Request, Response, Router, Server, liste
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.webconfig import BasicAuth, WebConfigMiddleware
 from rankscope.ledger import phases_document
-from test_daemon_flightstate import mark, rank_recorder
+from test_daemon_flightstate import census, mark, rank_recorder
 
 ServeApp = Callable[[Any], httpx.Client]  # the conftest fixture serve_app
 
@@ -210,6 +211,85 @@ def test_connections_are_bounded(
         held[1].close()
 
 
+def exchange(host: str, port: int, data: bytes) -> bytes:
+    """``data`` sent as is on a new connection; everything the server writes before it
+    closes (a connection kept open for another request reads as a timeout)."""
+    with socket.create_connection((host, port), timeout=10) as conn:
+        conn.sendall(data)
+        conn.settimeout(2)
+        chunks = []
+        try:
+            while chunk := conn.recv(65536):
+                chunks.append(chunk)
+        except TimeoutError:
+            chunks.append(b"<open>")
+        return b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    ("sent", "status"),
+    [
+        (b"GET /x HTTP/1.1\r\n" + b"h: v\r\n" * 101 + b"\r\n", b"431"),
+        (b"GET /x HTTP/1.1\r\nh: " + b"v" * 70000 + b"\r\n\r\n", b"431"),
+        (b"GET /" + b"x" * 70000 + b" HTTP/1.1\r\n\r\n", b"414"),
+        (b"GET /x\r\n\r\n", b"400"),
+        (b"GET /x HTTP/1.1 extra\r\n\r\n", b"400"),
+        (b"GET /x HTTP/x\r\n\r\n", b"400"),
+        (b"GET /x HTTP/2.0\r\n\r\n", b"505"),
+        (b"GET /x HTTP/1.1\r\nno colon\r\n\r\n", b"400"),
+        (b"GET /x HTTP/1.1\r\nname : v\r\n\r\n", b"400"),
+    ],
+)
+def test_a_request_that_cannot_be_read_is_refused_and_closed(sent: bytes, status: bytes) -> None:
+    app = Router()
+    app.get("/x")(lambda request: text("x"))
+    with serving(app) as server:
+        host, port = server.socket.getsockname()[:2]
+        answer = exchange(host, port, sent)
+        assert answer.startswith(b"HTTP/1.1 " + status + b" "), answer[:100]
+        assert b"connection: close" in answer and not answer.endswith(b"<open>")
+        assert exchange(host, port, b"GET /x HTTP/1.0\r\n\r\n").endswith(b"\r\n\r\nx")
+
+
+def test_requests_are_read_as_http_1_0_and_1_1_clients_send_them() -> None:
+    seen: list[Request] = []
+    app = Router()
+
+    @app.get("/x")
+    def x(request: Request) -> Response:
+        seen.append(request)
+        return text("x")
+
+    with serving(app) as server:
+        host, port = server.socket.getsockname()[:2]
+        # HTTP/1.0 closes unless asked to keep the connection; HTTP/1.1 keeps it unless told.
+        assert not exchange(host, port, b"GET /x HTTP/1.0\r\n\r\n").endswith(b"<open>")
+        kept = exchange(host, port, b"GET /x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        assert kept.endswith(b"x<open>") and b"connection: close" not in kept
+        assert exchange(host, port, b"GET /x HTTP/1.1\r\n\r\n").endswith(b"x<open>")
+        closed = exchange(host, port, b"GET /x HTTP/1.1\r\nConnection: Close\r\n\r\n")
+        assert closed.endswith(b"x") and b"connection: close" in closed
+        # Two requests in one write are two answers; a HEAD has the GET's length, no body.
+        both = exchange(host, port, b"HEAD /x HTTP/1.1\r\n\r\nGET /x HTTP/1.1\r\n\r\n")
+        assert both.count(b"HTTP/1.1 200 OK\r\n") == 2 and both.count(b"content-length: 1\r\n") == 2
+        assert both.endswith(b"\r\n\r\nx<open>")
+        # A folded header continues the one before; names are case-insensitive, the last of
+        # a repeated one is kept; a request with a body is answered, then the connection ends.
+        exchange(
+            host, port, b"GET //x?a=1 HTTP/1.1\r\nX-One: a\r\n b\r\nX-TWO: 1\r\nx-two: 2\r\n\r\n"
+        )
+        posted = exchange(host, port, b"POST /x HTTP/1.1\r\nContent-Length: 2\r\n\r\nab")
+        assert posted.startswith(b"HTTP/1.1 405 ") and not posted.endswith(b"<open>")
+    request = seen[-1]
+    assert (request.path, request.query) == ("/x", "a=1")
+    assert request.headers["x-one"] == "a b" and request.headers["x-two"] == "2"
+
+
+def test_the_date_header_is_an_http_date_in_english() -> None:
+    assert httpserver.http_date(0) == "Thu, 01 Jan 1970 00:00:00 GMT"
+    assert httpserver.http_date(1_780_000_000) == "Thu, 28 May 2026 20:26:40 GMT"
+
+
 def _started(proc: subprocess.Popen[str]) -> str:
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -251,11 +331,15 @@ from rankscope.daemon import cli
 parser = argparse.ArgumentParser()
 cli.configure_parser(parser, "serve")
 cli.build(parser.parse_args(sys.argv[1:]))
-print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} | set(sys.modules))))
 """
 ASGI_STACK = {"fastapi", "starlette", "pydantic", "pydantic_core", "uvicorn", "anyio", "h11"}
 # Loaded only by the run that needs them: OTLP, a web config, basic auth.
 ON_DEMAND = {"opentelemetry", "yaml", "bcrypt", "google"}
+# OpenSSL (ssl, and hashlib's _hashlib) loads with a web config only; http.client and email
+# came with http.server and prometheus_client's exposition, html with the landing page
+# (docs/architecture.md, "What the daemon imports").
+NOT_IMPORTED = {"ssl", "_ssl", "hashlib", "_hashlib", "email", "urllib.request", "html"}
 
 
 def test_a_plain_serve_loads_no_asgi_stack_nor_on_demand_packages(
@@ -273,3 +357,36 @@ def test_a_plain_serve_loads_no_asgi_stack_nor_on_demand_packages(
     assert "rankscope" in loaded and "prometheus_client" in loaded  # the check sees imports
     assert loaded.isdisjoint(ASGI_STACK), sorted(loaded & ASGI_STACK)
     assert loaded.isdisjoint(ON_DEMAND), sorted(loaded & ON_DEMAND)
+    assert "http.client" not in loaded and "prometheus_client.exposition" not in loaded
+    assert loaded.isdisjoint(NOT_IMPORTED), sorted(loaded & NOT_IMPORTED)
+
+
+def openssl_mapped(pid: int) -> set[str]:
+    """The OpenSSL libraries (libcrypto, libssl) process ``pid`` has mapped."""
+    maps = Path(f"/proc/{pid}/maps").read_text().split()
+    return {Path(p).name.split(".so")[0] for p in maps if re.search(r"/lib(crypto|ssl)\.so", p)}
+
+
+def test_a_serving_daemon_maps_no_openssl_until_its_web_config_asks_for_tls(
+    flight_dir: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "cards.json"
+    script.write_text(json.dumps({"cards": [{"total": "8GiB", "free": "4GiB"}]}))
+    rank_recorder(flight_dir, "boot-1", 0).write_record(census(1, [["tp:0-1", "all_reduce", 3]]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "serve", f"--flight-dir={flight_dir}",
+         "--web.listen-address=127.0.0.1:0", "--device.source=script",
+         f"--device.script={script}"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        url = _started(proc).split("serving on ")[1].split("/metrics")[0]
+        for accept in ("", "application/openmetrics-text"):
+            scrape = httpx.get(url + "/metrics", headers={"Accept": accept})
+            assert scrape.status_code == 200 and b"rankscope_census_group_digest{" in scrape.content
+        assert httpx.get(url + "/api/v1/census").status_code == 200
+        assert openssl_mapped(proc.pid) == set()
+        assert openssl_mapped(os.getpid()) == {"libcrypto", "libssl"}  # the check sees them
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -8,11 +8,16 @@ entry ``p2p a>b``.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rankscope.census.naming import SEND, Key, channel_name, parse_instance, parse_p2p
+
+try:  # hashlib's own blake2b, without hashlib, which loads OpenSSL's libcrypto (~3.5 MiB
+    # resident) into the daemon (docs/architecture.md, "What the daemon imports")
+    from _blake2 import blake2b
+except ImportError:  # an interpreter built without it
+    from hashlib import blake2b
 
 Entry = dict[str, Any]  # {group, op, counts: {"<rank>": n}, divergent, lagging: [rank]}
 
@@ -102,5 +107,5 @@ def digest(counts: Mapping[str, int]) -> int:
     text = "\n".join(
         f"{op}\t{n}" for op, n in sorted(counts.items()) if n and parse_p2p(op) is None
     )
-    raw = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    raw = blake2b(text.encode(), digest_size=8).digest()
     return int.from_bytes(raw, "big") >> (64 - DIGEST_BITS)

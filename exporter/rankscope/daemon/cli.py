@@ -208,12 +208,6 @@ def build(args: argparse.Namespace) -> Daemon:
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
     from rankscope.daemon.registry import TimedCollectors
     from rankscope.daemon.sampler import Periodic
-    from rankscope.daemon.webconfig import (
-        ReloadingAuth,
-        WebConfig,
-        WebConfigMiddleware,
-        load_web_config,
-    )
     from rankscope.ledger import phases_document
 
     if not args.flight_dir:
@@ -224,7 +218,11 @@ def build(args: argparse.Namespace) -> Daemon:
     if args.phase_boots < 0:
         raise ValueError("--phases.boots must be 0 (every boot) or more")
     host, port = parse_listen_address(args.listen_address)
-    web = load_web_config(args.web_config_file) if args.web_config_file else WebConfig()
+    web = None
+    if args.web_config_file:  # the web config, and with it ssl (OpenSSL), only when given
+        from rankscope.daemon.webconfig import load_web_config
+
+        web = load_web_config(args.web_config_file)
 
     state = FlightState(
         flight_dir,
@@ -268,7 +266,9 @@ def build(args: argparse.Namespace) -> Daemon:
         ooms=ooms,
         collecting=timed.running_for,
     )
-    if web.users or web.headers:
+    if web is not None and (web.users or web.headers):
+        from rankscope.daemon.webconfig import ReloadingAuth, WebConfigMiddleware
+
         auth = ReloadingAuth(Path(args.web_config_file), web) if web.users else None
         app = WebConfigMiddleware(app, auth, web.headers)
 
@@ -285,7 +285,7 @@ def build(args: argparse.Namespace) -> Daemon:
         host=host,
         port=port,
         collectors=timed,
-        tls=web.tls,
+        tls=web.tls if web is not None else None,
         monitor=monitor,
         otlp=otlp,
         refresher=Periodic("rankscope-flight", FLIGHT_REFRESH_S, state.refresh),

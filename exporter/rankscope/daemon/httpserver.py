@@ -14,15 +14,17 @@ import json
 import logging
 import socket
 import socketserver
-import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
+from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+if TYPE_CHECKING:  # ssl loads only when the web config asks for TLS (rankscope.daemon.webconfig)
+    import ssl
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -160,63 +162,151 @@ def static_files(directory: Path, prefix: str) -> Handler:
     return serve
 
 
-class RequestHandler(BaseHTTPRequestHandler):
-    """One connection: HTTP/1.1 with keep-alive, every method handed to the server's app."""
+# A request line or a header line longer than this, or more headers than this, is refused
+# (http.server's limits).
+MAX_LINE = 65536
+MAX_HEADERS = 100
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+class BadRequest(Exception):
+    """A request that cannot be read: answered with ``status`` and the connection closed."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+class RequestHandler(socketserver.StreamRequestHandler):
+    """One connection: HTTP/1.1 with keep-alive, every method handed to the server's app.
+
+    Written on socketserver rather than http.server, whose import of http.client brings
+    email and ssl (OpenSSL) into a daemon that serves TLS only when its web config asks
+    (docs/architecture.md, "What the daemon imports"). It reads what http.server reads (a
+    request line, headers, no body) within http.server's limits."""
 
     server: Server
-    protocol_version = "HTTP/1.1"
     timeout = IO_TIMEOUT_S
     # Buffered, so the head and a small body leave in one write (flushed after each request);
     # without it a kept-alive client's delayed ACK held every answer 40 ms.
     wbufsize = -1
     disable_nagle_algorithm = True
 
-    def do_GET(self) -> None:
-        split = urlsplit(self.path)
-        request = Request(
-            method=self.command,
-            path=unquote(split.path),
-            query=split.query,
-            headers={k.lower(): v for k, v in self.headers.items()},
-        )
+    def handle(self) -> None:
+        try:
+            while self.handle_one_request():
+                pass
+        except TimeoutError:  # a client silent for IO_TIMEOUT_S, idle keep-alive included
+            log.debug("http %s: timed out", self.client_address[0])
+
+    def handle_one_request(self) -> bool:
+        """Read and answer one request; whether the connection stays open for another."""
+        line = self.rfile.readline(MAX_LINE + 1)
+        if not line:
+            return False
+        try:
+            if len(line) > MAX_LINE:
+                raise BadRequest(414, "request line too long")
+            method, target, version = _request_line(line)
+            headers = self._headers()
+        except BadRequest as exc:
+            self._answer(text(f"{exc}\n", exc.status), repr(line[:80]), close=True)
+            return False
+        keep_alive = version == "HTTP/1.1"
+        connection = headers.get("connection", "").lower()
+        if connection == "close":
+            keep_alive = False
+        elif connection == "keep-alive":
+            keep_alive = True
         # A body is never read: close after answering, so it is not taken for a request.
-        if self.command not in ("GET", "HEAD") or request.headers.get("content-length", "0") != "0":
-            self.close_connection = True
-        if self.server.stopping:
-            self.close_connection = True
+        if method not in ("GET", "HEAD") or headers.get("content-length", "0") != "0":
+            keep_alive = False
+        if "transfer-encoding" in headers or self.server.stopping:
+            keep_alive = False
+        split = urlsplit(target)
+        request = Request(
+            method=method, path=unquote(split.path), query=split.query, headers=headers
+        )
         try:
             response = self.server.app(request)
         except HTTPError as exc:
             response = exc.response()
         except Exception:
-            log.exception("%s %s failed", self.command, request.path)
+            log.exception("%s %s failed", method, request.path)
             response = text("Internal Server Error\n", 500)
-        self.send_response(response.status)
-        self.send_header("Content-Type", response.content_type)
-        self.send_header("Content-Length", str(len(response.body)))
-        for name, value in response.headers.items():
-            self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(response.body)
+        self._answer(response, f"{method} {target}", close=not keep_alive, head=method == "HEAD")
+        return keep_alive
 
-    do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_GET
+    def _headers(self) -> dict[str, str]:
+        """The header lines up to the blank line, names lower-cased (a repeated one keeps its
+        last value; a folded line continues the one before)."""
+        headers: dict[str, str] = {}
+        name = ""
+        for _ in range(MAX_HEADERS + 1):
+            line = self.rfile.readline(MAX_LINE + 1)
+            if len(line) > MAX_LINE:
+                raise BadRequest(431, "header line too long")
+            if line in (b"\r\n", b"\n", b""):
+                return headers
+            decoded = line.decode("iso-8859-1").rstrip("\r\n")
+            if decoded[:1] in (" ", "\t") and name:
+                headers[name] += " " + decoded.strip()
+                continue
+            key, sep, value = decoded.partition(":")
+            if not sep or not key or key != key.strip():
+                raise BadRequest(400, f"bad header line {decoded[:80]!r}")
+            name = key.lower()
+            headers[name] = value.strip()
+        raise BadRequest(431, f"more than {MAX_HEADERS} headers")
 
-    def send_response(self, code: int, message: str | None = None) -> None:
+    def _answer(self, response: Response, what: str, close: bool, head: bool = False) -> None:
+        status = response.status
+        log.debug("http %s %s %d", self.client_address[0], what, status)
+        try:
+            reason = HTTPStatus(status).phrase
+        except ValueError:  # a status Python does not name
+            reason = ""
         # No Server header: the version is nobody's business (uvicorn's server_header=False).
-        self.log_request(code)
-        self.send_response_only(code, message)
-        self.send_header("Date", self.date_time_string())
-
-    def send_header(self, keyword: str, value: str) -> None:
         # Lower-case names, as uvicorn sent them (and HTTP/2 requires): clients that read
         # headers into a plain dict keep working.
-        super().send_header(keyword.lower(), value)
+        head_lines = [
+            f"HTTP/1.1 {status} {reason}",
+            f"date: {http_date(time.time())}",
+            f"content-type: {response.content_type}",
+            f"content-length: {len(response.body)}",
+            *(f"{name.lower()}: {value}" for name, value in response.headers.items()),
+        ]
+        if close:
+            head_lines.append("connection: close")
+        self.wfile.write(("\r\n".join(head_lines) + "\r\n\r\n").encode("iso-8859-1"))
+        if not head:
+            self.wfile.write(response.body)
+        self.wfile.flush()
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http %s %s", self.address_string(), format % args)
+
+def _request_line(raw: bytes) -> tuple[str, str, str]:
+    """(method, target, version) of an HTTP/1.x request line; BadRequest otherwise."""
+    words = raw.decode("iso-8859-1").rstrip("\r\n").split()
+    if len(words) != 3:
+        raise BadRequest(400, f"bad request line {raw[:80]!r}")
+    method, target, version = words
+    if version not in ("HTTP/1.0", "HTTP/1.1"):
+        if version.startswith("HTTP/") and version[5:6].isdigit() and version[5:6] >= "2":
+            raise BadRequest(505, f"HTTP version {version[5:]!r} not supported")
+        raise BadRequest(400, f"bad request version {version[:20]!r}")
+    if target.startswith("//"):
+        target = "/" + target.lstrip("/")  # as http.server: never a scheme-relative URL
+    return method, target, version
+
+
+def http_date(when: float) -> str:
+    """An HTTP date (RFC 9110 IMF-fixdate), in English whatever the locale."""
+    t = time.gmtime(when)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )
 
 
 class Server(socketserver.TCPServer):

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
-from prometheus_client.core import (
+from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     InfoMetricFamily,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client.core import Metric
+from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.collectors.phases import number
 from rankscope.daemon.flightstate import FlightState

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import Metric
+from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon import registry
 from rankscope.daemon.registry import add, counter, gauge, info, label_values, summary

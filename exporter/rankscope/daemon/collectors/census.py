@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.core import Metric
+from prometheus_client.metrics_core import Metric
 
 from rankscope.census.compare import compare_group, digest, members_of, split_by_group
 from rankscope.daemon.flightstate import FlightState, StreamState

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import (
+from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     InfoMetricFamily,

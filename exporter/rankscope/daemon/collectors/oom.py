@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import Metric
+from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.holdings import ROLE_FOREIGN, ROLE_RANK, Holding, cap
 from rankscope.daemon.oom import OomBook, as_line

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client.core import Metric
+from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, gauge

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 
 from rankscope import __version__
