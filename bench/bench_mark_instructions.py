@@ -104,7 +104,7 @@ CASES = {
     "stand-in card, plain mark": {"card": True, "call": PLAIN},
     "stand-in card, process_start": {
         "card": True,
-        "call": 'auto._mark("process_start", python="3.12.0")',
+        "call": "auto._mark_process_start()",
     },
     # as the new_group hook calls it, for the world group
     "stand-in card, nccl_init_end": {

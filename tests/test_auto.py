@@ -15,6 +15,7 @@ import pytest
 from rankscope import auto, run
 from rankscope.census import snapshots
 from rankscope.probe import samples
+from rankscope.schema import PoolFields
 
 # The shape of torch.cuda.memory._snapshot()["segments"] (trimmed): two graph pools and the
 # default pool (0, 0).
@@ -75,9 +76,9 @@ def test_capture_end_reads_one_pools_snapshot_in_the_form_this_torch_takes(
     allocator = StandInAllocator(takes)
     torch = stand_in_torch(allocator)
     first = auto.pool_fields(torch, Graph((1, 3)))
-    assert first == {"pool": [1, 3], "pool_bytes": 22 << 20, "pool_why": None}
+    assert first == PoolFields((1, 3), 22 << 20, None)
     del allocator.calls[:]
-    assert auto.pool_fields(torch, Graph((1, 5)))["pool_bytes"] == 8 << 20
+    assert auto.pool_fields(torch, Graph((1, 5))).pool_bytes == 8 << 20
     assert allocator.calls == [takes]  # the form found once, then used alone; no whole snapshot
 
 
@@ -88,8 +89,8 @@ def test_a_torch_without_pool_snapshots_sums_the_whole_snapshot_and_says_so(
     allocator = StandInAllocator(takes=0)
     torch = stand_in_torch(allocator)
     fields = auto.pool_fields(torch, Graph((1, 3)))
-    assert fields["pool_bytes"] == 22 << 20
-    assert "takes no snapshot of one pool" in fields["pool_why"]
+    assert fields.pool_bytes == 22 << 20
+    assert "takes no snapshot of one pool" in str(fields.pool_why)
     del allocator.calls[:]
     auto.pool_fields(torch, Graph((1, 3)))
     assert allocator.calls == [None]  # not retried at every capture
@@ -99,9 +100,9 @@ def test_an_empty_pool_names_the_pools_that_hold_segments(monkeypatch: pytest.Mo
     monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
     torch = stand_in_torch(StandInAllocator(takes=3))
     fields = auto.pool_fields(torch, Graph((9, 9)))
-    assert fields["pool_bytes"] == 0
-    assert "no allocator segment in pool (9, 9)" in fields["pool_why"]
-    assert "(1, 3)" in fields["pool_why"] and "(1, 5)" in fields["pool_why"]
+    assert fields.pool_bytes == 0
+    assert "no allocator segment in pool (9, 9)" in str(fields.pool_why)
+    assert "(1, 3)" in str(fields.pool_why) and "(1, 5)" in str(fields.pool_why)
 
 
 def test_a_pool_snapshot_that_lists_nothing_is_checked_against_the_whole(
@@ -110,8 +111,8 @@ def test_a_pool_snapshot_that_lists_nothing_is_checked_against_the_whole(
     monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
     torch = stand_in_torch(StandInAllocator(takes=3, filters=False))
     fields = auto.pool_fields(torch, Graph((1, 3)))
-    assert fields["pool_bytes"] == 22 << 20
-    assert "listed none of its segments" in fields["pool_why"]
+    assert fields.pool_bytes == 22 << 20
+    assert "listed none of its segments" in str(fields.pool_why)
 
 
 @pytest.mark.parametrize(
