@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -185,9 +186,10 @@ TIMES = re.compile(rb',"mono":[^,]+,"wall":[^,]+')
 def test_the_hooks_write_the_line_the_keyword_mark_writes(
     flight_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """nccl_init_end and capture_end hand their fields to the mark as one dict
-    (probe.mark_fields): each line is the one probe.mark(phase, **fields) writes, byte for
-    byte but for its times, fields in the same order. Over a real one-rank gloo group."""
+    """nccl_init_end, capture_end and process_start hand their fields to the mark as typed
+    fields (probe.mark_fields, rankscope.schema.MarkFields): each line is the one
+    probe.mark(phase, **fields) writes, byte for byte but for its times, fields in the same
+    order. Over a real one-rank gloo group."""
     import torch.distributed as dist
 
     from rankscope import probe
@@ -207,6 +209,10 @@ def test_the_hooks_write_the_line_the_keyword_mark_writes(
         )
         auto._mark_capture_end(torch, Graph((1, 3)))
         probe.mark("capture_end", pool=[1, 3], pool_bytes=22 << 20, pool_why=None)
+        auto._mark_process_start()
+        probe.mark("process_start", python=sys.version.split()[0])
+        auto._forked()
+        probe.mark("process_start", forked=True)
     finally:
         dist.destroy_process_group()
         RECORDER.configure()
@@ -214,6 +220,6 @@ def test_the_hooks_write_the_line_the_keyword_mark_writes(
         RECORDER._close_locked()
     (path,) = flight_dir.iterdir()
     lines = [TIMES.sub(b"", line) for line in path.read_bytes().splitlines()]
-    assert len(lines) == 6
+    assert len(lines) == 10
     for hook, keywords in zip(lines[::2], lines[1::2], strict=True):
         assert hook == keywords
