@@ -38,7 +38,8 @@ Adding a kind (one place, this module):
 A kind on a benchmarked hot path (the mark) may also define ``json_members(self) -> str``:
 its ``to_json()`` object as JSON text without the braces, byte for byte what :func:`dumps`
 makes of it; the writer then appends it to the header it encoded once, with no dict in
-between (tests/test_mark_encoder.py holds Mark to that).
+between (tests/test_mark_encoder.py holds Mark to that). A generic mark's extra is a
+:class:`MarkFields` kind (its fields typed, ``encode()`` the dict's JSON byte for byte).
 
 Writers then call ``RECORDER.write_record(MyKind(...))``; readers get ``Line[MyKind]``
 through :func:`of_kind`. A kind this reader does not know (written by a newer writer of the
