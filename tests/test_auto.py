@@ -5,7 +5,9 @@ The processes themselves are tested in tests/test_run.py."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -223,3 +225,18 @@ def test_the_hooks_write_the_line_the_keyword_mark_writes(
     assert len(lines) == 10
     for hook, keywords in zip(lines[::2], lines[1::2], strict=True):
         assert hook == keywords
+
+
+def test_the_auto_module_alone_loads_no_schema() -> None:
+    """RANKSCOPE_AUTO=0 still imports rankscope.auto (the .pth line) and stops there: the
+    generic marks' typed fields load with the probe, not with this module (the schema brings
+    json and dataclasses, a start-up cost in every process of the job)."""
+    code = "import sys, rankscope.auto; print(*sorted(m for m in sys.modules if 'rankscope' in m))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(Path(auto.__file__).parents[1])},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["rankscope", "rankscope.auto"], done.stdout

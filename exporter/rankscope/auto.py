@@ -36,9 +36,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rankscope.schema import GroupFields, MarkFields, PoolFields, ProcessStartFields
+if TYPE_CHECKING:  # loaded with the probe: RANKSCOPE_AUTO=0 imports only this module
+    from rankscope.schema import GroupFields, MarkFields, PoolFields
 
 log = logging.getLogger("rankscope.auto")
 
@@ -126,7 +127,7 @@ def _loaded(name: str) -> Any:
 
 
 _modules = sys.modules
-PROBE, TORCH_PATCH = "rankscope.probe", "rankscope.census.torch_patch"
+PROBE, TORCH_PATCH, SCHEMA = "rankscope.probe", "rankscope.census.torch_patch", "rankscope.schema"
 
 
 def _mark(phase: str, **extra: Any) -> None:
@@ -140,13 +141,17 @@ def _mark_fields(phase: str, extra: dict[str, Any] | MarkFields) -> None:
     (_modules.get(PROBE) or _loaded(PROBE)).mark_fields(phase, extra)
 
 
-# process_start's fields are the same for every process this interpreter starts
-START_FIELDS = ProcessStartFields(python=sys.version.split()[0])
-FORKED_FIELDS = ProcessStartFields(forked=True)
+@functools.cache
+def _start_fields(forked: bool) -> MarkFields:
+    """process_start's fields: the same for every start of this interpreter, built once."""
+    schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
+    if forked:
+        return schema.ProcessStartFields(forked=True)
+    return schema.ProcessStartFields(python=sys.version.split()[0])
 
 
 def _mark_process_start() -> None:
-    _mark_fields("process_start", START_FIELDS)
+    _mark_fields("process_start", _start_fields(False))
 
 
 def _process_exit() -> None:
@@ -158,7 +163,7 @@ def _forked() -> None:
     # A fork (a forkserver's or a fork-method child) is a new process: its own file and
     # its own start mark, in the same boot.
     with contextlib.suppress(Exception):
-        _mark_fields("process_start", FORKED_FIELDS)
+        _mark_fields("process_start", _start_fields(True))
 
 
 # --- torch, hooked when the program imports it ----------------------------------------------
@@ -281,7 +286,8 @@ def _group_fields(dist: Any, group: Any, seconds: float) -> GroupFields:
         backend = str(dist.get_backend(group))
     except Exception:
         backend = None
-    return GroupFields(seconds, name, ranks, backend)
+    schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
+    return schema.GroupFields(seconds, name, ranks, backend)
 
 
 def _wrap_init_process_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -352,7 +358,8 @@ def _after_group(dist: Any, group: Any, ranks: Any, seconds: float) -> None:
     if isinstance(group, dist.ProcessGroup):
         fields = _group_fields(dist, group, seconds)
     else:  # this rank is no member: torch returns a placeholder
-        fields = GroupFields(seconds, None, _plain_ranks(ranks), None, member=False)
+        schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
+        fields = schema.GroupFields(seconds, None, _plain_ranks(ranks), None, member=False)
     _mark_fields("nccl_init_end", fields)
 
 
@@ -408,6 +415,7 @@ def pool_fields(torch: Any, graph: Any) -> PoolFields:
     """The captured graph's memory pool and the bytes the allocator holds in it (null, with
     a why, where unreadable). Graphs may share one pool (frameworks capture every batch size
     into one): the bytes are the pool's, not this graph's alone."""
+    fields = (_modules.get(SCHEMA) or _loaded(SCHEMA)).PoolFields
     try:
         pool_id = graph.pool()
         if not (  # torch's form, (a, b) of ints, as it is: no conversion a capture
@@ -418,7 +426,7 @@ def pool_fields(torch: Any, graph: Any) -> PoolFields:
         ):
             pool_id = tuple(map(int, pool_id))
     except Exception as exc:
-        return PoolFields(None, None, f"pool unreadable: {exc!r}")
+        return fields(None, None, f"pool unreadable: {exc!r}")
     try:
         segments, why = pool_segments(torch, pool_id)
         held = pool_bytes(segments, pool_id)
@@ -428,11 +436,11 @@ def pool_fields(torch: Any, graph: Any) -> PoolFields:
             if held:
                 why = f"the snapshot of pool {pool_id} listed none of its segments: {WHOLE}"
     except Exception as exc:
-        return PoolFields(pool_id, None, f"no snapshot: {exc!r}")
+        return fields(pool_id, None, f"no snapshot: {exc!r}")
     if held == 0:  # say which pools do hold segments: the capture may have used another
         pools = sorted({tuple(s.get("segment_pool_id", ())) for s in segments})
         why = f"no allocator segment in pool {pool_id} at capture end; pools holding some: {pools}"
-    return PoolFields(pool_id, held, why)
+    return fields(pool_id, held, why)
 
 
 WHOLE = "bytes summed from the whole allocator's snapshot (every segment of the process)"
