@@ -141,17 +141,18 @@ def _mark_fields(phase: str, extra: dict[str, Any] | MarkFields) -> None:
     (_modules.get(PROBE) or _loaded(PROBE)).mark_fields(phase, extra)
 
 
-@functools.cache
-def _start_fields(forked: bool) -> MarkFields:
-    """process_start's fields: the same for every start of this interpreter, built once."""
-    schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
-    if forked:
-        return schema.ProcessStartFields(forked=True)
-    return schema.ProcessStartFields(python=sys.version.split()[0])
+_started: MarkFields | None = None  # process_start's fields, the same at every start
 
 
 def _mark_process_start() -> None:
-    _mark_fields("process_start", _start_fields(False))
+    _mark_fields("process_start", _started or _start_fields())
+
+
+def _start_fields() -> MarkFields:
+    global _started
+    schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
+    _started = schema.ProcessStartFields(python=sys.version.split()[0])
+    return _started
 
 
 def _process_exit() -> None:
@@ -163,7 +164,8 @@ def _forked() -> None:
     # A fork (a forkserver's or a fork-method child) is a new process: its own file and
     # its own start mark, in the same boot.
     with contextlib.suppress(Exception):
-        _mark_fields("process_start", _start_fields(True))
+        forked = (_modules.get(SCHEMA) or _loaded(SCHEMA)).ProcessStartFields(forked=True)
+        _mark_fields("process_start", forked)
 
 
 # --- torch, hooked when the program imports it ----------------------------------------------

@@ -24,7 +24,7 @@ header (no kind, boot, host, pid or finite wall) makes a line ``malformed``.
 
 Readers narrow with ``isinstance(line.body, Mark)`` or :func:`of_kind`, and never index a
 raw dict by string. Bodies are plain slotted dataclasses, not frozen ones: a frozen
-dataclass costs six times as much to build, and a mark builds seven of them. Treat a parsed
+dataclass costs six times as much to build, and a mark builds six of them. Treat a parsed
 line as read-only all the same (the header and the line are frozen).
 
 Adding a kind (one place, this module):
