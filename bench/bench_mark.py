@@ -153,8 +153,10 @@ class StandInTorchView(TorchView):
         "num_ooms": 0,
     }
 
+    DEVICE = Device(0, STAND_IN_UUID)  # one per card, as TorchView caches it
+
     def read(self) -> TorchReading:
-        return TorchReading(Device(0, STAND_IN_UUID), view_from_stats(self.STATS), None)
+        return self.DEVICE, view_from_stats(self.STATS), None
 
 
 class StandInNvml:

@@ -158,7 +158,7 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
 
         candidates: dict[str, Any] = {
             "plain_mark": lambda: probe.mark("weights_loaded"),
-            "process_start": lambda: auto._mark("process_start", python="3.12.0"),
+            "process_start": auto._mark_process_start,
             # as the new_group hook calls it, for the world group
             "nccl_init_end": lambda: auto._after_group(dist, world, None, 0.1),
             "base_reads": base_reads,
@@ -181,7 +181,7 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
             pool = tuple(graph.pool())
             fields = auto.pool_fields(torch, graph)
             print(f"capture_end's pool fields: {fields}")
-            assert fields["pool_bytes"], fields
+            assert fields.pool_bytes, fields
             form = auto._pool_form
             snapshot = torch._C._cuda_memorySnapshot
             if form in auto.POOL_SNAPSHOT_FORMS:
@@ -195,7 +195,7 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
                     torch.cuda.memory._snapshot()
 
             candidates["capture_end"] = lambda: auto._mark_capture_end(torch, graph)
-            results["capture_end_pool_fields"] = fields
+            results["capture_end_pool_fields"] = fields.to_json()
             candidates["pool_snapshot"] = pool_read
             candidates["whole_snapshot"] = lambda: torch.cuda.memory._snapshot()
             needs["capture_end"] = ["pool_snapshot"]

@@ -5,7 +5,10 @@ The processes themselves are tested in tests/test_run.py."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +18,7 @@ import pytest
 from rankscope import auto, run
 from rankscope.census import snapshots
 from rankscope.probe import samples
+from rankscope.schema import PoolFields
 
 # The shape of torch.cuda.memory._snapshot()["segments"] (trimmed): two graph pools and the
 # default pool (0, 0).
@@ -75,9 +79,9 @@ def test_capture_end_reads_one_pools_snapshot_in_the_form_this_torch_takes(
     allocator = StandInAllocator(takes)
     torch = stand_in_torch(allocator)
     first = auto.pool_fields(torch, Graph((1, 3)))
-    assert first == {"pool": [1, 3], "pool_bytes": 22 << 20, "pool_why": None}
+    assert first == PoolFields((1, 3), 22 << 20, None)
     del allocator.calls[:]
-    assert auto.pool_fields(torch, Graph((1, 5)))["pool_bytes"] == 8 << 20
+    assert auto.pool_fields(torch, Graph((1, 5))).pool_bytes == 8 << 20
     assert allocator.calls == [takes]  # the form found once, then used alone; no whole snapshot
 
 
@@ -88,8 +92,8 @@ def test_a_torch_without_pool_snapshots_sums_the_whole_snapshot_and_says_so(
     allocator = StandInAllocator(takes=0)
     torch = stand_in_torch(allocator)
     fields = auto.pool_fields(torch, Graph((1, 3)))
-    assert fields["pool_bytes"] == 22 << 20
-    assert "takes no snapshot of one pool" in fields["pool_why"]
+    assert fields.pool_bytes == 22 << 20
+    assert "takes no snapshot of one pool" in str(fields.pool_why)
     del allocator.calls[:]
     auto.pool_fields(torch, Graph((1, 3)))
     assert allocator.calls == [None]  # not retried at every capture
@@ -99,9 +103,9 @@ def test_an_empty_pool_names_the_pools_that_hold_segments(monkeypatch: pytest.Mo
     monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
     torch = stand_in_torch(StandInAllocator(takes=3))
     fields = auto.pool_fields(torch, Graph((9, 9)))
-    assert fields["pool_bytes"] == 0
-    assert "no allocator segment in pool (9, 9)" in fields["pool_why"]
-    assert "(1, 3)" in fields["pool_why"] and "(1, 5)" in fields["pool_why"]
+    assert fields.pool_bytes == 0
+    assert "no allocator segment in pool (9, 9)" in str(fields.pool_why)
+    assert "(1, 3)" in str(fields.pool_why) and "(1, 5)" in str(fields.pool_why)
 
 
 def test_a_pool_snapshot_that_lists_nothing_is_checked_against_the_whole(
@@ -110,8 +114,8 @@ def test_a_pool_snapshot_that_lists_nothing_is_checked_against_the_whole(
     monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
     torch = stand_in_torch(StandInAllocator(takes=3, filters=False))
     fields = auto.pool_fields(torch, Graph((1, 3)))
-    assert fields["pool_bytes"] == 22 << 20
-    assert "listed none of its segments" in fields["pool_why"]
+    assert fields.pool_bytes == 22 << 20
+    assert "listed none of its segments" in str(fields.pool_why)
 
 
 @pytest.mark.parametrize(
@@ -184,9 +188,10 @@ TIMES = re.compile(rb',"mono":[^,]+,"wall":[^,]+')
 def test_the_hooks_write_the_line_the_keyword_mark_writes(
     flight_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """nccl_init_end and capture_end hand their fields to the mark as one dict
-    (probe.mark_fields): each line is the one probe.mark(phase, **fields) writes, byte for
-    byte but for its times, fields in the same order. Over a real one-rank gloo group."""
+    """nccl_init_end, capture_end and process_start hand their fields to the mark as typed
+    fields (probe.mark_fields, rankscope.schema.MarkFields): each line is the one
+    probe.mark(phase, **fields) writes, byte for byte but for its times, fields in the same
+    order. Over a real one-rank gloo group."""
     import torch.distributed as dist
 
     from rankscope import probe
@@ -206,6 +211,10 @@ def test_the_hooks_write_the_line_the_keyword_mark_writes(
         )
         auto._mark_capture_end(torch, Graph((1, 3)))
         probe.mark("capture_end", pool=[1, 3], pool_bytes=22 << 20, pool_why=None)
+        auto._mark_process_start()
+        probe.mark("process_start", python=sys.version.split()[0])
+        auto._forked()
+        probe.mark("process_start", forked=True)
     finally:
         dist.destroy_process_group()
         RECORDER.configure()
@@ -213,6 +222,21 @@ def test_the_hooks_write_the_line_the_keyword_mark_writes(
         RECORDER._close_locked()
     (path,) = flight_dir.iterdir()
     lines = [TIMES.sub(b"", line) for line in path.read_bytes().splitlines()]
-    assert len(lines) == 6
+    assert len(lines) == 10
     for hook, keywords in zip(lines[::2], lines[1::2], strict=True):
         assert hook == keywords
+
+
+def test_the_auto_module_alone_loads_no_schema() -> None:
+    """RANKSCOPE_AUTO=0 still imports rankscope.auto (the .pth line) and stops there: the
+    generic marks' typed fields load with the probe, not with this module (the schema brings
+    json and dataclasses, a start-up cost in every process of the job)."""
+    code = "import sys, rankscope.auto; print(*sorted(m for m in sys.modules if 'rankscope' in m))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(Path(auto.__file__).parents[1])},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["rankscope", "rankscope.auto"], done.stdout

@@ -15,13 +15,17 @@ import pytest
 from rankscope.flight import read_flight
 from rankscope.record import Recorder
 from rankscope.schema import (
+    GroupFields,
     Mark,
     MarkArena,
     MarkDerived,
     MarkDevice,
     MarkDriver,
+    MarkFields,
     MarkNvml,
     MarkTorch,
+    PoolFields,
+    ProcessStartFields,
     dumps,
     of_kind,
     parse_object,
@@ -111,6 +115,7 @@ ODD = {
     "odd proc keys": card_mark(nvml=MarkNvml(1, {True: 2, "x": Count(3), 9: 1.0}, None)),
     "odd arena names": card_mark(arenas={1: MarkArena(1, 1, 1, None)}),
     "extra not a dict": card_mark(extra=None),
+    "typed fields of odd values": card_mark(extra=PoolFields((True, 2), Count(7), None)),
     "extra of sets and tuples": card_mark(extra={"s": {3}, "t": (1, 2), "p": Path("/x")}),
 }
 
@@ -118,6 +123,89 @@ ODD = {
 @pytest.mark.parametrize("mark", [*VALID.values(), *ODD.values()], ids=[*VALID, *ODD])
 def test_the_fast_members_are_the_generic_encoding_byte_for_byte(mark: Mark) -> None:
     assert "{" + mark.json_members() + "}" == dumps(mark.to_json())
+
+
+# The generic marks' typed extras (rankscope.auto's hooks), as the hooks build them, and with
+# values of unexpected types, which must take the generic encoder.
+TYPED: dict[str, MarkFields] = {
+    "process_start": ProcessStartFields(python="3.12.0"),
+    "forked": ProcessStartFields(forked=True),
+    "group": GroupFields(0.1234567, "world:0", [0, 1, 7], "nccl"),
+    "group, tiny seconds": GroupFields(3e-07, 'pg:\u00e9"', [], "gloo"),
+    "group, unreadable": GroupFields(12.0, None, None, None),
+    "group, no member": GroupFields(1e-06, None, [1, 3], None, member=False),
+    "group, NaN seconds": GroupFields(float("nan"), None, None, None),
+    "group, int seconds": GroupFields(2, None, None, None),  # type: ignore[arg-type]
+    "group, odd ranks": GroupFields(0.5, None, [True, Count(2)], None),
+    "group, ranks a tuple": GroupFields(0.5, None, (0, 1), None),  # type: ignore[arg-type]
+    "pool": PoolFields((1, 2), 2 << 20, None),
+    "pool, why": PoolFields((1, 2), 0, "no allocator segment in pool (1, 2); \u00e9"),
+    "pool, unreadable": PoolFields(None, None, "pool unreadable: E('\u00e9\"')"),
+    "pool of three": PoolFields((1, 2, 3), 5, None),
+    "pool, odd numbers": PoolFields((True, Count(2)), Count(5), None),
+    "python, odd": ProcessStartFields(python=Count(3)),  # type: ignore[arg-type]
+}
+
+
+@pytest.mark.parametrize("fields", TYPED.values(), ids=list(TYPED))
+def test_typed_fields_are_the_generic_encoding_of_their_dict_byte_for_byte(
+    fields: MarkFields,
+) -> None:
+    assert fields.encode() == dumps(fields.to_json())
+    mark = card_mark(extra=fields)
+    assert "{" + mark.json_members() + "}" == dumps(mark.to_json())
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields"),
+    [
+        (ProcessStartFields, TYPED["process_start"]),
+        (ProcessStartFields, TYPED["forked"]),
+        (GroupFields, TYPED["group"]),
+        (GroupFields, TYPED["group, unreadable"]),
+        (GroupFields, TYPED["group, no member"]),
+        (PoolFields, TYPED["pool"]),
+        (PoolFields, TYPED["pool, unreadable"]),
+    ],
+)
+def test_typed_fields_parse_back_from_a_read_marks_extra(
+    kind: Any, fields: MarkFields, flight_dir: Path
+) -> None:
+    """A reader gets the typed fields back from the line as written (parsed once, no raw
+    dict indexed by string)."""
+    rec = Recorder(flight_dir=flight_dir, boot="typed")
+    assert rec.write_record(card_mark(extra=fields))
+    (read,) = of_kind(read_flight(flight_dir).records, Mark)
+    assert isinstance(read.body.extra, dict)
+    bad: list[str] = []
+    assert kind.parse(read.body.extra, bad) == fields
+    assert bad == []
+
+
+def test_the_cached_device_text_is_the_devices_own() -> None:
+    """The device section is cached per card: a card differing in any field, or a device of
+    bools where the cache holds ints, gets its own text."""
+    for device in [
+        MarkDevice(1, "GPU-x", 1, None),
+        MarkDevice(1, "GPU-x", 2, None),
+        MarkDevice(2, "GPU-x", 1, None),
+        MarkDevice(1, "GPU-y", 1, None),
+        MarkDevice(True, "GPU-x", True, None),
+        MarkDevice(1, "GPU-x", 1, "why"),
+        MarkDevice(1, "GPU-x", 1, None),
+    ]:
+        mark = card_mark(device=device)
+        assert "{" + mark.json_members() + "}" == dumps(mark.to_json()), device
+
+
+def test_typed_fields_name_what_they_reject() -> None:
+    bad: list[str] = []
+    parsed = GroupFields.parse({"seconds": "x", "group": 3, "ranks": [0, "1"]}, bad)
+    assert parsed == GroupFields(None, None, None, None)
+    assert bad == ["mark.extra.ranks", "mark.extra.seconds", "mark.extra.group"]
+    bad = []
+    assert PoolFields.parse({"pool": "p", "pool_bytes": -1}, bad) == PoolFields(None, None, None)
+    assert bad == ["mark.extra.pool", "mark.extra.pool_bytes"]
 
 
 @pytest.mark.parametrize("runner", [None, "draft", 'r\u00e9"x'])

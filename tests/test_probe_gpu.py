@@ -238,7 +238,7 @@ def test_capture_end_reads_only_its_pools_snapshot(flight_dir: Path) -> None:
         whole = auto.pool_bytes(torch.cuda.memory._snapshot()["segments"], pool)
         form = auto._pool_form
         used = auto.POOL_SNAPSHOT_FORMS.index(form) if form in auto.POOL_SNAPSHOT_FORMS else None
-        print(json.dumps({"fields": fields, "whole": whole, "form": used,
+        print(json.dumps({"fields": fields.to_json(), "whole": whole, "form": used,
                           "torch": torch.__version__}))
         """,
         flight_dir,

@@ -152,7 +152,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, flight_dir: Path) -> Any:
     monkeypatch.setitem(sys.modules, "torch.cuda", cuda)
     monkeypatch.setattr(oom, "STATE", oom.OomState())
     monkeypatch.setattr(probe, "NVML", NvmlView(FakeNvml([(os.getpid(), 6 * GiB), (1, 70 * GiB)])))
-    monkeypatch.setattr(probe.TORCH, "_uuids", {})
+    monkeypatch.setattr(probe.TORCH, "_devices", {})
     saved = (RECORDER.flight_dir, RECORDER.armed)
     probe.configure(flight_dir=flight_dir)
     yield SimpleNamespace(allocator=allocator, cuda=cuda, torch=torch)

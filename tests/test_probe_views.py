@@ -68,9 +68,9 @@ def test_nvml_uuid_adds_the_prefix_nvml_uses() -> None:
 def test_the_torch_view_without_cuda_says_why() -> None:
     import torch  # the CPU build
 
-    reading = TorchView().read()
-    assert reading.device is None
-    assert reading.why_no_device == "CUDA not initialised in this process"
+    device, view, why_no_device = TorchView().read()
+    assert device is None
+    assert why_no_device == view.why == "CUDA not initialised in this process"
     assert not torch.cuda.is_initialized()
 
 
@@ -324,7 +324,7 @@ class FakeCudaTorchView(TorchView):
         self.stats = stats
 
     def read(self) -> TorchReading:
-        return TorchReading(Device(0, UUID), view_from_stats(self.stats), None)
+        return Device(0, UUID), view_from_stats(self.stats), None
 
 
 def test_a_mark_on_the_fake_card_holds_every_view(

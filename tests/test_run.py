@@ -18,7 +18,7 @@ from tests.support.armed_venv import ArmedVenv, make_armed_venv
 from tests.support.services import free_port
 
 from rankscope.flight import read_flight
-from rankscope.schema import Line, Mark, Sample, of_kind
+from rankscope.schema import GroupFields, Line, Mark, ProcessStartFields, Sample, of_kind
 
 PROGRAM = Path(__file__).parent / "programs" / "collectives.py"
 STEPS = 12
@@ -133,9 +133,11 @@ def test_torchrun_four_ranks_one_boot_generic_marks_and_census(venv: ArmedVenv, 
     assert [[x.body.phase for x in m] for m in launchers] == [["process_start", "process_exit"]]
     rank2 = next(m for m in by.values() if m[-1].header.rank == 2)
     init_end = next(m.body for m in rank2 if m.body.phase == "nccl_init_end")
-    assert init_end.extra["group"] == "world:0-3"
-    assert init_end.extra["ranks"] == [0, 1, 2, 3]
-    assert init_end.extra["backend"] == "gloo"
+    assert isinstance(init_end.extra, dict)
+    bad: list[str] = []
+    group = GroupFields.parse(init_end.extra, bad)
+    assert bad == [] and group.seconds is not None and group.seconds > 0, (bad, group)
+    assert (group.group, group.ranks, group.backend) == ("world:0-3", [0, 1, 2, 3], "gloo")
     status, doc = census_doc(venv, flight_dir)
     assert status == 0
     assert_every_rank_counted(doc, 4)
@@ -390,5 +392,7 @@ def test_forkserver_children_record_as_themselves(venv: ArmedVenv, tmp_path: Pat
     assert all(s.phase == "process_start" for s in starts)
     # Fresh interpreters: the program, the forkserver, multiprocessing's resource tracker;
     # and the worker the forkserver forked.
-    assert sorted(bool(s.extra.get("forked")) for s in starts) == [False, False, False, True]
+    fields = [ProcessStartFields.parse(s.extra, []) for s in starts if isinstance(s.extra, dict)]
+    assert sorted(f.forked for f in fields) == [False, False, False, True]
+    assert all(f.python for f in fields if not f.forked), fields
     assert len({m[0].header.boot for m in by.values()}) == 1

@@ -26,7 +26,7 @@ import pytest
 from tests.support.armed_venv import make_armed_venv
 
 from rankscope.flight import read_flight
-from rankscope.schema import Mark, Sample, of_kind
+from rankscope.schema import Mark, PoolFields, Sample, of_kind
 
 # Compiling the decode step (Inductor) takes minutes on a cold cache.
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
@@ -102,13 +102,16 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
     assert cuda_init.device.uuid, cuda_init  # the card is known from this mark on
     captures = [m for m in marks if m.phase == "capture_end"]
     assert captures, phases
+    bad: list[str] = []
+    pools = [PoolFields.parse(c.extra, bad) for c in captures if isinstance(c.extra, dict)]
+    assert len(pools) == len(captures) and bad == [], (bad, [c.extra for c in captures])
     assert phases.index("cuda_init") < phases.index("capture_begin")
     # Every capture reads its pool; the graphs of one compiled model share one pool, which
     # may still be empty at the end of the first capture (seen on the H200: 0, with the
     # pools that did hold segments in pool_why) and holds the graphs' memory by the last.
-    assert all(c.extra["pool_bytes"] is not None for c in captures), [c.extra for c in captures]
-    assert all(c.extra["pool_why"] for c in captures if c.extra["pool_bytes"] == 0)
-    assert captures[-1].extra["pool_bytes"] > 0, [c.extra for c in captures]
+    assert all(p.pool_bytes is not None for p in pools), pools
+    assert all(p.pool_why for p in pools if p.pool_bytes == 0), pools
+    assert (pools[-1].pool_bytes or 0) > 0, pools
     first_capture = marks[phases.index("capture_begin")]
     assert first_capture.torch.reserved is not None
     weights_reserved = first_capture.torch.reserved - (cuda_init.torch.reserved or 0)
@@ -138,7 +141,7 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
         "weights_span_reserved_bytes": weights_reserved,
         "weights_span_process_bytes": weights_process,
         "captures": len(captures),
-        "pool_bytes_per_capture": [c.extra["pool_bytes"] for c in captures],
+        "pool_bytes_per_capture": [p.pool_bytes for p in pools],
         "process_bytes_at_exit": exit_bytes,
         "reserved_at_exit": marks[-1].torch.reserved,
         "non_torch_at_exit": marks[-1].derived.non_torch,

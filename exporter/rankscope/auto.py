@@ -36,7 +36,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # loaded with the probe: RANKSCOPE_AUTO=0 imports only this module
+    from rankscope.schema import GroupFields, MarkFields, PoolFields
 
 log = logging.getLogger("rankscope.auto")
 
@@ -82,7 +85,6 @@ def arm() -> bool:
 
 
 def _arm() -> bool:
-    from rankscope import probe
     from rankscope.record import ENV_DIR, RECORDER, publish_boot_id
 
     if not RECORDER.armed:
@@ -93,7 +95,7 @@ def _arm() -> bool:
     boot = publish_boot_id()
     if RECORDER.boot != boot:
         RECORDER.configure(boot_id=boot)
-    probe.mark("process_start", python=sys.version.split()[0])
+    _mark_process_start()
     atexit.register(_process_exit)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forked)
@@ -125,17 +127,32 @@ def _loaded(name: str) -> Any:
 
 
 _modules = sys.modules
-PROBE, TORCH_PATCH = "rankscope.probe", "rankscope.census.torch_patch"
+PROBE, TORCH_PATCH, SCHEMA = "rankscope.probe", "rankscope.census.torch_patch", "rankscope.schema"
 
 
 def _mark(phase: str, **extra: Any) -> None:
     _mark_fields(phase, extra)
 
 
-def _mark_fields(phase: str, extra: dict[str, Any]) -> None:
-    """``_mark`` for a hook that built its fields as a dict: that dict is the mark's extra,
-    not repacked as keywords twice on the way (a generic mark's share is mostly such work)."""
+def _mark_fields(phase: str, extra: dict[str, Any] | MarkFields) -> None:
+    """``_mark`` for a hook with typed fields (rankscope.schema.MarkFields): they are the
+    mark's extra, not repacked as keywords on the way, and encode without the generic JSON
+    encoder (a generic mark's share was mostly such work)."""
     (_modules.get(PROBE) or _loaded(PROBE)).mark_fields(phase, extra)
+
+
+_started: MarkFields | None = None  # process_start's fields, the same at every start
+
+
+def _mark_process_start() -> None:
+    _mark_fields("process_start", _started or _start_fields())
+
+
+def _start_fields() -> MarkFields:
+    global _started
+    schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
+    _started = schema.ProcessStartFields(python=sys.version.split()[0])
+    return _started
 
 
 def _process_exit() -> None:
@@ -147,7 +164,8 @@ def _forked() -> None:
     # A fork (a forkserver's or a fork-method child) is a new process: its own file and
     # its own start mark, in the same boot.
     with contextlib.suppress(Exception):
-        _mark("process_start", forked=True)
+        forked = (_modules.get(SCHEMA) or _loaded(SCHEMA)).ProcessStartFields(forked=True)
+        _mark_fields("process_start", forked)
 
 
 # --- torch, hooked when the program imports it ----------------------------------------------
@@ -250,7 +268,7 @@ def _backend_name(backend: Any) -> str | None:
     return None if backend is None else str(backend)
 
 
-def _group_fields(dist: Any, group: Any, seconds: float) -> dict[str, Any]:
+def _group_fields(dist: Any, group: Any, seconds: float) -> GroupFields:
     """nccl_init_end's fields: the creation's seconds, the group's instance name (as the
     census names it), ranks and backend; fields that cannot be read are null. These three
     queries are the mark's raw reads beyond a plain mark's (bench/bench_startup.py times
@@ -270,7 +288,8 @@ def _group_fields(dist: Any, group: Any, seconds: float) -> dict[str, Any]:
         backend = str(dist.get_backend(group))
     except Exception:
         backend = None
-    return {"seconds": seconds, "group": name, "ranks": ranks, "backend": backend}
+    schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
+    return schema.GroupFields(seconds, name, ranks, backend)
 
 
 def _wrap_init_process_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -341,13 +360,8 @@ def _after_group(dist: Any, group: Any, ranks: Any, seconds: float) -> None:
     if isinstance(group, dist.ProcessGroup):
         fields = _group_fields(dist, group, seconds)
     else:  # this rank is no member: torch returns a placeholder
-        fields = {
-            "seconds": seconds,
-            "group": None,
-            "ranks": _plain_ranks(ranks),
-            "backend": None,
-            "member": False,
-        }
+        schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
+        fields = schema.GroupFields(seconds, None, _plain_ranks(ranks), None, member=False)
     _mark_fields("nccl_init_end", fields)
 
 
@@ -399,14 +413,22 @@ def _mark_capture_end(torch: Any, graph: Any) -> None:
     _mark_fields("capture_end", pool_fields(torch, graph))
 
 
-def pool_fields(torch: Any, graph: Any) -> dict[str, Any]:
+def pool_fields(torch: Any, graph: Any) -> PoolFields:
     """The captured graph's memory pool and the bytes the allocator holds in it (null, with
     a why, where unreadable). Graphs may share one pool (frameworks capture every batch size
     into one): the bytes are the pool's, not this graph's alone."""
+    fields = (_modules.get(SCHEMA) or _loaded(SCHEMA)).PoolFields
     try:
-        pool_id = tuple(map(int, graph.pool()))
+        pool_id = graph.pool()
+        if not (  # torch's form, (a, b) of ints, as it is: no conversion a capture
+            type(pool_id) is tuple
+            and len(pool_id) == 2
+            and type(pool_id[0]) is int
+            and type(pool_id[1]) is int
+        ):
+            pool_id = tuple(map(int, pool_id))
     except Exception as exc:
-        return {"pool": None, "pool_bytes": None, "pool_why": f"pool unreadable: {exc!r}"}
+        return fields(None, None, f"pool unreadable: {exc!r}")
     try:
         segments, why = pool_segments(torch, pool_id)
         held = pool_bytes(segments, pool_id)
@@ -416,11 +438,11 @@ def pool_fields(torch: Any, graph: Any) -> dict[str, Any]:
             if held:
                 why = f"the snapshot of pool {pool_id} listed none of its segments: {WHOLE}"
     except Exception as exc:
-        return {"pool": list(pool_id), "pool_bytes": None, "pool_why": f"no snapshot: {exc!r}"}
+        return fields(pool_id, None, f"no snapshot: {exc!r}")
     if held == 0:  # say which pools do hold segments: the capture may have used another
         pools = sorted({tuple(s.get("segment_pool_id", ())) for s in segments})
         why = f"no allocator segment in pool {pool_id} at capture end; pools holding some: {pools}"
-    return {"pool": list(pool_id), "pool_bytes": held, "pool_why": why}
+    return fields(pool_id, held, why)
 
 
 WHOLE = "bytes summed from the whole allocator's snapshot (every segment of the process)"
@@ -464,7 +486,7 @@ def _whole_snapshot(torch: Any) -> list[dict[str, Any]]:
 def pool_bytes(segments: Sequence[dict[str, Any]], pool_id: Sequence[int]) -> int:
     """Bytes of the allocator's segments that belong to memory pool ``pool_id`` (a pure
     function over torch.cuda.memory._snapshot()'s segments)."""
-    want = tuple(pool_id)
+    want = pool_id if type(pool_id) is tuple else tuple(pool_id)
     held = 0
     for seg in segments:  # a loop, not sum() of a generator: a capture_end's own share
         seg_pool = seg.get("segment_pool_id", ())

@@ -24,7 +24,7 @@ header (no kind, boot, host, pid or finite wall) makes a line ``malformed``.
 
 Readers narrow with ``isinstance(line.body, Mark)`` or :func:`of_kind`, and never index a
 raw dict by string. Bodies are plain slotted dataclasses, not frozen ones: a frozen
-dataclass costs six times as much to build, and a mark builds seven of them. Treat a parsed
+dataclass costs six times as much to build, and a mark builds six of them. Treat a parsed
 line as read-only all the same (the header and the line are frozen).
 
 Adding a kind (one place, this module):
@@ -38,7 +38,8 @@ Adding a kind (one place, this module):
 A kind on a benchmarked hot path (the mark) may also define ``json_members(self) -> str``:
 its ``to_json()`` object as JSON text without the braces, byte for byte what :func:`dumps`
 makes of it; the writer then appends it to the header it encoded once, with no dict in
-between (tests/test_mark_encoder.py holds Mark to that).
+between (tests/test_mark_encoder.py holds Mark to that). A generic mark's extra is a
+:class:`MarkFields` kind (its fields typed, ``encode()`` the dict's JSON byte for byte).
 
 Writers then call ``RECORDER.write_record(MyKind(...))``; readers get ``Line[MyKind]``
 through :func:`of_kind`. A kind this reader does not know (written by a newer writer of the
@@ -111,6 +112,7 @@ _quote = json.encoder.encode_basestring_ascii
 _int_text = int.__repr__
 _NUM = frozenset([int, type(None)])
 _STR = frozenset([str])
+_INT = frozenset([int])
 
 
 def dumps(obj: Any) -> str:
@@ -310,6 +312,20 @@ class Header:
 # --- kind mark -------------------------------------------------------------------------------
 
 
+def _device_text(index: int | None, uuid: Any, nvml_index: int | None, why: Any) -> str:
+    """A mark's device section as JSON, its numbers known to be exact ints or None."""
+    return (
+        f'{{"index":{"null" if index is None else index},'
+        f'"uuid":{"null" if uuid is None else _text(uuid)},'
+        f'"nvml_index":{"null" if nvml_index is None else nvml_index},'
+        f'"why":{"null" if why is None else _text(why)}}}'
+    )
+
+
+# A card's device section by (index, uuid, nvml_index): a process marks on one or a few.
+_DEVICE_TEXT: dict[tuple[int | None, str, int | None], str] = {}
+
+
 @dataclass(slots=True)
 class MarkDevice:
     """The card the process works on: CUDA index, NVML uuid and NVML index."""
@@ -326,18 +342,6 @@ class MarkDevice:
             "nvml_index": self.nvml_index,
             "why": self.why,
         }
-
-    def encode(self) -> str:
-        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
-        index, uuid, nvml_index, why = self.index, self.uuid, self.nvml_index, self.why
-        if not _NUM.issuperset((type(index), type(nvml_index))):
-            return dumps(self.to_json())
-        return (
-            f'{{"index":{"null" if index is None else index},'
-            f'"uuid":{"null" if uuid is None else _text(uuid)},'
-            f'"nvml_index":{"null" if nvml_index is None else nvml_index},'
-            f'"why":{"null" if why is None else _text(why)}}}'
-        )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkDevice:
@@ -371,22 +375,6 @@ class MarkTorch:
             "why": self.why,
         }
 
-    def encode(self) -> str:
-        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
-        reserved, allocated, peak = self.reserved, self.allocated, self.peak_allocated
-        retries, ooms, why = self.num_alloc_retries, self.num_ooms, self.why
-        types = (type(reserved), type(allocated), type(peak), type(retries), type(ooms))
-        if not _NUM.issuperset(types):
-            return dumps(self.to_json())
-        return (
-            f'{{"reserved":{"null" if reserved is None else reserved},'
-            f'"allocated":{"null" if allocated is None else allocated},'
-            f'"peak_allocated":{"null" if peak is None else peak},'
-            f'"num_alloc_retries":{"null" if retries is None else retries},'
-            f'"num_ooms":{"null" if ooms is None else ooms},'
-            f'"why":{"null" if why is None else _text(why)}}}'
-        )
-
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkTorch:
         w = "mark.torch"
@@ -415,17 +403,6 @@ class MarkDriver:
     def to_json(self) -> Json:
         return {"free": self.free, "total": self.total, "why": self.why}
 
-    def encode(self) -> str:
-        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
-        free, total, why = self.free, self.total, self.why
-        if not _NUM.issuperset((type(free), type(total))):
-            return dumps(self.to_json())
-        return (
-            f'{{"free":{"null" if free is None else free},'
-            f'"total":{"null" if total is None else total},'
-            f'"why":{"null" if why is None else _text(why)}}}'
-        )
-
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkDriver:
         w = "mark.driver"
@@ -452,26 +429,6 @@ class MarkNvml:
             "procs": {str(p): used for p, used in procs.items()} if procs is not None else None,
             "why": self.why,
         }
-
-    def encode(self) -> str:
-        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
-        procs = self.procs
-        if procs is None:
-            listed = "null"
-        else:
-            parts = []
-            for pid, used in procs.items():  # one pass: checks and formats each entry
-                if type(pid) is not int or (used is not None and type(used) is not int):
-                    return dumps(self.to_json())
-                parts.append(f'"{pid}":{"null" if used is None else used}')
-            listed = "{" + ",".join(parts) + "}"
-        self_bytes, why = self.self_bytes, self.why
-        if self_bytes is not None and type(self_bytes) is not int:
-            return dumps(self.to_json())
-        return (
-            f'{{"self_bytes":{"null" if self_bytes is None else self_bytes},"procs":{listed},'
-            f'"why":{"null" if why is None else _text(why)}}}'
-        )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkNvml:
@@ -511,13 +468,6 @@ class MarkArena:
             "why": self.why,
         }
 
-    def encode(self) -> str:
-        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
-        return (
-            f'{{"reserved":{_num(self.reserved)},"backed":{_num(self.backed)},'
-            f'"retained":{_num(self.retained)},"why":{_text(self.why)}}}'
-        )
-
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkArena:
         w = "mark.arenas"
@@ -544,18 +494,6 @@ class MarkDerived:
             "unbacked_reservation": self.unbacked_reservation,
         }
 
-    def encode(self) -> str:
-        """``dumps(self.to_json())``, formatted directly (the mark's hot path)."""
-        non_torch, unbacked = self.non_torch, self.unbacked_reservation
-        measured = self.non_torch_measured
-        if not _NUM.issuperset((type(non_torch), type(unbacked))) or type(measured) is not bool:
-            return dumps(self.to_json())
-        return (
-            f'{{"non_torch":{"null" if non_torch is None else non_torch},'
-            f'"non_torch_measured":{"true" if measured else "false"},'
-            f'"unbacked_reservation":{"null" if unbacked is None else unbacked}}}'
-        )
-
     @classmethod
     def parse(cls, obj: Mapping[str, Any], bad: Bad) -> MarkDerived:
         w = "mark.derived"
@@ -564,6 +502,151 @@ class MarkDerived:
             non_torch=non_torch,
             non_torch_measured=obj.get("non_torch_measured") is True and non_torch is not None,
             unbacked_reservation=_signed_bytes(obj, "unbacked_reservation", bad, w),
+        )
+
+
+class MarkFields:
+    """A generic mark's extra as typed fields (rankscope.auto's hooks), each kind defined once
+    here. It is written as the JSON object a dict of the same fields makes (``encode()`` is
+    ``dumps(self.to_json())`` byte for byte, formatted directly: the C encoder costs about
+    3,500 instructions a field), and a reader gets it back from a parsed mark's ``extra``
+    with the kind's ``parse(extra, bad)``."""
+
+    __slots__ = ()
+
+    def to_json(self) -> Json:
+        raise NotImplementedError
+
+    def encode(self) -> str:
+        return dumps(self.to_json())
+
+
+@dataclass(slots=True)
+class ProcessStartFields(MarkFields):
+    """process_start's extra: the interpreter's version, or ``forked`` in a forked child."""
+
+    python: str | None = None
+    forked: bool = False
+
+    def to_json(self) -> Json:
+        return {"forked": True} if self.forked else {"python": self.python}
+
+    def encode(self) -> str:
+        python = self.python
+        if self.forked is False and type(python) is str:
+            return f'{{"python":{_quote(python)}}}'
+        return dumps(self.to_json())
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any], bad: Bad) -> ProcessStartFields:
+        return cls(
+            python=_str(extra, "python", bad, "mark.extra"), forked=extra.get("forked") is True
+        )
+
+
+@dataclass(slots=True)
+class GroupFields(MarkFields):
+    """nccl_init_end's extra: the group creation's seconds, the group's instance name (as the
+    census names it), its ranks and backend, each null where unreadable; ``member`` is
+    written only when set (False: this rank is no member, torch returned a placeholder)."""
+
+    seconds: float | None
+    group: str | None
+    ranks: list[int] | None
+    backend: str | None
+    member: bool | None = None
+
+    def to_json(self) -> Json:
+        obj: Json = {
+            "seconds": self.seconds,
+            "group": self.group,
+            "ranks": self.ranks,
+            "backend": self.backend,
+        }
+        if self.member is not None:
+            obj["member"] = self.member
+        return obj
+
+    def encode(self) -> str:
+        seconds, ranks = self.seconds, self.ranks
+        # a finite float's JSON is its repr (NaN and infinities are not: the generic path)
+        if not (type(seconds) is float and seconds - seconds == 0.0 and self.member is None):
+            return dumps(self.to_json())
+        if ranks is not None:
+            if type(ranks) is not list:
+                return dumps(self.to_json())
+            for rank in ranks:  # a loop: map() costs more for the few ranks of a group
+                if type(rank) is not int:
+                    return dumps(self.to_json())
+        group, backend = self.group, self.backend
+        # a list of ints prints as its JSON but for the spaces
+        return (
+            f'{{"seconds":{seconds!r},"group":{"null" if group is None else _text(group)},'
+            f'"ranks":{"null" if ranks is None else str(ranks).replace(" ", "")},'
+            f'"backend":{"null" if backend is None else _text(backend)}}}'
+        )
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any], bad: Bad) -> GroupFields:
+        w = "mark.extra"
+        raw = extra.get("ranks")
+        ranks = None
+        if isinstance(raw, list) and all(type(r) is int for r in raw):
+            ranks = raw
+        elif raw is not None:
+            bad.append(f"{w}.ranks")
+        member = extra.get("member")
+        return cls(
+            seconds=_time(extra, "seconds", bad, w),
+            group=_str(extra, "group", bad, w),
+            ranks=ranks,
+            backend=_str(extra, "backend", bad, w),
+            member=member if isinstance(member, bool) else None,
+        )
+
+
+@dataclass(slots=True)
+class PoolFields(MarkFields):
+    """capture_end's extra: the captured graph's memory pool id, the bytes the allocator holds
+    in that pool (shared by every graph captured into it), and why they are null or were
+    read from the whole allocator's snapshot."""
+
+    pool: tuple[int, ...] | None
+    pool_bytes: int | None
+    pool_why: str | None
+
+    def to_json(self) -> Json:
+        pool = self.pool
+        return {
+            "pool": None if pool is None else list(pool),
+            "pool_bytes": self.pool_bytes,
+            "pool_why": self.pool_why,
+        }
+
+    def encode(self) -> str:
+        pool, held, why = self.pool, self.pool_bytes, self.pool_why
+        if type(pool) is tuple and len(pool) == 2 and type(held) in _NUM:  # torch's (a, b) id
+            first, second = pool
+            if type(first) is int and type(second) is int:
+                return (
+                    f'{{"pool":[{first},{second}],"pool_bytes":{"null" if held is None else held},'
+                    f'"pool_why":{"null" if why is None else _text(why)}}}'
+                )
+        return dumps(self.to_json())
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any], bad: Bad) -> PoolFields:
+        w = "mark.extra"
+        raw = extra.get("pool")
+        pool = None
+        if isinstance(raw, list) and all(type(p) is int for p in raw):
+            pool = tuple(raw)
+        elif raw is not None:
+            bad.append(f"{w}.pool")
+        return cls(
+            pool=pool,
+            pool_bytes=_bytes(extra, "pool_bytes", bad, w),
+            pool_why=_str(extra, "pool_why", bad, w),
         )
 
 
@@ -576,7 +659,8 @@ class Mark:
     STREAM: ClassVar[str] = "marks"
 
     phase: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    # a user's fields, or a generic mark's typed ones (written alike; parsed as a dict)
+    extra: dict[str, Any] | MarkFields = field(default_factory=dict)
     device: MarkDevice = field(default_factory=MarkDevice)
     torch: MarkTorch = field(default_factory=MarkTorch)
     driver: MarkDriver = field(default_factory=MarkDriver)
@@ -587,7 +671,7 @@ class Mark:
     def to_json(self) -> Json:
         return {
             "phase": self.phase,
-            "extra": self.extra,
+            "extra": self.extra.to_json() if isinstance(self.extra, MarkFields) else self.extra,
             "device": self.device.to_json(),
             "torch": self.torch.to_json(),
             "driver": self.driver.to_json(),
@@ -599,28 +683,101 @@ class Mark:
     def json_members(self) -> str:
         """The members of ``to_json()``'s object as JSON text, no braces: byte for byte what
         ``dumps(self.to_json())`` holds between its braces, formatted from the typed fields
-        with no intermediate dicts (a mark is on a benchmarked hot path; the writer appends
-        them to a pre-encoded header)."""
+        in one pass with no intermediate dicts and no call a section (a mark is on a
+        benchmarked hot path; the writer appends them to a pre-encoded header)."""
+        device, torch, driver, nvml, derived = (
+            self.device,
+            self.torch,
+            self.driver,
+            self.nvml,
+            self.derived,
+        )
+        index, nvml_index = device.index, device.nvml_index
+        reserved, allocated, peak = torch.reserved, torch.allocated, torch.peak_allocated
+        retries, ooms = torch.num_alloc_retries, torch.num_ooms
+        free, total, self_bytes, procs = driver.free, driver.total, nvml.self_bytes, nvml.procs
+        non_torch, unbacked = derived.non_torch, derived.unbacked_reservation
+        measured, phase = derived.non_torch_measured, self.phase
+        # One check for every number: an int subclass's or a bool's text is not its JSON.
+        # Any unexpected type takes the generic encoder for the whole mark. (A set display
+        # and explicit loops: map() and comprehensions cost twice as much on Python 3.11.)
+        types = {
+            type(index),
+            type(nvml_index),
+            type(reserved),
+            type(allocated),
+            type(peak),
+            type(retries),
+            type(ooms),
+            type(free),
+            type(total),
+            type(self_bytes),
+            type(non_torch),
+            type(unbacked),
+        }
+        if not (types <= _NUM and type(measured) is bool and type(phase) is str):
+            return dumps(self.to_json())[1:-1]
+        if procs is None:
+            listed = "null"
+        else:
+            parts = []
+            for pid, used in procs.items():
+                if type(pid) is not int or (used is not None and type(used) is not int):
+                    return dumps(self.to_json())[1:-1]
+                parts.append(f'"{pid}":{"null" if used is None else used}')
+            listed = "{" + ",".join(parts) + "}"
         arenas = self.arenas
         if not arenas:
             arena_text = "{}"
         elif _STR.issuperset(map(type, arenas)):
-            arena_text = ",".join([f"{_quote(n)}:{a.encode()}" for n, a in arenas.items()])
+            arena_text = ",".join(
+                [
+                    f'{_quote(n)}:{{"reserved":{_num(a.reserved)},"backed":{_num(a.backed)},'
+                    f'"retained":{_num(a.retained)},"why":{_text(a.why)}}}'
+                    for n, a in arenas.items()
+                ]
+            )
             arena_text = "{" + arena_text + "}"
         else:
-            arena_text = dumps({n: a.to_json() for n, a in arenas.items()})
+            return dumps(self.to_json())[1:-1]
         extra = self.extra
-        if not extra and type(extra) is dict:
-            extra_text = "{}"
-        elif _C_ENCODER is not None:  # dumps() inline: a generic mark's fields, one call less
-            extra_text = "".join(_C_ENCODER(extra, 0))
+        if type(extra) is dict:
+            # dumps() inline: a user mark's fields, one call less
+            extra_text = (
+                "{}" if not extra else "".join(_C_ENCODER(extra, 0)) if _C_ENCODER else dumps(extra)
+            )
+        elif isinstance(extra, MarkFields):
+            extra_text = extra.encode()
         else:
             extra_text = dumps(extra)
+        uuid, why = device.uuid, device.why
+        if type(uuid) is str and why is None:  # a card: the same text at every mark
+            key = (index, uuid, nvml_index)
+            device_text = _DEVICE_TEXT.get(key)
+            if device_text is None:
+                device_text = _device_text(index, uuid, nvml_index, why)
+                if len(_DEVICE_TEXT) < 64:
+                    _DEVICE_TEXT[key] = device_text
+        else:
+            device_text = _device_text(index, uuid, nvml_index, why)
+        t_why, d_why, n_why = torch.why, driver.why, nvml.why
         return (
-            f'"phase":{_text(self.phase)},"extra":{extra_text},'
-            f'"device":{self.device.encode()},"torch":{self.torch.encode()},'
-            f'"driver":{self.driver.encode()},"nvml":{self.nvml.encode()},'
-            f'"arenas":{arena_text},"derived":{self.derived.encode()}'
+            f'"phase":{_quote(phase)},"extra":{extra_text},"device":{device_text},'
+            f'"torch":{{"reserved":{"null" if reserved is None else reserved},'
+            f'"allocated":{"null" if allocated is None else allocated},'
+            f'"peak_allocated":{"null" if peak is None else peak},'
+            f'"num_alloc_retries":{"null" if retries is None else retries},'
+            f'"num_ooms":{"null" if ooms is None else ooms},'
+            f'"why":{"null" if t_why is None else _text(t_why)}}},'
+            f'"driver":{{"free":{"null" if free is None else free},'
+            f'"total":{"null" if total is None else total},'
+            f'"why":{"null" if d_why is None else _text(d_why)}}},'
+            f'"nvml":{{"self_bytes":{"null" if self_bytes is None else self_bytes},'
+            f'"procs":{listed},"why":{"null" if n_why is None else _text(n_why)}}},'
+            f'"arenas":{arena_text},'
+            f'"derived":{{"non_torch":{"null" if non_torch is None else non_torch},'
+            f'"non_torch_measured":{"true" if measured else "false"},'
+            f'"unbacked_reservation":{"null" if unbacked is None else unbacked}}}'
         )
 
     @classmethod

@@ -26,7 +26,15 @@ from rankscope.probe import arenas, oom
 from rankscope.probe.nvml_view import NvmlView
 from rankscope.probe.torch_view import TorchView
 from rankscope.record import RECORDER, publish_boot_id
-from rankscope.schema import Mark, MarkArena, MarkDerived, MarkDevice, MarkNvml, MarkTorch
+from rankscope.schema import (
+    Mark,
+    MarkArena,
+    MarkDerived,
+    MarkDevice,
+    MarkFields,
+    MarkNvml,
+    MarkTorch,
+)
 
 __all__ = ["arenas", "configure", "derive", "mark", "mark_fields", "oom", "publish_boot_id"]
 
@@ -114,16 +122,17 @@ def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> Mark | No
     return _record(phase, runner, extra)
 
 
-def mark_fields(phase: str, extra: dict[str, Any], /) -> Mark | None:
-    """``mark(phase, **extra)`` for a caller that holds its extra fields as a dict already
-    (rankscope.auto's hooks): the dict itself becomes the mark's extra, with no keyword
-    packing. The caller must not change it afterwards. Never raises."""
+def mark_fields(phase: str, extra: dict[str, Any] | MarkFields, /) -> Mark | None:
+    """``mark(phase, **extra)`` for a caller that holds its extra fields already, as a dict
+    or as a generic mark's typed fields (rankscope.auto's hooks; rankscope.schema.MarkFields):
+    they become the mark's extra as they are, with no keyword packing. The caller must not
+    change them afterwards. Never raises."""
     if not ARMED:
         return None
     return _record(phase, None, extra)
 
 
-def _record(phase: str, runner: str | None, extra: dict[str, Any]) -> Mark | None:
+def _record(phase: str, runner: str | None, extra: dict[str, Any] | MarkFields) -> Mark | None:
     # Apart from mark(): the disarmed call then sets up a frame of three locals, not six.
     phase = phase if type(phase) is str else str(phase)
     state = oom.STATE
@@ -139,7 +148,7 @@ def _record(phase: str, runner: str | None, extra: dict[str, Any]) -> Mark | Non
     return recorded
 
 
-def _measure(phase: str, extra: dict[str, Any]) -> Mark:
+def _measure(phase: str, extra: dict[str, Any] | MarkFields) -> Mark:
     device, torch_view, why_no_device = TORCH.read()
     process = RECORDER.process
     nvml_index, driver, nvml = NVML.read(device, why_no_device, process.pid, process.pidns)

@@ -158,7 +158,7 @@ class NvmlView:
         nvml = self._module
         try:
             info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            driver = MarkDriver(free=int(info.free), total=int(info.total))
+            driver = MarkDriver(int(info.free), int(info.total), None)
         except Exception as exc:
             driver = empty_driver(f"NVML memory info failed: {exc}")
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from rankscope.schema import MarkTorch
 
@@ -17,20 +17,18 @@ NOT_IMPORTED = "torch is not imported in this process"
 NOT_INITIALISED = "CUDA not initialised in this process"
 
 
-# A mark builds both every time: a slotted dataclass and a tuple, not a frozen dataclass
-# (which costs several times as much to build).
 @dataclass(slots=True)
 class Device:
-    """The card this process works on: its CUDA index and NVML's uuid string (GPU-...)."""
+    """The card this process works on: its CUDA index and NVML's uuid string (GPU-...).
+    Built once per index (TorchView caches it); treat it as read-only."""
 
     index: int
     uuid: str | None
 
 
-class TorchReading(NamedTuple):
-    device: Device | None
-    view: MarkTorch
-    why_no_device: str | None
+# (device, allocator view, why there is no device): a plain tuple, built at every mark (a
+# NamedTuple's constructor is a Python call)
+TorchReading = tuple[Device | None, MarkTorch, str | None]
 
 
 def empty_view(why: str) -> MarkTorch:
@@ -80,12 +78,12 @@ def initialising(cuda: Any) -> bool:
 
 
 class TorchView:
-    """Reads the allocator of the current device; caches each device's uuid, and the
+    """Reads the allocator of the current device; caches each device (its uuid), and the
     accessors once CUDA is initialised (it stays so for the life of the process; a forked
     child starts over)."""
 
     def __init__(self) -> None:
-        self._uuids: dict[int, str | None] = {}
+        self._devices: dict[int, Device] = {}
         # (torch module, cuda module, current-device call, nested-stats call), once CUDA is up
         self._live: tuple[Any, Any, Any, Any] | None = None
 
@@ -94,10 +92,10 @@ class TorchView:
         live = self._live
         if live is None or live[0] is not torch:
             if torch is None:
-                return TorchReading(None, empty_view(NOT_IMPORTED), NOT_IMPORTED)
+                return None, empty_view(NOT_IMPORTED), NOT_IMPORTED
             cuda = getattr(torch, "cuda", None)
             if cuda is None or not (cuda.is_initialized() or initialising(cuda)):
-                return TorchReading(None, empty_view(NOT_INITIALISED), NOT_INITIALISED)
+                return None, empty_view(NOT_INITIALISED), NOT_INITIALISED
             c = torch._C
             # The private accessors skip torch.cuda's wrappers: memory_stats() flattens ~120
             # keys into a sorted dict (tens of microseconds) where a mark needs five numbers.
@@ -111,15 +109,21 @@ class TorchView:
                 self._live = live
         _, cuda, get_device, memory_stats = live
         index = int(get_device())
-        uuid = self._uuids[index] if index in self._uuids else self._uuid(cuda, index)
-        return TorchReading(Device(index, uuid), view_from_stats(memory_stats(index)), None)
+        device = self._devices.get(index) or self._device(cuda, index)
+        return device, view_from_stats(memory_stats(index)), None
+
+    def _device(self, cuda: Any, index: int) -> Device:
+        device = self._devices.get(index)
+        if device is None:
+            raw = getattr(cuda.get_device_properties(index), "uuid", None)
+            device = self._devices[index] = Device(
+                index, nvml_uuid(raw) if raw is not None else None
+            )
+        return device
 
     def _uuid(self, cuda: Any, index: int) -> str | None:
-        if index not in self._uuids:
-            raw = getattr(cuda.get_device_properties(index), "uuid", None)
-            self._uuids[index] = nvml_uuid(raw) if raw is not None else None
-        return self._uuids[index]
+        return self._device(cuda, index).uuid
 
     def after_fork_in_child(self) -> None:
-        self._uuids.clear()
+        self._devices.clear()
         self._live = None
