@@ -13,7 +13,8 @@ per card and its largest foreign holder, phases, posts and arenas. The NCCL RAS 
 (off by default) publishes nothing here. A real Prometheus (`prometheus` on PATH) scrapes each host as its own target
 (instance="host-N:19400", job="rankscope") every 15 s and evaluates
 alerts/rankscope.rules.yml (or --rules, e.g. an older version for a before/after in one
-sitting) every 15 s. After --wait seconds it reports:
+sitting) every 15 s, a group with an `interval` of its own (rankscope.alerts.slow) at that.
+After --wait seconds it reports:
 
 - series per host as scraped (count by instance, recording rules left out);
 - each rule group's evaluation time from /api/v1/rules at three evaluations (read every 15 s
@@ -30,7 +31,7 @@ Values are those of a healthy fleet (VALUES: no breach, fresh snapshots, a sampl
 samples), so no alert is active but RankscopeForeignHolder, once per card (its 63 foreign
 holders): an active alert costs its group the bookkeeping and the description's template,
 which a fleet where every alert fires would measure instead of the rules. Budget: about
-5 minutes.
+5 minutes, 7 with a group evaluated every minute (--skip-panels saves one or two).
 """
 
 from __future__ import annotations
