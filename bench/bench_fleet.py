@@ -13,10 +13,12 @@ per card and its largest foreign holder, phases, posts and arenas. The NCCL RAS 
 (off by default) publishes nothing here. A real Prometheus (`prometheus` on PATH) scrapes each host as its own target
 (instance="host-N:19400", job="rankscope") every 15 s and evaluates
 alerts/rankscope.rules.yml (or --rules, e.g. an older version for a before/after in one
-sitting) every 15 s. After --wait seconds it reports:
+sitting) every 15 s, a group with an `interval` of its own (rankscope.alerts.slow) at that.
+After --wait seconds it reports:
 
 - series per host as scraped (count by instance, recording rules left out);
-- each rule group's evaluation time from /api/v1/rules, read four times 15 s apart, as a
+- each rule group's evaluation time from /api/v1/rules at three evaluations (read every 15 s
+  until each group has three: longer for a group with a longer interval), as a
   fraction of its interval (goal < 1%), and the slowest rule of each group: first while
   Prometheus ingests every 15 s, then with ingestion paused (the config reloaded with an
   hourly scrape), which leaves the evaluation the machine to itself;
@@ -29,7 +31,7 @@ Values are those of a healthy fleet (VALUES: no breach, fresh snapshots, a sampl
 samples), so no alert is active but RankscopeForeignHolder, once per card (its 63 foreign
 holders): an active alert costs its group the bookkeeping and the description's template,
 which a fleet where every alert fires would measure instead of the rules. Budget: about
-5 minutes.
+5 minutes, 7 with a group evaluated every minute (--skip-panels saves one or two).
 """
 
 from __future__ import annotations
@@ -246,23 +248,34 @@ def substitute(expr: str, instance: str = ".*") -> str:
     return re.sub(r"\$\{?(gpu|boot|group)(?::[a-z]+)?\}?", ".*", expr)
 
 
-def rule_groups(base: str, when: str) -> dict[str, Any]:
-    """Each rule group's evaluation time, read four times 15 s apart, as printed."""
-    readings: dict[str, list[dict[str, Any]]] = {}
-    for n in range(4):
-        if n:
-            time.sleep(15)
-        for g in api(base, "/api/v1/rules")["groups"]:
+def rule_groups(base: str, when: str, since: float, wanted: int = 3) -> dict[str, Any]:
+    """Each rule group's evaluation time at ``wanted`` distinct evaluations from ``since``
+    (Unix seconds) on, read from /api/v1/rules every 15 s until every group has that many (a
+    group with an interval of its own, longer than 15 s, takes longer), as printed."""
+    first = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since))  # RFC 3339, to the second
+    by_group: dict[str, dict[str, dict[str, Any]]] = {}
+    while True:
+        groups = api(base, "/api/v1/rules")["groups"]
+        for g in groups:
+            by_group.setdefault(g["name"], {})
+            if g.get("lastEvaluation", "")[:19] < first:
+                continue  # not evaluated yet, or before this phase
             slowest = max(g["rules"], key=lambda r: r.get("evaluationTime", 0))
-            readings.setdefault(g["name"], []).append({
+            by_group.setdefault(g["name"], {})[g.get("lastEvaluation")] = {
                 "seconds": g["evaluationTime"], "interval": g["interval"],
                 "last": g.get("lastEvaluation"), "slowest_rule": slowest.get("name"),
                 "slowest_seconds": slowest.get("evaluationTime"),
                 "rule_seconds": {r["name"]: r.get("evaluationTime") for r in g["rules"]},
                 "active_alerts": {r["name"]: len(r["alerts"]) for r in g["rules"] if r.get("alerts")},
-            })  # fmt: skip
+            }  # fmt: skip
+        if all(len(evaluations) >= wanted for evaluations in by_group.values()):
+            break
+        time.sleep(15)
+    readings = {
+        name: list(evaluations.values())[-wanted:] for name, evaluations in by_group.items()
+    }
     out: dict[str, Any] = {}
-    print(f"\nrule group evaluation {when} (four readings, 15 s apart):")
+    print(f"\nrule group evaluation {when} ({wanted} evaluations of each group):")
     for name, rs in readings.items():
         secs = [r["seconds"] for r in rs]
         interval = rs[0]["interval"]
@@ -275,6 +288,7 @@ def rule_groups(base: str, when: str) -> dict[str, Any]:
             "slowest_rule_seconds": worst["slowest_seconds"],
             "rule_seconds": worst["rule_seconds"],
             "active_alerts": worst["active_alerts"],
+            "active_alerts_each": [sum(r["active_alerts"].values()) for r in rs],
         }  # fmt: skip
         print(
             f"  {name:18s} {statistics.median(secs) * 1e3:8.1f} ms median, "
@@ -294,6 +308,7 @@ def main() -> None:
     p.add_argument("--name", default="fleet", help="file name of the output, without .json")
     p.add_argument("--rules", type=Path, default=REPO / "alerts" / "rankscope.rules.yml")
     p.add_argument("--dashboards", type=Path, default=REPO / "dashboards")
+    p.add_argument("--skip-panels", action="store_true", help="time the rule groups only")
     args = p.parse_args()
     if shutil.which("prometheus") is None:
         raise SystemExit("bench_fleet: needs `prometheus` on PATH")
@@ -352,21 +367,26 @@ def main() -> None:
             result["series_total"] = sum(counts)
             print(f"series per host {counts[0]}..{counts[-1]}, {sum(counts)} in all, "
                   f"{result['targets_up']:.0f} of {args.hosts} targets up")  # fmt: skip
-            result["rule_groups"] = rule_groups(base, "while Prometheus ingests every 15 s")
+            # The evaluations of the last minute ran while Prometheus ingested too.
+            result["rule_groups"] = rule_groups(
+                base, "while Prometheus ingests every 15 s", since=time.time() - 60
+            )
             # The same rules with ingestion paused: scrapes every hour from now on (one
-            # scrape on reload, then none), so the samples stay fresh for the 5 minutes the
-            # readings take and the evaluation has the CPU to itself.
+            # scrape on reload at most, then none), so the evaluation has the CPU to itself;
+            # the readings end within Prometheus's 5-minute lookback of the last scrape
+            # (under 4 minutes for a group evaluated every minute), while samples are fresh.
             config["global"]["scrape_interval"] = "1h"
             (Path(tmp) / "prometheus.yml").write_text(json.dumps(config))
             prom.send_signal(signal.SIGHUP)
+            reloaded = time.time()
             time.sleep(30)
-            result["rule_groups_quiet"] = rule_groups(base, "with ingestion paused")
+            result["rule_groups_quiet"] = rule_groups(base, "with ingestion paused", reloaded)
             end = time.time()
-            panels = []
+            panels: list[dict[str, Any]] = []
             print("\ndashboard panels (range query, last 2 min, 15 s step, every value selected):")
             for (dash, title, expr), instance in (
                 (panel, instance)
-                for panel in panel_queries(args.dashboards)
+                for panel in ([] if args.skip_panels else panel_queries(args.dashboards))
                 for instance in (".*", "host-0:19400")
             ):
                 query = substitute(expr, instance)

@@ -21,8 +21,8 @@ Last, every panel query of every dashboard, variables substituted with values fr
 Prometheus, must return data.
 
 The rules are the shipped ones generated with TEST_CONFIG: the same expressions with the
-`for:` durations and windows shortened; promtool's unit tests (alerts/tests) prove the
-shipped values.
+`for:` durations, windows and the slow alerts' evaluation interval shortened; promtool's unit
+tests (alerts/tests) prove the shipped values.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ TEST_CONFIG: dict[str, Any] = {
     "exporterDownFor": "5s",
     "samplerLagWindow": "10s",
     "samplerLaggingFor": "5s",
+    "slowAlertsInterval": "1s",
 }
 # Alertmanager timings for the test; the routing tree and the inhibitions stay as shipped.
 FAST_ROUTE = {"group_wait": "1s", "group_interval": "1s"}

@@ -15,6 +15,7 @@ import yaml
 from tests.support.services import binary
 
 from rankscope import catalog
+from rankscope.daemon.flags import parse_duration
 from rankscope.mixin import config, dashboards, render, rules
 from rankscope.mixin.promql import PromQLSyntaxError, metric_names
 
@@ -191,6 +192,28 @@ def test_alerts_carry_severity_summary_description_and_runbook() -> None:
         "RankscopeExporterDown",
         "RankscopeSamplerLagging",
     }
+
+
+def _seconds(duration: str) -> float:
+    return 0.0 if duration == "0s" else parse_duration(duration)
+
+
+def test_only_alerts_that_wait_minutes_are_evaluated_at_the_slow_interval() -> None:
+    """A group evaluated every slowAlertsInterval fires its alerts up to that much after
+    their `for:`: only an alert whose `for:` is at least twice the interval goes there, and
+    every alert that pages within that stays in the group at the global interval."""
+    groups = {g["name"]: g for g in rules.build()["groups"]}
+    slow = groups[rules.SLOW_ALERTING_GROUP]
+    assert slow["interval"] == config.DEFAULTS["slowAlertsInterval"]
+    interval = _seconds(slow["interval"])
+    assert {r["alert"] for r in slow["rules"]} == rules.SLOW_ALERTS
+    for alert in slow["rules"]:
+        assert _seconds(alert["for"]) >= 2 * interval, alert["alert"]
+    for alert in groups[rules.ALERTING_GROUP]["rules"]:
+        assert _seconds(alert["for"]) < 2 * interval, f"{alert['alert']} could wait longer"
+    assert all("interval" not in g for g in groups.values() if g is not slow)
+    custom = rules.build({"slowAlertsInterval": "30s"})["groups"]
+    assert {g["name"]: g.get("interval") for g in custom}[rules.SLOW_ALERTING_GROUP] == "30s"
 
 
 def test_alerting_doc_covers_every_config_key() -> None:

@@ -21,6 +21,8 @@ DEMO_RULES_CONFIG: dict[str, Any] = {
     "censusSkewFor": "2s",
     "foreignHolderFor": f"{FOREIGN_HOLDER_FOR_SECONDS}s",
     "oomWindow": "30s",
+    # The foreign holder's group, evaluated every minute as shipped, at the demo's 1 s.
+    "slowAlertsInterval": "1s",
 }
 
 # The alerts the scenarios expect; each must be an alert of the generated rules.

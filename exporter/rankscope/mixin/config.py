@@ -51,6 +51,9 @@ DEFAULTS: dict[str, Any] = {
     "ncclCountMismatchFor": "1m",
     # RankscopeNcclPeerDead: RAS declares a peer dead after 60 s unreachable; page at once.
     "ncclPeerDeadFor": "0s",
+    # Evaluation interval of the alerts whose `for:` is minutes (foreign holder, thin
+    # corridor, exporter down, sampler lagging): they fire up to this much after their `for:`.
+    "slowAlertsInterval": "1m",
 }
 
 

@@ -21,6 +21,20 @@ ALERTING_GROUP = "rankscope.alerts"
 # The census rules in a group of their own: evaluated concurrently with the others, so their
 # cost at fleet scale never delays the corridor rules or the alerts.
 CENSUS_GROUP = "rankscope.census"
+# The alerts whose `for:` is minutes, in a group evaluated every `slowAlertsInterval`:
+# Prometheus expands every label and annotation template of every active alert at every
+# evaluation of its group (rules/alerting.go, AlertingRule.Eval), so a condition present on
+# every card of a fleet costs its group that much each time, and these need no 15 s
+# resolution (docs/benchmarks.md, "Fleet scale").
+SLOW_ALERTING_GROUP = "rankscope.alerts.slow"
+SLOW_ALERTS = frozenset(
+    {
+        "RankscopeCorridorThin",
+        "RankscopeForeignHolder",
+        "RankscopeExporterDown",
+        "RankscopeSamplerLagging",
+    }
+)
 
 # Prometheus's own series that rules and panels may name besides the catalog's.
 PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
@@ -359,11 +373,17 @@ def alerting_rules(c: Mapping[str, Any]) -> list[dict[str, Any]]:
 def build(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The rule-file document for ``config`` (overrides of config.DEFAULTS)."""
     c = merged(config)
+    alerts = alerting_rules(c)
     return {
         "groups": [
             {"name": RECORDING_GROUP, "rules": recording_rules(c)},
             {"name": CENSUS_GROUP, "rules": census_rules(c)},
-            {"name": ALERTING_GROUP, "rules": alerting_rules(c)},
+            {"name": ALERTING_GROUP, "rules": [r for r in alerts if r["alert"] not in SLOW_ALERTS]},
+            {
+                "name": SLOW_ALERTING_GROUP,
+                "interval": str(c["slowAlertsInterval"]),
+                "rules": [r for r in alerts if r["alert"] in SLOW_ALERTS],
+            },
         ]
     }
 
