@@ -122,7 +122,12 @@ def test_a_daemon_reading_nvml_maps_no_openssl(flight_dir: Path) -> None:
         assert started, f"rankscope serve exited {proc.wait()} without serving"
         url = started.split("serving on ")[1].split("/metrics")[0]
         for accept in ("", "application/openmetrics-text"):
-            status, _headers, body = get(url + "/metrics", {"Accept": accept})
+            deadline = time.monotonic() + 15  # the card's series appear at its first sample
+            while True:
+                status, _headers, body = get(url + "/metrics", {"Accept": accept})
+                if b"rankscope_gpu_free_bytes{" in body or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             assert status == 200 and b"rankscope_gpu_free_bytes{" in body
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "libnvidia-ml.so" in maps  # the check sees the libraries the daemon loaded
