@@ -202,7 +202,7 @@ def test_typed_fields_name_what_they_reject() -> None:
     bad: list[str] = []
     parsed = GroupFields.parse({"seconds": "x", "group": 3, "ranks": [0, "1"]}, bad)
     assert parsed == GroupFields(None, None, None, None)
-    assert bad == ["mark.extra.ranks", "mark.extra.seconds", "mark.extra.group"]
+    assert bad == ["mark.extra.seconds", "mark.extra.group", "mark.extra.ranks"]
     bad = []
     assert PoolFields.parse({"pool": "p", "pool_bytes": -1}, bad) == PoolFields(None, None, None)
     assert bad == ["mark.extra.pool", "mark.extra.pool_bytes"]

@@ -199,6 +199,16 @@ def _str(obj: Mapping[str, Any], key: str, bad: Bad, where: str) -> str | None:
     return None
 
 
+def _ints(obj: Mapping[str, Any], key: str, bad: Bad, where: str) -> list[int] | None:
+    """A list of plain ints (a group's ranks, a pool id); anything else is null and bad."""
+    value = obj.get(key)
+    if isinstance(value, list) and all(type(v) is int for v in value):
+        return value
+    if value is not None:
+        bad.append(f"{where}.{key}")
+    return None
+
+
 def _section(obj: Mapping[str, Any], key: str, bad: Bad, where: str) -> Mapping[str, Any]:
     """A nested object; an absent one reads as empty (every field null)."""
     value = obj.get(key)
@@ -589,17 +599,11 @@ class GroupFields(MarkFields):
     @classmethod
     def parse(cls, extra: Mapping[str, Any], bad: Bad) -> GroupFields:
         w = "mark.extra"
-        raw = extra.get("ranks")
-        ranks = None
-        if isinstance(raw, list) and all(type(r) is int for r in raw):
-            ranks = raw
-        elif raw is not None:
-            bad.append(f"{w}.ranks")
         member = extra.get("member")
         return cls(
             seconds=_time(extra, "seconds", bad, w),
             group=_str(extra, "group", bad, w),
-            ranks=ranks,
+            ranks=_ints(extra, "ranks", bad, w),
             backend=_str(extra, "backend", bad, w),
             member=member if isinstance(member, bool) else None,
         )
@@ -637,14 +641,9 @@ class PoolFields(MarkFields):
     @classmethod
     def parse(cls, extra: Mapping[str, Any], bad: Bad) -> PoolFields:
         w = "mark.extra"
-        raw = extra.get("pool")
-        pool = None
-        if isinstance(raw, list) and all(type(p) is int for p in raw):
-            pool = tuple(raw)
-        elif raw is not None:
-            bad.append(f"{w}.pool")
+        pool = _ints(extra, "pool", bad, w)
         return cls(
-            pool=pool,
+            pool=None if pool is None else tuple(pool),
             pool_bytes=_bytes(extra, "pool_bytes", bad, w),
             pool_why=_str(extra, "pool_why", bad, w),
         )
