@@ -42,6 +42,7 @@ from rankscope import probe
 from rankscope.probe.nvml_view import NvmlView
 from rankscope.probe.torch_view import Device, TorchReading, TorchView, view_from_stats
 from rankscope.record import RECORDER
+from rankscope.schema import dumps
 
 Timed = Callable[[], Any] | str
 
@@ -104,11 +105,11 @@ def line_writer(directory: str, line: bytes) -> Callable[[], None]:
     return write
 
 
-def mark_line(directory: str) -> bytes:
-    """A line as long as the mark's, for the bare write."""
+def mark_line() -> bytes:
+    """A line as long as the mark's, encoded as the writer encodes it, for the bare write."""
     sample = probe.mark("sample")
     assert sample is not None
-    return (json.dumps({**RECORDER.header("mark"), **sample.to_json()}) + "\n").encode()
+    return (dumps({**RECORDER.header("mark"), **sample.to_json()}) + "\n").encode()
 
 
 # --- disarmed ---------------------------------------------------------------------------------
@@ -266,7 +267,7 @@ def armed(number: int, rounds: int, holders: int, results: dict[str, Any]) -> No
                 torch.cuda.set_device(0)
                 hold = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
                 raw_reads, lean_reads, where = gpu_reads()
-                write = line_writer(tmp, mark_line(tmp))  # a line with the card's numbers
+                write = line_writer(tmp, mark_line())  # a line with the card's numbers
                 candidates: dict[str, Timed] = {
                     "mark": lambda: probe.mark("weights_loaded"),
                     "raw_reads": raw_reads,
@@ -275,7 +276,7 @@ def armed(number: int, rounds: int, holders: int, results: dict[str, Any]) -> No
                 }
             else:
                 running, hold = [], None
-                write = line_writer(tmp, mark_line(tmp))
+                write = line_writer(tmp, mark_line())
                 cuda = torch.cuda
                 where = "CPU (torch imported, CUDA never initialised)"
                 candidates = {

@@ -144,7 +144,7 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
                 cuda.is_initialized()
 
             lean_reads, where = None, "CPU (CUDA never initialised)"
-        write = line_writer(tmp, mark_line(tmp))  # on a GPU, a line with the card's numbers
+        write = line_writer(tmp, mark_line())  # on a GPU, a line with the card's numbers
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
         dist.init_process_group("gloo", rank=0, world_size=1)

@@ -38,7 +38,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # loaded with the probe: RANKSCOPE_AUTO=0 imports only this module
+if (
+    TYPE_CHECKING
+):  # loaded by rankscope.record when armed: RANKSCOPE_AUTO=0 imports only this module
     from rankscope.schema import GroupFields, MarkFields, PoolFields
 
 log = logging.getLogger("rankscope.auto")
@@ -141,18 +143,9 @@ def _mark_fields(phase: str, extra: dict[str, Any] | MarkFields) -> None:
     (_modules.get(PROBE) or _loaded(PROBE)).mark_fields(phase, extra)
 
 
-_started: MarkFields | None = None  # process_start's fields, the same at every start
-
-
 def _mark_process_start() -> None:
-    _mark_fields("process_start", _started or _start_fields())
-
-
-def _start_fields() -> MarkFields:
-    global _started
     schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
-    _started = schema.ProcessStartFields(python=sys.version.split()[0])
-    return _started
+    _mark_fields("process_start", schema.ProcessStartFields(python=sys.version.split()[0]))
 
 
 def _process_exit() -> None:

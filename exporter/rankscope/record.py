@@ -19,7 +19,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -252,30 +252,31 @@ class Recorder:
         except TypeError:  # an unhashable override: encode it in full
             key, prefix = None, None
         if prefix is None:
-            fixed = self.header(kind)
-            del fixed["mono"], fixed["wall"]
-            fixed.update((k, payload[k]) for k in overrides)
-            prefix = _dumps(fixed)[:-1]
-            if key is not None:
-                self._prefixes[key] = prefix
+            prefix = self._new_prefix(key, kind, [(k, payload[k]) for k in overrides])
         body = _dumps(
             {k: v for k, v in payload.items() if k not in overrides} if overrides else payload
         )
         rest = "}" if body == "{}" else "," + body[1:]
         return (prefix + _times() + rest + "\n").encode()
 
+    def _new_prefix(self, key: Any, kind: str, overrides: Iterable[tuple[str, Any]]) -> str:
+        """The line of ``kind`` up to its times: the header's fixed fields with ``overrides``
+        (a mark's runner), encoded and kept under ``key`` (None: an unhashable override, not
+        kept)."""
+        fixed = self.header(kind)
+        del fixed["mono"], fixed["wall"]
+        fixed.update(overrides)
+        prefix = _dumps(fixed)[:-1]
+        if key is not None:
+            self._prefixes[key] = prefix
+        return prefix
+
     def _encode_members(self, kind: str, members: str, runner: str | None) -> bytes:
         """The line ``_encode`` makes of a body that formats its own members (no braces,
         rankscope.schema.Mark.json_members), with no dict in between: the cached header
         prefix of the kind (same cache and key as ``_encode``), the times, the members."""
         key = (kind,) if runner is None else (kind, ("runner", runner))
-        prefix = self._prefixes.get(key)
-        if prefix is None:
-            fixed = self.header(kind)
-            del fixed["mono"], fixed["wall"]
-            if runner is not None:
-                fixed["runner"] = runner
-            prefix = self._prefixes[key] = _dumps(fixed)[:-1]
+        prefix = self._prefixes.get(key) or self._new_prefix(key, kind, key[1:])
         rest = "," + members + "}\n" if members else "}\n"
         return (prefix + _times() + rest).encode()
 

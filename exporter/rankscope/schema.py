@@ -15,8 +15,8 @@ identity, times) and a typed ``body``, one class per kind:
     sample       Sample      (stream samples) a mark's views with no phase, at a bounded rate
 
 A body knows its own JSON: ``to_json()`` builds the object the writer appends (a plain dict
-built field by field: the mark is on a benchmarked hot path, so no ``dataclasses.asdict``),
-and ``parse(obj, bad)`` reads it back. Parsing validates every value: a byte count is a
+built field by field, no ``dataclasses.asdict``; the mark formats its text directly, see
+``json_members`` below), and ``parse(obj, bad)`` reads it back. Parsing validates every value: a byte count is a
 non-negative integer below :data:`MAX_BYTES` (signed where the quantity is a residual), a
 count an integer that is not a bool, a time finite. A bad value becomes None and its field
 name (``mark.torch.reserved``) is appended to ``bad``; the line itself is kept. Only a bad
@@ -112,7 +112,6 @@ _quote = json.encoder.encode_basestring_ascii
 _int_text = int.__repr__
 _NUM = frozenset([int, type(None)])
 _STR = frozenset([str])
-_INT = frozenset([int])
 
 
 def dumps(obj: Any) -> str:
