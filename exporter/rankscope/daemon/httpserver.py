@@ -1,5 +1,5 @@
 """The daemon's HTTP layer on the standard library: a request, a response, a router and a
-threaded server with TLS, the way prometheus_client's start_http_server serves /metrics.
+threaded server with TLS.
 
 An ASGI stack (FastAPI, starlette, pydantic, uvicorn, anyio) cost the daemon about 22 MiB
 of resident memory for a dozen GET routes; docs/architecture.md says what was given up.
@@ -267,9 +267,9 @@ class RequestHandler(socketserver.StreamRequestHandler):
             reason = HTTPStatus(status).phrase
         except ValueError:  # a status Python does not name
             reason = ""
-        # No Server header: the version is nobody's business (uvicorn's server_header=False).
-        # Lower-case names, as uvicorn sent them (and HTTP/2 requires): clients that read
-        # headers into a plain dict keep working.
+        # No Server header: the version is nobody's business. Lower-case names, as the daemon
+        # has always sent them (and HTTP/2 requires): clients that read headers into a plain
+        # dict keep working.
         head_lines = [
             f"HTTP/1.1 {status} {reason}",
             f"date: {http_date(time.time())}",

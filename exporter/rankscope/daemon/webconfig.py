@@ -348,7 +348,7 @@ class WebConfigMiddleware:
     def __call__(self, request: Request) -> Response:
         if self.auth is not None and self.auth.enabled:
             header = request.headers.get("authorization")
-            # http.server decodes headers as latin-1: this gives back the bytes sent.
+            # RequestHandler decodes headers as latin-1: this gives back the bytes sent.
             if not self.auth.check(header.encode("latin-1") if header is not None else None):
                 response = Response(401, b"Unauthorized\n")
                 response.headers["WWW-Authenticate"] = 'Basic realm="rankscope"'

@@ -59,21 +59,27 @@ def host_summaries(history: Mapping[int, Mapping[int, Census]]) -> dict[str, Gro
     all of its members here have a snapshot of. ``history`` maps each rank to its snapshots
     by round. A group whose members share no round here is left out: compared with
     nobody, as ranks at different rounds must be."""
-    split = {
-        rank: {r: split_by_group(snap.counts or {}) for r, snap in snaps.items()}
-        for rank, snaps in history.items()
-        if snaps
-    }
-    latest = {rank: by_round[max(by_round)] for rank, by_round in split.items()}
+    present = {rank: snaps for rank, snaps in history.items() if snaps}
+    # Split a snapshot by group only where it is read (each rank's latest, and the round a
+    # group is compared at): a rank far behind keeps every other rank's history long.
+    split: dict[tuple[int, int], dict[str, dict[str, int]]] = {}
+
+    def groups_at(rank: int, round_: int) -> dict[str, dict[str, int]]:
+        key = (rank, round_)
+        if key not in split:
+            split[key] = split_by_group(present[rank][round_].counts or {})
+        return split[key]
+
+    latest = {rank: groups_at(rank, max(snaps)) for rank, snaps in present.items()}
     out: dict[str, GroupSummary] = {}
     for group in sorted({g for by_group in latest.values() for g in by_group}):
         reporters = [rank for rank, by_group in latest.items() if group in by_group]
-        members = members_of(group, split, reporters)
-        common = set.intersection(*(set(split[m]) for m in members)) if members else set()
+        members = members_of(group, present, reporters)
+        common = set.intersection(*(set(present[m]) for m in members)) if members else set()
         if not common:
             continue
         at = max(common)
-        per_rank = {m: split[m][at].get(group, {}) for m in members}
+        per_rank = {m: groups_at(m, at).get(group, {}) for m in members}
         top: dict[str, int] = {}
         for ops in per_rank.values():
             for op, n in ops.items():
