@@ -8,9 +8,9 @@
 - armed, on a GPU when there is one: against the raw reads a mark must make (the allocator's
   nested stats call, NVML's memory info and process list through pynvml's wrappers), and
   against those reads plus the write(2) of an equally long line. Goal: within 1.2x of the raw
-  reads. The mark lists processes with one NVML call into a reused buffer, cheaper than
-  pynvml's wrapper (two calls and a Python object per process): the reads the mark actually
-  makes ("lean reads") are a third baseline, the strictest.
+  reads. The mark calls NVML's C functions directly into reused structs (one call for the
+  process list where pynvml's wrapper makes two and a Python object per process): the reads
+  the mark actually makes ("lean reads") are a third baseline, the strictest.
 - armed, on this machine's CPU in every run: the mark with CUDA never initialised (its one
   read is is_initialized()), and the mark on a STAND-IN card (a named fake torch view and
   fake NVML returning fixed numbers at once, so the mark's figure is rankscope's own share:
@@ -230,7 +230,7 @@ def gpu_reads() -> tuple[Callable[[], None], Callable[[], None], str]:
     import pynvml
     import torch
 
-    from rankscope.probe.nvml_view import _fast_process_lister
+    from rankscope.probe.nvml_view import _fast_memory_reader, _fast_process_lister
 
     recorded = probe.mark("gpu")
     assert recorded is not None and recorded.nvml.procs is not None, recorded
@@ -239,8 +239,9 @@ def gpu_reads() -> tuple[Callable[[], None], Callable[[], None], str]:
     stats = torch._C._cuda_memoryStats
     memory_info = pynvml.nvmlDeviceGetMemoryInfo
     processes = pynvml.nvmlDeviceGetComputeRunningProcesses
+    one_struct = _fast_memory_reader(pynvml)
     one_call = _fast_process_lister(pynvml)
-    assert one_call is not None
+    assert one_struct is not None and one_call is not None
 
     def raw_reads() -> None:
         stats(index)
@@ -249,7 +250,7 @@ def gpu_reads() -> tuple[Callable[[], None], Callable[[], None], str]:
 
     def lean_reads() -> None:
         stats(index)
-        memory_info(handle)
+        one_struct(handle)
         one_call(handle)
 
     where = f"GPU ({torch.cuda.get_device_name()}, {len(recorded.nvml.procs)} processes)"

@@ -21,7 +21,7 @@ measured in the same run.
   on a GPU machine the real NVML function is used too) while another thread runs Python
   in bursts as long as a scrape (16 ms every 250 ms). The C call made through ctypes.CDLL
   releases the GIL and must wait for it on return; made with the GIL held
-  (rankscope.daemon.devices.hold_gil, what the daemon now does) it does not. Printed: the
+  (rankscope.nvml_calls.hold_gil, what the daemon now does) it does not. Printed: the
   published mean per sample against the bare call timed on a quiet thread.
 - cadence (always): what a fair bare read is. The sampler makes one read alone every 100 ms,
   after a sleep, so it finds the caches and the driver's path cold; a read in a tight loop,
@@ -65,12 +65,12 @@ from rankscope.daemon.devices import (
     NvmlSource,
     ScriptedSource,
     free_reader,
-    hold_gil,
     write_script,
 )
 from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.holdings import HoldingsReader
 from rankscope.daemon.sampler import Periodic, Sampler, parse_floors
+from rankscope.nvml_calls import hold_gil
 from rankscope.procfs import read_nspid, read_pidns_inode, read_proc_info, read_start_ticks
 
 GiB = 1 << 30

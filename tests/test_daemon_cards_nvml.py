@@ -7,6 +7,7 @@ the real library."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
 import threading
 import time
@@ -18,8 +19,9 @@ from typing import Any
 import pynvml
 import pytest
 
-from rankscope.daemon.devices import DeviceError, NvmlSource, free_reader, hold_gil
+from rankscope.daemon.devices import DeviceError, NvmlSource, free_reader
 from rankscope.daemon.sampler import REOPEN_AFTER_FAILURES, Sampler
+from rankscope.nvml_calls import hold_gil
 
 GiB = 1 << 30
 
@@ -234,25 +236,36 @@ def test_hold_gil_calls_the_same_c_function_without_releasing_the_gil() -> None:
     usleep = ctypes.CDLL(None).usleep
     held = hold_gil(usleep)
     assert held is not usleep
-    stamps: list[float] = []
-    stop = threading.Event()
 
-    def spin() -> None:
-        while not stop.is_set():
-            stamps.append(time.perf_counter())
+    def spinner_stamps_around(call: Any) -> tuple[list[float], float, float]:
+        stamps: list[float] = []
+        stop = threading.Event()
 
-    spinner = threading.Thread(target=spin)
-    spinner.start()
-    try:
-        time.sleep(0.02)
-        start = time.perf_counter()
-        assert held(100_000) == 0
-        end = time.perf_counter()
-    finally:
-        stop.set()
-        spinner.join()
-    during = [t for t in stamps if start + 0.01 < t < end - 0.01]
-    assert during == [], f"another thread ran {len(during)} times inside the held call"
+        def spin() -> None:
+            while not stop.is_set():
+                stamps.append(time.perf_counter())
+
+        spinner = threading.Thread(target=spin)
+        spinner.start()
+        try:
+            time.sleep(0.02)
+            start = time.perf_counter()
+            assert call(100_000) == 0
+            end = time.perf_counter()
+        finally:
+            stop.set()
+            spinner.join()
+        return stamps, start, end
+
+    # Held: the spinner stops for the whole call. (Its longest pause, not "no stamp after
+    # the start": on a loaded machine the GIL can pass to the spinner between taking the
+    # start time and making the call.)
+    stamps, start, end = spinner_stamps_around(held)
+    pauses = [b - a for a, b in itertools.pairwise(stamps) if b > start and a < end]
+    assert max(pauses, default=end - start) >= 0.09, "another thread ran inside the held call"
+    # Released: the spinner runs while the call sleeps.
+    stamps, start, end = spinner_stamps_around(usleep)
+    assert [t for t in stamps if start + 0.01 < t < end - 0.01], "the released call held the GIL"
     # Stand-ins that are no C function pointer pass through unchanged.
     fake = FakeMemoryInfoFunction()
     assert hold_gil(fake) is fake

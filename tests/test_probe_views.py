@@ -15,7 +15,12 @@ import pytest
 from rankscope import probe
 from rankscope.flight import read_flight
 from rankscope.probe import arenas
-from rankscope.probe.nvml_view import NvmlView, _fast_process_lister, own_bytes
+from rankscope.probe.nvml_view import (
+    NvmlView,
+    _fast_memory_reader,
+    _fast_process_lister,
+    own_bytes,
+)
 from rankscope.probe.torch_view import Device, TorchReading, TorchView, nvml_uuid, view_from_stats
 from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.record import Recorder
@@ -204,6 +209,40 @@ def test_the_one_call_process_list_grows_its_buffer_and_keeps_unknown_sizes_null
     assert calls == [64, 208]  # too small once, then grown with headroom
     assert list_processes("handle") == procs
     assert calls[2:] == [208]  # the grown buffer is kept: one call per read
+
+
+def test_the_direct_memory_read_fills_one_struct_and_raises_nvmls_errors() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    free = {"handle-0": 7 * MiB}
+    structs = set()
+
+    def fake_nvml_function(handle: str, ref: Any) -> int:
+        """FAKE nvmlDeviceGetMemoryInfo: fills the struct it is handed, as the driver does."""
+        memory = ref._obj
+        structs.add(id(memory))
+        if handle not in free:
+            return int(pynvml.NVML_ERROR_GPU_IS_LOST)
+        memory.total, memory.free, memory.used = 80 * MiB, free[handle], 0
+        return int(pynvml.NVML_SUCCESS)
+
+    binding = SimpleNamespace(
+        _nvmlGetFunctionPointer=lambda name: (
+            fake_nvml_function if name == "nvmlDeviceGetMemoryInfo" else None
+        ),
+        NVML_SUCCESS=pynvml.NVML_SUCCESS,
+        NVMLError=pynvml.NVMLError,
+    )
+    read_memory = _fast_memory_reader(binding)
+    assert read_memory is not None
+    assert read_memory("handle-0") == (7 * MiB, 80 * MiB)
+    free["handle-0"] = 3 * MiB
+    assert read_memory("handle-0") == (3 * MiB, 80 * MiB)  # read again, not cached
+    assert len(structs) == 1  # one struct, reused
+    with pytest.raises(pynvml.NVMLError) as lost:
+        read_memory("gone")
+    assert lost.value.value == pynvml.NVML_ERROR_GPU_IS_LOST
+    # A binding without the function lookup (a stand-in) gets pynvml's public wrapper.
+    assert _fast_memory_reader(FakeNvml([])) is None
 
 
 # --- derived fields -------------------------------------------------------------------------

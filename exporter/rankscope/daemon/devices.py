@@ -21,13 +21,13 @@ import json
 import logging
 import os
 import threading
-from _ctypes import CFuncPtr
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from rankscope.daemon.flags import non_negative_bytes, parse_bytes
+from rankscope.nvml_calls import Memory, c_function
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -83,56 +83,18 @@ class DeviceSource(Protocol):
 # --- NVML ---------------------------------------------------------------------------------
 
 
-class _Memory(ctypes.Structure):
-    """nvmlMemory_t (version 1), the struct nvmlDeviceGetMemoryInfo fills."""
-
-    _fields_ = (
-        ("total", ctypes.c_ulonglong),
-        ("free", ctypes.c_ulonglong),
-        ("used", ctypes.c_ulonglong),
-    )
-
-
-def hold_gil(fn: Any) -> Any:
-    """The same C function, called without releasing the GIL (a ctypes.PYFUNCTYPE on its
-    address); anything that is not a ctypes function pointer is returned as it is.
-
-    A call through ctypes.CDLL releases the GIL and must take it back on return; while a
-    scrape or the holdings thread runs Python, that wait lasts up to the interpreter's
-    switch interval (5 ms), and it lands in the sampler's own timing (the `gil` part of
-    bench/bench_sampler.py shows it with a stand-in call). A memory-info read is tens of
-    microseconds, so holding the GIL through it costs the HTTP threads nothing they would
-    notice (docs/corridor.md, "The sampler's own cost")."""
-    if not isinstance(fn, CFuncPtr):  # a stand-in in tests
-        return fn
-    address = ctypes.cast(fn, ctypes.c_void_p).value
-    if address is None:
-        return fn
-    restype: Any = fn.restype or ctypes.c_int
-    held = ctypes.PYFUNCTYPE(restype)(address)
-    if fn.argtypes is not None:
-        held.argtypes = fn.argtypes
-    return held
-
-
 def free_reader(nvml: Any) -> Callable[[Any], int]:
     """Free bytes of a card by one nvmlDeviceGetMemoryInfo into a struct kept per thread,
-    with the GIL held through the call (:func:`hold_gil`). pynvml's wrapper looks the
-    function up under a lock and builds a printable struct on every call, which costs about
-    half as much again as the call itself; the sampler makes this read ten times a second
-    per card. Falls back to the wrapper where pynvml does not expose its function lookup."""
+    with the GIL held through the call (rankscope.nvml_calls): the sampler makes this read
+    ten times a second per card. Falls back to pynvml's wrapper where pynvml does not expose
+    its function lookup."""
 
     def wrapper(handle: Any) -> int:
         return int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
 
-    lookup = getattr(nvml, "_nvmlGetFunctionPointer", None)
-    if lookup is None:
+    fn = c_function(nvml, "nvmlDeviceGetMemoryInfo")
+    if fn is None:
         return wrapper
-    try:
-        fn = lookup("nvmlDeviceGetMemoryInfo")
-    except Exception:
-        return wrapper
-    fn = hold_gil(fn)
     success = nvml.NVML_SUCCESS
     local = threading.local()  # the sampler and the holdings read from their own threads
 
@@ -140,7 +102,7 @@ def free_reader(nvml: Any) -> Callable[[Any], int]:
         try:
             memory = local.memory
         except AttributeError:
-            memory = local.memory = _Memory()
+            memory = local.memory = Memory()
         ret = fn(handle, ctypes.byref(memory))
         if ret != success:
             raise nvml.NVMLError(ret)

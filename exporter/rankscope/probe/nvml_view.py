@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from rankscope.nvml_calls import Memory, c_function
 from rankscope.probe.torch_view import Device
 from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.schema import MarkDriver, MarkNvml
@@ -53,39 +54,36 @@ def own_bytes(procs: ProcessList, pid: int, pidns: int | None) -> tuple[int | No
 
 
 def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
-    """One C call per read into a reused buffer. pynvml's public wrapper calls NVML twice and
-    builds a Python object per process; this is the same NVML function without either."""
-    get_fn = getattr(nvml, "_nvmlGetFunctionPointer", None)
-    struct = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
-    if get_fn is None or struct is None:
-        return None
-    try:
-        fn = get_fn("nvmlDeviceGetComputeRunningProcesses_v3")
-    except Exception:
+    """One C call per read into a reused buffer, GIL held (rankscope.nvml_calls). pynvml's
+    public wrapper calls NVML twice and builds a Python object per process; this is the same
+    NVML function without either."""
+    struct: Any = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
+    fn = c_function(nvml, "nvmlDeviceGetComputeRunningProcesses_v3") if struct else None
+    if fn is None:
         return None
     not_available = nvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+    success, too_small = nvml.NVML_SUCCESS, nvml.NVML_ERROR_INSUFFICIENT_SIZE
+    count = ctypes.c_uint()
+    count_ref = ctypes.byref(count)
     state = {"buf": (struct * 64)()}
-    lock = threading.Lock()  # the buffer is shared by every thread that marks
+    lock = threading.Lock()  # the buffer and count are shared by every thread that marks
 
     def list_processes(handle: Any) -> ProcessList:
         with lock:
-            return read_into_buffer(handle)
-
-    def read_into_buffer(handle: Any) -> ProcessList:
-        while True:
-            buf = state["buf"]
-            count = ctypes.c_uint(len(buf))
-            ret = fn(handle, ctypes.byref(count), buf)
-            if ret == nvml.NVML_SUCCESS:
-                # One element view per process (buf[i] builds a new one at every access).
-                return [
-                    (int(entry.pid), None if used == not_available else int(used))
-                    for entry in buf[: count.value]
-                    for used in (entry.usedGpuMemory,)
-                ]
-            if ret != nvml.NVML_ERROR_INSUFFICIENT_SIZE:
-                raise nvml.NVMLError(ret)
-            state["buf"] = (struct * (count.value * 2 + 8))()
+            while True:
+                buf = state["buf"]
+                count.value = len(buf)
+                ret = fn(handle, count_ref, buf)
+                if ret == success:
+                    # One element view per process (buf[i] builds a new one at every access).
+                    return [
+                        (entry.pid, None if used == not_available else used)
+                        for entry in buf[: count.value]
+                        for used in (entry.usedGpuMemory,)
+                    ]
+                if ret != too_small:
+                    raise nvml.NVMLError(ret)
+                state["buf"] = (struct * (count.value * 2 + 8))()
 
     return list_processes
 
@@ -97,6 +95,37 @@ def _public_process_lister(nvml: Any) -> Callable[[Any], ProcessList]:
         ]
 
     return list_processes
+
+
+MemoryReader = Callable[[Any], tuple[int, int]]  # handle -> (free, total) bytes
+
+
+def _fast_memory_reader(nvml: Any) -> MemoryReader | None:
+    """nvmlDeviceGetMemoryInfo into a reused struct, GIL held (rankscope.nvml_calls)."""
+    fn = c_function(nvml, "nvmlDeviceGetMemoryInfo")
+    if fn is None:
+        return None
+    success = nvml.NVML_SUCCESS
+    memory = Memory()
+    memory_ref = ctypes.byref(memory)
+    lock = threading.Lock()  # the struct is shared by every thread that marks
+
+    def read_memory(handle: Any) -> tuple[int, int]:
+        with lock:
+            ret = fn(handle, memory_ref)
+            if ret != success:
+                raise nvml.NVMLError(ret)
+            return memory.free, memory.total
+
+    return read_memory
+
+
+def _public_memory_reader(nvml: Any) -> MemoryReader:
+    def read_memory(handle: Any) -> tuple[int, int]:
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
+        return int(info.free), int(info.total)
+
+    return read_memory
 
 
 class NvmlView:
@@ -113,6 +142,7 @@ class NvmlView:
         self._failure: str | None = None
         self._handles: dict[str, tuple[Any, int]] = {}  # uuid -> (handle, nvml index)
         self._list_processes: Callable[[Any], ProcessList] | None = None
+        self._read_memory: MemoryReader | None = None
 
     def _init_locked(self) -> None:
         if self._ready or self._failure:
@@ -125,6 +155,7 @@ class NvmlView:
             return
         self._module = nvml
         self._list_processes = _fast_process_lister(nvml) or _public_process_lister(nvml)
+        self._read_memory = _fast_memory_reader(nvml) or _public_memory_reader(nvml)
         self._ready = True
 
     def _handle(self, uuid: str) -> tuple[Any, int]:
@@ -155,10 +186,10 @@ class NvmlView:
         except Exception as exc:
             why = self._failure or f"NVML has no card {device.uuid}: {exc}"
             return None, empty_driver(why), empty_nvml(why)
-        nvml = self._module
         try:
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            driver = MarkDriver(int(info.free), int(info.total), None)
+            assert self._read_memory is not None
+            free, total = self._read_memory(handle)
+            driver = MarkDriver(free, total, None)
         except Exception as exc:
             driver = empty_driver(f"NVML memory info failed: {exc}")
         try:
@@ -176,3 +207,4 @@ class NvmlView:
         self._failure = None
         self._handles = {}
         self._list_processes = None
+        self._read_memory = None

@@ -1,0 +1,61 @@
+"""NVML's C functions called directly, for the reads rankscope makes many times: the daemon's
+free-memory sample and a mark's memory info and process list.
+
+pynvml's wrappers look each function up under a lock, build a printable struct per call and
+release the GIL around it; for a read of a few microseconds that costs about half as much
+again as the read. Here a function is looked up once, fills a struct kept by its caller, and
+keeps the GIL (:func:`hold_gil`). Imports nothing beyond ctypes: the probe and the daemon
+both use it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from _ctypes import CFuncPtr
+from typing import Any
+
+
+class Memory(ctypes.Structure):
+    """nvmlMemory_t (version 1), the struct nvmlDeviceGetMemoryInfo fills."""
+
+    _fields_ = (
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    )
+
+
+def hold_gil(fn: Any) -> Any:
+    """The same C function, called without releasing the GIL (a ctypes.PYFUNCTYPE on its
+    address); anything that is not a ctypes function pointer is returned as it is.
+
+    A call through ctypes.CDLL releases the GIL and must take it back on return; while
+    another thread runs Python, that wait lasts up to the interpreter's switch interval
+    (5 ms). In the daemon it lands in the sampler's own timing (the `gil` part of
+    bench/bench_sampler.py shows it with a stand-in call); in a rank it lands in the host
+    thread that marks. An NVML read is tens of microseconds, so holding the GIL through it
+    costs the other threads nothing they would notice (docs/corridor.md, "The sampler's own
+    cost")."""
+    if not isinstance(fn, CFuncPtr):  # a stand-in in tests
+        return fn
+    address = ctypes.cast(fn, ctypes.c_void_p).value
+    if address is None:
+        return fn
+    restype: Any = fn.restype or ctypes.c_int
+    held = ctypes.PYFUNCTYPE(restype)(address)
+    if fn.argtypes is not None:
+        held.argtypes = fn.argtypes
+    return held
+
+
+def c_function(nvml: Any, name: str) -> Any | None:
+    """NVML's C function ``name`` from the binding's own lookup, GIL held; None where the
+    binding exposes no lookup (a stand-in) or the library lacks the function."""
+    lookup = getattr(nvml, "_nvmlGetFunctionPointer", None)
+    if lookup is None:
+        return None
+    try:
+        fn = lookup(name)
+    except Exception:
+        return None
+    return None if fn is None else hold_gil(fn)
