@@ -21,10 +21,7 @@
   within 1.2x of those reads and the write made as one sequence, in the hook's order (the
   sum of each part timed alone in its own loop is printed too: parts run hot alone cost
   less than in sequence). On a GPU the lean reads (the NVML calls the mark makes, direct
-  into reused structs) are a second, stricter baseline. Timed twice: in hot loops
-  (bench_mark.rounds_of), and one call at a time after a stand-in for the host's own work
-  (the judged figure: a generic mark fires once per group or capture, among host work; in
-  a hot loop a mark alone runs warmer than it ever does in a host). Each generic mark's own share beyond a plain mark's is printed
+  into reused structs) are a second, stricter baseline. Each generic mark's own share beyond a plain mark's is printed
   too: the median over rounds of the mark less a plain mark and the reads it adds (signed).
 - the automatic census cadence: a world all_reduce on a one-rank gloo group, counted with
   auto_tick against counted without it.
@@ -135,45 +132,6 @@ def sequence_of(parts: list[Callable[[], Any]]) -> Callable[[], None]:
     return sequence
 
 
-# A STAND-IN for the host's own Python between two of its marks (a scheduler's bookkeeping):
-# JSON round trips of a small batch of requests, the same before every timed call.
-HOST_BATCH = {
-    "requests": [{"id": i, "prompt": "x" * 40, "tokens": list(range(16))} for i in range(8)]
-}
-
-
-def host_work() -> None:
-    json.loads(json.dumps(HOST_BATCH))
-
-
-def rounds_between(
-    candidates: dict[str, Callable[[], Any]],
-    calls: int,
-    rounds: int,
-    interlude: Callable[[], Any],
-) -> dict[str, list[float]]:
-    """ns of each candidate's call, timed one call at a time with ``interlude()`` run before
-    each (untimed); the median of ``calls`` calls a round, the order alternating by round."""
-    clock = time.perf_counter_ns
-    for fn in candidates.values():  # warm lazy initialisation
-        for _ in range(max(calls // 10, 1)):
-            interlude()
-            fn()
-    out: dict[str, list[float]] = {name: [] for name in candidates}
-    names = list(candidates)
-    for i in range(rounds):
-        for name in names if i % 2 == 0 else reversed(names):
-            fn = candidates[name]
-            times = []
-            for _ in range(calls):
-                interlude()
-                start = clock()
-                fn()
-                times.append(clock() - start)
-            out[name].append(statistics.median(times))
-    return out
-
-
 def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
     """The generic marks, each through the hook's own call (rankscope.auto), against the raw
     reads it needs plus the write, alternated in rounds (bench_mark.rounds_of)."""
@@ -273,7 +231,7 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
             results["generic_marks"]["ratios"][f"{name} / its raw reads + write, in sequence"] = (
                 figure
             )
-            say_ratio(f"{name} / its raw reads + write, in sequence", figure)
+            say_ratio(f"{name} / its raw reads + write, in sequence", figure, "1.2x")
             raw = ["base_reads", *extra_reads, "write"]
             figure = ratio_figure(per_round, name, raw)
             results["generic_marks"]["ratios"][f"{name} / raw reads + write"] = figure
@@ -294,31 +252,6 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
                 figure = ratio_figure(per_round, name, lean)
                 results["generic_marks"]["ratios"][f"{name} / lean reads + write"] = figure
                 say_ratio(f"{name} / ({' + '.join(lean)})", figure)
-
-        # Among host work: a generic mark fires once per group or capture, between the host's
-        # own Python, never in a loop of marks. In a hot loop a mark alone keeps the caches
-        # and branch predictors warm for the next one, and any other call beside it breaks
-        # that (on the H200 the group queries, 1.1 us alone, put 6 us on the mark after
-        # them): each generic mark and its raw-read sequence timed one call at a time, each
-        # call after the same stand-in for host work.
-        between = {n: candidates[n] for n in (*needs, *(f"{n}_raw_sequence" for n in needs))}
-        per_call = rounds_between(between, iterations, rounds, host_work)
-        results["generic_marks_among_host_work"] = {
-            "host_work_ns": per_call_ns(host_work, iterations),
-            "ns": per_call,
-            "ratios": {},
-        }
-        print(
-            f"the same, one call at a time, each after host work (a STAND-IN: "
-            f"{results['generic_marks_among_host_work']['host_work_ns'] / 1000:.1f} us of "
-            f"JSON round trips; median of {iterations} calls a round, {rounds} rounds)"
-        )
-        for name in between:
-            say_time(name.replace("_", " "), median(per_call, name))
-        for name in needs:
-            figure = ratio_figure(per_call, name, f"{name}_raw_sequence")
-            results["generic_marks_among_host_work"]["ratios"][name] = figure
-            say_ratio(f"{name} / its raw reads + write, in sequence", figure, "1.2x")
 
         # The automatic cadence on the hot path: what auto_tick adds to a counted world
         # collective (snapshots off: every is huge), against the collective itself.
