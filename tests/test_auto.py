@@ -85,6 +85,22 @@ def test_capture_end_reads_one_pools_snapshot_in_the_form_this_torch_takes(
     assert allocator.calls == [takes]  # the form found once, then used alone; no whole snapshot
 
 
+def test_a_pool_snapshot_that_fails_after_its_form_was_found_falls_back_to_the_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+    allocator = StandInAllocator(takes=3)
+    torch = stand_in_torch(allocator)
+    assert auto.pool_fields(torch, Graph((1, 3))).pool_why is None
+    allocator.takes = 2  # the form found at the first capture now raises
+    del allocator.calls[:]
+    fields = auto.pool_fields(torch, Graph((1, 3)))
+    assert fields.pool_bytes == 22 << 20
+    assert "snapshot of pool (1, 3) failed (TypeError(" in str(fields.pool_why)
+    assert allocator.calls == [3, None]  # the found form once, then the whole snapshot
+    assert auto._pool_form == (False,)  # kept: the next capture tries it first again
+
+
 def test_a_torch_without_pool_snapshots_sums_the_whole_snapshot_and_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -458,17 +458,24 @@ def pool_segments(
     process (a serving process holds hundreds). A torch that takes no pool gets the whole
     snapshot, and the mark says so in its pool_why."""
     global _pool_form
-    snapshot = getattr(torch._C, "_cuda_memorySnapshot", None)
-    if snapshot is not None and len(pool_id) == 2 and _pool_form is not None:
-        for form in POOL_SNAPSHOT_FORMS if _pool_form is _UNTRIED else (_pool_form,):
-            try:
-                segments = snapshot(pool_id + form)["segments"]
-            except (TypeError, RuntimeError, KeyError):
-                continue
-            _pool_form = form
-            return segments, None
-        if _pool_form is _UNTRIED:
-            _pool_form = None
+    form = _pool_form
+    if type(form) is tuple:  # found at the first capture: one call
+        try:
+            return torch._C._cuda_memorySnapshot(pool_id + form)["segments"], None
+        except (AttributeError, TypeError, RuntimeError, KeyError) as exc:
+            why = f"the snapshot of pool {pool_id} failed ({exc!r}): {WHOLE}"
+            return _whole_snapshot(torch), why
+    if form is _UNTRIED:
+        snapshot = getattr(torch._C, "_cuda_memorySnapshot", None)
+        if snapshot is not None and len(pool_id) == 2:
+            for form in POOL_SNAPSHOT_FORMS:
+                try:
+                    segments = snapshot(pool_id + form)["segments"]
+                except (TypeError, RuntimeError, KeyError):
+                    continue
+                _pool_form = form
+                return segments, None
+        _pool_form = None
     return _whole_snapshot(torch), f"this torch takes no snapshot of one pool: {WHOLE}"
 
 
