@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rankscope.daemon.collectors.oom import OomCollector
 from rankscope.daemon.devices import ScriptedSource, write_script
-from rankscope.daemon.flightstate import RankProcess
-from rankscope.daemon.oom import ExhaustionWatch
+from rankscope.daemon.flightstate import FlightState, RankProcess
+from rankscope.daemon.holdings import Holding
+from rankscope.daemon.oom import ExhaustionWatch, OomBook
 from rankscope.daemon.sampler import FloorValue, Sampler
 from rankscope.procfs import read_start_ticks
 from support.waiting import wait_for
@@ -101,6 +103,57 @@ def test_a_failing_process_list_keeps_the_event_with_a_why(tmp_path: Path) -> No
     (event,) = watch.events()
     assert event.holders is None and "GPU is lost" in (event.why or "")
     assert sampler.samples == 1  # the sample itself completed
+
+
+def held_series(book: OomBook) -> list[tuple[str, ...]]:
+    """The rankscope_oom_holder_bytes samples one collection of the OOM collector yields."""
+    (fam,) = [f for f in OomCollector(book).collect() if f.name == "rankscope_oom_holder_bytes"]
+    return [(s.labels["pid"], s.labels["role"], s.labels["rank"]) for s in fam.samples]
+
+
+def test_the_book_parses_oom_lines_once_per_change_into_typed_holdings(
+    flight_dir: Path, holder: subprocess.Popen[bytes]
+) -> None:
+    # A real rank (this process) recorded an OOM; the real `sleep` held the card as a foreign.
+    me, start = os.getpid(), read_start_ticks()
+    sleep_start = read_start_ticks(holder.pid)
+    assert start is not None and sleep_start is not None
+    write(
+        flight_dir,
+        f"marks-h1-{me}-{start}.jsonl",
+        {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
+    )
+    line = oom_line("b1", me, start, 3, 1796000000.0)
+    line["holders"] = [
+        {"pid": holder.pid, "bytes": 70 * GiB, "comm": "sleep", "start_ticks": sleep_start},
+        {"pid": me, "bytes": 6 * GiB, "comm": "python3", "start_ticks": start},
+    ]
+    write(flight_dir, f"oom-h1-{me}-{start}.jsonl", line)
+    book = OomBook(FlightState(flight_dir), None)
+
+    (first,) = book.probe_instants()
+    assert first.holders is not None and all(isinstance(h, Holding) for h in first.holders)
+    assert held_series(book) == [(str(holder.pid), "foreign", ""), (str(me), "rank", "3")]
+    held_series(book)  # scrapes with nothing new serve the instants parsed before
+    assert book.probe_instants()[0] is first
+
+    # The rank processes changed (the `sleep` turns out to be rank 5 of boot b1): parsed again.
+    write(
+        flight_dir,
+        f"marks-h1-{holder.pid}-{sleep_start}.jsonl",
+        {**header("mark", "b1", holder.pid, sleep_start, 5, 101.0), "phase": "x"},
+    )
+    book.state.refresh()
+    assert held_series(book) == [(str(holder.pid), "rank", "5"), (str(me), "rank", "3")]
+    (renamed,) = book.probe_instants()
+    assert renamed is not first
+
+    # A new oom line: parsed again, the newest is the card's latest.
+    write(flight_dir, f"oom-h1-{me}-{start}.jsonl", {**line, "wall": 1796000001.0, "holders": []})
+    book.state.refresh()
+    assert [i.wall for i in book.probe_instants()] == [1796000000.0, 1796000001.0]
+    assert book.probe_instants()[0] is not renamed
+    assert held_series(book) == []
 
 
 def scrape_oom(url: str) -> dict[tuple[tuple[str, str], ...], float]:
