@@ -1,8 +1,9 @@
 """The daemon's OOM instants: the sampler's exhaustion hook (one process-list read per onset,
 the worst minimum followed without reads), and a real `rankscope serve` that counts the
 probe's oom lines and the exhaustions in rankscope_oom_events_total and serves them in
-/api/v1/oom and /api/v1/cards. Cards are the SIMULATED scripted source (no GPU here); the
-holders are real processes, named through the real /proc."""
+/api/v1/oom and /api/v1/cards, and whose exhaustions `rankscope oom DIR --daemon URL` shows
+(never written to DIR). Cards are the SIMULATED scripted source (no GPU here); the holders
+are real processes, named through the real /proc."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ from rankscope.daemon.collectors.oom import OomCollector
 from rankscope.daemon.devices import ScriptedSource, write_script
 from rankscope.daemon.flightstate import FlightState, RankProcess
 from rankscope.daemon.holdings import Holding
-from rankscope.daemon.oom import ExhaustionWatch, OomBook
+from rankscope.daemon.oom import Exhaustion, ExhaustionWatch, OomBook
 from rankscope.daemon.sampler import FloorValue, Sampler
+from rankscope.oom import SamplerOom, sampler_ooms_of_page
 from rankscope.procfs import read_start_ticks
 from support.waiting import wait_for
 from test_daemon_serve import get, serve
-from test_oom_cli import header, oom_line, write
+from test_oom_cli import header, oom_line, run, write
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -242,3 +244,78 @@ def test_serve_counts_both_sources_and_serves_the_latest_oom_per_card(
         assert [(s.labels["pid"], s.labels["comm"], s.labels["role"], s.value) for s in held] == [
             (str(holder.pid), "sleep", "foreign", 70 * GiB)
         ]
+
+
+def test_the_cli_reads_the_sampler_entry_the_daemon_writes_and_skips_a_bad_one() -> None:
+    sleep = Holding(41, "sleep", 70 * GiB, "foreign", None, None)
+    rank = Holding(42, "python3", 9 * GiB, "rank", "b1", 2)
+    x = Exhaustion(0, "GPU-sim-0", 10.0, 200 * MiB, 40 * MiB, 11.0, (sleep, rank))
+    bad = {**x.as_json(), "free": "lots"}
+    probe = {"source": "probe", "wall": 9.0}  # the flight directory has it
+    page = {"ooms": [probe, x.as_json(), bad], "page": {"next": "/api/v1/oom?offset=3"}}
+    (read,), skipped, following = sampler_ooms_of_page(page)
+    assert (read.wall, read.gpu, read.uuid, read.free) == (11.0, 0, "GPU-sim-0", 40 * MiB)
+    assert (read.onset_wall, read.onset_free) == (10.0, 200 * MiB)
+    assert [(h.pid, h.comm, h.bytes, h.role, h.boot, h.rank) for h in read.holders or ()] == [
+        (41, "sleep", 70 * GiB, "foreign", None, None),
+        (42, "python3", 9 * GiB, "rank", "b1", 2),
+    ]
+    assert skipped == ["free: 'lots'"] and following == "/api/v1/oom?offset=3"
+    unread = Exhaustion(0, "GPU-sim-0", 10.0, 0, 0, 10.0, None, "process list read failed: x")
+    assert SamplerOom.parse(unread.as_json()).holders is None
+
+
+def test_rankscope_oom_shows_the_daemons_sampler_ooms_when_asked(
+    tmp_path: Path, flight_dir: Path, holder: subprocess.Popen[bytes]
+) -> None:
+    # boot b0 (older) and b1 (latest; this process stands for its rank 3, which recorded an
+    # OOM); the card is exhausted from the daemon's first sample, the `sleep` holding it.
+    me, start = os.getpid(), read_start_ticks()
+    assert start is not None
+    write(
+        flight_dir,
+        "marks-h1-300-30.jsonl",
+        {**header("mark", "b0", 300, 30, 0, 50.0), "phase": "x"},
+    )
+    write(
+        flight_dir,
+        f"marks-h1-{me}-{start}.jsonl",
+        {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
+    )
+    write(flight_dir, f"oom-h1-{me}-{start}.jsonl", oom_line("b1", me, start, 3, 1000.0))
+    listing = {p.name: p.stat().st_size for p in flight_dir.iterdir()}
+    script = tmp_path / "cards.json"
+    write_script(script, [card(30 * MiB, {holder.pid: 70 * GiB})])
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    with serve(
+        flight_dir,
+        f"--device.script={script}",
+        "--sampler.interval=50ms",
+        log=tmp_path / "serve.log",
+        env=env,
+    ) as url:
+        exhausted = (("boot", ""), ("gpu", "0"), ("pid", ""), ("rank", ""), ("uuid", "GPU-sim-0"))
+        assert wait_for(lambda: scrape_oom(url).get(exhausted), what="exhaustion counted") == 1
+
+        (probe_only,) = run(str(flight_dir)).stdout.splitlines()  # DIR alone: the rank's OOM
+        asked = run(str(flight_dir), "--daemon", url)
+        assert asked.returncode == 0, asked.stderr
+        probe, sampled = asked.stdout.splitlines()  # oldest first
+        assert probe == probe_only and "rank 3 pid" in probe
+        assert "gpu 0 (GPU-sim-0)  seen by the daemon's sampler (no rank's record)" in sampled
+        assert "free 0.03 GiB at worst" in sampled
+        assert sampled.endswith(f"holders: {holder.pid} sleep foreign 70.00 GiB")
+
+        doc = json.loads(run(str(flight_dir), "--json", "--daemon", url).stdout)
+        (entry,) = doc["sampler"]
+        assert entry["free"] == 30 * MiB and entry["uuid"] == "GPU-sim-0"
+        assert [(h["pid"], h["role"]) for h in entry["holders"]] == [(holder.pid, "foreign")]
+        assert len(doc["ooms"]) == 1
+        older = run(str(flight_dir), "--boot", "b0", "--daemon", url)
+        assert older.stdout == "no OOM recorded for boot b0\n"  # it ended before the exhaustion
+    # The daemon wrote nothing into the flight directory: the exhaustion lived in the daemon.
+    assert {p.name: p.stat().st_size for p in flight_dir.iterdir()} == listing
+
+    gone = run(str(flight_dir), "--daemon", url)
+    assert gone.returncode == 1 and f"rankscope oom: daemon {url}:" in gone.stderr
+    assert gone.stdout.splitlines() == [probe_only]  # what DIR holds is still printed
