@@ -27,7 +27,7 @@ from rankscope.oom import SamplerOom, sampler_ooms_of_page
 from rankscope.procfs import read_start_ticks
 from support.waiting import wait_for
 from test_daemon_serve import get, serve
-from test_oom_cli import header, oom_line, run, write
+from test_oom_cli import header, oom_line, rank_3_of_b1, run, write
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -117,14 +117,9 @@ def test_the_book_parses_oom_lines_once_per_change_into_typed_holdings(
     flight_dir: Path, holder: subprocess.Popen[bytes]
 ) -> None:
     # A real rank (this process) recorded an OOM; the real `sleep` held the card as a foreign.
-    me, start = os.getpid(), read_start_ticks()
+    me, start = rank_3_of_b1(flight_dir)
     sleep_start = read_start_ticks(holder.pid)
-    assert start is not None and sleep_start is not None
-    write(
-        flight_dir,
-        f"marks-h1-{me}-{start}.jsonl",
-        {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
-    )
+    assert sleep_start is not None
     line = oom_line("b1", me, start, 3, 1796000000.0)
     line["holders"] = [
         {"pid": holder.pid, "bytes": 70 * GiB, "comm": "sleep", "start_ticks": sleep_start},
@@ -158,6 +153,19 @@ def test_the_book_parses_oom_lines_once_per_change_into_typed_holdings(
     assert held_series(book) == []
 
 
+def serve_script(tmp_path: Path, flight_dir: Path, script: Path, *args: str) -> Any:
+    """A real `rankscope serve` of this tree on the scripted cards, sampling every 50 ms."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    return serve(
+        flight_dir,
+        f"--device.script={script}",
+        "--sampler.interval=50ms",
+        *args,
+        log=tmp_path / "serve.log",
+        env=env,
+    )
+
+
 def scrape_oom(url: str) -> dict[tuple[tuple[str, str], ...], float]:
     _, _, body = get(url + "/metrics")
     out = {}
@@ -171,15 +179,8 @@ def scrape_oom(url: str) -> dict[tuple[tuple[str, str], ...], float]:
 def test_serve_counts_both_sources_and_serves_the_latest_oom_per_card(
     tmp_path: Path, flight_dir: Path, holder: subprocess.Popen[bytes]
 ) -> None:
-    # A rank of boot b1 (this test process stands for it: its pid and start ticks are real)
-    # recorded an OOM; the foreign `sleep` held 70 GiB of the simulated card.
-    me, start = os.getpid(), read_start_ticks()
-    assert start is not None
-    write(
-        flight_dir,
-        f"marks-h1-{me}-{start}.jsonl",
-        {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
-    )
+    # Rank 3 of boot b1 recorded an OOM; the foreign `sleep` held 70 GiB of the simulated card.
+    me, start = rank_3_of_b1(flight_dir)
     line = oom_line("b1", me, start, 3, 1796000000.0)
     line["device"]["uuid"] = "GPU-sim-0"
     line["device"]["nvml_index"] = 0
@@ -195,15 +196,7 @@ def test_serve_counts_both_sources_and_serves_the_latest_oom_per_card(
     write(flight_dir, f"oom-h1-{me}-{start}.jsonl", line, line)  # torch retried: two OOMs
     script = tmp_path / "cards.json"
     write_script(script, [card(10 * GiB, {holder.pid: 70 * GiB})])
-    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
-    with serve(
-        flight_dir,
-        f"--device.script={script}",
-        "--sampler.interval=50ms",
-        "--oom.free-below=256MiB",
-        log=tmp_path / "serve.log",
-        env=env,
-    ) as url:
+    with serve_script(tmp_path, flight_dir, script, "--oom.free-below=256MiB") as url:
         probe_key = (
             ("boot", "b1"),
             ("gpu", "0"),
@@ -270,30 +263,17 @@ def test_rankscope_oom_shows_the_daemons_sampler_ooms_when_asked(
 ) -> None:
     # boot b0 (older) and b1 (latest; this process stands for its rank 3, which recorded an
     # OOM); the card is exhausted from the daemon's first sample, the `sleep` holding it.
-    me, start = os.getpid(), read_start_ticks()
-    assert start is not None
     write(
         flight_dir,
         "marks-h1-300-30.jsonl",
         {**header("mark", "b0", 300, 30, 0, 50.0), "phase": "x"},
     )
-    write(
-        flight_dir,
-        f"marks-h1-{me}-{start}.jsonl",
-        {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
-    )
+    me, start = rank_3_of_b1(flight_dir)
     write(flight_dir, f"oom-h1-{me}-{start}.jsonl", oom_line("b1", me, start, 3, 1000.0))
     listing = {p.name: p.stat().st_size for p in flight_dir.iterdir()}
     script = tmp_path / "cards.json"
     write_script(script, [card(30 * MiB, {holder.pid: 70 * GiB})])
-    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
-    with serve(
-        flight_dir,
-        f"--device.script={script}",
-        "--sampler.interval=50ms",
-        log=tmp_path / "serve.log",
-        env=env,
-    ) as url:
+    with serve_script(tmp_path, flight_dir, script) as url:
         exhausted = (("boot", ""), ("gpu", "0"), ("pid", ""), ("rank", ""), ("uuid", "GPU-sim-0"))
         assert wait_for(lambda: scrape_oom(url).get(exhausted), what="exhaustion counted") == 1
 
