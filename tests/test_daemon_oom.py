@@ -245,7 +245,7 @@ def test_the_cli_reads_the_sampler_entry_the_daemon_writes_and_skips_a_bad_one()
     x = Exhaustion(0, "GPU-sim-0", 10.0, 200 * MiB, 40 * MiB, 11.0, (sleep, rank))
     bad = {**x.as_json(), "free": "lots"}
     probe = {"source": "probe", "wall": 9.0}  # the flight directory has it
-    page = {"ooms": [probe, x.as_json(), bad], "page": {"next": "/api/v1/oom?offset=3"}}
+    page = {"ooms": [probe, x.as_json(), bad, 7], "page": {"next": "/api/v1/oom?offset=4"}}
     (read,), skipped, following = sampler_ooms_of_page(page)
     assert (read.wall, read.gpu, read.uuid, read.free) == (11.0, 0, "GPU-sim-0", 40 * MiB)
     assert (read.onset_wall, read.onset_free) == (10.0, 200 * MiB)
@@ -253,7 +253,7 @@ def test_the_cli_reads_the_sampler_entry_the_daemon_writes_and_skips_a_bad_one()
         (41, "sleep", 70 * GiB, "foreign", None, None),
         (42, "python3", 9 * GiB, "rank", "b1", 2),
     ]
-    assert skipped == ["free: 'lots'"] and following == "/api/v1/oom?offset=3"
+    assert skipped == ["free: 'lots'", "ooms[]: 7"] and following == "/api/v1/oom?offset=4"
     unread = Exhaustion(0, "GPU-sim-0", 10.0, 0, 0, 10.0, None, "process list read failed: x")
     assert SamplerOom.parse(unread.as_json()).holders is None
 

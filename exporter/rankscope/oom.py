@@ -190,9 +190,7 @@ class SamplerOom:
             gpu=_opt(obj.get("gpu"), int, "gpu"),
             uuid=_opt(obj.get("uuid"), str, "uuid"),
             free=_opt(obj.get("free"), int, "free"),
-            onset_wall=None
-            if obj.get("onset_wall") is None
-            else _number(obj["onset_wall"], "onset_wall"),
+            onset_wall=_opt_number(obj.get("onset_wall"), "onset_wall"),
             onset_free=_opt(obj.get("onset_free"), int, "onset_free"),
             holders=holders,
             why=tuple(_of(w, str, "why") for w in why),
@@ -231,6 +229,10 @@ def _number(value: Any, name: str) -> float:
     return float(value)
 
 
+def _opt_number(value: Any, name: str) -> float | None:
+    return None if value is None else _number(value, name)
+
+
 def sampler_ooms_of_boot(
     ooms: Iterable[SamplerOom], boots: Sequence[BootSummary], boot: str | None
 ) -> list[SamplerOom]:
@@ -255,10 +257,9 @@ def sampler_ooms_of_page(doc: Any) -> tuple[list[SamplerOom], list[str], str | N
     ooms: list[SamplerOom] = []
     skipped: list[str] = []
     for entry in entries:
-        if not isinstance(entry, dict) or entry.get("source") != "sampler":
-            continue  # a probe's: the flight directory has it
         try:
-            ooms.append(SamplerOom.parse(entry))
+            if _of(entry, dict, "ooms[]").get("source") == "sampler":  # a probe's is in DIR
+                ooms.append(SamplerOom.parse(entry))
         except ValueError as exc:
             skipped.append(str(exc))
     return ooms, skipped, _opt(page.get("next"), str, "page.next")
