@@ -1,8 +1,9 @@
 """The daemon's OOM instants: the sampler's exhaustion hook (one process-list read per onset,
 the worst minimum followed without reads), and a real `rankscope serve` that counts the
 probe's oom lines and the exhaustions in rankscope_oom_events_total and serves them in
-/api/v1/oom and /api/v1/cards. Cards are the SIMULATED scripted source (no GPU here); the
-holders are real processes, named through the real /proc."""
+/api/v1/oom and /api/v1/cards, and whose exhaustions `rankscope oom DIR --daemon URL` shows
+(never written to DIR). Cards are the SIMULATED scripted source (no GPU here); the holders
+are real processes, named through the real /proc."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rankscope.daemon.collectors.oom import OomCollector
 from rankscope.daemon.devices import ScriptedSource, write_script
-from rankscope.daemon.flightstate import RankProcess
-from rankscope.daemon.oom import ExhaustionWatch
+from rankscope.daemon.flightstate import FlightState, RankProcess
+from rankscope.daemon.holdings import Holding
+from rankscope.daemon.oom import Exhaustion, ExhaustionWatch, OomBook
 from rankscope.daemon.sampler import FloorValue, Sampler
+from rankscope.oom import SamplerOom, sampler_ooms_of_page
 from rankscope.procfs import read_start_ticks
 from support.waiting import wait_for
 from test_daemon_serve import get, serve
-from test_oom_cli import header, oom_line, write
+from test_oom_cli import header, oom_line, rank_3_of_b1, run, write
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -103,6 +107,65 @@ def test_a_failing_process_list_keeps_the_event_with_a_why(tmp_path: Path) -> No
     assert sampler.samples == 1  # the sample itself completed
 
 
+def held_series(book: OomBook) -> list[tuple[str, ...]]:
+    """The rankscope_oom_holder_bytes samples one collection of the OOM collector yields."""
+    (fam,) = [f for f in OomCollector(book).collect() if f.name == "rankscope_oom_holder_bytes"]
+    return [(s.labels["pid"], s.labels["role"], s.labels["rank"]) for s in fam.samples]
+
+
+def test_the_book_parses_oom_lines_once_per_change_into_typed_holdings(
+    flight_dir: Path, holder: subprocess.Popen[bytes]
+) -> None:
+    # A real rank (this process) recorded an OOM; the real `sleep` held the card as a foreign.
+    me, start = rank_3_of_b1(flight_dir)
+    sleep_start = read_start_ticks(holder.pid)
+    assert sleep_start is not None
+    line = oom_line("b1", me, start, 3, 1796000000.0)
+    line["holders"] = [
+        {"pid": holder.pid, "bytes": 70 * GiB, "comm": "sleep", "start_ticks": sleep_start},
+        {"pid": me, "bytes": 6 * GiB, "comm": "python3", "start_ticks": start},
+    ]
+    write(flight_dir, f"oom-h1-{me}-{start}.jsonl", line)
+    book = OomBook(FlightState(flight_dir), None)
+
+    (first,) = book.probe_instants()
+    assert first.holders is not None and all(isinstance(h, Holding) for h in first.holders)
+    assert held_series(book) == [(str(holder.pid), "foreign", ""), (str(me), "rank", "3")]
+    held_series(book)  # scrapes with nothing new serve the instants parsed before
+    assert book.probe_instants()[0] is first
+
+    # The rank processes changed (the `sleep` turns out to be rank 5 of boot b1): parsed again.
+    write(
+        flight_dir,
+        f"marks-h1-{holder.pid}-{sleep_start}.jsonl",
+        {**header("mark", "b1", holder.pid, sleep_start, 5, 101.0), "phase": "x"},
+    )
+    book.state.refresh()
+    assert held_series(book) == [(str(holder.pid), "rank", "5"), (str(me), "rank", "3")]
+    (renamed,) = book.probe_instants()
+    assert renamed is not first
+
+    # A new oom line: parsed again, the newest is the card's latest.
+    write(flight_dir, f"oom-h1-{me}-{start}.jsonl", {**line, "wall": 1796000001.0, "holders": []})
+    book.state.refresh()
+    assert [i.wall for i in book.probe_instants()] == [1796000000.0, 1796000001.0]
+    assert book.probe_instants()[0] is not renamed
+    assert held_series(book) == []
+
+
+def serve_script(tmp_path: Path, flight_dir: Path, script: Path, *args: str) -> Any:
+    """A real `rankscope serve` of this tree on the scripted cards, sampling every 50 ms."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    return serve(
+        flight_dir,
+        f"--device.script={script}",
+        "--sampler.interval=50ms",
+        *args,
+        log=tmp_path / "serve.log",
+        env=env,
+    )
+
+
 def scrape_oom(url: str) -> dict[tuple[tuple[str, str], ...], float]:
     _, _, body = get(url + "/metrics")
     out = {}
@@ -116,15 +179,8 @@ def scrape_oom(url: str) -> dict[tuple[tuple[str, str], ...], float]:
 def test_serve_counts_both_sources_and_serves_the_latest_oom_per_card(
     tmp_path: Path, flight_dir: Path, holder: subprocess.Popen[bytes]
 ) -> None:
-    # A rank of boot b1 (this test process stands for it: its pid and start ticks are real)
-    # recorded an OOM; the foreign `sleep` held 70 GiB of the simulated card.
-    me, start = os.getpid(), read_start_ticks()
-    assert start is not None
-    write(
-        flight_dir,
-        f"marks-h1-{me}-{start}.jsonl",
-        {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
-    )
+    # Rank 3 of boot b1 recorded an OOM; the foreign `sleep` held 70 GiB of the simulated card.
+    me, start = rank_3_of_b1(flight_dir)
     line = oom_line("b1", me, start, 3, 1796000000.0)
     line["device"]["uuid"] = "GPU-sim-0"
     line["device"]["nvml_index"] = 0
@@ -140,15 +196,7 @@ def test_serve_counts_both_sources_and_serves_the_latest_oom_per_card(
     write(flight_dir, f"oom-h1-{me}-{start}.jsonl", line, line)  # torch retried: two OOMs
     script = tmp_path / "cards.json"
     write_script(script, [card(10 * GiB, {holder.pid: 70 * GiB})])
-    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
-    with serve(
-        flight_dir,
-        f"--device.script={script}",
-        "--sampler.interval=50ms",
-        "--oom.free-below=256MiB",
-        log=tmp_path / "serve.log",
-        env=env,
-    ) as url:
+    with serve_script(tmp_path, flight_dir, script, "--oom.free-below=256MiB") as url:
         probe_key = (
             ("boot", "b1"),
             ("gpu", "0"),
@@ -189,3 +237,65 @@ def test_serve_counts_both_sources_and_serves_the_latest_oom_per_card(
         assert [(s.labels["pid"], s.labels["comm"], s.labels["role"], s.value) for s in held] == [
             (str(holder.pid), "sleep", "foreign", 70 * GiB)
         ]
+
+
+def test_the_cli_reads_the_sampler_entry_the_daemon_writes_and_skips_a_bad_one() -> None:
+    sleep = Holding(41, "sleep", 70 * GiB, "foreign", None, None)
+    rank = Holding(42, "python3", 9 * GiB, "rank", "b1", 2)
+    x = Exhaustion(0, "GPU-sim-0", 10.0, 200 * MiB, 40 * MiB, 11.0, (sleep, rank))
+    bad = {**x.as_json(), "free": "lots"}
+    probe = {"source": "probe", "wall": 9.0}  # the flight directory has it
+    page = {"ooms": [probe, x.as_json(), bad, 7], "page": {"next": "/api/v1/oom?offset=4"}}
+    (read,), skipped, following = sampler_ooms_of_page(page)
+    assert (read.wall, read.gpu, read.uuid, read.free) == (11.0, 0, "GPU-sim-0", 40 * MiB)
+    assert (read.onset_wall, read.onset_free) == (10.0, 200 * MiB)
+    assert [(h.pid, h.comm, h.bytes, h.role, h.boot, h.rank) for h in read.holders or ()] == [
+        (41, "sleep", 70 * GiB, "foreign", None, None),
+        (42, "python3", 9 * GiB, "rank", "b1", 2),
+    ]
+    assert skipped == ["free: 'lots'", "ooms[]: 7"] and following == "/api/v1/oom?offset=4"
+    unread = Exhaustion(0, "GPU-sim-0", 10.0, 0, 0, 10.0, None, "process list read failed: x")
+    assert SamplerOom.parse(unread.as_json()).holders is None
+
+
+def test_rankscope_oom_shows_the_daemons_sampler_ooms_when_asked(
+    tmp_path: Path, flight_dir: Path, holder: subprocess.Popen[bytes]
+) -> None:
+    # boot b0 (older) and b1 (latest; this process stands for its rank 3, which recorded an
+    # OOM); the card is exhausted from the daemon's first sample, the `sleep` holding it.
+    write(
+        flight_dir,
+        "marks-h1-300-30.jsonl",
+        {**header("mark", "b0", 300, 30, 0, 50.0), "phase": "x"},
+    )
+    me, start = rank_3_of_b1(flight_dir)
+    write(flight_dir, f"oom-h1-{me}-{start}.jsonl", oom_line("b1", me, start, 3, 1000.0))
+    listing = {p.name: p.stat().st_size for p in flight_dir.iterdir()}
+    script = tmp_path / "cards.json"
+    write_script(script, [card(30 * MiB, {holder.pid: 70 * GiB})])
+    with serve_script(tmp_path, flight_dir, script) as url:
+        exhausted = (("boot", ""), ("gpu", "0"), ("pid", ""), ("rank", ""), ("uuid", "GPU-sim-0"))
+        assert wait_for(lambda: scrape_oom(url).get(exhausted), what="exhaustion counted") == 1
+
+        (probe_only,) = run(str(flight_dir)).stdout.splitlines()  # DIR alone: the rank's OOM
+        asked = run(str(flight_dir), "--daemon", url)
+        assert asked.returncode == 0, asked.stderr
+        probe, sampled = asked.stdout.splitlines()  # oldest first
+        assert probe == probe_only and "rank 3 pid" in probe
+        assert "gpu 0 (GPU-sim-0)  seen by the daemon's sampler (no rank's record)" in sampled
+        assert "free 0.03 GiB at worst" in sampled
+        assert sampled.endswith(f"holders: {holder.pid} sleep foreign 70.00 GiB")
+
+        doc = json.loads(run(str(flight_dir), "--json", "--daemon", url).stdout)
+        (entry,) = doc["sampler"]
+        assert entry["free"] == 30 * MiB and entry["uuid"] == "GPU-sim-0"
+        assert [(h["pid"], h["role"]) for h in entry["holders"]] == [(holder.pid, "foreign")]
+        assert len(doc["ooms"]) == 1
+        older = run(str(flight_dir), "--boot", "b0", "--daemon", url)
+        assert older.stdout == "no OOM recorded for boot b0\n"  # it ended before the exhaustion
+    # The daemon wrote nothing into the flight directory: the exhaustion lived in the daemon.
+    assert {p.name: p.stat().st_size for p in flight_dir.iterdir()} == listing
+
+    gone = run(str(flight_dir), "--daemon", url)
+    assert gone.returncode == 1 and f"rankscope oom: daemon {url}:" in gone.stderr
+    assert gone.stdout.splitlines() == [probe_only]  # what DIR holds is still printed

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rankscope.procfs import HOST_PIDNS_INODE
+from rankscope.procfs import HOST_PIDNS_INODE, read_start_ticks
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 1 << 30
@@ -69,6 +69,19 @@ def oom_line(
     )
     rec.update(over)
     return rec
+
+
+def rank_3_of_b1(flight_dir: Path) -> tuple[int, int]:
+    """This test process stands for rank 3 of boot b1 (its pid and start ticks are real): a
+    mark of it at wall 100. Its pid and start ticks."""
+    me, start = os.getpid(), read_start_ticks()
+    assert start is not None
+    write(
+        flight_dir,
+        f"marks-h1-{me}-{start}.jsonl",
+        {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
+    )
+    return me, start
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -4,14 +4,13 @@ source (seen by the sampler), card 1 with an oom line a rank's probe wrote."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from rankscope.demo.cards import CARD_TOTAL, DRIVER_RESERVED, SimulatedCards
 from rankscope.procfs import read_start_ticks
-from test_oom_cli import header, oom_line, write
+from test_oom_cli import oom_line, rank_3_of_b1, write
 from test_status_page import browser, serve  # noqa: F401 - the browser fixture
 
 GiB = 1 << 30
@@ -24,13 +23,7 @@ def test_the_last_oom_per_card_with_its_holders(
 ) -> None:
     foreign = subprocess.Popen(["sleep", "120"])
     try:
-        me, start = os.getpid(), read_start_ticks()
-        assert start is not None
-        write(
-            flight_dir,
-            f"marks-h1-{me}-{start}.jsonl",
-            {**header("mark", "b1", me, start, 3, 100.0), "phase": "x"},
-        )
+        me, start = rank_3_of_b1(flight_dir)
         line = oom_line("b1", me, start, 3, 1796000000.0)
         line["device"].update(uuid="GPU-simulated-demo-1", nvml_index=1)
         line["holders"] = [

@@ -4,20 +4,24 @@ parsed once into :class:`OomEvent`, with every holder of the card named: a rank 
 directory) or foreign.
 
 Used by ``rankscope oom DIR`` and by the daemon (/api/v1/oom, rankscope_oom_events_total).
+:class:`SamplerOom` is the reading side of the daemon's other source, the OOM instants its
+sampler saw (/api/v1/oom's ``source: "sampler"`` entries), which live in the daemon, not in
+the flight directory (docs/architecture.md, "Sampler-seen OOMs").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from rankscope.flight import Record
+from rankscope.flight import BootSummary, Record
 from rankscope.ledger import host_pid
 from rankscope.schema import Line, Oom, of_kind
 
 ROLE_RANK = "rank"
 ROLE_FOREIGN = "foreign"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -150,3 +154,112 @@ def oom_events(
     events = [parse_oom(line, name, resolve) for line in of_kind(records, Oom)]
     events.sort(key=lambda e: e.wall)
     return events
+
+
+@dataclass(frozen=True)
+class SamplerOom:
+    """An OOM instant the daemon's corridor sampler saw (the card's free memory at or below
+    --oom.free-below) where no rank's allocator reported one: an entry of /api/v1/oom with
+    ``source: "sampler"``, as rankscope.daemon.oom.Exhaustion.as_json writes it."""
+
+    wall: float  # the worst instant of the exhaustion
+    gpu: int | None
+    uuid: str | None
+    free: int | None  # free bytes at the worst instant
+    onset_wall: float | None
+    onset_free: int | None
+    holders: tuple[OomHolder, ...] | None  # read once, at the onset; None when unread
+    why: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["holders"] = None if self.holders is None else [asdict(h) for h in self.holders]
+        doc["why"] = list(self.why)
+        return doc
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> SamplerOom:
+        """One API entry -> the instant; ValueError naming the first field that is wrong."""
+        raw_holders = obj.get("holders")
+        holders = None
+        if raw_holders is not None:
+            holders = tuple(_sampler_holder(h) for h in _of(raw_holders, list, "holders"))
+        why = _of(obj.get("why") or [], list, "why")
+        return cls(
+            wall=_number(obj.get("wall"), "wall"),
+            gpu=_opt(obj.get("gpu"), int, "gpu"),
+            uuid=_opt(obj.get("uuid"), str, "uuid"),
+            free=_opt(obj.get("free"), int, "free"),
+            onset_wall=_opt_number(obj.get("onset_wall"), "onset_wall"),
+            onset_free=_opt(obj.get("onset_free"), int, "onset_free"),
+            holders=holders,
+            why=tuple(_of(w, str, "why") for w in why),
+        )
+
+
+def _sampler_holder(obj: Any) -> OomHolder:
+    h = _of(obj, dict, "holders")
+    role = _of(h.get("role"), str, "holders.role")
+    if role not in (ROLE_RANK, ROLE_FOREIGN):
+        raise ValueError(f"holders.role: {role!r}")
+    return OomHolder(
+        pid=_of(h.get("pid"), int, "holders.pid"),
+        bytes=_opt(h.get("bytes"), int, "holders.bytes"),
+        comm=_opt(h.get("comm"), str, "holders.comm"),
+        start_ticks=None,  # the sampler matched ranks through /proc; it keeps no start ticks
+        role=role,
+        boot=_opt(h.get("boot"), str, "holders.boot"),
+        rank=_opt(h.get("rank"), int, "holders.rank"),
+    )
+
+
+def _of(value: Any, kind: type[T], name: str) -> T:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{name}: {value!r}")
+    return value
+
+
+def _opt(value: Any, kind: type[T], name: str) -> T | None:
+    return None if value is None else _of(value, kind, name)
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: {value!r}")
+    return float(value)
+
+
+def _opt_number(value: Any, name: str) -> float | None:
+    return None if value is None else _number(value, name)
+
+
+def sampler_ooms_of_boot(
+    ooms: Iterable[SamplerOom], boots: Sequence[BootSummary], boot: str | None
+) -> list[SamplerOom]:
+    """The sampler's OOMs while ``boot`` was the newest: from its first record to the next
+    boot's first (the newest boot's window stays open: a rank killed by the OOM writes
+    nothing after it). Every one when no boot is chosen."""
+    chosen = [i for i, b in enumerate(boots) if b.boot == boot]
+    if not chosen:
+        return sorted(ooms, key=lambda o: o.wall)
+    i = chosen[0]
+    begin = boots[i].first_wall
+    end = boots[i + 1].first_wall if i + 1 < len(boots) else float("inf")
+    return sorted((o for o in ooms if begin <= o.wall < end), key=lambda o: o.wall)
+
+
+def sampler_ooms_of_page(doc: Any) -> tuple[list[SamplerOom], list[str], str | None]:
+    """One answer of /api/v1/oom -> its sampler entries, why each entry that could not be
+    read was skipped, and the path of the next page (None on the last)."""
+    body = _of(doc, dict, "answer")
+    entries = _of(body.get("ooms"), list, "ooms")
+    page = _opt(body.get("page"), dict, "page") or {}
+    ooms: list[SamplerOom] = []
+    skipped: list[str] = []
+    for entry in entries:
+        try:
+            if _of(entry, dict, "ooms[]").get("source") == "sampler":  # a probe's is in DIR
+                ooms.append(SamplerOom.parse(entry))
+        except ValueError as exc:
+            skipped.append(str(exc))
+    return ooms, skipped, _opt(page.get("next"), str, "page.next")

@@ -1,4 +1,6 @@
-"""`rankscope oom DIR [--boot ID] [--json]`: one line per OOM instant the probe recorded.
+"""`rankscope oom DIR [--boot ID] [--json] [--daemon URL]`: one line per OOM instant the
+probe recorded, and with ``--daemon`` the ones the daemon's sampler saw (which live in the
+daemon, not in the flight directory: docs/architecture.md, "Sampler-seen OOMs").
 
 Each line answers the incident: when, which card, which rank and pid failed, how many bytes
 it asked for and how many were free right then, then every holder of the card by pid, comm,
@@ -14,15 +16,29 @@ from typing import TextIO
 
 from rankscope.flight import BootNotFoundError, read_flight
 from rankscope.ledger_cli import NA, when
-from rankscope.oom import OomEvent, OomHolder, oom_events
+from rankscope.oom import (
+    OomEvent,
+    OomHolder,
+    SamplerOom,
+    oom_events,
+    sampler_ooms_of_boot,
+    sampler_ooms_of_page,
+)
 
 GiB = 1 << 30
+API_PAGE = 5000  # the daemon's largest page (rankscope.daemon.paging.MAX_LIMIT)
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("flight_dir", metavar="DIR", help="the flight directory (RANKSCOPE_DIR)")
     parser.add_argument("--boot", metavar="ID", help="the boot to show (default: the latest)")
     parser.add_argument("--json", action="store_true", help="print JSON (bytes) instead of lines")
+    parser.add_argument(
+        "--daemon",
+        metavar="URL",
+        help="also the OOMs the daemon's sampler saw, which no rank recorded: the daemon at "
+        "URL (http://127.0.0.1:19400) holds them in memory, never in DIR",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -35,14 +51,47 @@ def main(args: argparse.Namespace) -> int:
     # Holders are named against every boot's records: a rank of an older boot that still
     # holds the card is no stranger.
     events = oom_events(chosen.records, every.records)
+    sampled: list[SamplerOom] | None = None
+    status = 0
+    if args.daemon:
+        try:
+            held, skipped = fetch_sampler_ooms(args.daemon)
+        except (OSError, ValueError) as exc:  # unreachable, not a daemon: what DIR holds still
+            print(f"rankscope oom: daemon {args.daemon}: {exc}", file=sys.stderr)
+            status = 1
+        else:
+            sampled = sampler_ooms_of_boot(held, chosen.boots, chosen.boot)
+            if skipped:
+                print(
+                    f"rankscope oom: {len(skipped)} of the daemon's entries skipped "
+                    f"(first: {skipped[0]})",
+                    file=sys.stderr,
+                )
     if args.json:
-        json.dump(
-            {"boot": chosen.boot, "ooms": [e.as_json() for e in events]}, sys.stdout, indent=2
-        )
+        doc = {"boot": chosen.boot, "ooms": [e.as_json() for e in events]}
+        if sampled is not None:
+            doc["sampler"] = [o.as_json() for o in sampled]
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print_events(events, chosen.boot, sys.stdout)
-    return 0
+        print_events(events, sampled or [], chosen.boot, sys.stdout)
+    return status
+
+
+def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOom], list[str]]:
+    """Every sampler OOM the daemon at ``base`` holds (GET /api/v1/oom, page after page), and
+    why each entry it could not read was skipped."""
+    import urllib.request  # only here: it loads http.client and ssl
+
+    ooms: list[SamplerOom] = []
+    skipped: list[str] = []
+    path: str | None = f"/api/v1/oom?limit={API_PAGE}"
+    while path is not None:
+        with urllib.request.urlopen(base.rstrip("/") + path, timeout=timeout) as answer:
+            page, bad, path = sampler_ooms_of_page(json.load(answer))
+        ooms += page
+        skipped += bad
+    return ooms, skipped
 
 
 def gib(value: int | None) -> str:
@@ -67,13 +116,30 @@ def line(e: OomEvent) -> str:
     )
     if not e.holders:
         return head + "  holders: unknown (" + "; ".join(e.why or ("not recorded",)) + ")"
-    held = "; ".join(f"{h.pid} {h.comm or '?'} {role(h)} {gib(h.bytes)}" for h in e.holders)
-    return f"{head}  holders: {held}"
+    return f"{head}  holders: " + "; ".join(held(h) for h in e.holders)
 
 
-def print_events(events: list[OomEvent], boot: str | None, out: TextIO) -> None:
-    if not events:
+def sampler_line(o: SamplerOom) -> str:
+    card = f"gpu {o.gpu if o.gpu is not None else NA} ({o.uuid or 'uuid unknown'})"
+    head = f"{when(o.wall)}  {card}  seen by the daemon's sampler (no rank's record): "
+    head += f"free {gib(o.free)} at worst"
+    if o.onset_wall is not None:
+        head += f", {gib(o.onset_free)} at the onset {when(o.onset_wall)}"
+    if o.holders is None:
+        return head + "  holders: unknown (" + "; ".join(o.why or ("not read",)) + ")"
+    return head + "  holders: " + ("; ".join(held(h) for h in o.holders) or "none")
+
+
+def held(h: OomHolder) -> str:
+    return f"{h.pid} {h.comm or '?'} {role(h)} {gib(h.bytes)}"
+
+
+def print_events(
+    events: list[OomEvent], sampled: list[SamplerOom], boot: str | None, out: TextIO
+) -> None:
+    if not events and not sampled:
         out.write(f"no OOM recorded for boot {boot}\n" if boot else "no OOM recorded\n")
         return
-    for e in events:
-        out.write(line(e) + "\n")
+    lines = [(e.wall, line(e)) for e in events] + [(o.wall, sampler_line(o)) for o in sampled]
+    for _, text in sorted(lines, key=lambda wl: wl[0]):
+        out.write(text + "\n")

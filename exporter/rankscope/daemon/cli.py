@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+# First, before anything below imports a part of prometheus_client: the serve command
+# loads it by parts (no ssl, http.server, urllib.request in the daemon).
+import rankscope.daemon.prometheus_parts  # noqa: F401
 from rankscope.daemon import cards
 from rankscope.daemon.collectors import table
 from rankscope.daemon.flags import argtype, parse_bytes, parse_duration

@@ -133,6 +133,15 @@ class FlightView:
         """The ``count`` newest boots; every boot when count is 0."""
         return set(self.boots if count <= 0 else self.boots[-count:])
 
+    def rank_processes(self) -> list[RankProcess]:
+        """Every process of the view, newest boot's first, each (host, pid, start, boot) once."""
+        order = {boot: i for i, boot in enumerate(reversed(self.boots))}
+        seen: dict[tuple[str, int, int | None, str], RankProcess] = {}
+        for st in sorted(self.streams, key=lambda s: order.get(s.boot, len(order))):
+            p = st.process
+            seen.setdefault((p.host, p.pid, p.start_ticks, p.boot), p)
+        return list(seen.values())
+
 
 class FlightState:
     """The tailed flight directory. ``refresh()`` reads what was appended; the collectors,
@@ -357,13 +366,7 @@ class FlightState:
         holdings match NVML's host pids against; a process that exited simply never
         matches, since its start time identifies it)."""
         self.refresh()
-        view = self.view()
-        order = {boot: i for i, boot in enumerate(reversed(view.boots))}
-        seen: dict[tuple[str, int, int | None, str], RankProcess] = {}
-        for st in sorted(view.streams, key=lambda s: order.get(s.boot, len(order))):
-            p = st.process
-            seen.setdefault((p.host, p.pid, p.start_ticks, p.boot), p)
-        return list(seen.values())
+        return self.view().rank_processes()
 
     # --- folding records in ---------------------------------------------------------------
 

@@ -10,7 +10,9 @@ worst minimum (its free bytes and instant) without reading again. So there is at
 process-list read per onset, on the sampler's thread.
 
 :class:`OomBook` merges both sources for the collector and the JSON API: the OOM count per
-(card, boot, rank, pid) and the latest OOM per card with its holders.
+(card, boot, rank, pid) and the latest OOM per card with its holders, each OOM typed once as
+an :class:`OomInstant` (a probe's oom lines are parsed again only when they or the processes
+that name their holders change, never per scrape).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from rankscope.daemon.devices import CardIdentity
 from rankscope.daemon.flightstate import FlightState, RankProcess, host_pids
 from rankscope.daemon.holdings import Holding, attribute
 from rankscope.daemon.sampler import CardState, FloorValue, Sampler
-from rankscope.oom import OomEvent, RankNamer, oom_events
+from rankscope.oom import OomEvent, OomHolder, RankNamer, oom_events
 from rankscope.procfs import RankIndex, read_proc_info
-from rankscope.schema import SCHEMA_VERSION, AnyLine, Header, Line, UnknownKind
+from rankscope.schema import SCHEMA_VERSION, AnyLine, Header, Line, Oom, UnknownKind
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -191,6 +193,55 @@ def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
     return name
 
 
+@dataclass(frozen=True)
+class OomInstant:
+    """One OOM instant of either source, typed once: a probe's ``oom`` line when it is parsed,
+    a sampler's exhaustion as the watch noted it. ``holders`` are named rank or foreign,
+    largest first; None when they could not be read."""
+
+    source: str  # probe | sampler
+    wall: float
+    gpu: int | None
+    uuid: str | None
+    holders: tuple[Holding, ...] | None
+    event: OomEvent | Exhaustion
+
+    @classmethod
+    def of_probe(cls, e: OomEvent) -> OomInstant:
+        holders = tuple(_holding(h) for h in e.holders)  # empty when unread: e.why says why
+        return cls("probe", e.wall, e.gpu, e.uuid, holders, e)
+
+    @classmethod
+    def of_sampler(cls, x: Exhaustion) -> OomInstant:
+        return cls("sampler", x.worst_wall, x.gpu, x.uuid, x.holders, x)
+
+    def as_json(self) -> dict[str, Any]:
+        """The API's form (/api/v1/oom): a probe's is what `rankscope oom --json` prints."""
+        if isinstance(self.event, OomEvent):
+            return {"source": self.source, **self.event.as_json()}
+        return self.event.as_json()
+
+
+def _holding(h: OomHolder) -> Holding:
+    """A probe's named holder as a holding of the card (the daemon's one holder type)."""
+    return Holding(h.pid, h.comm or "", h.bytes, h.role, h.boot, h.rank)
+
+
+@dataclass
+class _Parsed:
+    """The probe instants parsed from ``records`` with holders named against ``ranks``."""
+
+    records: list[Line[Oom]]
+    ranks: list[RankProcess]
+    instants: list[OomInstant]
+
+    def holds(self, records: list[Line[Oom]], ranks: list[RankProcess]) -> bool:
+        # The lines are the flight state's own objects, kept alive here: identity is change.
+        if len(records) != len(self.records) or ranks != self.ranks:
+            return False
+        return all(a is b for a, b in zip(records, self.records, strict=True))
+
+
 class OomBook:
     """Both sources of OOM instants, for the collector and the API."""
 
@@ -200,30 +251,41 @@ class OomBook:
         self.state = state
         self.watch = watch
         self.proc = proc
+        self._lock = threading.Lock()
+        self._parsed: _Parsed | None = None
 
-    def probe_events(self) -> list[OomEvent]:
-        """Every oom line of every boot in the flight directory, oldest first."""
+    def probe_instants(self) -> list[OomInstant]:
+        """Every oom line of every boot in the flight directory, oldest first; parsed again
+        only when the lines or the rank processes changed since the last call."""
         self.state.refresh_if_older(2.0)  # the daemon's refresher keeps it younger
         view = self.state.view()
         records = [rec for st in view.streams for rec in st.ooms]
-        if not records:
-            return []
-        name = rank_namer_of(self.state.rank_processes(), self.proc)
-        return oom_events(records, namer=name, resolve=self.state.host_pid)
+        ranks = view.rank_processes()
+        with self._lock:
+            parsed = self._parsed
+            if parsed is None or not parsed.holds(records, ranks):
+                name = rank_namer_of(ranks, self.proc)
+                events = oom_events(records, namer=name, resolve=self.state.host_pid)
+                parsed = _Parsed(records, ranks, [OomInstant.of_probe(e) for e in events])
+                self._parsed = parsed
+            return parsed.instants
 
     def exhaustions(self) -> list[Exhaustion]:
         return self.watch.events() if self.watch is not None else []
 
+    def instants(self) -> list[OomInstant]:
+        """Every OOM both sources know, oldest first."""
+        out = self.probe_instants() + [OomInstant.of_sampler(x) for x in self.exhaustions()]
+        out.sort(key=lambda i: i.wall)
+        return out
+
+    def latest_by_card(self) -> dict[str, OomInstant]:
+        """Each card's (by uuid) latest OOM."""
+        return {i.uuid: i for i in self.instants() if i.uuid is not None}
+
     def documents(self) -> list[dict[str, Any]]:
         """Every OOM both sources know, oldest first, as the API returns them."""
-        docs = [{"source": "probe", **e.as_json()} for e in self.probe_events()]
-        docs += [e.as_json() for e in self.exhaustions()]
-        docs.sort(key=lambda d: d["wall"])
-        return docs
+        return [i.as_json() for i in self.instants()]
 
     def latest_by_uuid(self) -> dict[str, dict[str, Any]]:
-        latest: dict[str, dict[str, Any]] = {}
-        for doc in self.documents():
-            if doc["uuid"] is not None:
-                latest[doc["uuid"]] = doc
-        return latest
+        return {uuid: i.as_json() for uuid, i in self.latest_by_card().items()}

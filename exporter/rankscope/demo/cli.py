@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
-from rankscope.daemon.cards import parse_duration
+from rankscope.daemon.flags import parse_duration
 from rankscope.demo import alerting, services
 from rankscope.demo.cards import FLOOR, SimulatedCards
 from rankscope.demo.scenarios import SCENARIOS, Options, Result, ScenarioRun, Stack

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
 
-from rankscope.daemon.holdings import ROLE_FOREIGN, ROLE_RANK, Holding, cap
+from rankscope.daemon.holdings import cap
 from rankscope.daemon.oom import OomBook, as_line
 from rankscope.daemon.registry import add, counter, gauge
 
@@ -39,12 +39,7 @@ class OomCollector:
             add(events, labels, n)
         yield events
         holders = gauge("rankscope_oom_holder_bytes")
-        for uuid, doc in book.latest_by_uuid().items():
-            held = [
-                Holding(h["pid"], h["comm"] or "", h["bytes"], h["role"], h["boot"], h["rank"])
-                for h in doc["holders"] or ()
-                if h["role"] in (ROLE_RANK, ROLE_FOREIGN)
-            ]
-            for h in cap(held, self.max_per_card):
-                add(holders, (doc["gpu"], uuid, h.pid, h.comm, h.role, h.boot, h.rank), h.bytes)
+        for uuid, oom in book.latest_by_card().items():
+            for h in cap(list(oom.holders or ()), self.max_per_card):
+                add(holders, (oom.gpu, uuid, h.pid, h.comm, h.role, h.boot, h.rank), h.bytes)
         yield holders
