@@ -5,13 +5,14 @@ the deficit of each rank here that is behind (docs/alerting.md, "Why this shape"
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
-from rankscope.census.compare import compare_group, digest, members_of, split_by_group
+from rankscope.census.compare import digest
+from rankscope.census.rounds import History, Snapshots, group_rounds
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.schema import Census, CensusDump, Divergence, Line
@@ -54,43 +55,26 @@ def snapshots_since(st: StreamState, floor: int) -> dict[int, Census]:
     return out
 
 
-def host_summaries(history: Mapping[int, Mapping[int, Census]]) -> dict[str, GroupSummary]:
-    """Each group instance the ranks of this host report, compared at the latest round that
-    all of its members here have a snapshot of. ``history`` maps each rank to its snapshots
-    by round. A group whose members share no round here is left out: compared with
-    nobody, as ranks at different rounds must be."""
-    present = {rank: snaps for rank, snaps in history.items() if snaps}
-    # Split a snapshot by group only where it is read (each rank's latest, and the round a
-    # group is compared at): a rank far behind keeps every other rank's history long.
-    split: dict[tuple[int, int], dict[str, dict[str, int]]] = {}
-
-    def groups_at(rank: int, round_: int) -> dict[str, dict[str, int]]:
-        key = (rank, round_)
-        if key not in split:
-            split[key] = split_by_group(present[rank][round_].counts or {})
-        return split[key]
-
-    latest = {rank: groups_at(rank, max(snaps)) for rank, snaps in present.items()}
+def host_summaries(history: History) -> dict[str, GroupSummary]:
+    """Each group instance the ranks of this host report, at its latest common round
+    (rankscope.census.rounds, the rule ``rankscope census`` applies too). ``history`` maps
+    each rank to its snapshots by round. A group whose members share no round here is left
+    out; a lone member is published with its digest and no deficit: the hosts' digests are
+    compared by the rules (docs/alerting.md)."""
     out: dict[str, GroupSummary] = {}
-    for group in sorted({g for by_group in latest.values() for g in by_group}):
-        reporters = [rank for rank, by_group in latest.items() if group in by_group]
-        members = members_of(group, present, reporters)
-        common = set.intersection(*(set(present[m]) for m in members)) if members else set()
-        if not common:
+    for found in group_rounds(Snapshots(history)):
+        if found.round is None:
             continue
-        at = max(common)
-        per_rank = {m: groups_at(m, at).get(group, {}) for m in members}
         top: dict[str, int] = {}
-        for ops in per_rank.values():
+        for ops in found.ops.values():
             for op, n in ops.items():
                 top[op] = max(top.get(op, 0), n)
-        deficits: dict[tuple[int, str], int] = {}
-        if len(members) > 1:
-            for entry in compare_group(group, per_rank):
-                most = max(entry["counts"].values())
-                for rank in entry["lagging"]:
-                    deficits[(rank, entry["op"])] = most - entry["counts"][str(rank)]
-        out[group] = GroupSummary(at, digest(top), deficits)
+        deficits = {
+            (rank, entry["op"]): max(entry["counts"].values()) - entry["counts"][str(rank)]
+            for entry in found.entries
+            for rank in entry["lagging"]
+        }
+        out[found.group] = GroupSummary(found.round, digest(top), deficits)
     return out
 
 
