@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankscope.census.compare import Entry, compare_group, members_of, split_by_group
 from rankscope.census.naming import parse_p2p, report_op_name
-from rankscope.census.rounds import GroupRound, Snapshots, group_rounds
+from rankscope.census.rounds import GroupRound, SnapshotsByRank, group_rounds
 from rankscope.schema import AnyLine, Census, CensusDump, Divergence, Line
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def _snapshot_sections(
     """(groups, entries at each group's latest common round, history of divergences) from
     the snapshots: every group instance compared over its members' common rounds
     (rankscope.census.rounds, the rule the daemon's census collector applies too)."""
-    snapshots = Snapshots({r: s.snapshots for r, s in ranks.items()})
+    snapshots = SnapshotsByRank({r: s.snapshots for r, s in ranks.items()})
     groups: list[dict[str, Any]] = []
     entries: list[Entry] = []
     history: list[Entry] = []
@@ -174,7 +174,7 @@ def _snapshot_sections(
     return groups, entries, history
 
 
-def _entries_by_round(found: GroupRound, snapshots: Snapshots) -> dict[int, dict[str, Entry]]:
+def _entries_by_round(found: GroupRound, snapshots: SnapshotsByRank) -> dict[int, dict[str, Entry]]:
     """Per common round of ``found``, the comparison of its members, by op (the latest is
     the one :func:`group_rounds` made)."""
     entries_at = {found.rounds[-1]: {e["op"]: e for e in found.entries}}

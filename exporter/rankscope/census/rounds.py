@@ -15,7 +15,7 @@ from rankscope.schema import Census
 History = Mapping[int, Mapping[int, Census]]  # rank -> round -> that rank's snapshot
 
 
-class Snapshots:
+class SnapshotsByRank:
     """Each rank's snapshots by round, split by group only where read: a rank far behind
     keeps every other rank's history long, and the daemon reads it at every scrape."""
 
@@ -50,7 +50,7 @@ class GroupRound:
         return self.rounds[-1] if self.rounds else None
 
 
-def group_rounds(snapshots: Snapshots) -> list[GroupRound]:
+def group_rounds(snapshots: SnapshotsByRank) -> list[GroupRound]:
     """Every group instance named in some rank's latest snapshot, by name. A process's
     counts only grow, so its latest snapshot names every group it ever counted; reading only
     that one (and the rounds compared) keeps the daemon's scrape from splitting every

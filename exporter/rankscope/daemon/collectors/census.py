@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 
 from rankscope.census.compare import digest
-from rankscope.census.rounds import History, Snapshots, group_rounds
+from rankscope.census.rounds import History, SnapshotsByRank, group_rounds
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.schema import Census, CensusDump, Divergence, Line
@@ -62,7 +62,7 @@ def host_summaries(history: History) -> dict[str, GroupSummary]:
     out; a lone member is published with its digest and no deficit: the hosts' digests are
     compared by the rules (docs/alerting.md)."""
     out: dict[str, GroupSummary] = {}
-    for found in group_rounds(Snapshots(history)):
+    for found in group_rounds(SnapshotsByRank(history)):
         if found.round is None:
             continue
         top: dict[str, int] = {}
