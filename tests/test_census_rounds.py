@@ -17,6 +17,7 @@ from rankscope.census.report import census_document
 from rankscope.daemon.collectors.census import CensusCollector
 from rankscope.daemon.flightstate import FlightState
 from rankscope.flight import read_flight
+from rankscope.schema import Census
 from test_daemon_collectors import scrape
 from test_daemon_flightstate import rank_recorder
 
@@ -138,3 +139,21 @@ def test_the_daemon_and_the_report_name_the_same_round_ops_and_ranks(
     lone = next(g for g in doc["groups"] if g["group"] == "dp:3,7")
     assert (lone["members"], lone["round"], lone["rounds_compared"]) == ([3], 20, 0)
     assert not [e for e in doc["entries"] if e["group"] in ("dp:3,7", "moe:0-3")]
+
+
+def pairs(rank: int, t: int) -> None:
+    census.count("world:0-1", "all_reduce")
+
+
+def test_a_latest_snapshot_that_does_not_read_leaves_the_rank_at_its_last_readable_one(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's line of round 40 has a count that does not read (negative): both readers
+    skip it and compare rank 1 at round 30; the daemon does not drop it from the group."""
+    run_rank(flight_dir, 0, 40, pairs, monkeypatch)
+    run_rank(flight_dir, 1, 30, pairs, monkeypatch)
+    unreadable = Census(round=40, every=EVERY, counts={("world:0-1", "all_reduce"): -1})
+    assert snapshots.RECORDER.write_record(unreadable)
+    want: tuple[dict[str, int], dict[tuple[str, str], dict[int, int]]] = ({"world:0-1": 30}, {})
+    assert daemon_view(flight_dir) == want
+    assert report_view(flight_dir) == want
