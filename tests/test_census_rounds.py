@@ -42,17 +42,19 @@ def run_rank(
     ticks: int,
     issue: Callable[[int, int], None],
     monkeypatch: pytest.MonkeyPatch,
+    lost: int | None = None,
 ) -> None:
     """One rank's process, in turn: its collectives of each tick, then tick(); the census
-    writes a snapshot every EVERY ticks through the rank's own recorder."""
+    writes a snapshot every EVERY ticks through the rank's own recorder (not at tick
+    ``lost``: the recorder is unarmed then, as when the flight directory cannot be written)."""
     counts.reset()
     graphs.reset()
     snapshots.reset()
-    monkeypatch.setattr(
-        snapshots, "RECORDER", rank_recorder(flight_dir, BOOT, rank, pid=100 + rank)
-    )
+    recorder = rank_recorder(flight_dir, BOOT, rank, pid=100 + rank)
+    monkeypatch.setattr(snapshots, "RECORDER", recorder)
     for t in range(1, ticks + 1):
         issue(rank, t)
+        recorder.armed = t != lost
         census.tick()
 
 
@@ -91,7 +93,7 @@ def daemon_view(flight_dir: Path) -> tuple[dict[str, int], dict[tuple[str, str],
     state = FlightState(flight_dir)
     state.refresh()
     s = scrape(CensusCollector(state))
-    rounds = {lb["group"]: int(v) for lb, v in s["rankscope_census_group_round"]}
+    rounds = {lb["group"]: int(v) for lb, v in s.get("rankscope_census_group_round", [])}
     lagging: dict[tuple[str, str], dict[int, int]] = {}
     for lb, v in s.get("rankscope_census_rank_deficit", []):
         lagging.setdefault((lb["group"], lb["op"]), {})[int(lb["rank"])] = int(v)
@@ -157,3 +159,24 @@ def test_a_latest_snapshot_that_does_not_read_leaves_the_rank_at_its_last_readab
     want: tuple[dict[str, int], dict[tuple[str, str], dict[int, int]]] = ({"world:0-1": 30}, {})
     assert daemon_view(flight_dir) == want
     assert report_view(flight_dir) == want
+
+
+def test_a_snapshot_lost_while_another_rank_is_behind_sends_both_to_an_older_round(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 stands at round 90; rank 2 lost its snapshot of round 90: the latest round all
+    three have is 80, before the rounds the daemon reads first."""
+    run_rank(flight_dir, 0, 100, world3, monkeypatch)
+    run_rank(flight_dir, 1, 90, world3, monkeypatch)
+    run_rank(flight_dir, 2, 100, world3, monkeypatch, lost=90)
+    want: tuple[dict[str, int], dict[tuple[str, str], dict[int, int]]] = (
+        {"world:0-2": 80},
+        {("world:0-2", "all_reduce"): {2: 1}},
+    )
+    assert daemon_view(flight_dir) == want
+    assert report_view(flight_dir) == want
+
+
+def world3(rank: int, t: int) -> None:
+    if not (rank == 2 and t == 42):  # rank 2 skips one
+        census.count("world:0-2", "all_reduce")

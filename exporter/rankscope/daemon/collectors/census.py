@@ -5,14 +5,14 @@ the deficit of each rank here that is behind (docs/alerting.md, "Why this shape"
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
 from rankscope.census.compare import digest
-from rankscope.census.rounds import History, SnapshotsByRank, group_rounds
+from rankscope.census.rounds import GroupRound, SnapshotsByRank, group_rounds
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.schema import Census, CensusDump, Divergence, Line
@@ -55,26 +55,44 @@ def snapshots_since(st: StreamState, floor: int) -> dict[int, Census]:
     return out
 
 
-def host_summaries(history: History) -> dict[str, GroupSummary]:
-    """Each group instance the ranks of this host report, at its latest common round
-    (rankscope.census.rounds, the rule ``rankscope census`` applies too). ``history`` maps
-    each rank to its snapshots by round. A group whose members share no round here is left
-    out; a lone member is published with its digest and no deficit: the hosts' digests are
-    compared by the rules (docs/alerting.md)."""
+def host_groups(held: Mapping[Any, tuple[StreamState, Line[Census]]]) -> list[GroupRound]:
+    """Each group instance of this host's ranks at its latest common round
+    (rankscope.census.rounds, the rule ``rankscope census`` applies too), read from each
+    rank's snapshots since the oldest latest round: ranks that snapshot at the same rounds
+    have every latest common round there. Only a group whose members share no round there (a
+    snapshot lost on one rank while another is behind) sends the read back to every snapshot
+    held."""
+    floor = min((s.body.round for _, s in held.values() if s.body.round is not None), default=0)
+    found = group_rounds(SnapshotsByRank(_history(held, floor)))
+    if floor and any(g.round is None and len(g.members) > 1 for g in found):
+        found = group_rounds(SnapshotsByRank(_history(held, 0)))
+    return found
+
+
+def _history(
+    held: Mapping[Any, tuple[StreamState, Line[Census]]], floor: int
+) -> dict[int, dict[int, Census]]:
+    return {rank: snapshots_since(st, floor) for rank, (st, _) in held.items() if rank is not None}
+
+
+def host_summaries(found: Iterable[GroupRound]) -> dict[str, GroupSummary]:
+    """What this host publishes of each group instance at its latest common round. A group
+    whose members share no round here is left out; a lone member is published with its
+    digest and no deficit: the hosts' digests are compared by the rules (docs/alerting.md)."""
     out: dict[str, GroupSummary] = {}
-    for found in group_rounds(SnapshotsByRank(history)):
-        if found.round is None:
+    for group in found:
+        if group.round is None:
             continue
         top: dict[str, int] = {}
-        for ops in found.ops.values():
+        for ops in group.ops.values():
             for op, n in ops.items():
                 top[op] = max(top.get(op, 0), n)
         deficits = {
             (rank, entry["op"]): max(entry["counts"].values()) - entry["counts"][str(rank)]
-            for entry in found.entries
+            for entry in group.entries
             for rank in entry["lagging"]
         }
-        out[found.group] = GroupSummary(found.round, digest(top), deficits)
+        out[group.group] = GroupSummary(group.round, digest(top), deficits)
     return out
 
 
@@ -127,12 +145,7 @@ class CensusCollector:
             add(stamp, (boot, rank), snap.header.wall)
             for group, op, n in census_counts(snap.body):
                 add(round_counts, (boot, rank, group, op), n)
-        # The host's comparison, from each rank's snapshots since the oldest latest round.
-        floor = min((s.body.round for _, s in held.values() if s.body.round is not None), default=0)
-        history = {
-            rank: snapshots_since(st, floor) for rank, (st, _) in held.items() if rank is not None
-        }
-        for group, summary in host_summaries(history).items():
+        for group, summary in host_summaries(host_groups(held)).items():
             add(group_round, (boot, group), summary.round)
             add(group_digest, (boot, group), summary.digest)
             for (rank, op), behind in summary.deficits.items():
