@@ -10,6 +10,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rankscope.census.compare import DIGEST_BITS, digest
+from rankscope.census.rounds import SnapshotsByRank, group_rounds
 from rankscope.daemon.collectors.arenas import ArenasCollector
 from rankscope.daemon.collectors.census import CensusCollector, host_summaries
 from rankscope.daemon.collectors.phases import PhasesCollector
@@ -260,9 +261,9 @@ def test_census_host_summary_compares_the_ranks_of_a_group_at_their_common_round
 def test_census_host_summary_leaves_out_a_group_whose_ranks_share_no_round() -> None:
     a = Census(round=5, every=None, counts={("tp:0-1", "all_reduce"): 5})
     b = Census(round=6, every=None, counts={("tp:0-1", "all_reduce"): 6})
-    assert host_summaries({0: {5: a}, 1: {6: b}}) == {}
+    assert host_summaries(group_rounds(SnapshotsByRank({0: {5: a}, 1: {6: b}}))) == {}
     # One member alone is compared with nobody: a digest, no deficit.
-    (only,) = host_summaries({0: {5: a}}).values()
+    (only,) = host_summaries(group_rounds(SnapshotsByRank({0: {5: a}}))).values()
     assert (only.round, only.deficits) == (5, {})
 
 

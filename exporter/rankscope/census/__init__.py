@@ -15,7 +15,8 @@ The package has two halves that meet only at the record (rankscope.schema):
   comparison);
 - reading records: ``report`` (what ``rankscope census`` and the daemon's /api/v1/census
   print), ``cli``;
-- shared, pure: ``naming`` (group instance and p2p op names) and ``compare``.
+- shared, pure: ``naming`` (group instance and p2p op names), ``compare`` and ``rounds``
+  (a group's latest common round).
 
 The reading half never imports the in-rank half, and this module imports neither until one
 of the names below is first used (PEP 562), so the daemon, which reads census records,

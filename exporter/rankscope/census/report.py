@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankscope.census.compare import Entry, compare_group, members_of, split_by_group
 from rankscope.census.naming import parse_p2p, report_op_name
+from rankscope.census.rounds import GroupRound, SnapshotsByRank, group_rounds
 from rankscope.schema import AnyLine, Census, CensusDump, Divergence, Line
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class _Rank:
         self.rank = rank
         self.process: tuple[Any, ...] | None = None
         self.last_wall = float("-inf")
-        self.rounds: dict[int, dict[str, dict[str, int]]] = {}  # round -> group -> op -> n
+        self.snapshots: dict[int, Census] = {}  # by round
         self.snapshot_wall: dict[int, float] = {}
         self.every: int | None = None
         self.dump: dict[str, Any] | None = None
@@ -85,19 +86,20 @@ def _load(
             if body.counts is None or body.round is None:
                 skipped["bad_census_line"] += 1
                 continue
-            by_group = split_by_group(body.counts)
             if isinstance(body, Census):
-                state.rounds[body.round] = by_group
+                state.snapshots[body.round] = body
                 state.snapshot_wall[body.round] = h.wall
                 if body.every is not None:
                     state.every = body.every
             elif state.dump is None or h.wall >= state.dump["wall"]:
                 state.dump = {"reason": str(body.reason), "round": body.round, "wall": h.wall}
-                state.dump_counts = by_group
+                state.dump_counts = split_by_group(body.counts)
     return ranks, divergences
 
 
-def _spans(rounds: list[int], entries_at: dict[int, dict[str, Entry]], latest: int) -> list[Entry]:
+def _spans(
+    rounds: Iterable[int], entries_at: dict[int, dict[str, Entry]], latest: int
+) -> list[Entry]:
     """Runs of consecutive common rounds where an op diverged with the same lagging ranks."""
     spans: list[Entry] = []
     open_spans: dict[str, Entry] = {}
@@ -148,61 +150,41 @@ def _snapshot_sections(
     ranks: dict[int, _Rank],
 ) -> tuple[list[dict[str, Any]], list[Entry], list[Entry]]:
     """(groups, entries at each group's latest common round, history of divergences) from
-    the snapshots: every group instance compared over its members' common rounds."""
-    with_snapshots = {r for r, s in ranks.items() if s.rounds}
-    groups_seen: dict[str, set[int]] = collections.defaultdict(set)
-    for state in ranks.values():
-        for by_group in state.rounds.values():
-            for group in by_group:
-                groups_seen[group].add(state.rank)
+    the snapshots: every group instance compared over its members' common rounds
+    (rankscope.census.rounds, the rule the daemon's census collector applies too)."""
+    snapshots = SnapshotsByRank({r: s.snapshots for r, s in ranks.items()})
     groups: list[dict[str, Any]] = []
     entries: list[Entry] = []
     history: list[Entry] = []
-    for group in sorted(groups_seen):
-        members = members_of(group, with_snapshots, groups_seen[group])
-        summary: dict[str, Any] = {
-            "group": group,
-            "members": members,
-            "round": None,
-            "rounds_compared": 0,
-        }
-        groups.append(summary)
-        common = (
-            sorted(set.intersection(*(set(ranks[m].rounds) for m in members)))
-            if len(members) >= 2
-            else []
+    for found in group_rounds(snapshots):
+        compared = found.rounds if len(found.members) > 1 else ()
+        groups.append(
+            {
+                "group": found.group,
+                "members": list(found.members),
+                "round": found.round,
+                "rounds_compared": len(compared),
+            }
         )
-        summary["rounds_compared"] = len(common)
-        if not common:
+        if not compared:
             continue
-        latest = summary["round"] = common[-1]
-        entries_at = _entries_by_round(group, members, common, ranks)
-        entries.extend(dict(e, round=latest) for e in entries_at[latest].values())
-        history.extend(_spans(common, entries_at, latest))
+        entries.extend(dict(e, round=found.round) for e in found.entries)
+        history.extend(_spans(compared, _entries_by_round(found, snapshots), compared[-1]))
     history.sort(key=lambda e: (e["rounds"][0], e["group"], e["op"]))
     return groups, entries, history
 
 
-def _entries_by_round(
-    group: str, members: list[int], common: list[int], ranks: dict[int, _Rank]
-) -> dict[int, dict[str, Entry]]:
-    """Per common round, the comparison of ``group`` over ``members``, by op."""
-    latest = common[-1]
-    has_p2p = any(
-        parse_p2p(op) is not None
-        for m in members
-        for by_group in ranks[m].rounds.values()
-        for op in by_group.get(group, {})
-    )
-    entries_at: dict[int, dict[str, Entry]] = {}
-    for r in common:
-        at = [ranks[m].rounds[r].get(group, {}) for m in members]
-        if r != latest and not has_p2p and all(ops == at[0] for ops in at[1:]):
+def _entries_by_round(found: GroupRound, snapshots: SnapshotsByRank) -> dict[int, dict[str, Entry]]:
+    """Per common round of ``found``, the comparison of its members, by op (the latest is
+    the one :func:`group_rounds` made)."""
+    entries_at = {found.rounds[-1]: {e["op"]: e for e in found.entries}}
+    for r in found.rounds[:-1]:
+        at = [snapshots.groups_at(m, r).get(found.group, {}) for m in found.members]
+        if all(ops == at[0] for ops in at[1:]) and all(parse_p2p(op) is None for op in at[0]):
             entries_at[r] = {}  # every member agrees on every op: nothing to list
             continue
-        entries_at[r] = {
-            e["op"]: e for e in compare_group(group, dict(zip(members, at, strict=True)))
-        }
+        per_rank = dict(zip(found.members, at, strict=True))
+        entries_at[r] = {e["op"]: e for e in compare_group(found.group, per_rank)}
     return entries_at
 
 
@@ -247,19 +229,19 @@ def census_document(flight: Flight) -> dict[str, Any]:
 
 
 def _rank_summary(state: _Rank) -> dict[str, Any]:
-    last_round = max(state.rounds) if state.rounds else None
+    last_round = max(state.snapshots) if state.snapshots else None
     host, pid, start_ticks = state.process or (None, None, None)
     return {
         "rank": state.rank,
         "host": host,
         "pid": pid,
         "start_ticks": start_ticks,
-        "snapshots": len(state.rounds),
+        "snapshots": len(state.snapshots),
         "last_round": last_round,
         "last_snapshot_wall": state.snapshot_wall.get(last_round) if last_round else None,
         "counts": [
             [g, op, n]
-            for g, ops in sorted(state.rounds[last_round].items())
+            for g, ops in sorted(split_by_group(state.snapshots[last_round].counts or {}).items())
             for op, n in sorted((report_op_name(state.rank, op), n) for op, n in ops.items())
         ]
         if last_round is not None

@@ -107,7 +107,7 @@ class StreamState:
     marks: list[Line[Mark]] = field(default_factory=list)
     census_lines: list[Record] = field(default_factory=list)  # census, dumps, divergences
     census: Line[Census | CensusDump] | None = None  # latest census or census_dump line
-    snapshot: Line[Census] | None = None  # latest census line (a snapshot round)
+    snapshot: Line[Census] | None = None  # latest readable census line (a snapshot round)
     arenas: Line[Mark] | None = None  # latest line carrying arena figures (a mark)
     marks_forgotten: int = 0  # oldest marks dropped past MAX_MARKS_PER_PROCESS
     ooms: list[Line[Oom]] = field(default_factory=list)  # oom lines, newest last
@@ -413,7 +413,11 @@ class FlightState:
                 st.census_forgotten += 1
                 del st.census_lines[0]
         if isinstance(body, Census):
-            st.census = st.snapshot = Line(h, body)
+            st.census = Line(h, body)
+            # A snapshot whose round or counts do not read compares nothing (the census
+            # report skips it too): the rank stays at its last readable one.
+            if body.round is not None and body.counts is not None:
+                st.snapshot = Line(h, body)
         elif isinstance(body, CensusDump):
             st.census = Line(h, body)
         elif isinstance(body, Divergence):

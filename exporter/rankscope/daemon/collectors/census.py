@@ -11,7 +11,8 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
-from rankscope.census.compare import compare_group, digest, members_of, split_by_group
+from rankscope.census.compare import digest
+from rankscope.census.rounds import GroupRound, SnapshotsByRank, group_rounds
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.schema import Census, CensusDump, Divergence, Line
@@ -54,43 +55,44 @@ def snapshots_since(st: StreamState, floor: int) -> dict[int, Census]:
     return out
 
 
-def host_summaries(history: Mapping[int, Mapping[int, Census]]) -> dict[str, GroupSummary]:
-    """Each group instance the ranks of this host report, compared at the latest round that
-    all of its members here have a snapshot of. ``history`` maps each rank to its snapshots
-    by round. A group whose members share no round here is left out: compared with
-    nobody, as ranks at different rounds must be."""
-    present = {rank: snaps for rank, snaps in history.items() if snaps}
-    # Split a snapshot by group only where it is read (each rank's latest, and the round a
-    # group is compared at): a rank far behind keeps every other rank's history long.
-    split: dict[tuple[int, int], dict[str, dict[str, int]]] = {}
+def host_groups(held: Mapping[Any, tuple[StreamState, Line[Census]]]) -> list[GroupRound]:
+    """Each group instance of this host's ranks at its latest common round
+    (rankscope.census.rounds, the rule ``rankscope census`` applies too), read from each
+    rank's snapshots since the oldest latest round: ranks that snapshot at the same rounds
+    have every latest common round there. Only a group whose members share no round there (a
+    snapshot lost on one rank while another is behind) sends the read back to every snapshot
+    held."""
+    floor = min((s.body.round for _, s in held.values() if s.body.round is not None), default=0)
+    found = group_rounds(SnapshotsByRank(_history(held, floor)))
+    if floor and any(g.round is None and len(g.members) > 1 for g in found):
+        found = group_rounds(SnapshotsByRank(_history(held, 0)))
+    return found
 
-    def groups_at(rank: int, round_: int) -> dict[str, dict[str, int]]:
-        key = (rank, round_)
-        if key not in split:
-            split[key] = split_by_group(present[rank][round_].counts or {})
-        return split[key]
 
-    latest = {rank: groups_at(rank, max(snaps)) for rank, snaps in present.items()}
+def _history(
+    held: Mapping[Any, tuple[StreamState, Line[Census]]], floor: int
+) -> dict[int, dict[int, Census]]:
+    return {rank: snapshots_since(st, floor) for rank, (st, _) in held.items() if rank is not None}
+
+
+def host_summaries(found: Iterable[GroupRound]) -> dict[str, GroupSummary]:
+    """What this host publishes of each group instance at its latest common round. A group
+    whose members share no round here is left out; a lone member is published with its
+    digest and no deficit: the hosts' digests are compared by the rules (docs/alerting.md)."""
     out: dict[str, GroupSummary] = {}
-    for group in sorted({g for by_group in latest.values() for g in by_group}):
-        reporters = [rank for rank, by_group in latest.items() if group in by_group]
-        members = members_of(group, present, reporters)
-        common = set.intersection(*(set(present[m]) for m in members)) if members else set()
-        if not common:
+    for group in found:
+        if group.round is None:
             continue
-        at = max(common)
-        per_rank = {m: groups_at(m, at).get(group, {}) for m in members}
         top: dict[str, int] = {}
-        for ops in per_rank.values():
+        for ops in group.ops.values():
             for op, n in ops.items():
                 top[op] = max(top.get(op, 0), n)
-        deficits: dict[tuple[int, str], int] = {}
-        if len(members) > 1:
-            for entry in compare_group(group, per_rank):
-                most = max(entry["counts"].values())
-                for rank in entry["lagging"]:
-                    deficits[(rank, entry["op"])] = most - entry["counts"][str(rank)]
-        out[group] = GroupSummary(at, digest(top), deficits)
+        deficits = {
+            (rank, entry["op"]): max(entry["counts"].values()) - entry["counts"][str(rank)]
+            for entry in group.entries
+            for rank in entry["lagging"]
+        }
+        out[group.group] = GroupSummary(group.round, digest(top), deficits)
     return out
 
 
@@ -143,12 +145,7 @@ class CensusCollector:
             add(stamp, (boot, rank), snap.header.wall)
             for group, op, n in census_counts(snap.body):
                 add(round_counts, (boot, rank, group, op), n)
-        # The host's comparison, from each rank's snapshots since the oldest latest round.
-        floor = min((s.body.round for _, s in held.values() if s.body.round is not None), default=0)
-        history = {
-            rank: snapshots_since(st, floor) for rank, (st, _) in held.items() if rank is not None
-        }
-        for group, summary in host_summaries(history).items():
+        for group, summary in host_summaries(host_groups(held)).items():
             add(group_round, (boot, group), summary.round)
             add(group_digest, (boot, group), summary.digest)
             for (rank, op), behind in summary.deficits.items():
