@@ -98,7 +98,20 @@ def test_a_pool_snapshot_that_fails_after_its_form_was_found_falls_back_to_the_w
     assert fields.pool_bytes == 22 << 20
     assert "snapshot of pool (1, 3) failed (TypeError(" in str(fields.pool_why)
     assert allocator.calls == [3, None]  # the found form once, then the whole snapshot
-    assert auto._pool_form == (False,)  # kept: the next capture tries it first again
+    assert auto._pool_form == (False,)  # kept: the next capture tries it alone again
+
+
+def test_a_pool_id_of_other_than_two_numbers_leaves_the_form_to_learn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+    allocator = StandInAllocator(takes=3)
+    torch = stand_in_torch(allocator)
+    assert auto.pool_segments(torch, (1, 3, 0))[1] == (
+        f"pool id (1, 3, 0) is not two numbers: {auto.WHOLE}"
+    )
+    assert auto._pool_form is auto._UNTRIED  # not taken as "this torch takes no pool"
+    assert auto.pool_fields(torch, Graph((1, 3))).pool_why is None  # learnt at the next
 
 
 def test_a_torch_without_pool_snapshots_sums_the_whole_snapshot_and_says_so(

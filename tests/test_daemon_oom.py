@@ -256,6 +256,9 @@ def test_the_cli_reads_the_sampler_entry_the_daemon_writes_and_skips_a_bad_one()
     assert skipped == ["free: 'lots'", "ooms[]: 7"] and following == "/api/v1/oom?offset=4"
     unread = Exhaustion(0, "GPU-sim-0", 10.0, 0, 0, 10.0, None, "process list read failed: x")
     assert SamplerOom.parse(unread.as_json()).holders is None
+    # A daemon whose oom collector is off says why: an error, not "no OOM recorded".
+    with pytest.raises(ValueError, match="records no OOM: the oom collector is off"):
+        sampler_ooms_of_page({"ooms": [], "why": "the oom collector is off"})
 
 
 def test_rankscope_oom_shows_the_daemons_sampler_ooms_when_asked(

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +168,65 @@ def test_an_oom_without_holders_says_why(flight_dir: Path) -> None:
     (line,) = run(str(flight_dir)).stdout.splitlines()
     assert "(no mark)" in line
     assert "holders: unknown (nvml: NVML unavailable: no driver; phase: no mark" in line
+
+
+def test_a_daemon_address_that_answers_no_http_is_an_error_after_dir(flight_dir: Path) -> None:
+    """--daemon at a port where something else listens (an SSH banner; a real socket) or an
+    answer cut short: a `rankscope oom: daemon URL:` line and status 1, DIR still printed."""
+    make_flight(flight_dir)
+    (alone,) = run(str(flight_dir)).stdout.splitlines()
+    answers = [b"SSH-2.0-OpenSSH_9.6\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n{"]
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(30)  # a failing run leaves the listener, not the test, waiting
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+
+        def answer() -> None:
+            for banner in answers:
+                conn, _ = server.accept()
+                with conn:
+                    conn.recv(4096)
+                    conn.sendall(banner)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        try:
+            for _ in answers:
+                got = run(str(flight_dir), "--daemon", url)
+                assert got.returncode == 1, got.stderr
+                assert f"rankscope oom: daemon {url}: not an HTTP answer" in got.stderr
+                assert "Traceback" not in got.stderr
+                assert got.stdout.splitlines() == [alone]
+        finally:
+            thread.join(10)
+
+
+def test_a_daemon_whose_pages_lead_back_is_an_error_not_a_loop(flight_dir: Path) -> None:
+    """A server (a real one, the standard library's) whose page.next leads back to a page
+    already read: an error after DIR's lines, never an endless walk."""
+    import http.server
+
+    make_flight(flight_dir)
+    (alone,) = run(str(flight_dir)).stdout.splitlines()
+
+    class Looping(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"ooms": [], "page": {"next": "/api/v1/oom?offset=0"}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Looping) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            got = run(str(flight_dir), "--daemon", url)
+        finally:
+            server.shutdown()
+    assert got.returncode == 1, got.stderr
+    assert f"rankscope oom: daemon {url}: the pages lead back to /api/v1/oom?offset=0" in got.stderr
+    assert got.stdout.splitlines() == [alone]

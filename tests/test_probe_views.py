@@ -4,7 +4,10 @@ lacks."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import threading
+import time
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
@@ -385,3 +388,47 @@ def test_a_mark_on_the_fake_card_holds_every_view(
     assert rec.derived.non_torch == 500 * MiB
     (written,) = read_flight(flight_dir).records
     assert written.body == rec  # what the reader parses is what the writer built
+
+
+class SleepingNvml(FakeNvml):
+    """FAKE NVML binding whose memory-info function is a real C function, libc's usleep (the
+    handle is its microseconds): a stand-in for an NVML call the driver stalls."""
+
+    NVML_SUCCESS = 0
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any:
+        return 200_000
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        return ctypes.CDLL(None).usleep if name == "nvmlDeviceGetMemoryInfo" else None
+
+
+def test_a_marks_nvml_calls_let_the_hosts_other_threads_run(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mark's NVML call releases the GIL: a call the driver stalls stops the thread that
+    marks, never the host's others (the daemon's sampler keeps it: tests/test_daemon_cards_nvml)."""
+    monkeypatch.setattr(probe, "RECORDER", Recorder(flight_dir=flight_dir, boot="b"))
+    monkeypatch.setattr(probe, "ARMED", True)
+    monkeypatch.setattr(probe, "TORCH", FakeCudaTorchView(NESTED_STATS))
+    monkeypatch.setattr(probe, "NVML", NvmlView(SleepingNvml([])))
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def host_thread() -> None:
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    spinner = threading.Thread(target=host_thread)
+    spinner.start()
+    try:
+        time.sleep(0.02)
+        start = time.perf_counter()
+        rec = probe.mark("weights_loaded")
+        end = time.perf_counter()
+    finally:
+        stop.set()
+        spinner.join()
+    assert rec is not None and rec.driver.why is None  # the stalled read came back
+    assert end - start >= 0.2
+    assert [t for t in stamps if start + 0.05 < t < end - 0.05], "the mark held the GIL"

@@ -466,8 +466,10 @@ def pool_segments(
             why = f"the snapshot of pool {pool_id} failed ({exc!r}): {WHOLE}"
             return _whole_snapshot(torch), why
     if form is _UNTRIED:
+        if len(pool_id) != 2:  # not torch's (a, b): no form to learn from this one
+            return _whole_snapshot(torch), f"pool id {pool_id} is not two numbers: {WHOLE}"
         snapshot = getattr(torch._C, "_cuda_memorySnapshot", None)
-        if snapshot is not None and len(pool_id) == 2:
+        if snapshot is not None:
             for form in POOL_SNAPSHOT_FORMS:
                 try:
                     segments = snapshot(pool_id + form)["segments"]

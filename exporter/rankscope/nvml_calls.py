@@ -1,11 +1,11 @@
 """NVML's C functions called directly, for the reads rankscope makes many times: the daemon's
 free-memory sample and a mark's memory info and process list.
 
-pynvml's wrappers look each function up under a lock, build a printable struct per call and
-release the GIL around it; for a read of a few microseconds that costs about half as much
-again as the read. Here a function is looked up once, fills a struct kept by its caller, and
-keeps the GIL (:func:`hold_gil`). Imports nothing beyond ctypes: the probe and the daemon
-both use it.
+pynvml's wrappers look each function up under a lock and build a printable struct per call;
+for a read of a few microseconds that costs about half as much again as the read. Here a
+function is looked up once and fills a struct kept by its caller. The daemon's sampler also
+keeps the GIL through the call (:func:`hold_gil`); the probe, in the host's process, never
+does. Imports nothing beyond ctypes: the probe and the daemon both use it.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ def hold_gil(fn: Any) -> Any:
 
     A call through ctypes.CDLL releases the GIL and must take it back on return; while
     another thread runs Python, that wait lasts up to the interpreter's switch interval
-    (5 ms). In the daemon it lands in the sampler's own timing (the `gil` part of
-    bench/bench_sampler.py shows it with a stand-in call); in a rank it lands in the host
-    thread that marks. An NVML read is tens of microseconds, so holding the GIL through it
-    costs the other threads nothing they would notice (docs/corridor.md, "The sampler's own
-    cost")."""
+    (5 ms), and in the daemon it lands in the sampler's own timing (the `gil` part of
+    bench/bench_sampler.py shows it with a stand-in call). An NVML read is tens of
+    microseconds, so holding the GIL through it costs the daemon's other threads nothing
+    they would notice (docs/corridor.md, "The sampler's own cost"). Not for a host's process:
+    an NVML call the driver stalls would stop every thread of the host."""
     if not isinstance(fn, CFuncPtr):  # a stand-in in tests
         return fn
     address = ctypes.cast(fn, ctypes.c_void_p).value
@@ -48,9 +48,10 @@ def hold_gil(fn: Any) -> Any:
     return held
 
 
-def c_function(nvml: Any, name: str) -> Any | None:
-    """NVML's C function ``name`` from the binding's own lookup, GIL held; None where the
-    binding exposes no lookup (a stand-in) or the library lacks the function."""
+def c_function(nvml: Any, name: str, *, keep_gil: bool) -> Any | None:
+    """NVML's C function ``name`` from the binding's own lookup, GIL held through each call
+    where ``keep_gil`` (:func:`hold_gil`); None where the binding exposes no lookup (a
+    stand-in) or the library lacks the function."""
     lookup = getattr(nvml, "_nvmlGetFunctionPointer", None)
     if lookup is None:
         return None
@@ -58,4 +59,6 @@ def c_function(nvml: Any, name: str) -> Any | None:
         fn = lookup(name)
     except Exception:
         return None
-    return None if fn is None else hold_gil(fn)
+    if fn is None:
+        return None
+    return hold_gil(fn) if keep_gil else fn

@@ -250,8 +250,12 @@ def sampler_ooms_of_boot(
 
 def sampler_ooms_of_page(doc: Any) -> tuple[list[SamplerOom], list[str], str | None]:
     """One answer of /api/v1/oom -> its sampler entries, why each entry that could not be
-    read was skipped, and the path of the next page (None on the last)."""
+    read was skipped, and the path of the next page (None on the last). ValueError for an
+    answer that is not the API's, or one that says the daemon records no OOM."""
     body = _of(doc, dict, "answer")
+    why = body.get("why")
+    if isinstance(why, str):  # the daemon watches for no OOM: say so, not "none recorded"
+        raise ValueError(f"the daemon records no OOM: {why}")
     entries = _of(body.get("ooms"), list, "ooms")
     page = _opt(body.get("page"), dict, "page") or {}
     ooms: list[SamplerOom] = []

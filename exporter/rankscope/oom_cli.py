@@ -81,14 +81,22 @@ def main(args: argparse.Namespace) -> int:
 def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOom], list[str]]:
     """Every sampler OOM the daemon at ``base`` holds (GET /api/v1/oom, page after page), and
     why each entry it could not read was skipped."""
-    import urllib.request  # only here: it loads http.client and ssl
+    import http.client  # only here, with urllib.request: it loads ssl
+    import urllib.request
 
     ooms: list[SamplerOom] = []
     skipped: list[str] = []
     path: str | None = f"/api/v1/oom?limit={API_PAGE}"
+    asked: set[str] = set()
     while path is not None:
-        with urllib.request.urlopen(base.rstrip("/") + path, timeout=timeout) as answer:
-            page, bad, path = sampler_ooms_of_page(json.load(answer))
+        if path in asked:  # another server's pages, or a broken one: never loop
+            raise ValueError(f"the pages lead back to {path}")
+        asked.add(path)
+        try:
+            with urllib.request.urlopen(base.rstrip("/") + path, timeout=timeout) as answer:
+                page, bad, path = sampler_ooms_of_page(json.load(answer))
+        except http.client.HTTPException as exc:  # no HTTP there, or an answer cut short
+            raise OSError(f"not an HTTP answer: {exc!r}") from exc
         ooms += page
         skipped += bad
     return ooms, skipped

@@ -92,7 +92,7 @@ def free_reader(nvml: Any) -> Callable[[Any], int]:
     def wrapper(handle: Any) -> int:
         return int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
 
-    fn = c_function(nvml, "nvmlDeviceGetMemoryInfo")
+    fn = c_function(nvml, "nvmlDeviceGetMemoryInfo", keep_gil=True)
     if fn is None:
         return wrapper
     success = nvml.NVML_SUCCESS

@@ -54,11 +54,13 @@ def own_bytes(procs: ProcessList, pid: int, pidns: int | None) -> tuple[int | No
 
 
 def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
-    """One C call per read into a reused buffer, GIL held (rankscope.nvml_calls). pynvml's
-    public wrapper calls NVML twice and builds a Python object per process; this is the same
-    NVML function without either."""
+    """One C call per read into a reused buffer (rankscope.nvml_calls). pynvml's public
+    wrapper calls NVML twice and builds a Python object per process; this is the same NVML
+    function without either. The call releases the GIL, as ctypes does: a call the driver
+    stalls stops the thread that marks, never the host's other threads."""
     struct: Any = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
-    fn = c_function(nvml, "nvmlDeviceGetComputeRunningProcesses_v3") if struct else None
+    name = "nvmlDeviceGetComputeRunningProcesses_v3"
+    fn = c_function(nvml, name, keep_gil=False) if struct else None
     if fn is None:
         return None
     not_available = nvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
@@ -101,8 +103,9 @@ MemoryReader = Callable[[Any], tuple[int, int]]  # handle -> (free, total) bytes
 
 
 def _fast_memory_reader(nvml: Any) -> MemoryReader | None:
-    """nvmlDeviceGetMemoryInfo into a reused struct, GIL held (rankscope.nvml_calls)."""
-    fn = c_function(nvml, "nvmlDeviceGetMemoryInfo")
+    """nvmlDeviceGetMemoryInfo into a reused struct (rankscope.nvml_calls); the call releases
+    the GIL, as the process list's does."""
+    fn = c_function(nvml, "nvmlDeviceGetMemoryInfo", keep_gil=False)
     if fn is None:
         return None
     success = nvml.NVML_SUCCESS
