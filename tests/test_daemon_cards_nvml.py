@@ -10,7 +10,6 @@ import ctypes
 import itertools
 import sys
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -18,6 +17,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from tests.spinner import stamps_around
 
 from rankscope.daemon.devices import DeviceError, NvmlSource, free_reader
 from rankscope.daemon.sampler import REOPEN_AFTER_FAILURES, Sampler
@@ -237,34 +237,16 @@ def test_hold_gil_calls_the_same_c_function_without_releasing_the_gil() -> None:
     held = hold_gil(usleep)
     assert held is not usleep
 
-    def spinner_stamps_around(call: Any) -> tuple[list[float], float, float]:
-        stamps: list[float] = []
-        stop = threading.Event()
-
-        def spin() -> None:
-            while not stop.is_set():
-                stamps.append(time.perf_counter())
-
-        spinner = threading.Thread(target=spin)
-        spinner.start()
-        try:
-            time.sleep(0.02)
-            start = time.perf_counter()
-            assert call(100_000) == 0
-            end = time.perf_counter()
-        finally:
-            stop.set()
-            spinner.join()
-        return stamps, start, end
-
     # Held: the spinner stops for the whole call. (Its longest pause, not "no stamp after
     # the start": on a loaded machine the GIL can pass to the spinner between taking the
     # start time and making the call.)
-    stamps, start, end = spinner_stamps_around(held)
+    stamps, start, end, returned = stamps_around(lambda: held(100_000))
+    assert returned == 0
     pauses = [b - a for a, b in itertools.pairwise(stamps) if b > start and a < end]
     assert max(pauses, default=end - start) >= 0.09, "another thread ran inside the held call"
     # Released: the spinner runs while the call sleeps.
-    stamps, start, end = spinner_stamps_around(usleep)
+    stamps, start, end, returned = stamps_around(lambda: usleep(100_000))
+    assert returned == 0
     assert [t for t in stamps if start + 0.01 < t < end - 0.01], "the released call held the GIL"
     # Stand-ins that are no C function pointer pass through unchanged.
     fake = FakeMemoryInfoFunction()

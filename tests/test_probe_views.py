@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import threading
-import time
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from tests.spinner import stamps_around
 
 from rankscope import probe
 from rankscope.flight import read_flight
@@ -412,23 +411,7 @@ def test_a_marks_nvml_calls_let_the_hosts_other_threads_run(
     monkeypatch.setattr(probe, "ARMED", True)
     monkeypatch.setattr(probe, "TORCH", FakeCudaTorchView(NESTED_STATS))
     monkeypatch.setattr(probe, "NVML", NvmlView(SleepingNvml([])))
-    stamps: list[float] = []
-    stop = threading.Event()
-
-    def host_thread() -> None:
-        while not stop.is_set():
-            stamps.append(time.perf_counter())
-
-    spinner = threading.Thread(target=host_thread)
-    spinner.start()
-    try:
-        time.sleep(0.02)
-        start = time.perf_counter()
-        rec = probe.mark("weights_loaded")
-        end = time.perf_counter()
-    finally:
-        stop.set()
-        spinner.join()
+    stamps, start, end, rec = stamps_around(lambda: probe.mark("weights_loaded"))
     assert rec is not None and rec.driver.why is None  # the stalled read came back
     assert end - start >= 0.2
     assert [t for t in stamps if start + 0.05 < t < end - 0.05], "the mark held the GIL"
