@@ -38,6 +38,12 @@ def test_pool_bytes_sums_the_segments_of_one_pool() -> None:
     assert auto.pool_bytes([], (1, 3)) == 0
 
 
+@pytest.fixture(autouse=True)
+def pool_form_untried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test learns the pool snapshot's form afresh: rankscope.auto keeps it per process."""
+    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+
+
 class StandInAllocator:
     """STAND-IN for torch._C's snapshot call (no GPU here): ``takes`` is the argument shape
     this 'torch' accepts for one pool (3: (a, b, include_traces), 2: (a, b), 0: none, like a
@@ -72,10 +78,7 @@ class Graph:
 
 
 @pytest.mark.parametrize("takes", [3, 2])
-def test_capture_end_reads_one_pools_snapshot_in_the_form_this_torch_takes(
-    takes: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+def test_capture_end_reads_one_pools_snapshot_in_the_form_this_torch_takes(takes: int) -> None:
     allocator = StandInAllocator(takes)
     torch = stand_in_torch(allocator)
     first = auto.pool_fields(torch, Graph((1, 3)))
@@ -85,10 +88,7 @@ def test_capture_end_reads_one_pools_snapshot_in_the_form_this_torch_takes(
     assert allocator.calls == [takes]  # the form found once, then used alone; no whole snapshot
 
 
-def test_a_pool_snapshot_that_fails_after_its_form_was_found_falls_back_to_the_whole(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+def test_a_pool_snapshot_that_fails_after_its_form_was_found_falls_back_to_the_whole() -> None:
     allocator = StandInAllocator(takes=3)
     torch = stand_in_torch(allocator)
     assert auto.pool_fields(torch, Graph((1, 3))).pool_why is None
@@ -101,10 +101,7 @@ def test_a_pool_snapshot_that_fails_after_its_form_was_found_falls_back_to_the_w
     assert auto._pool_form == (False,)  # kept: the next capture tries it alone again
 
 
-def test_a_pool_id_of_other_than_two_numbers_leaves_the_form_to_learn(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+def test_a_pool_id_of_other_than_two_numbers_leaves_the_form_to_learn() -> None:
     allocator = StandInAllocator(takes=3)
     torch = stand_in_torch(allocator)
     assert auto.pool_segments(torch, (1, 3, 0))[1] == (
@@ -114,10 +111,7 @@ def test_a_pool_id_of_other_than_two_numbers_leaves_the_form_to_learn(
     assert auto.pool_fields(torch, Graph((1, 3))).pool_why is None  # learnt at the next
 
 
-def test_a_torch_without_pool_snapshots_sums_the_whole_snapshot_and_says_so(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+def test_a_torch_without_pool_snapshots_sums_the_whole_snapshot_and_says_so() -> None:
     allocator = StandInAllocator(takes=0)
     torch = stand_in_torch(allocator)
     fields = auto.pool_fields(torch, Graph((1, 3)))
@@ -128,8 +122,7 @@ def test_a_torch_without_pool_snapshots_sums_the_whole_snapshot_and_says_so(
     assert allocator.calls == [None]  # not retried at every capture
 
 
-def test_an_empty_pool_names_the_pools_that_hold_segments(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+def test_an_empty_pool_names_the_pools_that_hold_segments() -> None:
     torch = stand_in_torch(StandInAllocator(takes=3))
     fields = auto.pool_fields(torch, Graph((9, 9)))
     assert fields.pool_bytes == 0
@@ -137,10 +130,7 @@ def test_an_empty_pool_names_the_pools_that_hold_segments(monkeypatch: pytest.Mo
     assert "(1, 3)" in str(fields.pool_why) and "(1, 5)" in str(fields.pool_why)
 
 
-def test_a_pool_snapshot_that_lists_nothing_is_checked_against_the_whole(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
+def test_a_pool_snapshot_that_lists_nothing_is_checked_against_the_whole() -> None:
     torch = stand_in_torch(StandInAllocator(takes=3, filters=False))
     fields = auto.pool_fields(torch, Graph((1, 3)))
     assert fields.pool_bytes == 22 << 20
@@ -214,9 +204,7 @@ def test_optional_parts_cost_a_line_never_the_arming(caplog: pytest.LogCaptureFi
 TIMES = re.compile(rb',"mono":[^,]+,"wall":[^,]+')
 
 
-def test_the_hooks_write_the_line_the_keyword_mark_writes(
-    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_hooks_write_the_line_the_keyword_mark_writes(flight_dir: Path) -> None:
     """nccl_init_end, capture_end and process_start hand their fields to the mark as typed
     fields (probe.mark_fields, rankscope.schema.MarkFields): each line is the one
     probe.mark(phase, **fields) writes, byte for byte but for its times, fields in the same
@@ -226,7 +214,6 @@ def test_the_hooks_write_the_line_the_keyword_mark_writes(
     from rankscope import probe
     from rankscope.record import RECORDER
 
-    monkeypatch.setattr(auto, "_pool_form", auto._UNTRIED)
     torch = stand_in_torch(StandInAllocator(takes=3))
     saved = RECORDER.armed
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
