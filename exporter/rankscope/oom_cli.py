@@ -14,6 +14,7 @@ import json
 import sys
 from typing import TextIO
 
+from rankscope.daemon.paging import MAX_LIMIT
 from rankscope.flight import BootNotFoundError, read_flight
 from rankscope.ledger_cli import NA, when
 from rankscope.oom import (
@@ -26,7 +27,6 @@ from rankscope.oom import (
 )
 
 GiB = 1 << 30
-API_PAGE = 5000  # the daemon's largest page (rankscope.daemon.paging.MAX_LIMIT)
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
@@ -86,7 +86,7 @@ def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOo
 
     ooms: list[SamplerOom] = []
     skipped: list[str] = []
-    path: str | None = f"/api/v1/oom?limit={API_PAGE}"
+    path: str | None = f"/api/v1/oom?limit={MAX_LIMIT}"  # the largest page
     asked: set[str] = set()
     while path is not None:
         if path in asked:  # another server's pages, or a broken one: never loop

@@ -260,6 +260,8 @@ class OomBook:
         self.state.refresh_if_older(2.0)  # the daemon's refresher keeps it younger
         view = self.state.view()
         records = [rec for st in view.streams for rec in st.ooms]
+        if not records:  # the usual scrape: no rank process list to build, no /proc to read
+            return []
         ranks = view.rank_processes()
         with self._lock:
             parsed = self._parsed
