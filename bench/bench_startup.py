@@ -25,8 +25,9 @@
   (bench_mark.rounds_of), and interleaved, each call timed alone among the other
   candidates' calls (:func:`interleaved_rounds`; the judged figure: a hook never runs twice
   in a row, and in a hot loop any other call beside the mark costs it more than that call
-  alone: on the H200 the group queries, 1.1 us alone, put 6 us on the mark after them). Each generic mark's own share beyond a plain mark's is printed
-  too: the median over rounds of the mark less a plain mark and the reads it adds (signed).
+  alone: on the H200 the group queries, 1.1 us alone, put 6 us on the mark after them).
+  Each generic mark's own share beyond a plain mark's is printed too: the median over rounds
+  of the mark less a plain mark and the reads it adds (signed).
 - the automatic census cadence: a world all_reduce on a one-rank gloo group, counted with
   auto_tick against counted without it.
 

@@ -38,9 +38,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-if (
-    TYPE_CHECKING
-):  # loaded by rankscope.record when armed: RANKSCOPE_AUTO=0 imports only this module
+# loaded by rankscope.record when armed: RANKSCOPE_AUTO=0 imports only this module
+if TYPE_CHECKING:
     from rankscope.schema import GroupFields, MarkFields, PoolFields
 
 log = logging.getLogger("rankscope.auto")
@@ -412,14 +411,7 @@ def pool_fields(torch: Any, graph: Any) -> PoolFields:
     into one): the bytes are the pool's, not this graph's alone."""
     fields = (_modules.get(SCHEMA) or _loaded(SCHEMA)).PoolFields
     try:
-        pool_id = graph.pool()
-        if not (  # torch's form, (a, b) of ints, as it is: no conversion a capture
-            type(pool_id) is tuple
-            and len(pool_id) == 2
-            and type(pool_id[0]) is int
-            and type(pool_id[1]) is int
-        ):
-            pool_id = tuple(map(int, pool_id))
+        pool_id = tuple(map(int, graph.pool()))
     except Exception as exc:
         return fields(None, None, f"pool unreadable: {exc!r}")
     try:
@@ -488,7 +480,7 @@ def _whole_snapshot(torch: Any) -> list[dict[str, Any]]:
 def pool_bytes(segments: Sequence[dict[str, Any]], pool_id: Sequence[int]) -> int:
     """Bytes of the allocator's segments that belong to memory pool ``pool_id`` (a pure
     function over torch.cuda.memory._snapshot()'s segments)."""
-    want = pool_id if type(pool_id) is tuple else tuple(pool_id)
+    want = tuple(pool_id)  # a tuple itself, not a copy, where it is one
     held = 0
     for seg in segments:  # a loop, not sum() of a generator: a capture_end's own share
         seg_pool = seg.get("segment_pool_id", ())

@@ -5,13 +5,15 @@ pynvml's wrappers look each function up under a lock and build a printable struc
 for a read of a few microseconds that costs about half as much again as the read. Here a
 function is looked up once and fills a struct kept by its caller. The daemon's sampler also
 keeps the GIL through the call (:func:`hold_gil`); the probe, in the host's process, never
-does. Imports nothing beyond ctypes: the probe and the daemon both use it.
+does. Imports nothing beyond ctypes and threading: the probe and the daemon both use it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 from _ctypes import CFuncPtr
+from collections.abc import Callable
 from typing import Any
 
 
@@ -62,3 +64,29 @@ def c_function(nvml: Any, name: str, *, keep_gil: bool) -> Any | None:
     if fn is None:
         return None
     return hold_gil(fn) if keep_gil else fn
+
+
+def memory_reader(nvml: Any, *, keep_gil: bool) -> Callable[[Any], tuple[int, int]] | None:
+    """(free, total) bytes of a card by one nvmlDeviceGetMemoryInfo into a struct kept per
+    thread (threads that read at once never share one); NVML's error raised as the binding's
+    NVMLError. None where :func:`c_function` finds no function (the caller then uses
+    pynvml's wrapper)."""
+    fn = c_function(nvml, "nvmlDeviceGetMemoryInfo", keep_gil=keep_gil)
+    if fn is None:
+        return None
+    success = nvml.NVML_SUCCESS
+    local = threading.local()
+
+    def read(handle: Any) -> tuple[int, int]:
+        try:
+            memory, ref = local.struct
+        except AttributeError:
+            memory = Memory()
+            ref = ctypes.byref(memory)
+            local.struct = memory, ref
+        ret = fn(handle, ref)
+        if ret != success:
+            raise nvml.NVMLError(ret)
+        return memory.free, memory.total
+
+    return read

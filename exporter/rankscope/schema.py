@@ -16,11 +16,12 @@ identity, times) and a typed ``body``, one class per kind:
 
 A body knows its own JSON: ``to_json()`` builds the object the writer appends (a plain dict
 built field by field, no ``dataclasses.asdict``; the mark formats its text directly, see
-``json_members`` below), and ``parse(obj, bad)`` reads it back. Parsing validates every value: a byte count is a
-non-negative integer below :data:`MAX_BYTES` (signed where the quantity is a residual), a
-count an integer that is not a bool, a time finite. A bad value becomes None and its field
-name (``mark.torch.reserved``) is appended to ``bad``; the line itself is kept. Only a bad
-header (no kind, boot, host, pid or finite wall) makes a line ``malformed``.
+``json_members`` below), and ``parse(obj, bad)`` reads it back. Parsing validates every
+value: a byte count is a non-negative integer below :data:`MAX_BYTES` (signed where the
+quantity is a residual), a count an integer that is not a bool, a time finite. A bad value
+becomes None and its field name (``mark.torch.reserved``) is appended to ``bad``; the line
+itself is kept. Only a bad header (no kind, boot, host, pid or finite wall) makes a line
+``malformed``.
 
 Readers narrow with ``isinstance(line.body, Mark)`` or :func:`of_kind`, and never index a
 raw dict by string. Bodies are plain slotted dataclasses, not frozen ones: a frozen

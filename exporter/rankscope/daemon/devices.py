@@ -16,18 +16,16 @@ nothing else; the sampler turns that into a down source, a counted error and a r
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from rankscope.daemon.flags import non_negative_bytes, parse_bytes
-from rankscope.nvml_calls import Memory, c_function
+from rankscope.nvml_calls import memory_reader
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -92,21 +90,12 @@ def free_reader(nvml: Any) -> Callable[[Any], int]:
     def wrapper(handle: Any) -> int:
         return int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
 
-    fn = c_function(nvml, "nvmlDeviceGetMemoryInfo", keep_gil=True)
-    if fn is None:
+    read_memory = memory_reader(nvml, keep_gil=True)
+    if read_memory is None:
         return wrapper
-    success = nvml.NVML_SUCCESS
-    local = threading.local()  # the sampler and the holdings read from their own threads
 
     def read(handle: Any) -> int:
-        try:
-            memory = local.memory
-        except AttributeError:
-            memory = local.memory = Memory()
-        ret = fn(handle, ctypes.byref(memory))
-        if ret != success:
-            raise nvml.NVMLError(ret)
-        return int(memory.free)
+        return read_memory(handle)[0]
 
     return read
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from rankscope.nvml_calls import Memory, c_function
+from rankscope.nvml_calls import c_function, memory_reader
 from rankscope.probe.torch_view import Device
 from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.schema import MarkDriver, MarkNvml
@@ -105,22 +105,7 @@ MemoryReader = Callable[[Any], tuple[int, int]]  # handle -> (free, total) bytes
 def _fast_memory_reader(nvml: Any) -> MemoryReader | None:
     """nvmlDeviceGetMemoryInfo into a reused struct (rankscope.nvml_calls); the call releases
     the GIL, as the process list's does."""
-    fn = c_function(nvml, "nvmlDeviceGetMemoryInfo", keep_gil=False)
-    if fn is None:
-        return None
-    success = nvml.NVML_SUCCESS
-    memory = Memory()
-    memory_ref = ctypes.byref(memory)
-    lock = threading.Lock()  # the struct is shared by every thread that marks
-
-    def read_memory(handle: Any) -> tuple[int, int]:
-        with lock:
-            ret = fn(handle, memory_ref)
-            if ret != success:
-                raise nvml.NVMLError(ret)
-            return memory.free, memory.total
-
-    return read_memory
+    return memory_reader(nvml, keep_gil=False)
 
 
 def _public_memory_reader(nvml: Any) -> MemoryReader:
