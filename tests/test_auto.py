@@ -51,6 +51,7 @@ class StandInAllocator:
 
     def __init__(self, takes: int, filters: bool = True) -> None:
         self.takes, self.filters = takes, filters
+        self.listed: list[dict[str, Any]] | None = None  # set: what one pool's snapshot lists
         self.calls: list[int | None] = []
 
     def _cuda_memorySnapshot(self, arg: Any) -> dict[str, Any]:
@@ -59,6 +60,8 @@ class StandInAllocator:
             return {"segments": SEGMENTS}
         if len(arg) != self.takes:
             raise TypeError(f"incompatible function arguments: {arg!r}")
+        if self.listed is not None:
+            return {"segments": self.listed}
         pool = tuple(arg[:2])
         keep = [s for s in SEGMENTS if s.get("segment_pool_id") == pool] if self.filters else []
         return {"segments": keep}
@@ -86,6 +89,24 @@ def test_capture_end_reads_one_pools_snapshot_in_the_form_this_torch_takes(takes
     del allocator.calls[:]
     assert auto.pool_fields(torch, Graph((1, 5))).pool_bytes == 8 << 20
     assert allocator.calls == [takes]  # the form found once, then used alone; no whole snapshot
+
+
+def test_a_pool_snapshot_listing_other_pools_segments_sums_only_the_graphs_pool() -> None:
+    allocator = StandInAllocator(takes=3)
+    allocator.listed = SEGMENTS  # a torch that takes a pool and lists every segment anyway
+    torch = stand_in_torch(allocator)
+    assert auto.pool_fields(torch, Graph((1, 3))) == PoolFields((1, 3), 22 << 20, None)
+    # the form found, each later capture's snapshot is checked before its sizes are summed
+    assert auto.pool_fields(torch, Graph((1, 3))) == PoolFields((1, 3), 22 << 20, None)
+    assert auto.pool_fields(torch, Graph((1, 5))) == PoolFields((1, 5), 8 << 20, None)
+
+
+def test_a_pool_snapshot_of_segments_without_pool_ids_is_summed_by_the_general_path() -> None:
+    allocator = StandInAllocator(takes=3)
+    torch = stand_in_torch(allocator)
+    assert auto.pool_fields(torch, Graph((1, 3))).pool_bytes == 22 << 20
+    allocator.listed = [SEGMENTS[-1], SEGMENTS[3]]  # a segment of no pool id first
+    assert auto.pool_fields(torch, Graph((1, 5))) == PoolFields((1, 5), 8 << 20, None)
 
 
 def test_a_pool_snapshot_that_fails_after_its_form_was_found_falls_back_to_the_whole() -> None:

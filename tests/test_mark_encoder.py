@@ -182,6 +182,23 @@ def test_typed_fields_parse_back_from_a_read_marks_extra(
     assert bad == []
 
 
+def test_the_cached_pool_text_is_the_pools_own() -> None:
+    """capture_end's pool id text is cached per pool: another pool, or the same numbers as
+    other int types before or after it, gets the text of its own numbers."""
+    for fields in [
+        PoolFields((True, 2), 5, None),
+        PoolFields((1, 2), 5, None),
+        PoolFields((1, 2), 7, None),
+        PoolFields((2, 1), 7, None),
+        PoolFields((Count(1), True), 7, None),
+        PoolFields((1, 2), True, None),
+        PoolFields((1, 2), 7, "why"),
+        PoolFields((True, 2), 5, None),  # after the ints (1, 2), which it equals as a key
+    ]:
+        assert fields.encode() == dumps(fields.to_json()), fields
+        assert json.loads(fields.encode())["pool"] == [int(n) for n in fields.pool or ()]
+
+
 def test_the_cached_device_text_is_the_devices_own() -> None:
     """The device section is cached per card: a card differing in any field, or a device of
     bools where the cache holds ints, gets its own text."""

@@ -144,7 +144,7 @@ def _mark_fields(phase: str, extra: dict[str, Any] | MarkFields) -> None:
 
 def _mark_process_start() -> None:
     schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
-    _mark_fields("process_start", schema.ProcessStartFields(python=sys.version.split()[0]))
+    _mark_fields("process_start", schema.ProcessStartFields(sys.version.partition(" ")[0]))
 
 
 def _process_exit() -> None:
@@ -402,7 +402,7 @@ def _hook_graphs(torch: ModuleType) -> None:
 
 
 def _mark_capture_end(torch: Any, graph: Any) -> None:
-    _mark_fields("capture_end", pool_fields(torch, graph))
+    (_modules.get(PROBE) or _loaded(PROBE)).mark_fields("capture_end", pool_fields(torch, graph))
 
 
 def pool_fields(torch: Any, graph: Any) -> PoolFields:
@@ -411,11 +411,47 @@ def pool_fields(torch: Any, graph: Any) -> PoolFields:
     into one): the bytes are the pool's, not this graph's alone."""
     fields = (_modules.get(SCHEMA) or _loaded(SCHEMA)).PoolFields
     try:
-        pool_id = tuple(map(int, graph.pool()))
+        # torch's id, a tuple of two ints, taken as it is: converting each number cost a
+        # third of the pool's fields (callgrind, bench/bench_mark_instructions.py)
+        raw = graph.pool()
+        pool_id = raw if type(raw) is tuple else tuple(map(int, raw))
     except Exception as exc:
         return fields(None, None, f"pool unreadable: {exc!r}")
+    form = _pool_form
+    if type(form) is not tuple:  # the first capture (or a torch that takes no pool)
+        return _fields_of(fields, torch, pool_id, None, None)
+    try:  # the form found at the first capture: one call
+        segments = torch._C._cuda_memorySnapshot(pool_id + form)["segments"]
+    except (AttributeError, TypeError, RuntimeError, KeyError) as exc:
+        why = f"the snapshot of pool {pool_id} failed ({exc!r}): {WHOLE}"
+        return _fields_of(fields, torch, pool_id, None, why)
+    held = 0
+    try:  # one pool's snapshot lists that pool's segments, each checked
+        for segment in segments:
+            if segment["segment_pool_id"] != pool_id:
+                break
+            held += segment["total_size"]
+        else:
+            if held and type(held) is int:
+                return fields(pool_id, held, None)
+    except (KeyError, TypeError):
+        pass  # a segment of another shape: the general sum says what it found
+    return _fields_of(fields, torch, pool_id, segments, None)
+
+
+def _fields_of(
+    fields: type[PoolFields],
+    torch: Any,
+    pool_id: tuple[int, ...],
+    segments: Sequence[dict[str, Any]] | None,
+    why: str | None,
+) -> PoolFields:
+    """pool_fields past its one-call path: ``segments`` as the pool's snapshot listed them,
+    or None to read them (the whole allocator's snapshot where ``why`` says why, else one
+    pool's, learning the form this torch takes)."""
     try:
-        segments, why = pool_segments(torch, pool_id)
+        if segments is None:
+            segments, why = (_whole_snapshot(torch), why) if why else pool_segments(torch, pool_id)
         held = pool_bytes(segments, pool_id)
         if held == 0 and why is None:  # the pool's own snapshot: check the whole allocator
             segments = _whole_snapshot(torch)
@@ -445,19 +481,13 @@ def pool_segments(
     torch: Any, pool_id: tuple[int, ...]
 ) -> tuple[Sequence[dict[str, Any]], str | None]:
     """(the allocator's segments holding pool ``pool_id``'s, why the read was the whole
-    allocator's instead). One pool's snapshot, as torch.cuda.MemPool.snapshot() takes it,
-    builds only that pool's segments; the whole allocator's builds every segment of the
-    process (a serving process holds hundreds). A torch that takes no pool gets the whole
-    snapshot, and the mark says so in its pool_why."""
+    allocator's instead), learning at the first call the form this torch takes for one
+    pool's snapshot (pool_fields then makes that call itself). One pool's snapshot, as
+    torch.cuda.MemPool.snapshot() takes it, builds only that pool's segments; the whole
+    allocator's builds every segment of the process (a serving process holds hundreds). A
+    torch that takes no pool gets the whole snapshot, and the mark says so in its pool_why."""
     global _pool_form
-    form = _pool_form
-    if type(form) is tuple:  # found at the first capture: one call
-        try:
-            return torch._C._cuda_memorySnapshot(pool_id + form)["segments"], None
-        except (AttributeError, TypeError, RuntimeError, KeyError) as exc:
-            why = f"the snapshot of pool {pool_id} failed ({exc!r}): {WHOLE}"
-            return _whole_snapshot(torch), why
-    if form is _UNTRIED:
+    if _pool_form is _UNTRIED:
         if len(pool_id) != 2:  # not torch's (a, b): no form to learn from this one
             return _whole_snapshot(torch), f"pool id {pool_id} is not two numbers: {WHOLE}"
         snapshot = getattr(torch._C, "_cuda_memorySnapshot", None)

@@ -609,6 +609,10 @@ class GroupFields(MarkFields):
         )
 
 
+# capture_end's text of each pool id (torch's (a, b)): '{"pool":[a,b],"pool_bytes":'
+_POOL_PREFIX: dict[Any, str] = {}
+
+
 @dataclass(slots=True)
 class PoolFields(MarkFields):
     """capture_end's extra: the captured graph's memory pool id, the bytes the allocator holds
@@ -622,20 +626,26 @@ class PoolFields(MarkFields):
     def to_json(self) -> Json:
         pool = self.pool
         return {
-            "pool": None if pool is None else list(pool),
+            # numbers as ints (an int subclass's own text, a bool's "true", is no pool id's)
+            "pool": None if pool is None else [int(n) for n in pool],
             "pool_bytes": self.pool_bytes,
             "pool_why": self.pool_why,
         }
 
     def encode(self) -> str:
-        pool, held, why = self.pool, self.pool_bytes, self.pool_why
-        if type(pool) is tuple and len(pool) == 2 and type(held) in _NUM:  # torch's (a, b) id
-            first, second = pool
-            if type(first) is int and type(second) is int:
-                return (
-                    f'{{"pool":[{first},{second}],"pool_bytes":{"null" if held is None else held},'
-                    f'"pool_why":{"null" if why is None else _text(why)}}}'
-                )
+        pool, held = self.pool, self.pool_bytes
+        if type(held) is int and self.pool_why is None:  # a capture's usual fields
+            # Graphs share pools (frameworks capture every batch size into one): the pool
+            # id's text is made once per pool (formatting a number costs ~1,000 instructions).
+            prefix = _POOL_PREFIX.get(pool)
+            if prefix is None and type(pool) is tuple and len(pool) == 2:
+                first, second = pool
+                if type(first) is int and type(second) is int:
+                    prefix = f'{{"pool":[{first},{second}],"pool_bytes":'
+                    if len(_POOL_PREFIX) < 64:
+                        _POOL_PREFIX[pool] = prefix
+            if prefix is not None:
+                return f'{prefix}{held},"pool_why":null}}'
         return dumps(self.to_json())
 
     @classmethod
