@@ -88,7 +88,7 @@ STAND_IN_SEGMENT = {
 
 class StandInTorch:
     """STAND-IN torch (a fake: no CUDA here): the one-pool allocator snapshot capture_end
-    reads (rankscope.auto.pool_segments), answering with a fixed one-segment pool."""
+    reads (rankscope.auto.pool_fields), answering with a fixed one-segment pool."""
 
     def __init__(self) -> None:
         snapshot = {"segments": [STAND_IN_SEGMENT]}

@@ -73,10 +73,10 @@ def stand_in_torch(allocator: StandInAllocator) -> Any:
 
 
 class Graph:
-    def __init__(self, pool: tuple[int, int]) -> None:
+    def __init__(self, pool: Any) -> None:
         self._pool = pool
 
-    def pool(self) -> tuple[int, int]:
+    def pool(self) -> Any:
         return self._pool
 
 
@@ -118,8 +118,56 @@ def test_a_pool_snapshot_that_fails_after_its_form_was_found_falls_back_to_the_w
     fields = auto.pool_fields(torch, Graph((1, 3)))
     assert fields.pool_bytes == 22 << 20
     assert "snapshot of pool (1, 3) failed (TypeError(" in str(fields.pool_why)
-    assert allocator.calls == [3, None]  # the found form once, then the whole snapshot
+    # the found form in the one-call path, once more in the general path (which says why),
+    # then the whole snapshot
+    assert allocator.calls == [3, 3, None]
     assert auto._pool_form == (False,)  # kept: the next capture tries it alone again
+
+
+def test_once_the_form_is_known_a_capture_takes_the_one_call_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = stand_in_torch(StandInAllocator(takes=3))
+    assert auto.pool_fields(torch, Graph((1, 3))).pool_bytes == 22 << 20
+
+    def general(*args: Any) -> PoolFields:
+        raise AssertionError("the general path, for a usual capture")
+
+    monkeypatch.setattr(auto, "_general_fields", general)
+    assert auto.pool_fields(torch, Graph((1, 5))) == PoolFields((1, 5), 8 << 20, None)
+
+
+def test_a_snapshot_failing_in_any_way_after_the_form_was_found_keeps_the_mark() -> None:
+    allocator = StandInAllocator(takes=3)
+    torch = stand_in_torch(allocator)
+    assert auto.pool_fields(torch, Graph((1, 3))).pool_why is None
+
+    def failing(arg: Any) -> dict[str, Any]:
+        raise ValueError("a binding's own error")
+
+    allocator._cuda_memorySnapshot = failing  # type: ignore[method-assign]
+    fields = auto.pool_fields(torch, Graph((1, 3)))
+    assert fields.pool == (1, 3) and fields.pool_bytes is None
+    assert str(fields.pool_why).startswith("no snapshot: ValueError(")
+
+
+def test_a_form_learnt_meanwhile_is_used_by_the_general_path() -> None:
+    """A capture that found the form untried, while another thread's capture learnt it,
+    reads one pool's snapshot: not the whole, and no claim that this torch takes none."""
+    allocator = StandInAllocator(takes=3)
+    torch = stand_in_torch(allocator)
+    auto._pool_form = (False,)
+    assert auto.pool_segments(torch, (1, 3)) == ([s for s in SEGMENTS[1:3]], None)
+    assert allocator.calls == [3]
+
+
+def test_a_pool_id_of_numbers_in_another_type_is_converted() -> None:
+    torch = stand_in_torch(StandInAllocator(takes=3))
+    assert auto.pool_fields(torch, Graph((1, 3))).pool_bytes == 22 << 20
+    for odd in [["1", "3"], ("1", "3"), [1, 3]]:
+        assert auto.pool_fields(torch, Graph(odd)) == PoolFields((1, 3), 22 << 20, None), odd
+    fields = auto.pool_fields(torch, Graph(("a", "b")))
+    assert fields.pool is None and "pool unreadable: ValueError(" in str(fields.pool_why)
 
 
 def test_a_pool_id_of_other_than_two_numbers_leaves_the_form_to_learn() -> None:

@@ -411,47 +411,38 @@ def pool_fields(torch: Any, graph: Any) -> PoolFields:
     into one): the bytes are the pool's, not this graph's alone."""
     fields = (_modules.get(SCHEMA) or _loaded(SCHEMA)).PoolFields
     try:
-        # torch's id, a tuple of two ints, taken as it is: converting each number cost a
-        # third of the pool's fields (callgrind, bench/bench_mark_instructions.py)
-        raw = graph.pool()
-        pool_id = raw if type(raw) is tuple else tuple(map(int, raw))
+        pool_id = graph.pool()
     except Exception as exc:
         return fields(None, None, f"pool unreadable: {exc!r}")
     form = _pool_form
-    if type(form) is not tuple:  # the first capture (or a torch that takes no pool)
-        return _fields_of(fields, torch, pool_id, None, None)
-    try:  # the form found at the first capture: one call
-        segments = torch._C._cuda_memorySnapshot(pool_id + form)["segments"]
-    except (AttributeError, TypeError, RuntimeError, KeyError) as exc:
-        why = f"the snapshot of pool {pool_id} failed ({exc!r}): {WHOLE}"
-        return _fields_of(fields, torch, pool_id, None, why)
-    held = 0
-    try:  # one pool's snapshot lists that pool's segments, each checked
-        for segment in segments:
-            if segment["segment_pool_id"] != pool_id:
-                break
-            held += segment["total_size"]
-        else:
-            if held and type(held) is int:
-                return fields(pool_id, held, None)
-    except (KeyError, TypeError):
-        pass  # a segment of another shape: the general sum says what it found
-    return _fields_of(fields, torch, pool_id, segments, None)
+    # Once the form is known (the first capture finds it), a capture whose id is torch's
+    # tuple makes one call and a plain loop: checking and summing each segment here, not
+    # through the general path, cut capture_end's own instructions to a third (callgrind,
+    # bench/bench_mark_instructions.py).
+    if type(form) is tuple and type(pool_id) is tuple:
+        try:
+            held = 0
+            for segment in torch._C._cuda_memorySnapshot(pool_id + form)["segments"]:
+                if segment["segment_pool_id"] != pool_id:
+                    break  # not one pool's segments alone: the general path sorts them
+                held += segment["total_size"]
+            else:
+                if held and type(held) is int:
+                    return fields(pool_id, held, None)
+        except Exception:
+            pass  # the general path reads again and says what failed
+    return _general_fields(fields, torch, pool_id)
 
 
-def _fields_of(
-    fields: type[PoolFields],
-    torch: Any,
-    pool_id: tuple[int, ...],
-    segments: Sequence[dict[str, Any]] | None,
-    why: str | None,
-) -> PoolFields:
-    """pool_fields past its one-call path: ``segments`` as the pool's snapshot listed them,
-    or None to read them (the whole allocator's snapshot where ``why`` says why, else one
-    pool's, learning the form this torch takes)."""
+def _general_fields(fields: type[PoolFields], torch: Any, raw_id: Any) -> PoolFields:
+    """pool_fields at the first capture (learning the form), in a torch that takes no pool,
+    and wherever the one-call path found anything unusual: the pool's bytes with a why."""
     try:
-        if segments is None:
-            segments, why = (_whole_snapshot(torch), why) if why else pool_segments(torch, pool_id)
+        pool_id = tuple(map(int, raw_id))
+    except Exception as exc:
+        return fields(None, None, f"pool unreadable: {exc!r}")
+    try:
+        segments, why = pool_segments(torch, pool_id)
         held = pool_bytes(segments, pool_id)
         if held == 0 and why is None:  # the pool's own snapshot: check the whole allocator
             segments = _whole_snapshot(torch)
@@ -481,13 +472,19 @@ def pool_segments(
     torch: Any, pool_id: tuple[int, ...]
 ) -> tuple[Sequence[dict[str, Any]], str | None]:
     """(the allocator's segments holding pool ``pool_id``'s, why the read was the whole
-    allocator's instead), learning at the first call the form this torch takes for one
-    pool's snapshot (pool_fields then makes that call itself). One pool's snapshot, as
-    torch.cuda.MemPool.snapshot() takes it, builds only that pool's segments; the whole
-    allocator's builds every segment of the process (a serving process holds hundreds). A
-    torch that takes no pool gets the whole snapshot, and the mark says so in its pool_why."""
+    allocator's instead). One pool's snapshot, as torch.cuda.MemPool.snapshot() takes it,
+    builds only that pool's segments; the whole allocator's builds every segment of the
+    process (a serving process holds hundreds). A torch that takes no pool gets the whole
+    snapshot, and the mark says so in its pool_why."""
     global _pool_form
-    if _pool_form is _UNTRIED:
+    form = _pool_form
+    if type(form) is tuple:  # found at the first capture
+        try:
+            return torch._C._cuda_memorySnapshot(pool_id + form)["segments"], None
+        except (AttributeError, TypeError, RuntimeError, KeyError) as exc:
+            why = f"the snapshot of pool {pool_id} failed ({exc!r}): {WHOLE}"
+            return _whole_snapshot(torch), why
+    if form is _UNTRIED:
         if len(pool_id) != 2:  # not torch's (a, b): no form to learn from this one
             return _whole_snapshot(torch), f"pool id {pool_id} is not two numbers: {WHOLE}"
         snapshot = getattr(torch._C, "_cuda_memorySnapshot", None)

@@ -637,7 +637,10 @@ class PoolFields(MarkFields):
         if type(held) is int and self.pool_why is None:  # a capture's usual fields
             # Graphs share pools (frameworks capture every batch size into one): the pool
             # id's text is made once per pool (formatting a number costs ~1,000 instructions).
-            prefix = _POOL_PREFIX.get(pool)
+            try:
+                prefix = _POOL_PREFIX.get(pool)
+            except TypeError:  # an unhashable pool: the generic encoding below
+                prefix = None
             if prefix is None and type(pool) is tuple and len(pool) == 2:
                 first, second = pool
                 if type(first) is int and type(second) is int:
