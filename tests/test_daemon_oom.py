@@ -254,8 +254,10 @@ def test_the_cli_reads_the_sampler_entry_the_daemon_writes_and_skips_a_bad_one()
         (42, "python3", 9 * GiB, "rank", "b1", 2),
     ]
     assert skipped == ["free: 'lots'", "ooms[]: 7"] and following == "/api/v1/oom?offset=4"
+    assert read.as_json() == x.as_json()  # `rankscope oom --json` prints the API's own form
     unread = Exhaustion(0, "GPU-sim-0", 10.0, 0, 0, 10.0, None, "process list read failed: x")
     assert SamplerOom.parse(unread.as_json()).holders is None
+    assert SamplerOom.parse(unread.as_json()).as_json() == unread.as_json()
     # A daemon whose oom collector is off says why: an error, not "no OOM recorded".
     with pytest.raises(ValueError, match="records no OOM: the oom collector is off"):
         sampler_ooms_of_page({"ooms": [], "why": "the oom collector is off"})
@@ -291,6 +293,7 @@ def test_rankscope_oom_shows_the_daemons_sampler_ooms_when_asked(
 
         doc = json.loads(run(str(flight_dir), "--json", "--daemon", url).stdout)
         (entry,) = doc["sampler"]
+        assert entry["source"] == "sampler" and entry["requested"] is None  # the API's form
         assert entry["free"] == 30 * MiB and entry["uuid"] == "GPU-sim-0"
         assert [(h["pid"], h["role"]) for h in entry["holders"]] == [(holder.pid, "foreign")]
         assert len(doc["ooms"]) == 1

@@ -172,10 +172,36 @@ class SamplerOom:
     why: tuple[str, ...]
 
     def as_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["holders"] = None if self.holders is None else [asdict(h) for h in self.holders]
-        doc["why"] = list(self.why)
-        return doc
+        """The entry as the daemon serves it (rankscope.daemon.oom.Exhaustion.as_json):
+        `rankscope oom --json` prints the API's own form, not a second one."""
+        holders = self.holders
+        return {
+            "source": "sampler",
+            "wall": self.wall,
+            "gpu": self.gpu,
+            "uuid": self.uuid,
+            "boot": None,
+            "rank": None,
+            "pid": None,
+            "requested": None,
+            "free": self.free,
+            "onset_wall": self.onset_wall,
+            "onset_free": self.onset_free,
+            "holders": None
+            if holders is None
+            else [
+                {
+                    "pid": h.pid,
+                    "comm": h.comm,
+                    "bytes": h.bytes,
+                    "role": h.role,
+                    "boot": h.boot,
+                    "rank": h.rank,
+                }
+                for h in holders
+            ],
+            "why": list(self.why),
+        }
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> SamplerOom:
