@@ -283,7 +283,10 @@ def test_rankscope_oom_shows_the_daemons_sampler_ooms_when_asked(
         assert wait_for(lambda: scrape_oom(url).get(exhausted), what="exhaustion counted") == 1
 
         (probe_only,) = run(str(flight_dir)).stdout.splitlines()  # DIR alone: the rank's OOM
-        asked = run(str(flight_dir), "--daemon", url)
+        # a proxy for the internet in the environment (here a closed port) is not used for
+        # a daemon on this host
+        dead_proxy = {"http_proxy": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
+        asked = run(str(flight_dir), "--daemon", url, env_extra=dead_proxy)
         assert asked.returncode == 0, asked.stderr
         probe, sampled = asked.stdout.splitlines()  # oldest first
         assert probe == probe_only and "rank 3 pid" in probe

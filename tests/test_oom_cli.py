@@ -13,6 +13,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from rankscope import oom_cli
 from rankscope.procfs import HOST_PIDNS_INODE, read_start_ticks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,8 +89,8 @@ def rank_3_of_b1(flight_dir: Path) -> tuple[int, int]:
     return me, start
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+def run(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter"), **(env_extra or {})}
     return subprocess.run(
         [sys.executable, "-m", "rankscope", "oom", *args],
         env=env,
@@ -230,3 +233,21 @@ def test_a_daemon_whose_pages_lead_back_is_an_error_not_a_loop(flight_dir: Path)
     assert got.returncode == 1, got.stderr
     assert f"rankscope oom: daemon {url}: the pages lead back to /api/v1/oom?offset=0" in got.stderr
     assert got.stdout.splitlines() == [alone]
+
+
+@pytest.mark.parametrize(
+    ("url", "loopback"),
+    [
+        ("http://127.0.0.1:19400", True),
+        ("http://127.8.9.1:19400/", True),
+        ("http://localhost:19400", True),
+        ("http://[::1]:19400", True),
+        ("https://10.0.0.7:19400", False),
+        ("http://daemon.example:19400", False),
+        ("http://[fd00::1]:19400", False),
+    ],
+)
+def test_a_daemon_on_this_hosts_loopback_is_reached_without_the_environments_proxy(
+    url: str, loopback: bool
+) -> None:
+    assert oom_cli.on_loopback(url) is loopback

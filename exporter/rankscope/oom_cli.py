@@ -84,6 +84,10 @@ def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOo
     import http.client  # only here, with urllib.request: it loads ssl
     import urllib.request
 
+    # A proxy from the environment (http_proxy, for the internet) is no way to a daemon on
+    # this host; any other address takes the proxies and no_proxy as urllib reads them.
+    handlers = [urllib.request.ProxyHandler({})] if on_loopback(base) else []
+    opener = urllib.request.build_opener(*handlers)
     ooms: list[SamplerOom] = []
     skipped: list[str] = []
     path: str | None = f"/api/v1/oom?limit={MAX_LIMIT}"  # the largest page
@@ -93,13 +97,27 @@ def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOo
             raise ValueError(f"the pages lead back to {path}")
         asked.add(path)
         try:
-            with urllib.request.urlopen(base.rstrip("/") + path, timeout=timeout) as answer:
+            with opener.open(base.rstrip("/") + path, timeout=timeout) as answer:
                 page, bad, path = sampler_ooms_of_page(json.load(answer))
         except http.client.HTTPException as exc:  # no HTTP there, or an answer cut short
             raise OSError(f"not an HTTP answer: {exc!r}") from exc
         ooms += page
         skipped += bad
     return ooms, skipped
+
+
+def on_loopback(url: str) -> bool:
+    """Whether ``url``'s host is this host's loopback (localhost, 127.0.0.0/8, ::1)."""
+    import ipaddress
+    import urllib.parse
+
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it takes the environment's proxies
+        return False
 
 
 def gib(value: int | None) -> str:
