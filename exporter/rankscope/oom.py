@@ -156,6 +156,37 @@ def oom_events(
     return events
 
 
+def sampler_entry(
+    *,
+    wall: float,
+    gpu: int | None,
+    uuid: str | None,
+    free: int | None,
+    onset_wall: float | None,
+    onset_free: int | None,
+    holders: list[dict[str, Any]] | None,
+    why: list[str],
+) -> dict[str, Any]:
+    """An /api/v1/oom entry of the daemon's sampler: one form for the daemon
+    (rankscope.daemon.oom.Exhaustion) and `rankscope oom --json` (SamplerOom). The fields
+    of a rank's OOM it cannot know are null."""
+    return {
+        "source": "sampler",
+        "wall": wall,
+        "gpu": gpu,
+        "uuid": uuid,
+        "boot": None,
+        "rank": None,
+        "pid": None,
+        "requested": None,
+        "free": free,
+        "onset_wall": onset_wall,
+        "onset_free": onset_free,
+        "holders": holders,
+        "why": why,
+    }
+
+
 @dataclass(frozen=True)
 class SamplerOom:
     """An OOM instant the daemon's corridor sampler saw (the card's free memory at or below
@@ -172,22 +203,17 @@ class SamplerOom:
     why: tuple[str, ...]
 
     def as_json(self) -> dict[str, Any]:
-        """The entry as the daemon serves it (rankscope.daemon.oom.Exhaustion.as_json):
-        `rankscope oom --json` prints the API's own form, not a second one."""
+        """The entry as the daemon serves it: `rankscope oom --json` prints the API's own
+        form, not a second one."""
         holders = self.holders
-        return {
-            "source": "sampler",
-            "wall": self.wall,
-            "gpu": self.gpu,
-            "uuid": self.uuid,
-            "boot": None,
-            "rank": None,
-            "pid": None,
-            "requested": None,
-            "free": self.free,
-            "onset_wall": self.onset_wall,
-            "onset_free": self.onset_free,
-            "holders": None
+        return sampler_entry(
+            wall=self.wall,
+            gpu=self.gpu,
+            uuid=self.uuid,
+            free=self.free,
+            onset_wall=self.onset_wall,
+            onset_free=self.onset_free,
+            holders=None
             if holders is None
             else [
                 {
@@ -200,8 +226,8 @@ class SamplerOom:
                 }
                 for h in holders
             ],
-            "why": list(self.why),
-        }
+            why=list(self.why),
+        )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> SamplerOom:

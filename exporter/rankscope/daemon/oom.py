@@ -28,7 +28,7 @@ from rankscope.daemon.devices import CardIdentity
 from rankscope.daemon.flightstate import FlightState, RankProcess, host_pids
 from rankscope.daemon.holdings import Holding, attribute
 from rankscope.daemon.sampler import CardState, FloorValue, Sampler
-from rankscope.oom import OomEvent, OomHolder, RankNamer, oom_events
+from rankscope.oom import OomEvent, OomHolder, RankNamer, oom_events, sampler_entry
 from rankscope.procfs import RankIndex, read_proc_info
 from rankscope.schema import SCHEMA_VERSION, AnyLine, Header, Line, Oom, UnknownKind
 
@@ -52,21 +52,16 @@ class Exhaustion:
     why: str | None = None  # why the holders are unknown
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "source": "sampler",
-            "wall": self.worst_wall,
-            "gpu": self.gpu,
-            "uuid": self.uuid,
-            "boot": None,
-            "rank": None,
-            "pid": None,
-            "requested": None,
-            "free": self.worst_free,
-            "onset_wall": self.onset_wall,
-            "onset_free": self.onset_free,
-            "holders": None if self.holders is None else [h.to_json() for h in self.holders],
-            "why": [self.why] if self.why else [],
-        }
+        return sampler_entry(
+            wall=self.worst_wall,
+            gpu=self.gpu,
+            uuid=self.uuid,
+            free=self.worst_free,
+            onset_wall=self.onset_wall,
+            onset_free=self.onset_free,
+            holders=None if self.holders is None else [h.to_json() for h in self.holders],
+            why=[self.why] if self.why else [],
+        )
 
 
 @dataclass
