@@ -156,6 +156,19 @@ def oom_events(
     return events
 
 
+def holding_entry(
+    pid: int | None,
+    comm: str | None,
+    held: int | None,
+    role: str,
+    boot: str | None,
+    rank: int | None,
+) -> dict[str, Any]:
+    """A process's holding of a card as the daemon's API writes it (/api/v1/cards and the
+    holders of /api/v1/oom): one form for the daemon (Holding) and `rankscope oom --json`."""
+    return {"pid": pid, "comm": comm, "bytes": held, "role": role, "boot": boot, "rank": rank}
+
+
 def sampler_entry(
     *,
     wall: float,
@@ -215,17 +228,7 @@ class SamplerOom:
             onset_free=self.onset_free,
             holders=None
             if holders is None
-            else [
-                {
-                    "pid": h.pid,
-                    "comm": h.comm,
-                    "bytes": h.bytes,
-                    "role": h.role,
-                    "boot": h.boot,
-                    "rank": h.rank,
-                }
-                for h in holders
-            ],
+            else [holding_entry(h.pid, h.comm, h.bytes, h.role, h.boot, h.rank) for h in holders],
             why=list(self.why),
         )
 

@@ -22,6 +22,7 @@ from typing import Any
 from rankscope.daemon.devices import DeviceError
 from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.sampler import CardState, Periodic, Sampler
+from rankscope.oom import holding_entry
 from rankscope.procfs import ProcCache, ProcInfo, RankIndex
 
 log = logging.getLogger("rankscope.daemon")
@@ -44,14 +45,7 @@ class Holding:
 
     def to_json(self) -> dict[str, Any]:
         """The API's form of a holding (/api/v1/cards, /api/v1/oom)."""
-        return {
-            "pid": self.pid,
-            "comm": self.comm,
-            "bytes": self.bytes,
-            "role": self.role,
-            "boot": self.boot,
-            "rank": self.rank,
-        }
+        return holding_entry(self.pid, self.comm, self.bytes, self.role, self.boot, self.rank)
 
 
 @dataclass(frozen=True)
