@@ -38,7 +38,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
-from rankscope import probe
+from rankscope import probe, schema
 from rankscope.probe.nvml_view import NvmlView
 from rankscope.probe.torch_view import Device, TorchReading, TorchView, view_from_stats
 from rankscope.record import RECORDER
@@ -342,7 +342,11 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "holders": args.holders,
     }
-    print(f"python {results['python']}, torch {results['torch']}, {results['cpus']} cpus")
+    results["mark_encoder"] = "C" if schema._C_LINE is not None else "Python"
+    print(
+        f"python {results['python']}, torch {results['torch']}, {results['cpus']} cpus, "
+        f"the mark's line encoder: {results['mark_encoder']} (rankscope._markline)"
+    )
     disarmed(args.iterations * 100, args.rounds, results)
     armed(args.iterations, args.rounds, args.holders, results)
     if args.out:

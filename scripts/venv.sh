@@ -32,12 +32,15 @@ if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is
   fi
 fi
 
-# rankscope itself (editable) with the extras asked for; skipped when pyproject.toml has not
-# changed since the last install into this venv.
+# rankscope itself (editable) with the extras asked for, which also builds the mark's C line
+# encoder in place (exporter/rankscope/_markline*.so); skipped when neither the package's
+# metadata nor the encoder's source has changed since the last install into this venv.
 venv_install_rankscope() {
   local spec=".$1" stamp="$VENV/.rankscope-installed$1"
-  if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
+  local built="pyproject.toml setup.py exporter/rankscope/_markline.c"
+  # shellcheck disable=SC2086  # the file list splits on purpose
+  if [ ! -f "$stamp" ] || ! cat $built | cmp -s - "$stamp"; then
     pip_install -e "$spec"
-    cp pyproject.toml "$stamp"
+    cat $built > "$stamp"
   fi
 }

@@ -1,17 +1,25 @@
-"""The mark's fast encoder (Mark.json_members, Recorder's pre-encoded header) against the
-generic one and the typed parser: the line a mark writes is the line the dict path writes,
-byte for byte but for its two times, and it parses back into the mark it came from."""
+"""The mark's fast encoders (the C one, rankscope._markline, and the Python one,
+Mark.json_members, after Recorder's pre-encoded header) against the generic one and the
+typed parser: the line a mark writes is the line the dict path writes, byte for byte but for
+its two times, and it parses back into the mark it came from."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import sys
+import sysconfig
 import time
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from rankscope import schema
 from rankscope.flight import read_flight
 from rankscope.record import Recorder
 from rankscope.schema import (
@@ -80,6 +88,13 @@ VALID = {
     "cpu": cpu_mark(),
     "unicode phase, no procs": card_mark(phase='\u2603 "quoted" \\ tab\t', nvml=MarkNvml()),
     "empty procs": card_mark(nvml=MarkNvml(0, {}, None)),
+    # ASCII that JSON escapes, one kind a string: a backslash, DEL, a quote, a control character
+    "ascii escapes": card_mark(
+        phase="back\\slash",
+        torch=MarkTorch(1, 1, 1, 0, 0, "del\x7f"),
+        driver=MarkDriver(1, 2, 'say "hi"'),
+        nvml=MarkNvml(None, None, "tab\there"),
+    ),
     "nested extra": card_mark(extra={"a": {"b": [1, None, True]}, "n": None}),
     # the generic marks' extras (rankscope.auto), as their hooks pass them
     "process_start": card_mark(phase="process_start", extra={"python": "3.12.0"}),
@@ -114,6 +129,10 @@ ODD = {
     "str subclass": card_mark(phase=type("Phase", (str,), {})("p")),
     "odd proc keys": card_mark(nvml=MarkNvml(1, {True: 2, "x": Count(3), 9: 1.0}, None)),
     "odd arena names": card_mark(arenas={1: MarkArena(1, 1, 1, None)}),
+    "procs not a dict": card_mark(nvml=MarkNvml(1, MappingProxyType({1: 2}), None)),  # type: ignore[arg-type]
+    "arenas not a dict": card_mark(arenas=MappingProxyType({"kv": MarkArena(1, 1, 1, None)})),  # type: ignore[arg-type]
+    "int measured": card_mark(derived=MarkDerived(5, 1, None)),  # type: ignore[arg-type]
+    "phase None": card_mark(phase=None),  # type: ignore[arg-type]
     "extra not a dict": card_mark(extra=None),
     "typed fields of odd values": card_mark(extra=PoolFields((True, 2), Count(7), None)),
     "extra of sets and tuples": card_mark(extra={"s": {3}, "t": (1, 2), "p": Path("/x")}),
@@ -229,7 +248,7 @@ def test_typed_fields_name_what_they_reject() -> None:
 @pytest.mark.parametrize("runner", [None, "draft", 'r\u00e9"x'])
 @pytest.mark.parametrize("mark", VALID.values(), ids=list(VALID))
 def test_a_written_mark_parses_back_into_itself(
-    mark: Mark, runner: str | None, flight_dir: Path
+    mark: Mark, runner: str | None, flight_dir: Path, encoder: str
 ) -> None:
     rec = Recorder(flight_dir=flight_dir, boot="enc-boot")
     rec.configure(rank=1, tp_rank=0, runner="target")
@@ -297,3 +316,179 @@ def test_the_disarmed_check_follows_the_process_recorder(
         RECORDER._close_locked()
     phases = [ln.body.phase for ln in of_kind(read_flight(flight_dir).records, Mark)]
     assert phases == ["on"]
+
+
+# --- the C encoder (rankscope._markline) against the Python one --------------------------------
+
+C_BUILT = schema._C_LINE is not None
+needs_c = pytest.mark.skipif(not C_BUILT, reason="rankscope._markline is not built here")
+PREFIX = '{"v":1,"kind":"mark","boot":"b\\u00e9"'
+
+
+def python_line(mark: Mark, prefix: str = PREFIX) -> bytes:
+    extra = schema._extra_text(mark.extra)
+    return (prefix + schema.times_text() + "," + mark._members(extra) + "}\n").encode()
+
+
+def c_line(mark: Mark, prefix: str = PREFIX) -> bytes | None:
+    assert schema._C_LINE is not None
+    line: bytes | None = schema._C_LINE(prefix, mark, schema._extra_text(mark.extra))
+    return line
+
+
+@pytest.fixture(params=["c", "python"])
+def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A test that takes it runs through the C encoder, then through the Python encoder
+    alone (as in an install that could not build the C one)."""
+    if request.param == "c" and not C_BUILT:
+        pytest.skip("rankscope._markline is not built in this install")
+    if request.param == "python":
+        monkeypatch.setattr(schema, "_C_LINE", None)
+    return str(request.param)
+
+
+def test_the_c_encoder_is_built_where_a_compiler_is() -> None:
+    """The install builds the extension optionally: where a C compiler and Python's headers
+    are (as in CI), a failed build must not pass unseen behind the Python fallback."""
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    compiler = shutil.which(str(sysconfig.get_config_var("CC") or "cc").split()[0])
+    if compiler is None or not headers.exists():
+        pytest.skip(f"no C compiler or no {headers}: this install takes the Python encoder")
+    assert C_BUILT, "a C compiler and Python.h are here, but rankscope._markline is not built"
+
+
+@needs_c
+@pytest.mark.parametrize("mark", VALID.values(), ids=list(VALID))
+def test_the_c_line_is_the_python_line_byte_for_byte(mark: Mark) -> None:
+    """Every usual mark is encoded in C (never declined), to the Python encoder's bytes."""
+    line = c_line(mark)
+    assert line is not None
+    assert TIMES.sub(b"", line) == TIMES.sub(b"", python_line(mark))
+    assert re.search(rb'^\{"v":1,.*,"mono":\d+\.\d{6},"wall":\d+\.\d{6},"phase":', line)
+
+
+# The odd marks the C encoder hands back to the Python one: a typed field of an unexpected
+# type. The others' oddity is in the extra, which the Python side encodes for both.
+DECLINED_BY_C = {
+    "int subclass",
+    "bool in an int field",
+    "odd device",
+    "odd self bytes",
+    "float in an int field",
+    "str subclass",
+    "odd proc keys",
+    "odd arena names",
+    "procs not a dict",
+    "arenas not a dict",
+    "int measured",
+}
+
+
+@needs_c
+@pytest.mark.parametrize(("name", "mark"), ODD.items(), ids=list(ODD))
+def test_the_c_encoder_declines_the_types_it_does_not_know(name: str, mark: Mark) -> None:
+    line = c_line(mark)
+    if name in DECLINED_BY_C:
+        assert line is None
+    else:
+        assert line is not None and TIMES.sub(b"", line) == TIMES.sub(b"", python_line(mark))
+    # either way, the mark's line is the Python encoder's
+    assert TIMES.sub(b"", mark.encode_line(PREFIX)) == TIMES.sub(b"", python_line(mark))
+
+
+@needs_c
+def test_the_c_encoder_takes_long_lines_and_long_numbers() -> None:
+    """A card of many processes outgrows the encoder's first buffer; numbers past 64 bits
+    and negative residues are written as Python writes them."""
+    procs: dict[int, int | None] = {pid: pid * MiB for pid in range(1, 3000)}
+    procs[7] = None
+    mark = card_mark(
+        nvml=MarkNvml(10**30, procs, None),
+        derived=MarkDerived(-(2**63) - 1, True, -(2**63)),
+        arenas={f"arena {i}": MarkArena(i, -i, 2**64, None) for i in range(200)},
+    )
+    line = c_line(mark)
+    assert line is not None and len(line) > 60_000
+    assert TIMES.sub(b"", line) == TIMES.sub(b"", python_line(mark))
+
+
+@needs_c
+def test_the_c_encoder_raises_what_an_attribute_read_raises(flight_dir: Path) -> None:
+    """A section that is no view fails in C as in Python: the writer drops and counts it."""
+    mark = card_mark(driver=object())
+    with pytest.raises(AttributeError):
+        c_line(mark)
+    rec = Recorder(flight_dir=flight_dir, boot="bad")
+    assert rec.write_record(mark) is False
+    assert rec.lines_dropped == 1 and rec.lines_written == 0
+
+
+NUMBERS = st.none() | st.integers(-(2**70), 2**70)
+TEXTS = st.none() | st.text(max_size=12)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(
+    phase=st.text(max_size=20),
+    numbers=st.lists(NUMBERS, min_size=12, max_size=12),
+    texts=st.lists(TEXTS, min_size=5, max_size=5),
+    procs=st.none() | st.dictionaries(st.integers(-(2**40), 2**40), NUMBERS, max_size=8),
+    arenas=st.dictionaries(st.text(max_size=8), st.tuples(NUMBERS, NUMBERS, NUMBERS, TEXTS)),
+    measured=st.booleans(),
+)
+def test_the_c_line_is_the_python_line_for_any_values(
+    phase: str,
+    numbers: list[int | None],
+    texts: list[str | None],
+    procs: dict[int, int | None] | None,
+    arenas: dict[str, tuple[Any, Any, Any, Any]],
+    measured: bool,
+) -> None:
+    n = numbers
+    mark = Mark(
+        phase,
+        {},
+        MarkDevice(n[0], texts[0], n[1], texts[1]),
+        MarkTorch(n[2], n[3], n[4], n[5], n[6], texts[2]),
+        MarkDriver(n[7], n[8], texts[3]),
+        MarkNvml(n[9], procs, texts[4]),
+        {name: MarkArena(*values) for name, values in arenas.items()},
+        MarkDerived(n[10], measured, n[11]),
+    )
+    line = c_line(mark)
+    assert line is not None
+    assert TIMES.sub(b"", line) == TIMES.sub(b"", python_line(mark))
+    assert json.loads(line)["phase"] == phase
+
+
+def held_objects(mark: Mark) -> list[Any]:
+    """Every object the C encoder reads from a mark: the views, their values, the arenas."""
+    objects: list[Any] = [mark.phase]
+    for view in (mark.device, mark.torch, mark.driver, mark.nvml, mark.derived):
+        objects.append(view)
+        objects.extend(getattr(view, name) for name in view.__slots__)
+    objects.append(mark.arenas)
+    for name, arena in mark.arenas.items():
+        objects.extend([name, arena, *(getattr(arena, n) for n in arena.__slots__)])
+    return objects
+
+
+@needs_c
+@pytest.mark.parametrize("mark", [*VALID.values(), *ODD.values()], ids=[*VALID, *ODD])
+def test_the_c_encoder_keeps_every_reference_count(mark: Mark) -> None:
+    """No reference taken or lent is kept or dropped, whether the line is made or declined:
+    a count that grows is a leak, one that falls a crash to come."""
+    # (not the shared singletons, None, the bools and small ints, which other code moves)
+    objects = [
+        obj
+        for obj in held_objects(mark)
+        if not (obj is None or type(obj) is bool or (type(obj) is int and -5 <= obj <= 256))
+    ]
+    before = [sys.getrefcount(obj) for obj in objects]
+    extra = schema._extra_text(mark.extra)
+    for _ in range(50):
+        c_line_of = schema._C_LINE
+        assert c_line_of is not None
+        c_line_of(PREFIX, mark, extra)
+    assert [sys.getrefcount(obj) for obj in objects] == before

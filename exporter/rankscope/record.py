@@ -26,7 +26,7 @@ from typing import Any
 
 from rankscope.procfs import read_nspid, read_pidns_inode, read_start_ticks
 from rankscope.schema import SCHEMA_VERSION as SCHEMA_VERSION
-from rankscope.schema import Body, Header
+from rankscope.schema import Body, Header, times_text
 from rankscope.schema import dumps as _dumps
 
 ENV_DIR = "RANKSCOPE_DIR"
@@ -257,7 +257,7 @@ class Recorder:
             {k: v for k, v in payload.items() if k not in overrides} if overrides else payload
         )
         rest = "}" if body == "{}" else "," + body[1:]
-        return (prefix + _times() + rest + "\n").encode()
+        return (prefix + times_text() + rest + "\n").encode()
 
     def _new_prefix(self, key: Any, kind: str, overrides: Iterable[tuple[str, Any]]) -> str:
         """The line of ``kind`` up to its times: the header's fixed fields with ``overrides``
@@ -271,14 +271,11 @@ class Recorder:
             self._prefixes[key] = prefix
         return prefix
 
-    def _encode_members(self, kind: str, members: str, runner: str | None) -> bytes:
-        """The line ``_encode`` makes of a body that formats its own members (no braces,
-        rankscope.schema.Mark.json_members), with no dict in between: the cached header
-        prefix of the kind (same cache and key as ``_encode``), the times, the members."""
+    def _line_prefix(self, kind: str, runner: str | None) -> str:
+        """The cached header prefix of ``kind`` (same cache and key as ``_encode``), for a
+        body that encodes its own line (rankscope.schema.Mark.encode_line)."""
         key = (kind,) if runner is None else (kind, ("runner", runner))
-        prefix = self._prefixes.get(key) or self._new_prefix(key, kind, key[1:])
-        rest = "," + members + "}\n" if members else "}\n"
-        return (prefix + _times() + rest).encode()
+        return self._prefixes.get(key) or self._new_prefix(key, kind, key[1:])
 
     def write(self, stream: str, kind: str, payload: dict[str, Any]) -> bool:
         """Append one line to this process's file for ``stream``. Never raises; a failure
@@ -326,10 +323,10 @@ class Recorder:
         overrides the configured runner in this line's header. Never raises."""
         if not self._armed:
             return False
-        members = getattr(body, "json_members", None)
-        if members is not None and (runner is None or type(runner) is str):
+        encode_line = getattr(body, "encode_line", None)
+        if encode_line is not None and (runner is None or type(runner) is str):
             try:
-                data = self._encode_members(body.KIND, members(), runner)
+                data = encode_line(self._line_prefix(body.KIND, runner))
             except Exception as exc:  # an unserialisable extra must not reach the host program
                 self._drop(body.STREAM, f"encode: {exc!r}")
                 return False
@@ -431,12 +428,6 @@ _FIXED_HEADER = frozenset(
         *(f.name for f in fields(ProcessIdentity)),
     ]
 )
-
-
-def _times() -> str:
-    """A line's mono and wall members, in seconds to the microsecond: fixed-point formatting
-    costs half what the shortest float repr does, and a mark formats two."""
-    return f',"mono":{time.monotonic():.6f},"wall":{time.time():.6f}'
 
 
 def _close_quietly(fd: int) -> None:

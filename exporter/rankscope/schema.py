@@ -16,7 +16,7 @@ identity, times) and a typed ``body``, one class per kind:
 
 A body knows its own JSON: ``to_json()`` builds the object the writer appends (a plain dict
 built field by field, no ``dataclasses.asdict``; the mark formats its text directly, see
-``json_members`` below), and ``parse(obj, bad)`` reads it back. Parsing validates every
+``encode_line`` below), and ``parse(obj, bad)`` reads it back. Parsing validates every
 value: a byte count is a non-negative integer below :data:`MAX_BYTES` (signed where the
 quantity is a residual), a count an integer that is not a bool, a time finite. A bad value
 becomes None and its field name (``mark.torch.reserved``) is appended to ``bad``; the line
@@ -36,10 +36,11 @@ Adding a kind (one place, this module):
 2. add the class to the :data:`Body` union (one line; :data:`KINDS`, the parse table, is
    derived from it).
 
-A kind on a benchmarked hot path (the mark) may also define ``json_members(self) -> str``:
-its ``to_json()`` object as JSON text without the braces, byte for byte what :func:`dumps`
-makes of it; the writer then appends it to the header it encoded once, with no dict in
-between (tests/test_mark_encoder.py holds Mark to that). A generic mark's extra is a
+A kind on a benchmarked hot path (the mark) may also define
+``encode_line(self, prefix: str) -> bytes``: its whole line from the header's fixed members,
+which the writer encoded once (``prefix``), with no dict in between: byte for byte what the
+dict path writes but for the times (tests/test_mark_encoder.py holds Mark to that). The
+mark's is in C where the install built rankscope._markline, with a Python reference. A generic mark's extra is a
 :class:`MarkFields` kind (its fields typed, ``encode()`` the dict's JSON byte for byte).
 
 Writers then call ``RECORDER.write_record(MyKind(...))``; readers get ``Line[MyKind]``
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar, Union, get_args
@@ -120,6 +122,20 @@ def dumps(obj: Any) -> str:
     if _C_ENCODER is not None:
         return "".join(_C_ENCODER(obj, 0))
     return _ENCODER.encode(obj)
+
+
+def times_text() -> str:
+    """A line's mono and wall members, in seconds to the microsecond: fixed-point formatting
+    costs half what the shortest float repr does, and a mark formats two."""
+    return f',"mono":{time.monotonic():.6f},"wall":{time.time():.6f}'
+
+
+# The mark's line in C (rankscope/_markline.c), where the install could build it; the Python
+# encoder (Mark._members) is its reference and the fallback.
+try:
+    from rankscope._markline import line as _C_LINE
+except ImportError:
+    _C_LINE = None
 
 
 # The hot-path encoders below format fields whose type is already known; each falls back to
@@ -330,6 +346,16 @@ def _device_text(index: int | None, uuid: Any, nvml_index: int | None, why: Any)
         f'"nvml_index":{"null" if nvml_index is None else nvml_index},'
         f'"why":{"null" if why is None else _text(why)}}}'
     )
+
+
+def _extra_text(extra: Any) -> str:
+    """A mark's extra as JSON text: a user's dict, or a generic mark's typed fields."""
+    if type(extra) is dict:
+        # dumps() inline: a user mark's fields, one call less
+        return "{}" if not extra else "".join(_C_ENCODER(extra, 0)) if _C_ENCODER else dumps(extra)
+    if isinstance(extra, MarkFields):
+        return extra.encode()
+    return dumps(extra)
 
 
 # A card's device section by (index, uuid, nvml_index): a process marks on one or a few.
@@ -692,11 +718,27 @@ class Mark:
             "derived": self.derived.to_json(),
         }
 
+    def encode_line(self, prefix: str) -> bytes:
+        """The mark's whole line: ``prefix`` (the header's fixed members as the writer caches
+        them, rankscope.record), the times, this mark's members. The C encoder where it was
+        built (rankscope._markline), else and for any value it declines the Python one below:
+        the same bytes but for the times (tests/test_mark_encoder.py)."""
+        extra = _extra_text(self.extra)
+        if _C_LINE is not None:
+            line: bytes | None = _C_LINE(prefix, self, extra)
+            if line is not None:
+                return line
+        return (prefix + times_text() + "," + self._members(extra) + "}\n").encode()
+
     def json_members(self) -> str:
         """The members of ``to_json()``'s object as JSON text, no braces: byte for byte what
-        ``dumps(self.to_json())`` holds between its braces, formatted from the typed fields
-        in one pass with no intermediate dicts and no call a section (a mark is on a
-        benchmarked hot path; the writer appends them to a pre-encoded header)."""
+        ``dumps(self.to_json())`` holds between its braces (the Python encoder, the C
+        encoder's reference)."""
+        return self._members(_extra_text(self.extra))
+
+    def _members(self, extra_text: str) -> str:
+        # Formatted from the typed fields in one pass, with no intermediate dicts and no call
+        # a section: where the C encoder is not built, this is the mark's hot path.
         device, torch, driver, nvml, derived = (
             self.device,
             self.torch,
@@ -752,16 +794,6 @@ class Mark:
             arena_text = "{" + arena_text + "}"
         else:
             return dumps(self.to_json())[1:-1]
-        extra = self.extra
-        if type(extra) is dict:
-            # dumps() inline: a user mark's fields, one call less
-            extra_text = (
-                "{}" if not extra else "".join(_C_ENCODER(extra, 0)) if _C_ENCODER else dumps(extra)
-            )
-        elif isinstance(extra, MarkFields):
-            extra_text = extra.encode()
-        else:
-            extra_text = dumps(extra)
         uuid, why = device.uuid, device.why
         if type(uuid) is str and why is None:  # a card: the same text at every mark
             key = (index, uuid, nvml_index)

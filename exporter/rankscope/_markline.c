@@ -1,0 +1,616 @@
+/* rankscope._markline: a mark's flight-record line, encoded in C.
+ *
+ * line(prefix, mark, extra) -> bytes | None
+ *
+ * prefix: the line's header up to its times, as the writer caches it (ASCII JSON text);
+ * mark: a rankscope.schema.Mark; extra: its extra's JSON text (encoded by the caller).
+ * Returns prefix + the times + the mark's members + "}\n", byte for byte what the Python
+ * encoder (rankscope.schema.Mark.json_members and the writer's times) makes but for the two
+ * times, which are read here. Returns None for any value outside the usual types (an int
+ * subclass, a bool in an int field, a mapping that is not a dict, a non-str text): the
+ * caller then takes the Python encoder, which knows every case. Raises only what an
+ * attribute read raises (as the Python encoder would) and MemoryError.
+ *
+ * Why C: a mark's own cost beyond its reads is Python, and half of it was formatting the
+ * line (docs/architecture.md, "What a mark costs"). tests/test_mark_encoder.py holds this
+ * file to the Python encoder. Its state: the attribute names, interned at import, the json
+ * module's string quoting, and each view class's slots, cached at first use; all held for
+ * the process's life.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string.h>
+#include <time.h>
+
+#ifndef Py_T_OBJECT_EX /* before Python 3.12 */
+#include <structmember.h>
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#endif
+
+/* --- the line buffer: a stack block, the heap once a card lists many processes ---------- */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+    char block[4096];
+} Line;
+
+enum { DONE = 0, FAILED = -1, DECLINED = 1 }; /* FAILED: a Python exception is set */
+
+static int
+reserve(Line *line, Py_ssize_t more)
+{
+    if (more <= line->cap - line->len) {
+        return DONE;
+    }
+    Py_ssize_t cap = line->cap;
+    while (more > cap - line->len) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return FAILED;
+        }
+        cap *= 2;
+    }
+    char *data;
+    if (line->data == line->block) {
+        data = PyMem_Malloc(cap);
+        if (data != NULL) {
+            memcpy(data, line->block, line->len);
+        }
+    }
+    else {
+        data = PyMem_Realloc(line->data, cap);
+    }
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return FAILED;
+    }
+    line->data = data;
+    line->cap = cap;
+    return DONE;
+}
+
+static int
+put(Line *line, const char *text, Py_ssize_t len)
+{
+    if (reserve(line, len) != DONE) {
+        return FAILED;
+    }
+    memcpy(line->data + line->len, text, len);
+    line->len += len;
+    return DONE;
+}
+
+#define PUT_LITERAL(line, text) put((line), (text), (Py_ssize_t)sizeof(text) - 1)
+
+/* --- values ---------------------------------------------------------------------------- */
+
+static PyObject *quote_ascii; /* json.encoder.encode_basestring_ascii */
+
+/* A str that is already ASCII JSON text (the prefix, the extra), copied as it is. */
+static int
+put_json_text(Line *line, PyObject *text)
+{
+    if (!PyUnicode_CheckExact(text)) {
+        return DECLINED;
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(text) < 0) {
+        return FAILED;
+    }
+#endif
+    if (!PyUnicode_IS_ASCII(text)) {
+        return DECLINED;
+    }
+    return put(line, (const char *)PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text));
+}
+
+/* A number's decimal digits, written by hand: snprintf costs ten times as much. */
+static int
+put_digits(Line *line, long long number)
+{
+    char digits[24];
+    char *end = digits + sizeof digits, *first = end;
+    unsigned long long magnitude = number < 0 ? 0ULL - (unsigned long long)number
+                                              : (unsigned long long)number;
+    do {
+        *--first = (char)('0' + magnitude % 10);
+        magnitude /= 10;
+    } while (magnitude != 0);
+    if (number < 0) {
+        *--first = '-';
+    }
+    return put(line, first, end - first);
+}
+
+/* seconds.microseconds of a clock's reading, rounded to the microsecond. */
+static int
+put_seconds(Line *line, const struct timespec *clock)
+{
+    long long seconds = (long long)clock->tv_sec;
+    long micros = (clock->tv_nsec + 500) / 1000;
+    if (micros >= 1000000) {
+        seconds += 1;
+        micros -= 1000000;
+    }
+    char fraction[8] = {'.'};
+    for (int i = 6; i >= 1; i--) {
+        fraction[i] = (char)('0' + micros % 10);
+        micros /= 10;
+    }
+    if (put_digits(line, seconds) != DONE) {
+        return FAILED;
+    }
+    return put(line, fraction, 7);
+}
+
+/* null, or an exact int's digits (an int subclass's or a bool's text is not its JSON). */
+static int
+put_number(Line *line, PyObject *value)
+{
+    if (value == Py_None) {
+        return PUT_LITERAL(line, "null");
+    }
+    if (!PyLong_CheckExact(value)) {
+        return DECLINED;
+    }
+    int overflow = 0;
+    long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow == 0) {
+        if (number == -1 && PyErr_Occurred()) {
+            return FAILED;
+        }
+        return put_digits(line, number);
+    }
+    PyObject *text = PyObject_Str(value); /* past 64 bits: Python's own digits */
+    if (text == NULL) {
+        return FAILED;
+    }
+    int done = put_json_text(line, text);
+    Py_DECREF(text);
+    return done;
+}
+
+/* null, or a str as a JSON string: printable ASCII with no quote or backslash is copied;
+ * any other str is quoted by json's own encoder, so escapes are exactly the generic one's. */
+static int
+put_string(Line *line, PyObject *value)
+{
+    if (value == Py_None) {
+        return PUT_LITERAL(line, "null");
+    }
+    if (!PyUnicode_CheckExact(value)) {
+        return DECLINED;
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(value) < 0) {
+        return FAILED;
+    }
+#endif
+    if (PyUnicode_IS_ASCII(value)) {
+        const unsigned char *chars = PyUnicode_DATA(value);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(value), i = 0;
+        while (i < len && chars[i] >= 0x20 && chars[i] <= 0x7e && chars[i] != '"' &&
+               chars[i] != '\\') {
+            i++;
+        }
+        if (i == len) {
+            if (reserve(line, len + 2) != DONE) {
+                return FAILED;
+            }
+            line->data[line->len++] = '"';
+            memcpy(line->data + line->len, chars, len);
+            line->len += len;
+            line->data[line->len++] = '"';
+            return DONE;
+        }
+    }
+    PyObject *quoted = PyObject_CallOneArg(quote_ascii, value);
+    if (quoted == NULL) {
+        return FAILED;
+    }
+    int done = put_json_text(line, quoted);
+    Py_DECREF(quoted);
+    return done;
+}
+
+static int
+put_bool(Line *line, PyObject *value)
+{
+    if (value == Py_True) {
+        return PUT_LITERAL(line, "true");
+    }
+    if (value == Py_False) {
+        return PUT_LITERAL(line, "false");
+    }
+    return DECLINED;
+}
+
+/* {"<pid>":bytes,...} of an exact dict of exact int pids, or null. */
+static int
+put_procs(Line *line, PyObject *procs)
+{
+    if (procs == Py_None) {
+        return PUT_LITERAL(line, "null");
+    }
+    if (!PyDict_CheckExact(procs)) {
+        return DECLINED;
+    }
+    Py_ssize_t pos = 0, listed = 0;
+    PyObject *pid, *used;
+    int done = PUT_LITERAL(line, "{");
+    /* no Python code runs in this loop (put_number takes exact ints only), so the dict's
+     * loans hold */
+    while (done == DONE && PyDict_Next(procs, &pos, &pid, &used)) {
+        done = listed++ > 0 ? PUT_LITERAL(line, ",\"") : PUT_LITERAL(line, "\"");
+        if (done == DONE) {
+            done = put_number(line, pid);
+        }
+        if (done == DONE) {
+            done = PUT_LITERAL(line, "\":");
+        }
+        if (done == DONE) {
+            done = put_number(line, used);
+        }
+    }
+    return done == DONE ? PUT_LITERAL(line, "}") : done;
+}
+
+/* --- reading attributes ------------------------------------------------------------------
+ * A class's attributes by position: their interned names and, for the first class seen whose
+ * attributes are all plain slots (the schema's slotted dataclass), those slots' definitions,
+ * so that a read is one PyMember_GetOne, not a lookup through the type (which cost a third
+ * of this encoder). An object of any other class is read with PyObject_GetAttr. The cache
+ * assumes what the schema's classes never do: a slot replaced on the class afterwards. */
+
+#define ATTRIBUTES_MAX 8
+
+typedef struct {
+    const char *text[ATTRIBUTES_MAX + 1]; /* NULL after the last */
+    PyObject *name[ATTRIBUTES_MAX];
+    PyTypeObject *type;                   /* the class whose slots are cached (held) */
+    PyObject *descriptor[ATTRIBUTES_MAX]; /* held: a slot's definition lives with it */
+    PyMemberDef *slot[ATTRIBUTES_MAX];
+} Attributes;
+
+static int
+intern_names(Attributes *attributes)
+{
+    for (int i = 0; attributes->text[i] != NULL; i++) {
+        attributes->name[i] = PyUnicode_InternFromString(attributes->text[i]);
+        if (attributes->name[i] == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Cache ``type``'s slots when every attribute is one holding an object (reading a slot's
+ * class attribute gives its member descriptor); otherwise cache nothing, and the next object
+ * read tries its own class. */
+static void
+cache_slots(Attributes *attributes, PyTypeObject *type)
+{
+    int count = 0, plain = 1;
+    for (; plain && attributes->text[count] != NULL; count++) {
+        PyObject *descriptor = PyObject_GetAttr((PyObject *)type, attributes->name[count]);
+        if (descriptor == NULL) {
+            PyErr_Clear();
+            plain = 0;
+            break;
+        }
+        attributes->descriptor[count] = descriptor;
+        plain = Py_IS_TYPE(descriptor, &PyMemberDescr_Type) &&
+                ((PyMemberDescrObject *)descriptor)->d_member->type == Py_T_OBJECT_EX;
+        if (plain) {
+            attributes->slot[count] = ((PyMemberDescrObject *)descriptor)->d_member;
+        }
+    }
+    if (plain) {
+        Py_INCREF(type);
+        attributes->type = type;
+        return;
+    }
+    for (int i = 0; i < count; i++) {
+        Py_CLEAR(attributes->descriptor[i]);
+        attributes->slot[i] = NULL;
+    }
+}
+
+/* A new reference to ``owner``'s attribute number ``i``, or NULL with an exception. */
+static PyObject *
+read_attribute(Attributes *attributes, PyObject *owner, int i)
+{
+    PyTypeObject *type = Py_TYPE(owner);
+    if (attributes->type == NULL) {
+        cache_slots(attributes, type);
+    }
+    if (type == attributes->type) {
+        return PyMember_GetOne((const char *)owner, attributes->slot[i]); /* unset: raises */
+    }
+    return PyObject_GetAttr(owner, attributes->name[i]);
+}
+
+/* --- sections: each member's key text (with the brace or comma before it) and its form,
+ * in the Python encoder's order; the attributes' names are the sections' own. ------------ */
+
+typedef enum { NUMBER, STRING, BOOL, PROCS } Form;
+
+typedef struct {
+    const char *key[ATTRIBUTES_MAX + 1];
+    Form form[ATTRIBUTES_MAX];
+    Attributes attributes;
+} Section;
+
+static Section device_section = {
+    .key = {",\"device\":{\"index\":", ",\"uuid\":", ",\"nvml_index\":", ",\"why\":"},
+    .form = {NUMBER, STRING, NUMBER, STRING},
+    .attributes = {.text = {"index", "uuid", "nvml_index", "why"}},
+};
+static Section torch_section = {
+    .key = {",\"torch\":{\"reserved\":", ",\"allocated\":", ",\"peak_allocated\":",
+            ",\"num_alloc_retries\":", ",\"num_ooms\":", ",\"why\":"},
+    .form = {NUMBER, NUMBER, NUMBER, NUMBER, NUMBER, STRING},
+    .attributes = {.text = {"reserved", "allocated", "peak_allocated", "num_alloc_retries",
+                            "num_ooms", "why"}},
+};
+static Section driver_section = {
+    .key = {",\"driver\":{\"free\":", ",\"total\":", ",\"why\":"},
+    .form = {NUMBER, NUMBER, STRING},
+    .attributes = {.text = {"free", "total", "why"}},
+};
+static Section nvml_section = {
+    .key = {",\"nvml\":{\"self_bytes\":", ",\"procs\":", ",\"why\":"},
+    .form = {NUMBER, PROCS, STRING},
+    .attributes = {.text = {"self_bytes", "procs", "why"}},
+};
+static Section arena_section = {
+    .key = {":{\"reserved\":", ",\"backed\":", ",\"retained\":", ",\"why\":"},
+    .form = {NUMBER, NUMBER, NUMBER, STRING},
+    .attributes = {.text = {"reserved", "backed", "retained", "why"}},
+};
+static Section derived_section = {
+    .key = {",\"derived\":{\"non_torch\":", ",\"non_torch_measured\":",
+            ",\"unbacked_reservation\":"},
+    .form = {NUMBER, BOOL, NUMBER},
+    .attributes = {.text = {"non_torch", "non_torch_measured", "unbacked_reservation"}},
+};
+static Section *const SECTIONS[] = {&device_section, &torch_section, &driver_section,
+                                    &nvml_section,   &arena_section, &derived_section};
+
+/* The mark's own attributes, by position. */
+enum { PHASE, DEVICE, TORCH, DRIVER, NVML, ARENAS, DERIVED };
+static Attributes mark_attributes = {
+    .text = {"phase", "device", "torch", "driver", "nvml", "arenas", "derived"},
+};
+
+static int
+put_member(Line *line, PyObject *value, Form form)
+{
+    switch (form) {
+    case NUMBER:
+        return put_number(line, value);
+    case STRING:
+        return put_string(line, value);
+    case BOOL:
+        return put_bool(line, value);
+    case PROCS:
+        return put_procs(line, value);
+    }
+    return DECLINED;
+}
+
+/* The section's members of ``owner``, each key then value, and the closing brace. */
+static int
+put_section(Line *line, PyObject *owner, Section *section)
+{
+    for (int i = 0; section->key[i] != NULL; i++) {
+        if (put(line, section->key[i], (Py_ssize_t)strlen(section->key[i])) != DONE) {
+            return FAILED;
+        }
+        PyObject *value = read_attribute(&section->attributes, owner, i);
+        if (value == NULL) {
+            return FAILED;
+        }
+        int done = put_member(line, value, section->form[i]);
+        Py_DECREF(value);
+        if (done != DONE) {
+            return done;
+        }
+    }
+    return PUT_LITERAL(line, "}");
+}
+
+/* The mark's view number ``which`` as a section. */
+static int
+put_view(Line *line, PyObject *mark, int which, Section *section)
+{
+    PyObject *view = read_attribute(&mark_attributes, mark, which);
+    if (view == NULL) {
+        return FAILED;
+    }
+    int done = put_section(line, view, section);
+    Py_DECREF(view);
+    return done;
+}
+
+/* ,"arenas":{"<name>":{...},...} of an exact dict of exact str names. */
+static int
+put_arenas(Line *line, PyObject *mark)
+{
+    PyObject *arenas = read_attribute(&mark_attributes, mark, ARENAS);
+    if (arenas == NULL) {
+        return FAILED;
+    }
+    int done = PyDict_CheckExact(arenas) ? PUT_LITERAL(line, ",\"arenas\":{") : DECLINED;
+    Py_ssize_t pos = 0, listed = 0;
+    PyObject *name, *arena;
+    while (done == DONE && PyDict_Next(arenas, &pos, &name, &arena)) {
+        /* an attribute read may run Python code: hold what the dict lends (a name that is
+         * no exact str is declined by put_string) */
+        Py_INCREF(name);
+        Py_INCREF(arena);
+        if (listed++ > 0) {
+            done = PUT_LITERAL(line, ",");
+        }
+        if (done == DONE) {
+            done = put_string(line, name);
+        }
+        if (done == DONE) {
+            done = put_section(line, arena, &arena_section);
+        }
+        Py_DECREF(name);
+        Py_DECREF(arena);
+    }
+    if (done == DONE) {
+        done = PUT_LITERAL(line, "}");
+    }
+    Py_DECREF(arenas);
+    return done;
+}
+
+/* ,"mono":<s>,"wall":<s>: the clocks of time.monotonic() and time.time(), in seconds to
+ * the microsecond, as the Python encoder's f"{t:.6f}" writes them (here from the clock's
+ * integer reading, with no float between). */
+static int
+put_times(Line *line)
+{
+    struct timespec mono, wall;
+    if (clock_gettime(CLOCK_MONOTONIC, &mono) != 0 || clock_gettime(CLOCK_REALTIME, &wall) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return FAILED;
+    }
+    if (PUT_LITERAL(line, ",\"mono\":") != DONE || put_seconds(line, &mono) != DONE ||
+        PUT_LITERAL(line, ",\"wall\":") != DONE || put_seconds(line, &wall) != DONE) {
+        return FAILED;
+    }
+    return DONE;
+}
+
+static int
+put_mark(Line *line, PyObject *prefix, PyObject *mark, PyObject *extra)
+{
+    int done = put_json_text(line, prefix);
+    if (done == DONE) {
+        done = put_times(line);
+    }
+    if (done == DONE) {
+        done = PUT_LITERAL(line, ",\"phase\":");
+    }
+    if (done == DONE) {
+        PyObject *phase = read_attribute(&mark_attributes, mark, PHASE);
+        if (phase == NULL) {
+            return FAILED;
+        }
+        done = put_string(line, phase);
+        Py_DECREF(phase);
+    }
+    if (done == DONE) {
+        done = PUT_LITERAL(line, ",\"extra\":");
+    }
+    if (done == DONE) {
+        done = put_json_text(line, extra);
+    }
+    if (done == DONE) {
+        done = put_view(line, mark, DEVICE, &device_section);
+    }
+    if (done == DONE) {
+        done = put_view(line, mark, TORCH, &torch_section);
+    }
+    if (done == DONE) {
+        done = put_view(line, mark, DRIVER, &driver_section);
+    }
+    if (done == DONE) {
+        done = put_view(line, mark, NVML, &nvml_section);
+    }
+    if (done == DONE) {
+        done = put_arenas(line, mark);
+    }
+    if (done == DONE) {
+        done = put_view(line, mark, DERIVED, &derived_section);
+    }
+    if (done == DONE) {
+        done = PUT_LITERAL(line, "}\n");
+    }
+    return done;
+}
+
+static PyObject *
+line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "line() takes 3 arguments (prefix, mark, extra), %zd given",
+                     nargs);
+        return NULL;
+    }
+    Line text;
+    text.data = text.block;
+    text.len = 0;
+    text.cap = (Py_ssize_t)sizeof text.block;
+    int done = put_mark(&text, args[0], args[1], args[2]);
+    PyObject *result = NULL;
+    if (done == DONE) {
+        result = PyBytes_FromStringAndSize(text.data, text.len);
+    }
+    else if (done == DECLINED) {
+        result = Py_NewRef(Py_None);
+    }
+    if (text.data != text.block) {
+        PyMem_Free(text.data);
+    }
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"line", (PyCFunction)(void (*)(void))line, METH_FASTCALL,
+     "line(prefix, mark, extra) -> bytes | None: the mark's whole line, or None for values "
+     "the Python encoder must take."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "rankscope._markline",
+    .m_doc = "A mark's flight-record line in C (rankscope.schema.Mark.encode_line).",
+    .m_size = -1, /* its state is static: names and caches set once, shared */
+    .m_methods = methods,
+};
+
+static int
+intern_all_names(void)
+{
+    if (intern_names(&mark_attributes) < 0) {
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof SECTIONS / sizeof SECTIONS[0]; i++) {
+        Attributes *attributes = &SECTIONS[i]->attributes;
+        if (attributes->name[0] == NULL && intern_names(attributes) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC
+PyInit__markline(void)
+{
+    if (mark_attributes.name[0] == NULL && intern_all_names() < 0) {
+        return NULL;
+    }
+    if (quote_ascii == NULL) {
+        PyObject *json_encoder = PyImport_ImportModule("json.encoder");
+        if (json_encoder == NULL) {
+            return NULL;
+        }
+        quote_ascii = PyObject_GetAttrString(json_encoder, "encode_basestring_ascii");
+        Py_DECREF(json_encoder);
+        if (quote_ascii == NULL) {
+            return NULL;
+        }
+    }
+    return PyModule_Create(&module_def);
+}
