@@ -38,8 +38,13 @@ fi
 venv_install_rankscope() {
   local spec=".$1" stamp="$VENV/.rankscope-installed$1"
   local built="pyproject.toml setup.py exporter/rankscope/_markline.c"
+  # a removed build is made again where a compiler is
+  local missing=""
+  if command -v cc >/dev/null && ! ls exporter/rankscope/_markline*.so >/dev/null 2>&1; then
+    missing=1
+  fi
   # shellcheck disable=SC2086  # the file list splits on purpose
-  if [ ! -f "$stamp" ] || ! cat $built | cmp -s - "$stamp"; then
+  if [ ! -f "$stamp" ] || [ -n "$missing" ] || ! cat $built | cmp -s - "$stamp"; then
     pip_install -e "$spec"
     cat $built > "$stamp"
   fi

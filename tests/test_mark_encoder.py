@@ -12,7 +12,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -129,6 +129,8 @@ ODD = {
     "str subclass": card_mark(phase=type("Phase", (str,), {})("p")),
     "odd proc keys": card_mark(nvml=MarkNvml(1, {True: 2, "x": Count(3), 9: 1.0}, None)),
     "odd arena names": card_mark(arenas={1: MarkArena(1, 1, 1, None)}),
+    "arena named None": card_mark(arenas={None: MarkArena(1, 1, 1, None)}),
+    "pid None": card_mark(nvml=MarkNvml(1, {None: 5}, None)),
     "procs not a dict": card_mark(nvml=MarkNvml(1, MappingProxyType({1: 2}), None)),  # type: ignore[arg-type]
     "arenas not a dict": card_mark(arenas=MappingProxyType({"kv": MarkArena(1, 1, 1, None)})),  # type: ignore[arg-type]
     "int measured": card_mark(derived=MarkDerived(5, 1, None)),  # type: ignore[arg-type]
@@ -378,6 +380,8 @@ DECLINED_BY_C = {
     "str subclass",
     "odd proc keys",
     "odd arena names",
+    "arena named None",
+    "pid None",
     "procs not a dict",
     "arenas not a dict",
     "int measured",
@@ -462,6 +466,32 @@ def test_the_c_line_is_the_python_line_for_any_values(
     assert json.loads(line)["phase"] == phase
 
 
+class Name(str):
+    """A str subclass: its JSON is not for the fast path to decide."""
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(
+    pids=st.dictionaries(st.none() | st.booleans() | st.integers(-9, 9), NUMBERS, max_size=4),
+    names=st.lists(st.none() | st.booleans() | st.text(max_size=4).map(Name), max_size=3),
+    numbers=st.lists(NUMBERS | st.booleans() | st.floats(), min_size=3, max_size=3),
+)
+def test_odd_keys_and_values_take_the_python_encoder_or_agree(
+    pids: dict[Any, Any], names: list[Any], numbers: list[Any]
+) -> None:
+    """Keys and values of odd types: the C encoder declines or writes the Python bytes, and
+    the line written is JSON either way."""
+    mark = card_mark(
+        nvml=MarkNvml(numbers[0], pids, None),
+        arenas={name: MarkArena(numbers[1], numbers[2], None, None) for name in names},
+    )
+    line = c_line(mark)
+    if line is not None:
+        assert TIMES.sub(b"", line) == TIMES.sub(b"", python_line(mark))
+    json.loads(mark.encode_line(PREFIX))
+
+
 def held_objects(mark: Mark) -> list[Any]:
     """Every object the C encoder reads from a mark: the views, their values, the arenas."""
     objects: list[Any] = [mark.phase]
@@ -491,4 +521,94 @@ def test_the_c_encoder_keeps_every_reference_count(mark: Mark) -> None:
         c_line_of = schema._C_LINE
         assert c_line_of is not None
         c_line_of(PREFIX, mark, extra)
+    assert [sys.getrefcount(obj) for obj in objects] == before
+
+
+@needs_c
+def test_the_c_encoder_reads_other_view_classes_as_python_does() -> None:
+    """The schema's classes are read through their slots; a view of another class (a
+    subclass with its own attribute reads, a duck type) through getattr, as Python reads it."""
+
+    class LoudTorch(MarkTorch):
+        __slots__ = ()
+
+        def __getattribute__(self, name: str) -> Any:
+            return 42 if name == "reserved" else object.__getattribute__(self, name)
+
+    duck = SimpleNamespace(index=1, uuid="GPU-duck", nvml_index=None, why=None)
+    for mark in [
+        card_mark(torch=LoudTorch(1, 2, 3, 4, 5, None)),
+        card_mark(device=duck),  # type: ignore[arg-type]
+    ]:
+        line = c_line(mark)
+        assert line is not None
+        assert TIMES.sub(b"", line) == TIMES.sub(b"", python_line(mark))
+    assert b'"reserved":42,' in (c_line(card_mark(torch=LoudTorch(1, 2, 3, 4, 5, None))) or b"")
+
+    class Borrowed:  # another class's slot descriptors, set on a class of no slots
+        __slots__ = ()
+
+    for name in ("index", "uuid", "nvml_index", "why"):
+        setattr(Borrowed, name, getattr(MarkDevice, name))
+    with pytest.raises(TypeError):  # what Python's own read raises, not a foreign slot read
+        c_line(card_mark(device=Borrowed()))  # type: ignore[arg-type]
+
+
+@needs_c
+def test_bind_takes_only_classes_of_object_slots_of_their_own() -> None:
+    from rankscope import _markline  # type: ignore[attr-defined]
+
+    views = [Mark, MarkDevice, MarkTorch, MarkDriver, MarkNvml, MarkArena, MarkDerived]
+
+    class Sub(MarkTorch):
+        __slots__ = ()
+
+    class Loud(MarkTorch):
+        def __getattribute__(self, name: str) -> Any:
+            return object.__getattribute__(self, name)
+
+    class LoudOwn:  # slots of its own, read its own way
+        __slots__ = (
+            "allocated",
+            "num_alloc_retries",
+            "num_ooms",
+            "peak_allocated",
+            "reserved",
+            "why",
+        )
+
+        def __getattribute__(self, name: str) -> Any:
+            return object.__getattribute__(self, name)
+
+    for odd in (object, Sub, Loud, LoudOwn, "MarkTorch"):
+        with pytest.raises(TypeError):
+            _markline.bind(*views[:2], odd, *views[3:])
+    with pytest.raises(TypeError):
+        _markline.bind(*views[:-1])
+    # binding the schema's classes again is what the import did
+    assert _markline.bind(*views) is schema._C_LINE
+
+
+@needs_c
+def test_the_c_times_are_the_clocks_of_the_python_encoder() -> None:
+    for _ in range(200):
+        mono_before, wall_before = time.monotonic(), time.time()
+        line = c_line(cpu_mark())
+        mono_after, wall_after = time.monotonic(), time.time()
+        assert line is not None
+        times = json.loads(line)
+        # written to the microsecond, rounded: half a microsecond either way
+        assert mono_before - 5e-7 <= times["mono"] <= mono_after + 5e-7
+        assert wall_before - 5e-7 <= times["wall"] <= wall_after + 5e-7
+
+
+@needs_c
+def test_the_c_encoder_keeps_every_reference_count_when_it_fails() -> None:
+    mark = card_mark(driver=object(), nvml=MarkNvml(10**30, {4242: 2**70}, None))
+    objects = [obj for obj in (mark.phase, mark.device, mark.torch, mark.nvml, mark.nvml.procs)]
+    objects += [mark.nvml.self_bytes, mark.driver]
+    before = [sys.getrefcount(obj) for obj in objects]
+    for _ in range(50):
+        with pytest.raises(AttributeError):
+            c_line(mark)
     assert [sys.getrefcount(obj) for obj in objects] == before

@@ -1,6 +1,8 @@
 """rankscope-auto.pth lands in site-packages with a regular and with an editable install,
-and arms a process there: wheels built by setuptools' own PEP 517 / 660 hooks from a copy of
-this checkout, installed by pip into fresh venvs (no index, no dependencies), then run."""
+and from an sdist, and arms a process there: wheels built by setuptools' own PEP 517 / 660
+hooks from a copy of this checkout (or from the sdist built from it), installed by pip into
+fresh venvs (no index, no dependencies), then run. Where a C compiler is, each install
+carries the mark's C line encoder, built from its source."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -20,8 +24,12 @@ PTH = ROOT / "exporter" / "rankscope-auto.pth"
 BUILD = """\
 import sys
 from setuptools import build_meta
-hook = build_meta.build_editable if sys.argv[1] == "editable" else build_meta.build_wheel
-print(hook(sys.argv[2]))
+hooks = {
+    "editable": build_meta.build_editable,
+    "wheel": build_meta.build_wheel,
+    "sdist": build_meta.build_sdist,
+}
+print(hooks[sys.argv[1]](sys.argv[2]))
 """
 
 
@@ -30,12 +38,13 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the checkout's packaging inputs: building writes build/ and egg-info
     beside the sources, and the checkout's build/ is a shared symlink."""
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "MANIFEST.in"):
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(
         ROOT / "exporter",
         src / "exporter",
-        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
+        # the checkout's own build of the C encoder stays behind: each install builds its own
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so"),
     )
     return src
 
@@ -77,11 +86,28 @@ def install(wheel: Path, venv: Path) -> Path:
     return site
 
 
-@pytest.mark.parametrize("kind", ["wheel", "editable"])
+def a_compiler_is_here() -> bool:
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    compiler = str(sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(compiler) is not None and headers.exists()
+
+
+@pytest.mark.parametrize("kind", ["wheel", "editable", "sdist"])
 def test_the_pth_lands_in_site_packages_and_arms(source: Path, tmp_path: Path, kind: str):
-    wheel = build(source, kind, tmp_path / "dist")
+    if kind == "sdist":  # the wheel pip would build from the sdist, as from PyPI
+        sdist = build(source, "sdist", tmp_path / "sdist")
+        with tarfile.open(sdist) as tf:
+            tf.extractall(tmp_path / "unpacked", filter="data")
+        (unpacked,) = (tmp_path / "unpacked").iterdir()
+        wheel = build(unpacked, "wheel", tmp_path / "dist")
+    else:
+        wheel = build(source, kind, tmp_path / "dist")
     with zipfile.ZipFile(wheel) as zf:
         assert zf.read(PTH.name) == PTH.read_bytes()  # at the wheel's root: purelib
+        names = zf.namelist()
+    assert not [n for n in names if n.endswith(".c")]  # the encoder's source stays out
+    if kind != "editable" and a_compiler_is_here():
+        assert [n for n in names if n.startswith("rankscope/_markline")], names
     site = install(wheel, tmp_path / "venv")
     assert (site / PTH.name).read_bytes() == PTH.read_bytes()
     python = str(tmp_path / "venv" / "bin" / "python")
@@ -106,3 +132,12 @@ def test_the_pth_lands_in_site_packages_and_arms(source: Path, tmp_path: Path, k
     assert json.loads(armed.stdout)[1] is True, armed.stderr
     lines = [json.loads(line) for f in flight.glob("marks-*.jsonl") for line in f.open()]
     assert [r["phase"] for r in lines] == ["process_start", "process_exit"]
+    if a_compiler_is_here():  # the installed copy encodes its marks in C
+        encoder = subprocess.run(
+            [python, "-c", "from rankscope import schema; print(schema._C_LINE is not None)"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert encoder.stdout.strip() == "True", encoder.stderr

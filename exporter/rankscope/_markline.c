@@ -14,8 +14,9 @@
  * Why C: a mark's own cost beyond its reads is Python, and half of it was formatting the
  * line (docs/architecture.md, "What a mark costs"). tests/test_mark_encoder.py holds this
  * file to the Python encoder. Its state: the attribute names, interned at import, the json
- * module's string quoting, and each view class's slots, cached at first use; all held for
- * the process's life.
+ * module's string quoting, and the schema's classes' slots, bound by bind(); all held for
+ * the process's life and shared (single-phase init: an isolated subinterpreter's import
+ * fails, and the schema then takes the Python encoder).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -126,12 +127,12 @@ put_digits(Line *line, long long number)
     return put(line, first, end - first);
 }
 
-/* seconds.microseconds of a clock's reading, rounded to the microsecond. */
+/* seconds.microseconds of a clock's reading at or after 1970, rounded to the microsecond. */
 static int
 put_seconds(Line *line, const struct timespec *clock)
 {
     long long seconds = (long long)clock->tv_sec;
-    long micros = (clock->tv_nsec + 500) / 1000;
+    long micros = (clock->tv_nsec + 500) / 1000; /* tv_nsec is in [0, 1e9) */
     if (micros >= 1000000) {
         seconds += 1;
         micros -= 1000000;
@@ -242,9 +243,11 @@ put_procs(Line *line, PyObject *procs)
     Py_ssize_t pos = 0, listed = 0;
     PyObject *pid, *used;
     int done = PUT_LITERAL(line, "{");
-    /* no Python code runs in this loop (put_number takes exact ints only), so the dict's
-     * loans hold */
+    /* no Python code runs in this loop (exact ints only), so the dict's loans hold */
     while (done == DONE && PyDict_Next(procs, &pos, &pid, &used)) {
+        if (!PyLong_CheckExact(pid)) { /* None too: put_number would write null */
+            return DECLINED;
+        }
         done = listed++ > 0 ? PUT_LITERAL(line, ",\"") : PUT_LITERAL(line, "\"");
         if (done == DONE) {
             done = put_number(line, pid);
@@ -260,18 +263,18 @@ put_procs(Line *line, PyObject *procs)
 }
 
 /* --- reading attributes ------------------------------------------------------------------
- * A class's attributes by position: their interned names and, for the first class seen whose
- * attributes are all plain slots (the schema's slotted dataclass), those slots' definitions,
- * so that a read is one PyMember_GetOne, not a lookup through the type (which cost a third
- * of this encoder). An object of any other class is read with PyObject_GetAttr. The cache
- * assumes what the schema's classes never do: a slot replaced on the class afterwards. */
+ * A class's attributes by position: their interned names and, for the schema's own class
+ * (bound at import, see bind()), its slots' definitions, so that a read is one
+ * PyMember_GetOne, not a lookup through the type (which cost a third of this encoder). An
+ * object of any other class (a subclass, a duck type) is read with PyObject_GetAttr. The
+ * cache assumes what the schema never does: a slot replaced on its class afterwards. */
 
 #define ATTRIBUTES_MAX 8
 
 typedef struct {
     const char *text[ATTRIBUTES_MAX + 1]; /* NULL after the last */
     PyObject *name[ATTRIBUTES_MAX];
-    PyTypeObject *type;                   /* the class whose slots are cached (held) */
+    PyTypeObject *type;                   /* the class whose slots are bound (held) */
     PyObject *descriptor[ATTRIBUTES_MAX]; /* held: a slot's definition lives with it */
     PyMemberDef *slot[ATTRIBUTES_MAX];
 } Attributes;
@@ -288,47 +291,54 @@ intern_names(Attributes *attributes)
     return 0;
 }
 
-/* Cache ``type``'s slots when every attribute is one holding an object (reading a slot's
- * class attribute gives its member descriptor); otherwise cache nothing, and the next object
- * read tries its own class. */
-static void
-cache_slots(Attributes *attributes, PyTypeObject *type)
+/* Bind ``type``'s slots, or raise TypeError: each attribute must be an object slot declared
+ * by ``type`` itself, read by the generic getattr (no __getattribute__ or __getattr__ of
+ * its own), which is what reading it through PyMember_GetOne skips. */
+static int
+bind_slots(Attributes *attributes, PyObject *type_object)
 {
-    int count = 0, plain = 1;
-    for (; plain && attributes->text[count] != NULL; count++) {
-        PyObject *descriptor = PyObject_GetAttr((PyObject *)type, attributes->name[count]);
-        if (descriptor == NULL) {
-            PyErr_Clear();
-            plain = 0;
-            break;
-        }
-        attributes->descriptor[count] = descriptor;
-        plain = Py_IS_TYPE(descriptor, &PyMemberDescr_Type) &&
-                ((PyMemberDescrObject *)descriptor)->d_member->type == Py_T_OBJECT_EX;
-        if (plain) {
-            attributes->slot[count] = ((PyMemberDescrObject *)descriptor)->d_member;
-        }
+    if (!PyType_Check(type_object)) {
+        PyErr_Format(PyExc_TypeError, "bind() takes classes, not %R", type_object);
+        return -1;
     }
-    if (plain) {
-        Py_INCREF(type);
-        attributes->type = type;
-        return;
+    PyTypeObject *type = (PyTypeObject *)type_object;
+    if (type->tp_getattro != PyObject_GenericGetAttr) {
+        PyErr_Format(PyExc_TypeError, "%s reads its attributes its own way", type->tp_name);
+        return -1;
+    }
+    PyObject *descriptor[ATTRIBUTES_MAX] = {NULL};
+    int count = 0;
+    for (; attributes->text[count] != NULL; count++) {
+        descriptor[count] = PyObject_GetAttr(type_object, attributes->name[count]);
+        if (descriptor[count] == NULL ||
+            !Py_IS_TYPE(descriptor[count], &PyMemberDescr_Type) ||
+            PyDescr_TYPE(descriptor[count]) != type ||
+            ((PyMemberDescrObject *)descriptor[count])->d_member->type != Py_T_OBJECT_EX) {
+            if (descriptor[count] == NULL) {
+                PyErr_Clear();
+            }
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot of its own",
+                         type->tp_name, attributes->text[count]);
+            for (int i = 0; i <= count; i++) {
+                Py_XDECREF(descriptor[i]);
+            }
+            return -1;
+        }
     }
     for (int i = 0; i < count; i++) {
-        Py_CLEAR(attributes->descriptor[i]);
-        attributes->slot[i] = NULL;
+        Py_XSETREF(attributes->descriptor[i], descriptor[i]);
+        attributes->slot[i] = ((PyMemberDescrObject *)descriptor[i])->d_member;
     }
+    Py_INCREF(type);
+    Py_XSETREF(attributes->type, type);
+    return 0;
 }
 
 /* A new reference to ``owner``'s attribute number ``i``, or NULL with an exception. */
 static PyObject *
 read_attribute(Attributes *attributes, PyObject *owner, int i)
 {
-    PyTypeObject *type = Py_TYPE(owner);
-    if (attributes->type == NULL) {
-        cache_slots(attributes, type);
-    }
-    if (type == attributes->type) {
+    if (Py_TYPE(owner) == attributes->type) {
         return PyMember_GetOne((const char *)owner, attributes->slot[i]); /* unset: raises */
     }
     return PyObject_GetAttr(owner, attributes->name[i]);
@@ -449,8 +459,11 @@ put_arenas(Line *line, PyObject *mark)
     Py_ssize_t pos = 0, listed = 0;
     PyObject *name, *arena;
     while (done == DONE && PyDict_Next(arenas, &pos, &name, &arena)) {
-        /* an attribute read may run Python code: hold what the dict lends (a name that is
-         * no exact str is declined by put_string) */
+        if (!PyUnicode_CheckExact(name)) { /* None too: put_string would write null */
+            done = DECLINED;
+            break;
+        }
+        /* an attribute read may run Python code: hold what the dict lends */
         Py_INCREF(name);
         Py_INCREF(arena);
         if (listed++ > 0) {
@@ -482,6 +495,9 @@ put_times(Line *line)
     if (clock_gettime(CLOCK_MONOTONIC, &mono) != 0 || clock_gettime(CLOCK_REALTIME, &wall) != 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         return FAILED;
+    }
+    if (mono.tv_sec < 0 || wall.tv_sec < 0) { /* a clock set before 1970: Python's digits */
+        return DECLINED;
     }
     if (PUT_LITERAL(line, ",\"mono\":") != DONE || put_seconds(line, &mono) != DONE ||
         PUT_LITERAL(line, ",\"wall\":") != DONE || put_seconds(line, &wall) != DONE) {
@@ -565,7 +581,36 @@ line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+/* bind(mark, device, torch, driver, nvml, arena, derived) -> line: the schema's classes,
+ * whose slots line() then reads directly. */
+static PyObject *
+bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Attributes *const bound[] = {
+        &mark_attributes,          &device_section.attributes, &torch_section.attributes,
+        &driver_section.attributes, &nvml_section.attributes,   &arena_section.attributes,
+        &derived_section.attributes,
+    };
+    const Py_ssize_t count = (Py_ssize_t)(sizeof bound / sizeof bound[0]);
+    if (nargs != count) {
+        PyErr_Format(PyExc_TypeError,
+                     "bind() takes %zd classes (mark, device, torch, driver, nvml, arena, "
+                     "derived), %zd given",
+                     count, nargs);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (bind_slots(bound[i], args[i]) < 0) {
+            return NULL;
+        }
+    }
+    return PyObject_GetAttrString(module, "line");
+}
+
 static PyMethodDef methods[] = {
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
+     "bind(mark, device, torch, driver, nvml, arena, derived) -> line: read these classes' "
+     "slots directly (rankscope.schema's); returns line()."},
     {"line", (PyCFunction)(void (*)(void))line, METH_FASTCALL,
      "line(prefix, mark, extra) -> bytes | None: the mark's whole line, or None for values "
      "the Python encoder must take."},

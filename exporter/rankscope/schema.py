@@ -52,8 +52,10 @@ one, needs SCHEMA_VERSION to move, with the old version still read.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -128,14 +130,6 @@ def times_text() -> str:
     """A line's mono and wall members, in seconds to the microsecond: fixed-point formatting
     costs half what the shortest float repr does, and a mark formats two."""
     return f',"mono":{time.monotonic():.6f},"wall":{time.time():.6f}'
-
-
-# The mark's line in C (rankscope/_markline.c), where the install could build it; the Python
-# encoder (Mark._members) is its reference and the fallback.
-try:
-    from rankscope._markline import line as _C_LINE
-except ImportError:
-    _C_LINE = None
 
 
 # The hot-path encoders below format fields whose type is already known; each falls back to
@@ -848,6 +842,26 @@ class Mark:
             arenas=arenas,
             derived=MarkDerived.parse(_section(obj, "derived", bad, w), bad),
         )
+
+
+def _c_line() -> Any:
+    """The mark's line in C (rankscope/_markline.c, ``line(prefix, mark, extra)``) where the
+    install could build it, bound to the classes above (it reads their slots directly, a
+    view of any other class through getattr); else None, and marks take the Python encoder
+    (Mark._members), its reference. Not on a free-threaded Python: importing a module that
+    does not declare it would turn the host's GIL back on."""
+    if not getattr(sys, "_is_gil_enabled", lambda: True)():
+        return None
+    try:
+        encoder = importlib.import_module("rankscope._markline")
+        return encoder.bind(
+            Mark, MarkDevice, MarkTorch, MarkDriver, MarkNvml, MarkArena, MarkDerived
+        )
+    except Exception:  # not built, built for another Python, or a stale build
+        return None
+
+
+_C_LINE: Any = _c_line()
 
 
 @dataclass(slots=True)
