@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
@@ -18,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.c_build import why_no_c_build
 
 from rankscope import schema
 from rankscope.flight import read_flight
@@ -352,10 +351,9 @@ def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 def test_the_c_encoder_is_built_where_a_compiler_is() -> None:
     """The install builds the extension optionally: where a C compiler and Python's headers
     are (as in CI), a failed build must not pass unseen behind the Python fallback."""
-    headers = Path(sysconfig.get_paths()["include"], "Python.h")
-    compiler = shutil.which(str(sysconfig.get_config_var("CC") or "cc").split()[0])
-    if compiler is None or not headers.exists():
-        pytest.skip(f"no C compiler or no {headers}: this install takes the Python encoder")
+    why = why_no_c_build()
+    if why is not None:
+        pytest.skip(f"{why}: this install takes the Python encoder")
     assert C_BUILT, "a C compiler and Python.h are here, but rankscope._markline is not built"
 
 
@@ -508,7 +506,7 @@ def held_objects(mark: Mark) -> list[Any]:
 @pytest.mark.parametrize("mark", [*VALID.values(), *ODD.values()], ids=[*VALID, *ODD])
 def test_the_c_encoder_keeps_every_reference_count(mark: Mark) -> None:
     """No reference taken or lent is kept or dropped, whether the line is made or declined:
-    a count that grows is a leak, one that falls a crash to come."""
+    a count that grows is a leak, one that falls a crash to come; nor is a made one kept."""
     # (not the shared singletons, None, the bools and small ints, which other code moves)
     objects = [
         obj
@@ -517,10 +515,14 @@ def test_the_c_encoder_keeps_every_reference_count(mark: Mark) -> None:
     ]
     before = [sys.getrefcount(obj) for obj in objects]
     extra = schema._extra_text(mark.extra)
-    for _ in range(50):
-        c_line_of = schema._C_LINE
-        assert c_line_of is not None
+    c_line_of = schema._C_LINE
+    assert c_line_of is not None
+    c_line_of(PREFIX, mark, extra)
+    blocks = sys.getallocatedblocks()
+    for _ in range(200):
         c_line_of(PREFIX, mark, extra)
+    # nor an object it made: a text kept a call would be 200 blocks or more
+    assert sys.getallocatedblocks() - blocks < 50
     assert [sys.getrefcount(obj) for obj in objects] == before
 
 

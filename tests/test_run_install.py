@@ -11,12 +11,12 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
+from tests.c_build import why_no_c_build
 
 ROOT = Path(__file__).resolve().parents[1]
 PTH = ROOT / "exporter" / "rankscope-auto.pth"
@@ -86,12 +86,6 @@ def install(wheel: Path, venv: Path) -> Path:
     return site
 
 
-def a_compiler_is_here() -> bool:
-    headers = Path(sysconfig.get_paths()["include"], "Python.h")
-    compiler = str(sysconfig.get_config_var("CC") or "cc").split()[0]
-    return shutil.which(compiler) is not None and headers.exists()
-
-
 @pytest.mark.parametrize("kind", ["wheel", "editable", "sdist"])
 def test_the_pth_lands_in_site_packages_and_arms(source: Path, tmp_path: Path, kind: str):
     if kind == "sdist":  # the wheel pip would build from the sdist, as from PyPI
@@ -106,7 +100,7 @@ def test_the_pth_lands_in_site_packages_and_arms(source: Path, tmp_path: Path, k
         assert zf.read(PTH.name) == PTH.read_bytes()  # at the wheel's root: purelib
         names = zf.namelist()
     assert not [n for n in names if n.endswith(".c")]  # the encoder's source stays out
-    if kind != "editable" and a_compiler_is_here():
+    if kind != "editable" and why_no_c_build() is None:
         assert [n for n in names if n.startswith("rankscope/_markline")], names
     site = install(wheel, tmp_path / "venv")
     assert (site / PTH.name).read_bytes() == PTH.read_bytes()
@@ -132,7 +126,7 @@ def test_the_pth_lands_in_site_packages_and_arms(source: Path, tmp_path: Path, k
     assert json.loads(armed.stdout)[1] is True, armed.stderr
     lines = [json.loads(line) for f in flight.glob("marks-*.jsonl") for line in f.open()]
     assert [r["phase"] for r in lines] == ["process_start", "process_exit"]
-    if a_compiler_is_here():  # the installed copy encodes its marks in C
+    if why_no_c_build() is None:  # the installed copy encodes its marks in C
         encoder = subprocess.run(
             [python, "-c", "from rankscope import schema; print(schema._C_LINE is not None)"],
             env=env,

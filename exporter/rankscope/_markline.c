@@ -148,6 +148,18 @@ put_seconds(Line *line, const struct timespec *clock)
     return put(line, fraction, 7);
 }
 
+/* A new reference to ASCII JSON text (or NULL, an exception set), put and released. */
+static int
+put_owned_text(Line *line, PyObject *text)
+{
+    if (text == NULL) {
+        return FAILED;
+    }
+    int done = put_json_text(line, text);
+    Py_DECREF(text);
+    return done;
+}
+
 /* null, or an exact int's digits (an int subclass's or a bool's text is not its JSON). */
 static int
 put_number(Line *line, PyObject *value)
@@ -166,13 +178,7 @@ put_number(Line *line, PyObject *value)
         }
         return put_digits(line, number);
     }
-    PyObject *text = PyObject_Str(value); /* past 64 bits: Python's own digits */
-    if (text == NULL) {
-        return FAILED;
-    }
-    int done = put_json_text(line, text);
-    Py_DECREF(text);
-    return done;
+    return put_owned_text(line, PyObject_Str(value)); /* past 64 bits: Python's own digits */
 }
 
 /* null, or a str as a JSON string: printable ASCII with no quote or backslash is copied;
@@ -209,13 +215,7 @@ put_string(Line *line, PyObject *value)
             return DONE;
         }
     }
-    PyObject *quoted = PyObject_CallOneArg(quote_ascii, value);
-    if (quoted == NULL) {
-        return FAILED;
-    }
-    int done = put_json_text(line, quoted);
-    Py_DECREF(quoted);
-    return done;
+    return put_owned_text(line, PyObject_CallOneArg(quote_ascii, value));
 }
 
 static int

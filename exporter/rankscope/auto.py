@@ -402,7 +402,7 @@ def _hook_graphs(torch: ModuleType) -> None:
 
 
 def _mark_capture_end(torch: Any, graph: Any) -> None:
-    (_modules.get(PROBE) or _loaded(PROBE)).mark_fields("capture_end", pool_fields(torch, graph))
+    _mark_fields("capture_end", pool_fields(torch, graph))
 
 
 def pool_fields(torch: Any, graph: Any) -> PoolFields:
