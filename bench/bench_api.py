@@ -33,15 +33,15 @@ from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
-from rankscope.census.report import census_document
 from rankscope.daemon import app as app_module
 from rankscope.daemon.app import create_app
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.httpserver import serving
-from rankscope.flight import read_flight
-from rankscope.ledger import phases_document
-from rankscope.record import ProcessIdentity, RankIdentity, Recorder
-from rankscope.schema import Census, Mark, MarkDevice, MarkDriver, MarkNvml, MarkTorch
+from rankscope.rank.writer import ProcessIdentity, RankIdentity, Recorder
+from rankscope.record import Census, Mark, MarkDevice, MarkDriver, MarkNvml, MarkTorch
+from rankscope.record.reader import read_flight
+from rankscope.reports.census import census_document
+from rankscope.reports.ledger import phases_document
 
 GiB = 1 << 30
 HOST_PIDNS = 0xEFFFFFFC

@@ -31,7 +31,7 @@ def per_call_ns(stmt: str, env: dict[str, Any], number: int, repeat: int = 7) ->
 
 
 def bench_count(number: int) -> None:
-    from rankscope import census
+    from rankscope.rank import census
 
     table: collections.defaultdict[tuple[str, str], int] = collections.defaultdict(int)
 
@@ -58,7 +58,7 @@ def bench_all_reduce(rank: int, world: int, port: int, calls: int, blocks: int) 
     import torch
     import torch.distributed as dist
 
-    from rankscope import census
+    from rankscope.rank import census
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
@@ -89,7 +89,7 @@ def bench_all_reduce(rank: int, world: int, port: int, calls: int, blocks: int) 
     if rank == 0:
         # The wrapper's own cost, measured around a no-op of all_reduce's signature: the
         # same code path, without the variance of the collective itself.
-        from rankscope.census.torch_patch import _collective_wrapper
+        from rankscope.rank.census.torch_patch import _collective_wrapper
 
         def noop(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> None:
             return None

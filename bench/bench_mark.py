@@ -38,11 +38,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
-from rankscope import probe, schema
-from rankscope.probe.nvml_view import NvmlView
-from rankscope.probe.torch_view import Device, TorchReading, TorchView, view_from_stats
-from rankscope.record import RECORDER
-from rankscope.schema import dumps
+from rankscope.rank import probe
+from rankscope.rank.probe.nvml_view import NvmlView
+from rankscope.rank.probe.torch_view import Device, TorchReading, TorchView, view_from_stats
+from rankscope.rank.writer import RECORDER
+from rankscope.record import dumps, schema
 
 Timed = Callable[[], Any] | str
 
@@ -230,7 +230,7 @@ def gpu_reads() -> tuple[Callable[[], None], Callable[[], None], str]:
     import pynvml
     import torch
 
-    from rankscope.probe.nvml_view import _fast_memory_reader, _fast_process_lister
+    from rankscope.rank.probe.nvml_view import _fast_memory_reader, _fast_process_lister
 
     recorded = probe.mark("gpu")
     assert recorded is not None and recorded.nvml.procs is not None, recorded

@@ -29,15 +29,15 @@ BENCH = Path(__file__).resolve().parent
 CHILD = """
 import functools, os, sys, tempfile
 sys.path.insert(0, {bench!r})
-from rankscope import probe
-from rankscope.probe.nvml_view import NvmlView
-from rankscope.record import RECORDER
+from rankscope.rank import probe
+from rankscope.rank.probe.nvml_view import NvmlView
+from rankscope.rank.writer import RECORDER
 from bench_mark import StandInNvml, StandInTorchView
 RECORDER.configure(flight_dir=tempfile.mkdtemp())
 if {card!r}:
     probe.TORCH, probe.NVML = StandInTorchView(), NvmlView(StandInNvml(0))
-from rankscope import auto
-from rankscope.census import torch_patch
+from rankscope.rank import auto
+from rankscope.rank.census import torch_patch
 # process_start as the hook calls it (a tree before its typed fields: _mark with the field)
 start = getattr(auto, "_mark_process_start", None) or functools.partial(
     auto._mark, "process_start", python="3.12.0"
@@ -53,7 +53,7 @@ for _ in range({count}):
 
 class StandInDist:
     """STAND-IN torch.distributed (a fake: no process group here): a world group of one
-    rank on gloo, answering the queries nccl_init_end makes (rankscope.auto._group_fields)."""
+    rank on gloo, answering the queries nccl_init_end makes (rankscope.rank.auto._group_fields)."""
 
     class ProcessGroup:
         pass
@@ -88,7 +88,7 @@ STAND_IN_SEGMENT = {
 
 class StandInTorch:
     """STAND-IN torch (a fake: no CUDA here): the one-pool allocator snapshot capture_end
-    reads (rankscope.auto.pool_fields), answering with a fixed one-segment pool."""
+    reads (rankscope.rank.auto.pool_fields), answering with a fixed one-segment pool."""
 
     def __init__(self) -> None:
         snapshot = {"segments": [STAND_IN_SEGMENT]}
@@ -120,7 +120,7 @@ CASES = {
         "call": "(torch_patch._instance_of(dist, None), "
         "list(dist.get_process_group_ranks(dist.GroupMember.WORLD)), str(dist.get_backend(None)))",
     },
-    # as rankscope.auto's capture_end wrapper calls it
+    # as rankscope.rank.auto's capture_end wrapper calls it
     "stand-in card, capture_end": {
         "card": True,
         "call": "auto._mark_capture_end(torch, graph)",

@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest, start_h
 from prometheus_client.parser import text_string_to_metric_families
 
 from rankscope.daemon import cli
-from rankscope.record import ProcessIdentity, RankIdentity, Recorder
-from rankscope.schema import (
+from rankscope.rank.writer import ProcessIdentity, RankIdentity, Recorder
+from rankscope.record import (
     Census,
     Mark,
     MarkArena,

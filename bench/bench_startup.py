@@ -9,7 +9,7 @@
   Goal: <= 1.02x.
 - armed start-up: the same with RANKSCOPE_AUTO=1 and RANKSCOPE_DIR (what an armed process
   pays once: importing rankscope, the process_start mark), for the record.
-- armed cost per generic mark, in process, each called as its hook calls it (rankscope.auto)
+- armed cost per generic mark, in process, each called as its hook calls it (rankscope.rank.auto)
   against the raw reads it needs plus the write(2) of an equally long line, alternated in
   rounds (median and spread, as bench_mark.py). The raw reads: a mark's base reads (on the
   CPU torch.cuda.is_initialized(); on a GPU the allocator's stats call and NVML's memory info
@@ -174,14 +174,15 @@ def interleaved_rounds(
 
 
 def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
-    """The generic marks, each through the hook's own call (rankscope.auto), against the raw
+    """The generic marks, each through the hook's own call (rankscope.rank.auto), against the raw
     reads it needs plus the write, alternated in rounds (bench_mark.rounds_of)."""
     import torch
     import torch.distributed as dist
 
-    from rankscope import auto, census, probe, schema
-    from rankscope.census import snapshots, torch_patch
-    from rankscope.record import RECORDER
+    from rankscope.rank import auto, census, probe
+    from rankscope.rank.census import snapshots, torch_patch
+    from rankscope.rank.writer import RECORDER
+    from rankscope.record import schema
 
     with tempfile.TemporaryDirectory() as tmp:
         RECORDER.configure(flight_dir=tmp)

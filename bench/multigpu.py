@@ -32,8 +32,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from rankscope.flight import read_flight
-from rankscope.schema import Census, CensusDump, Divergence, Line, of_kind
+from rankscope.record import Census, CensusDump, Divergence, Line, of_kind
+from rankscope.record.reader import read_flight
 
 GiB = 1 << 30
 ROUNDS = 400
@@ -71,7 +71,7 @@ def rank_main(rank: int, world: int, port: int, flight: str, boot: str, shared: 
     import torch
     import torch.distributed as dist
 
-    from rankscope import census, probe
+    from rankscope.rank import census, probe
 
     probe.configure(tp_rank=rank, pp_rank=0, runner="target")
     probe.mark("pre_weight_load")  # before CUDA: no context, null torch fields

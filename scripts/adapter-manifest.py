@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build exporter/rankscope/adapters/manifest.json from the real wheels of the framework
+"""Build exporter/rankscope/rank/adapters/manifest.json from the real wheels of the framework
 versions each adapter declares checked.
 
     python scripts/adapter-manifest.py                 # download (cached), extract, write
@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "exporter"))
 
-from rankscope.adapters import ADAPTERS  # noqa: E402
-from rankscope.adapters.manifest import MANIFEST_PATH, extract, module_path, wanted  # noqa: E402
+from rankscope.rank.adapters import ADAPTERS  # noqa: E402
+from rankscope.rank.adapters.manifest import MANIFEST_PATH, extract, module_path, wanted  # noqa: E402
 
 # One wheel per version whatever interpreter runs this script (SGLang publishes one per
 # CPython version, with the same Python source): CPython 3.11 on x86-64 Linux.

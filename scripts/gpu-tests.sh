@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-# Tests that measure write their figures here too (tests/test_run_gpu.py).
+# Tests that measure write their figures here too (tests/rank/test_run_gpu.py).
 [ -n "${OUT:-}" ] && export RANKSCOPE_GPU_OUT="$OUT"
 status=0
 # The mark's C line encoder, built in place where this tree runs from source (PYTHONPATH) and
@@ -34,7 +34,7 @@ if [ "${1:-}" = "--perf" ]; then
   python3 bench/bench_mark.py --iterations 1000 $(out mark) || status=1        # ~0.5 min
   exit "$status"
 fi
-for file in $(grep -l "pytest.mark.gpu" tests/test_*.py); do
+for file in $(grep -l "pytest.mark.gpu" tests/*/test_*.py); do
   python3 -m pytest -m gpu -v -p no:cacheprovider "$file" || status=1
 done
 [ "${1:-}" = "--tests-only" ] && exit "$status"

@@ -92,8 +92,8 @@ def test_readme_snippet_exits_zero_every_time(tmp_path: Path) -> None:
                 failures.append((run, rank, proc.returncode, err[-500:]))
     assert failures == [], failures
     # The snippet really ran its comparison: both ranks recorded snapshots at rounds 50, 100.
-    from rankscope.flight import read_flight
-    from rankscope.schema import Census, of_kind
+    from rankscope.record import Census, of_kind
+    from rankscope.record.reader import read_flight
 
     rounds = sorted(
         (line.header.rank, line.body.round)

@@ -12,7 +12,7 @@
  * attribute read raises (as the Python encoder would) and MemoryError.
  *
  * Why C: a mark's own cost beyond its reads is Python, and half of it was formatting the
- * line (docs/architecture.md, "What a mark costs"). tests/test_mark_encoder.py holds this
+ * line (docs/architecture.md, "What a mark costs"). tests/record/test_mark_encoder.py holds this
  * file to the Python encoder. Its state: the attribute names, interned at import, the json
  * module's string quoting, and the schema's classes' slots, bound by bind(); all held for
  * the process's life and shared (single-phase init: an isolated subinterpreter's import

@@ -102,7 +102,7 @@ def daemon(
 RANK = textwrap.dedent(
     """
     import sys
-    from rankscope import probe
+    from rankscope.rank import probe
     probe.configure(tp_rank=0, pp_rank=0, runner="target")
     for i in range(int(sys.argv[1])):
         probe.mark(f"phase_{i:03d}", seq=i)

@@ -18,7 +18,7 @@ BOOT = "boot-churn"
 LIVE = textwrap.dedent(
     """
     import sys
-    from rankscope import probe
+    from rankscope.rank import probe
     probe.configure(tp_rank=0, pp_rank=0, runner="target")
     probe.mark("live_phase")
     print("ready", flush=True)

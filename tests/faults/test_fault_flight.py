@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 from fault_daemon import Daemon, daemon, phase_stamps, run_rank
-
-from test_daemon_flightstate import GiB, mark, rank_recorder
+from tests.daemon.test_daemon_flightstate import GiB, mark, rank_recorder
 
 BOOT = "boot-fault"
 

@@ -9,12 +9,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rankscope.flight import read_flight
-from rankscope.schema import Mark
+from rankscope.record import Mark
+from rankscope.record.reader import read_flight
 
 RANK = textwrap.dedent(
     """
-    from rankscope import probe
+    from rankscope.rank import probe
 
     class Arena:
         reserved_bytes = float("inf")

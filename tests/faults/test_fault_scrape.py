@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from rankscope.census.report import census_document
 from rankscope.daemon.app import STUCK_SCRAPE_SECONDS, create_app
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
-from rankscope.ledger import phases_document
+from rankscope.reports.census import census_document
+from rankscope.reports.ledger import phases_document
 
 
 class Gate:

@@ -1,9 +1,9 @@
 """What was already sound, kept so, against one real `rankscope serve`: torn, malformed,
 binary and future-schema lines; label injection; path traversal; huge queries and headers;
 no command lines in labels; 2,000 scrapes without an fd or memory leak. (Covered elsewhere,
-not repeated here: SIGKILL mid-append, tests/test_flight.py; unwritable and full disks and
-torch absent, tests/test_probe.py; basic-auth refusals and bad web configs,
-tests/test_daemon_webconfig.py; NVML absent, tests/test_daemon_cards.py and
+not repeated here: SIGKILL mid-append, tests/record/test_flight.py; unwritable and full disks and
+torch absent, tests/rank/test_probe.py; basic-auth refusals and bad web configs,
+tests/daemon/test_daemon_webconfig.py; NVML absent, tests/daemon/test_daemon_cards.py and
 test_fault_flight.py.)"""
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 from fault_daemon import Daemon, daemon, phase_stamps
-
-from test_daemon_flightstate import mark, rank_recorder
+from tests.daemon.test_daemon_flightstate import mark, rank_recorder
 
 EVIL = 'q"uo\\te\nnew\u2028line\u00e9\u4e2d}{'
 SECRET = "--api-key=SECRET-IN-ARGV"

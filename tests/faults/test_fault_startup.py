@@ -12,9 +12,13 @@ import sys
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
-
-from test_daemon_serve import get, serve
-from test_daemon_webconfig import ALICE_HASH, _certificate, _write_key_and_cert, https_get
+from tests.daemon.test_daemon_serve import get, serve
+from tests.daemon.test_daemon_webconfig import (
+    ALICE_HASH,
+    _certificate,
+    _write_key_and_cert,
+    https_get,
+)
 
 SERVE = [
     sys.executable,

@@ -31,7 +31,7 @@ def wrapped_methods(modules: list[str]) -> list[str]:
 def main() -> int:
     framework, rank, world, port, steps = sys.argv[1], *map(int, sys.argv[2:6])
     if os.environ.get("STANDIN_ADAPTERS", "1") == "1":
-        from rankscope import adapters, census
+        from rankscope.rank import adapters, census
 
         adapters.install_import_hooks()
         census.instrument_torch_distributed()

@@ -1,5 +1,5 @@
 """A virtual environment that holds rankscope-auto.pth in its site-packages, as a pip
-install puts it there (tests/test_run_install.py proves that both wheels carry it).
+install puts it there (tests/rank/test_run_install.py proves that both wheels carry it).
 
 Built without pip in a fraction of a second: a venv whose site-packages holds the .pth of
 this checkout (``exporter/rankscope-auto.pth``, the file setup.py installs) and a path line

@@ -33,7 +33,7 @@ from rankscope.daemon.httpserver import (
 )
 from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, paginate
 from rankscope.daemon.registry import TimedCollectors
-from rankscope.flight import BootNotFoundError, Flight
+from rankscope.record.reader import BootNotFoundError, Flight
 
 if TYPE_CHECKING:  # ssl and the web config load only when a web config is given
     import ssl

@@ -203,7 +203,6 @@ def main(args: argparse.Namespace) -> int:
 
 def build(args: argparse.Namespace) -> Daemon:
     """Assemble the daemon from its flags; ValueError/OSError for a flag that cannot work."""
-    from rankscope.census.report import census_document
     from rankscope.daemon.app import FLIGHT_REFRESH_S, Daemon, create_app
     from rankscope.daemon.flightstate import EXITED_GRACE_S, READ_BUDGET_BYTES, FlightState
     from rankscope.daemon.nccl_ras import DEFAULT_ADDRESS, Endpoint, RasPoller
@@ -211,7 +210,8 @@ def build(args: argparse.Namespace) -> Daemon:
     from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
     from rankscope.daemon.registry import TimedCollectors
     from rankscope.daemon.sampler import Periodic
-    from rankscope.ledger import phases_document
+    from rankscope.reports.census import census_document
+    from rankscope.reports.ledger import phases_document
 
     if not args.flight_dir:
         raise ValueError(f"no flight directory: pass --flight-dir or set {ENV_DIR}")

@@ -8,7 +8,7 @@ urllib.request and ssl (OpenSSL): about 6 MiB of the daemon's resident memory fo
 function (docs/architecture.md, "What the daemon imports"). Every rankscope metric and label
 name is a legacy Prometheus name (the tests check the catalog), so no name escaping scheme is
 negotiated: a client asking for text/plain version 1.0.0 gets 0.0.4, which every Prometheus
-reads, and the body is the same. tests/test_daemon_exposition.py holds the output byte for
+reads, and the body is the same. tests/daemon/test_daemon_exposition.py holds the output byte for
 byte to client_python's for every kind of family.
 """
 

@@ -1,12 +1,12 @@
 """What the daemon knows from the flight directory, kept current by tailing it: the one
 source of the collectors, the JSON API and the status page.
 
-The daemon never re-reads what it has read: a :class:`rankscope.flight.FlightReader` hands
+The daemon never re-reads what it has read: a :class:`rankscope.record.reader.FlightReader` hands
 over the lines appended since the last refresh, and what the readers need is kept, per file
 and boot: every mark and every census-stream line (bounded per process: the ledger and the
 census report need them in order), the latest census line, the latest snapshot, the latest
 arena figures, and the latest divergence per (group, op). :meth:`FlightState.flight` gives
-the API one boot's records as a :class:`rankscope.flight.Flight`, with no directory scan and
+the API one boot's records as a :class:`rankscope.record.reader.Flight`, with no directory scan and
 no /proc walk per request (the host pids of namespaced ranks are resolved once per process,
 at refresh). A file that disappears takes its state with it, so the series of a boot whose
 files were removed disappear too.
@@ -23,16 +23,6 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankscope.flight import (
-    FILE_SUFFIX,
-    SKIP_REASONS,
-    BootNotFoundError,
-    BootSummary,
-    Flight,
-    FlightReader,
-    Record,
-)
-from rankscope.ledger import host_pid
 from rankscope.procfs import (
     DEFAULT_ROOT,
     HOST_PIDNS_INODE,
@@ -41,7 +31,17 @@ from rankscope.procfs import (
     read_proc_info,
     read_start_ticks,
 )
-from rankscope.schema import Census, CensusDump, Divergence, Line, Mark, Oom
+from rankscope.record import Census, CensusDump, Divergence, Line, Mark, Oom
+from rankscope.record.reader import (
+    FILE_SUFFIX,
+    SKIP_REASONS,
+    BootNotFoundError,
+    BootSummary,
+    Flight,
+    FlightReader,
+    Record,
+)
+from rankscope.reports.ledger import host_pid
 
 # A process that marks in a loop must not grow the daemon without bound; past this many
 # marks per process and boot the daemon forgets the oldest (the file keeps them).
@@ -123,7 +123,7 @@ class FlightView:
     divergences: dict[str, dict[tuple[str, str], Line[Divergence]]]  # boot -> (group, op)
     boots: tuple[str, ...]  # oldest first, by first record
     skipped: dict[str, int]
-    invalid: dict[str, int]  # field name -> values nulled by the parse (rankscope.schema)
+    invalid: dict[str, int]  # field name -> values nulled by the parse (rankscope.record.schema)
 
     @property
     def latest_boot(self) -> str | None:

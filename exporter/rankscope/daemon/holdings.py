@@ -22,8 +22,8 @@ from typing import Any
 from rankscope.daemon.devices import DeviceError
 from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.sampler import CardState, Periodic, Sampler
-from rankscope.oom import holding_entry
 from rankscope.procfs import ProcCache, ProcInfo, RankIndex
+from rankscope.reports.oom import holding_entry
 
 log = logging.getLogger("rankscope.daemon")
 

@@ -1,5 +1,5 @@
 """The daemon's OOM instants: those the ranks' probes recorded (``oom`` lines in the flight
-directory, rankscope.oom), and those no allocator saw (an NCCL buffer, a raw cudaMalloc in an
+directory, rankscope.reports.oom), and those no allocator saw (an NCCL buffer, a raw cudaMalloc in an
 extension, another process), which the corridor sampler sees as a card's free memory at or
 near zero.
 
@@ -28,9 +28,9 @@ from rankscope.daemon.devices import CardIdentity
 from rankscope.daemon.flightstate import FlightState, RankProcess, host_pids
 from rankscope.daemon.holdings import Holding, attribute
 from rankscope.daemon.sampler import CardState, FloorValue, Sampler
-from rankscope.oom import OomEvent, OomHolder, RankNamer, oom_events, sampler_entry
 from rankscope.procfs import RankIndex, read_proc_info
-from rankscope.schema import SCHEMA_VERSION, AnyLine, Header, Line, Oom, UnknownKind
+from rankscope.record import SCHEMA_VERSION, AnyLine, Header, Line, Oom, UnknownKind
+from rankscope.reports.oom import OomEvent, OomHolder, RankNamer, oom_events, sampler_entry
 
 log = logging.getLogger("rankscope.daemon")
 

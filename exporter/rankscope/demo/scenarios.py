@@ -24,8 +24,8 @@ from rankscope.demo.cards import FOREIGN_BYTES, SimulatedCards, rank_bytes
 from rankscope.demo.services import Daemon, Page, WebhookReceiver, free_port, start, stop
 from rankscope.demo.view import View, card_lines, gib
 from rankscope.demo.workload import COLLECTIVE_FAILED
-from rankscope.flight import FlightReader
-from rankscope.schema import Census, Mark
+from rankscope.record import Census, Mark
+from rankscope.record.reader import FlightReader
 
 GiB = 1024**3
 

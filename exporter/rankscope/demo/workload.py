@@ -105,7 +105,7 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from rankscope import auto, census, probe
+    from rankscope.rank import auto, census, probe
 
     tp = args.tp
     pp_rank, tp_rank = divmod(rank, tp)

@@ -11,7 +11,7 @@ from prometheus_client.metrics_core import Metric
 from rankscope.daemon.collectors.phases import number
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import add, gauge
-from rankscope.schema import MarkArena
+from rankscope.record import MarkArena
 
 ARENA_VALUES: dict[str, Callable[[MarkArena], int | None]] = {
     "rankscope_arena_reserved_bytes": lambda a: a.reserved,

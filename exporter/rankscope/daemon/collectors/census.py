@@ -11,11 +11,11 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
-from rankscope.census.compare import digest
-from rankscope.census.rounds import GroupRound, SnapshotsByRank, group_rounds
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, counter, gauge
-from rankscope.schema import Census, CensusDump, Divergence, Line
+from rankscope.record import Census, CensusDump, Divergence, Line
+from rankscope.record.compare import digest
+from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
 
 
 def census_counts(body: Census | CensusDump) -> Iterable[tuple[str, str, float]]:
@@ -57,7 +57,7 @@ def snapshots_since(st: StreamState, floor: int) -> dict[int, Census]:
 
 def host_groups(held: Mapping[Any, tuple[StreamState, Line[Census]]]) -> list[GroupRound]:
     """Each group instance of this host's ranks at its latest common round
-    (rankscope.census.rounds, the rule ``rankscope census`` applies too), read from each
+    (rankscope.reports.rounds, the rule ``rankscope census`` applies too), read from each
     rank's snapshots since the oldest latest round: ranks that snapshot at the same rounds
     have every latest common round there. Only a group whose members share no round there (a
     snapshot lost on one rank while another is behind) sends the read back to every snapshot

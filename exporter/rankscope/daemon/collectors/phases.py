@@ -1,5 +1,5 @@
 """Phase marks: the allocator, driver and NVML views at each named boot boundary, and the
-posts between consecutive marks (as rankscope.ledger computes them), for the newest boot(s)
+posts between consecutive marks (as rankscope.reports.ledger computes them), for the newest boot(s)
 only (``--phases.boots``)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, gauge
-from rankscope.ledger import MarkLine, posts
-from rankscope.schema import Mark
+from rankscope.record import Mark
+from rankscope.reports.ledger import MarkLine, posts
 
 # catalog name -> how to read the value from a mark
 PHASE_VALUES: dict[str, Callable[[Mark], int | None]] = {

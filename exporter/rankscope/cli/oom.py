@@ -1,0 +1,171 @@
+"""`rankscope oom DIR [--boot ID] [--json] [--daemon URL]`: one line per OOM instant the
+probe recorded, and with ``--daemon`` the ones the daemon's sampler saw (which live in the
+daemon, not in the flight directory: docs/architecture.md, "Sampler-seen OOMs").
+
+Each line answers the incident: when, which card, which rank and pid failed, how many bytes
+it asked for and how many were free right then, then every holder of the card by pid, comm,
+role (rank N of boot B, or foreign) and bytes, largest first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from rankscope.cli.phases import NA, when
+from rankscope.daemon.paging import MAX_LIMIT
+from rankscope.record.reader import BootNotFoundError, read_flight
+from rankscope.reports.oom import (
+    OomEvent,
+    OomHolder,
+    SamplerOom,
+    oom_events,
+    sampler_ooms_of_boot,
+    sampler_ooms_of_page,
+)
+
+GiB = 1 << 30
+
+
+def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("flight_dir", metavar="DIR", help="the flight directory (RANKSCOPE_DIR)")
+    parser.add_argument("--boot", metavar="ID", help="the boot to show (default: the latest)")
+    parser.add_argument("--json", action="store_true", help="print JSON (bytes) instead of lines")
+    parser.add_argument(
+        "--daemon",
+        metavar="URL",
+        help="also the OOMs the daemon's sampler saw, which no rank recorded: the daemon at "
+        "URL (http://127.0.0.1:19400) holds them in memory, never in DIR",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        every = read_flight(args.flight_dir, all_boots=True)
+        chosen = read_flight(args.flight_dir, boot=args.boot)
+    except (OSError, BootNotFoundError) as exc:
+        print(f"rankscope oom: {exc}", file=sys.stderr)
+        return 2
+    # Holders are named against every boot's records: a rank of an older boot that still
+    # holds the card is no stranger.
+    events = oom_events(chosen.records, every.records)
+    sampled: list[SamplerOom] | None = None
+    status = 0
+    if args.daemon:
+        try:
+            held, skipped = fetch_sampler_ooms(args.daemon)
+        except (OSError, ValueError) as exc:  # unreachable, not a daemon: what DIR holds still
+            print(f"rankscope oom: daemon {args.daemon}: {exc}", file=sys.stderr)
+            status = 1
+        else:
+            sampled = sampler_ooms_of_boot(held, chosen.boots, chosen.boot)
+            if skipped:
+                print(
+                    f"rankscope oom: {len(skipped)} of the daemon's entries skipped "
+                    f"(first: {skipped[0]})",
+                    file=sys.stderr,
+                )
+    if args.json:
+        doc = {"boot": chosen.boot, "ooms": [e.as_json() for e in events]}
+        if sampled is not None:
+            doc["sampler"] = [o.as_json() for o in sampled]
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_events(events, sampled or [], chosen.boot, sys.stdout)
+    return status
+
+
+def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOom], list[str]]:
+    """Every sampler OOM the daemon at ``base`` holds (GET /api/v1/oom, page after page), and
+    why each entry it could not read was skipped."""
+    import http.client  # only here, with urllib.request: it loads ssl
+    import urllib.request
+
+    # A proxy from the environment (http_proxy, for the internet) is no way to a daemon on
+    # this host; any other address takes the proxies and no_proxy as urllib reads them.
+    handlers = [urllib.request.ProxyHandler({})] if on_loopback(base) else []
+    opener = urllib.request.build_opener(*handlers)
+    ooms: list[SamplerOom] = []
+    skipped: list[str] = []
+    path: str | None = f"/api/v1/oom?limit={MAX_LIMIT}"  # the largest page
+    asked: set[str] = set()
+    while path is not None:
+        if path in asked:  # another server's pages, or a broken one: never loop
+            raise ValueError(f"the pages lead back to {path}")
+        asked.add(path)
+        try:
+            with opener.open(base.rstrip("/") + path, timeout=timeout) as answer:
+                page, bad, path = sampler_ooms_of_page(json.load(answer))
+        except http.client.HTTPException as exc:  # no HTTP there, or an answer cut short
+            raise OSError(f"not an HTTP answer: {exc!r}") from exc
+        ooms += page
+        skipped += bad
+    return ooms, skipped
+
+
+def on_loopback(url: str) -> bool:
+    """Whether ``url``'s host is this host's loopback (localhost, 127.0.0.0/8, ::1)."""
+    import ipaddress
+    import urllib.parse
+
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it takes the environment's proxies
+        return False
+
+
+def gib(value: int | None) -> str:
+    return NA if value is None else f"{value / GiB:.2f} GiB"
+
+
+def role(h: OomHolder) -> str:
+    if h.role == "rank":
+        return f"rank {h.rank if h.rank is not None else '?'} of boot {h.boot}"
+    return "foreign"
+
+
+def line(e: OomEvent) -> str:
+    card = f"gpu {e.gpu if e.gpu is not None else NA} ({e.uuid or 'uuid unknown'})"
+    who = f"rank {e.rank if e.rank is not None else NA} pid {e.host_pid or e.pid}"
+    phase = e.phase or "no mark"
+    if e.capturing:
+        phase += ", in CUDA graph capture"
+    head = (
+        f"{when(e.wall)}  {card}  {who} ({phase}) asked {gib(e.requested)}, "
+        f"free {gib(e.free)} of {gib(e.total)}"
+    )
+    if not e.holders:
+        return head + "  holders: unknown (" + "; ".join(e.why or ("not recorded",)) + ")"
+    return f"{head}  holders: " + "; ".join(held(h) for h in e.holders)
+
+
+def sampler_line(o: SamplerOom) -> str:
+    card = f"gpu {o.gpu if o.gpu is not None else NA} ({o.uuid or 'uuid unknown'})"
+    head = f"{when(o.wall)}  {card}  seen by the daemon's sampler (no rank's record): "
+    head += f"free {gib(o.free)} at worst"
+    if o.onset_wall is not None:
+        head += f", {gib(o.onset_free)} at the onset {when(o.onset_wall)}"
+    if o.holders is None:
+        return head + "  holders: unknown (" + "; ".join(o.why or ("not read",)) + ")"
+    return head + "  holders: " + ("; ".join(held(h) for h in o.holders) or "none")
+
+
+def held(h: OomHolder) -> str:
+    return f"{h.pid} {h.comm or '?'} {role(h)} {gib(h.bytes)}"
+
+
+def print_events(
+    events: list[OomEvent], sampled: list[SamplerOom], boot: str | None, out: TextIO
+) -> None:
+    if not events and not sampled:
+        out.write(f"no OOM recorded for boot {boot}\n" if boot else "no OOM recorded\n")
+        return
+    lines = [(e.wall, line(e)) for e in events] + [(o.wall, sampler_line(o)) for o in sampled]
+    for _, text in sorted(lines, key=lambda wl: wl[0]):
+        out.write(text + "\n")

@@ -1,0 +1,115 @@
+"""What the SGLang and vLLM adapters do alike: count a GroupCoordinator-shaped class, read
+ranks from the framework's parallel_state, mark a runner's phases, hold KV arena views."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from rankscope.rank import census, probe
+from rankscope.rank.adapters.points import Adapter, AttachError, HookPoint, Undo, points_of, resolve
+from rankscope.rank.census.wrap import OpNamer
+
+
+def group_of(coordinator: Any) -> str | None:
+    """The group instance of a coordinator or device communicator; None (not counted) for a
+    group of one rank, where the framework returns before any collective."""
+    if getattr(coordinator, "world_size", 2) == 1:
+        return None
+    return census.coordinator_group(coordinator)
+
+
+def count_methods(
+    module: Any, points: list[HookPoint], table: Mapping[str, str | OpNamer]
+) -> list[Undo]:
+    """Count the methods of ``points`` (all of one class) under the ops of ``table``. The
+    census's shared guard counts a call that reaches another counted one once, under the
+    outermost name (a coordinator method calling its device communicator or
+    torch.distributed)."""
+    if not points:
+        return []
+    owners = {resolve(module, p)[0] for p in points}
+    if len(owners) != 1:
+        raise AttachError(points[0].name, "count points span more than one class")
+    cls = owners.pop()
+    methods = {p.qualname.rsplit(".", 1)[1]: table[p.qualname.rsplit(".", 1)[1]] for p in points}
+    return [census.instrument_methods(cls, methods, group_of=group_of)]
+
+
+def coordinator_points(
+    parallel_state: str, ops: Mapping[str, Any], p2p_params: Mapping[str, tuple[str, int]]
+) -> tuple[HookPoint, ...]:
+    """The hook points both frameworks' GroupCoordinator offers alike: its counted ops (with
+    the peer parameter a point-to-point op reads), the attributes that name its group and
+    ranks, and the module's group getters."""
+    return (
+        *(
+            HookPoint(
+                parallel_state,
+                f"GroupCoordinator.{m}",
+                "count",
+                (p2p_params[m],) if m in p2p_params else (),
+            )
+            for m in ops
+        ),
+        *(
+            HookPoint(parallel_state, f"GroupCoordinator.{a}", "read")
+            for a in ("unique_name", "ranks", "rank_in_group", "world_size", "rank", "local_rank")
+        ),
+        *(
+            HookPoint(parallel_state, f, "call")
+            for f in ("get_world_group", "get_tp_group", "get_pp_group")
+        ),
+    )
+
+
+def install_parallel_state(
+    adapter: Adapter, module: ModuleType, name: str, table: Mapping[str, str | OpNamer]
+) -> list[Undo]:
+    """The parallel-state module both frameworks share the shape of: resolve the functions
+    the adapter calls (a missing one fails the attach here, not mid-boot), then count the
+    GroupCoordinator's methods under ``table``."""
+    for point in points_of(adapter, name, ("call",)):
+        resolve(module, point)
+    return count_methods(module, points_of(adapter, name, ("count",)), table)
+
+
+def configure_ranks(parallel_state: str, *, runner: str | None) -> None:
+    """rank, local_rank, world_size from the world group; tp_rank, pp_rank from the TP and PP
+    groups: the framework's own state (its ranks start without RANK in the environment)."""
+    ps = sys.modules[parallel_state]
+    world, tp, pp = ps.get_world_group(), ps.get_tp_group(), ps.get_pp_group()
+    probe.configure(
+        rank=int(world.rank),
+        local_rank=int(world.local_rank),
+        world_size=int(world.world_size),
+        tp_rank=int(tp.rank_in_group),
+        pp_rank=int(pp.rank_in_group),
+        runner=runner,
+    )
+
+
+class Once:
+    """Remembers which events already happened in this process: first_forward is marked once
+    per runner."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def first(self, event: str) -> bool:
+        if event in self._seen:
+            return False
+        self._seen.add(event)
+        return True
+
+
+# KV arena views, held here: the arena registry holds views weakly, and a view holds its
+# framework object weakly, so observing a KV pool never keeps it alive.
+ARENA_VIEWS: dict[str, Any] = {}
+
+
+def register_arena(name: str, view: Any) -> None:
+    ARENA_VIEWS[name] = view
+    probe.arenas.register(name, view)

@@ -1,0 +1,279 @@
+"""Hook points and the attach machinery shared by the framework adapters.
+
+An adapter declares every place it touches in a framework as a :class:`HookPoint` (module,
+qualified name, how it is used, the parameters it reads), which is what the committed
+manifest is checked against (rankscope.rank.adapters.manifest). At run time the adapter attaches
+module by module, as the import hook reports each of its modules imported:
+
+- first, the framework's installed version (from its distribution metadata, without
+  importing it) must be one the adapter was checked against;
+- then every hook point of that module is resolved before any is installed;
+- on any failure, everything already installed is undone, so the job runs untouched.
+
+Either way the process's record gets one ``adapter`` line (rankscope.record.schema.AdapterStatus) saying what
+attached, or which hook could not and why. Nothing here raises into the framework: a hook's
+own work runs inside a guard that costs a log line, and the framework's call always runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.metadata
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Literal
+
+from rankscope.rank.writer import RECORDER
+from rankscope.record import AdapterStatus
+
+log = logging.getLogger("rankscope.adapters")
+
+# wrap: the adapter replaces the method (marks, ticks); count: a census counter wraps it;
+# call: the adapter calls it; read: the adapter reads it from the framework's objects.
+Use = Literal["wrap", "count", "call", "read"]
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """One place in the framework an adapter relies on. ``qualname`` is ``Class.member`` or a
+    module-level ``function``; ``params`` are the parameters the adapter reads, as (name,
+    position counted after self); a read attribute is any ``self.X`` assignment or class-level
+    name of the class. ``optional``: a read the adapter does with a fallback, so a checked
+    version may lack it (it must still be in at least one)."""
+
+    module: str
+    qualname: str
+    use: Use
+    params: tuple[tuple[str, int], ...] = ()
+    optional: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+Undo = Callable[[], None]
+# module -> the undo of everything it installed; raises AttachError when a point is missing.
+Installer = Callable[[ModuleType], list[Undo]]
+
+
+class AttachError(Exception):
+    """A hook point could not be attached: names the point and why."""
+
+    def __init__(self, point: str, why: str) -> None:
+        super().__init__(f"{point}: {why}")
+        self.point = point
+        self.why = why
+
+
+def resolve(module: ModuleType, point: HookPoint) -> tuple[Any, str]:
+    """(owner, member) of a wrap/count/call point in an imported module, or AttachError."""
+    parts = point.qualname.split(".")
+    owner: Any = module
+    for part in parts[:-1]:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            raise AttachError(point.name, f"{point.module} has no {part}")
+    member = parts[-1]
+    current = getattr(owner, member, None)
+    if current is None or not callable(current):
+        raise AttachError(point.name, f"{'.'.join(parts[:-1]) or point.module} has no {member}")
+    if isinstance(owner, type) and point.use in ("wrap", "count"):
+        if member not in owner.__dict__:
+            raise AttachError(point.name, f"{member} is inherited, not defined on {parts[-2]}")
+        if isinstance(owner.__dict__[member], (staticmethod, classmethod)):
+            raise AttachError(point.name, f"{member} is not an instance method")
+    return owner, member
+
+
+Before = Callable[[Any, tuple[Any, ...], dict[str, Any]], None]
+After = Callable[[Any, tuple[Any, ...], dict[str, Any]], None]
+
+
+def wrap_method(
+    cls: type, name: str, *, before: Before | None = None, after: After | None = None
+) -> Undo:
+    """Replace ``cls.name`` by a wrapper that runs ``before`` and, when the call returns,
+    ``after``; each guarded so a failure of the adapter costs one log line, never the call.
+    Returns the undo, which restores the class exactly."""
+    original = cls.__dict__[name]
+
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if before is not None:
+            _guarded(before, name, self, args, kwargs)
+        result = original(self, *args, **kwargs)
+        if after is not None:
+            _guarded(after, name, self, args, kwargs)
+        return result
+
+    setattr(cls, name, wrapper)
+
+    def undo() -> None:
+        setattr(cls, name, original)
+
+    return undo
+
+
+_warned: set[str] = set()
+
+
+def _guarded(fn: Callable[..., None], where: str, *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # an adapter may cost a log line, never the framework's call
+        if where not in _warned:
+            _warned.add(where)
+            log.warning("rankscope adapter: hook around %s failed: %r; carrying on", where, exc)
+
+
+def param(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, position: int) -> Any:
+    """A parameter the adapter reads, passed by keyword or at ``position`` (after self)."""
+    if name in kwargs:
+        return kwargs[name]
+    return args[position] if len(args) > position else None
+
+
+def installed_version(distribution: str) -> str | None:
+    """The framework's version from its distribution metadata; None when there is none."""
+    try:
+        return importlib.metadata.version(distribution)
+    except Exception:
+        return None
+
+
+def is_checked(version: str | None, checked: tuple[str, ...]) -> bool:
+    """Whether an installed version is one the adapter was checked against. A local label
+    (``0.34.0+cu130``, a build of the same release for another CUDA) is the same source."""
+    return version is not None and version.split("+", 1)[0] in checked
+
+
+class Adapter:
+    """One framework's adapter: its checked versions, its hook points, one installer per
+    module. Subclasses fill the class attributes; ``installers`` maps each module to the
+    function that attaches its hooks."""
+
+    framework: str = ""
+    distribution: str = ""
+    checked_versions: tuple[str, ...] = ()
+    points: tuple[HookPoint, ...] = ()
+    # Modules imported late, after the boot has started (attached whenever they come).
+    deferred: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.state: Literal["idle", "attaching", "attached", "off"] = "idle"
+        self.version: str | None = None
+        self._undo: list[Undo] = []
+        self._done: set[str] = set()
+        self.hooks: list[str] = []
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child (vLLM's default worker start) inherits the hooks: it is a new
+        process with its own record files, so it gets its own line."""
+        self._lock = threading.RLock()
+        if self.state == "attached":
+            try:
+                self._write("attached", None)
+            except Exception as exc:
+                log.warning("rankscope adapter %s: %r", self.framework, exc)
+
+    def installers(self) -> dict[str, Installer]:
+        raise NotImplementedError
+
+    def modules(self) -> list[str]:
+        return list(self.installers())
+
+    def on_import(self, module: ModuleType) -> None:
+        """Called by the import hook once ``module`` has executed. Never raises."""
+        try:
+            with self._lock:
+                self._on_import(module)
+        except Exception as exc:
+            log.warning("rankscope adapter %s: %r; not attached", self.framework, exc)
+            self._give_up(f"{module.__name__}", f"adapter error {exc!r}")
+
+    def _on_import(self, module: ModuleType) -> None:
+        name = module.__name__
+        if self.state == "off" or name in self._done:
+            return
+        if self.state == "idle":
+            self.version = installed_version(self.distribution)
+            if not is_checked(self.version, self.checked_versions):
+                why = (
+                    f"{self.distribution} {self.version} is not a checked version"
+                    if self.version is not None
+                    else f"no {self.distribution} distribution metadata: version unknown"
+                )
+                self._give_up(name, why)
+                return
+            self.state = "attaching"
+            # A process that imports only some of the modules (a front-end process) still
+            # gets its one line, at exit, with the modules that never came as pending.
+            atexit.register(self._at_exit)
+        install = self.installers()[name]
+        try:
+            self._undo.extend(install(module))
+        except AttachError as exc:
+            self._give_up(exc.point, exc.why)
+            return
+        self._done.add(name)
+        self.hooks.extend(
+            p.name for p in self.points if p.module == name and p.use in ("wrap", "count")
+        )
+        required = set(self.installers()) - set(self.deferred)
+        if self.state == "attaching" and required <= self._done:
+            self.state = "attached"
+            self._write("attached", None)
+
+    def _at_exit(self) -> None:
+        with self._lock:
+            if self.state == "attaching":
+                self.state = "attached"
+                self._write("attached", None)
+
+    def _give_up(self, point: str, why: str) -> None:
+        was = self.state
+        for undo in reversed(self._undo):
+            try:
+                undo()
+            except Exception as exc:
+                log.warning("rankscope adapter %s: undo failed: %r", self.framework, exc)
+        self._undo.clear()
+        self.state = "off"
+        log.warning(
+            "rankscope adapter %s: %s could not attach (%s); the job runs without it",
+            self.framework,
+            point,
+            why,
+        )
+        self._write("detached" if was == "attached" else "not_attached", (point, why))
+        self.hooks = []
+
+    def _write(self, status: str, failed: tuple[str, str] | None) -> None:
+        attached = status == "attached"
+        RECORDER.write_record(
+            AdapterStatus(
+                framework=self.framework,
+                status=status,
+                version=self.version,
+                checked_versions=self.checked_versions,
+                hooks=tuple(self.hooks) if attached else (),
+                pending=tuple(m for m in self.installers() if m not in self._done)
+                if attached
+                else (),
+                failed_hook=failed[0] if failed else None,
+                failed_why=failed[1] if failed else None,
+            )
+        )
+
+
+def points_of(adapter: Adapter, module: str, use: tuple[Use, ...]) -> list[HookPoint]:
+    return [p for p in adapter.points if p.module == module and p.use in use]

@@ -1,0 +1,214 @@
+"""The vLLM adapter (V1 engine): attaches when vLLM's own modules are imported (never
+imported here).
+
+- Marks, on the GPU ``Worker``: ``pre_weight_load`` / ``weights_loaded`` around
+  ``load_model``, ``kv_pool_sized`` after ``initialize_from_config`` (the KV cache tensors
+  exist then), ``capture_begin`` / ``capture_end`` around ``compile_or_warm_up_model``
+  (warm-up and CUDA graph capture), ``first_forward`` and ``boot_complete`` when the first
+  ``execute_model`` returns. vLLM runs a speculative drafter inside the same model runner,
+  so every mark is the ``target`` runner's.
+- Ranks: after ``Worker.init_device``, from parallel_state's world, TP and PP groups.
+- KV arena ``kv``: reserved = the bytes of the device-resident tensors of the
+  ``KVCacheConfig`` the worker was given; backed = the model runner's extensible KV cache's
+  ``physical_bytes`` where it has one (committed on demand), else reserved; retained =
+  unknown.
+- Census: ``GroupCoordinator``'s collectives at the methods both the eager path and the
+  custom ops (``torch.ops.vllm.all_reduce`` and friends) reach, and the device communicator
+  (``CudaCommunicator``: pynccl, custom all-reduce, symmetric memory) for calls that bypass
+  the coordinator; a coordinator call that reaches its communicator counts once.
+- Ticks: once per engine step, after ``Worker.execute_model``, on every worker.
+"""
+
+from __future__ import annotations
+
+import weakref
+from types import ModuleType
+from typing import Any
+
+from rankscope.rank import census, probe
+from rankscope.rank.adapters import common
+from rankscope.rank.adapters.points import (
+    Adapter,
+    HookPoint,
+    Installer,
+    Undo,
+    param,
+    points_of,
+    resolve,
+    wrap_method,
+)
+
+PARALLEL_STATE = "vllm.distributed.parallel_state"
+GPU_WORKER = "vllm.v1.worker.gpu_worker"
+CUDA_COMMUNICATOR = "vllm.distributed.device_communicators.cuda_communicator"
+BASE_COMMUNICATOR = "vllm.distributed.device_communicators.base_device_communicator"
+KV_CACHE_INTERFACE = "vllm.v1.kv_cache_interface"
+EXTENSIBLE_KV = "vllm.v1.worker.extensible_kv_cache"
+
+# GroupCoordinator method -> census op. The private *_out_place methods are what both the
+# eager path and the custom ops' implementations call.
+COORDINATOR_OPS: dict[str, Any] = {
+    "_all_reduce_out_place": "all_reduce",
+    "_all_gather_out_place": "all_gather",
+    "_reduce_scatter_out_place": "reduce_scatter",
+    "all_gatherv": "all_gatherv",
+    "reduce_scatterv": "reduce_scatterv",
+    "gather": "gather",
+    "broadcast": "broadcast",
+    "broadcast_object": "broadcast_object",
+    "broadcast_tensor_dict": "broadcast_tensor_dict",
+    "barrier": "barrier",
+    "send": census.coordinator_p2p("send", "dst", 1),
+    "recv": census.coordinator_p2p("recv", "src", 2),
+    "send_object": census.coordinator_p2p("send", "dst", 1),
+    "recv_object": census.coordinator_p2p("recv", "src", 0),
+    "send_tensor_dict": census.coordinator_p2p("send", "dst", 1),
+    "recv_tensor_dict": census.coordinator_p2p("recv", "src", 0),
+}
+COORDINATOR_P2P = {
+    "send": ("dst", 1),
+    "recv": ("src", 2),
+    "send_object": ("dst", 1),
+    "recv_object": ("src", 0),
+    "send_tensor_dict": ("dst", 1),
+    "recv_tensor_dict": ("src", 0),
+}
+# CudaCommunicator method -> census op: the same op names as the coordinator's, so a call
+# counted at either layer lands on the same (group, op).
+COMMUNICATOR_OPS: dict[str, Any] = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "all_gatherv": "all_gatherv",
+    "reduce_scatterv": "reduce_scatterv",
+    "broadcast": "broadcast",
+    "send": census.coordinator_p2p("send", "dst", 1),
+    "recv": census.coordinator_p2p("recv", "src", 2),
+}
+COMMUNICATOR_P2P = {"send": ("dst", 1), "recv": ("src", 2)}
+
+POINTS: tuple[HookPoint, ...] = (
+    *common.coordinator_points(PARALLEL_STATE, COORDINATOR_OPS, COORDINATOR_P2P),
+    *(
+        HookPoint(
+            CUDA_COMMUNICATOR,
+            f"CudaCommunicator.{m}",
+            "count",
+            (COMMUNICATOR_P2P[m],) if m in COMMUNICATOR_P2P else (),
+        )
+        for m in COMMUNICATOR_OPS
+    ),
+    *(
+        HookPoint(BASE_COMMUNICATOR, f"DeviceCommunicatorBase.{a}", "read")
+        for a in ("unique_name", "ranks", "rank_in_group", "world_size")
+    ),
+    HookPoint(GPU_WORKER, "Worker.init_device", "wrap"),
+    HookPoint(GPU_WORKER, "Worker.load_model", "wrap"),
+    HookPoint(GPU_WORKER, "Worker.initialize_from_config", "wrap", (("kv_cache_config", 0),)),
+    HookPoint(GPU_WORKER, "Worker.compile_or_warm_up_model", "wrap"),
+    HookPoint(GPU_WORKER, "Worker.execute_model", "wrap"),
+    HookPoint(GPU_WORKER, "Worker.model_runner", "read"),
+    HookPoint(KV_CACHE_INTERFACE, "KVCacheConfig.kv_cache_tensors", "read"),
+    HookPoint(KV_CACHE_INTERFACE, "KVCacheTensor.size", "read"),
+    HookPoint(EXTENSIBLE_KV, "ExtensibleKVCache.physical_bytes", "read", optional=True),
+)
+
+
+class KvCacheArena:
+    """vLLM's KV cache in the arena protocol: the configured tensor bytes, and the committed
+    bytes of an extensible cache. Holds the model runner weakly."""
+
+    def __init__(self, reserved: int, model_runner: Any) -> None:
+        self._reserved = reserved
+        self._runner = weakref.ref(model_runner) if model_runner is not None else None
+
+    def reserved_bytes(self) -> int:
+        return self._reserved
+
+    def backed_bytes(self) -> int:
+        runner = self._runner() if self._runner is not None else None
+        extensible = getattr(runner, "extensible_kv_cache", None)
+        if extensible is not None:
+            return int(extensible.physical_bytes)
+        return self._reserved
+
+    def retained_bytes(self) -> None:
+        return None
+
+
+def device_kv_bytes(kv_cache_config: Any) -> int:
+    """Bytes of the KV cache tensors a config asks for on the device (host-resident tensors,
+    where the version has them, are not on the card)."""
+    return sum(
+        int(t.size)
+        for t in kv_cache_config.kv_cache_tensors
+        if not getattr(t, "host_resident", False)
+    )
+
+
+class VLLMAdapter(Adapter):
+    framework = "vllm"
+    distribution = "vllm"
+    checked_versions = ("0.33.0", "0.34.0")
+    points = POINTS
+    # vLLM imports its device communicator inside GroupCoordinator.__init__, mid-boot.
+    deferred = (CUDA_COMMUNICATOR,)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.once = common.Once()
+
+    def installers(self) -> dict[str, Installer]:
+        return {
+            PARALLEL_STATE: self._install_parallel_state,
+            GPU_WORKER: self._install_worker,
+            CUDA_COMMUNICATOR: self._install_communicator,
+        }
+
+    def _install_parallel_state(self, module: ModuleType) -> list[Undo]:
+        return common.install_parallel_state(self, module, PARALLEL_STATE, COORDINATOR_OPS)
+
+    def _install_communicator(self, module: ModuleType) -> list[Undo]:
+        counted = points_of(self, CUDA_COMMUNICATOR, ("count",))
+        return common.count_methods(module, counted, COMMUNICATOR_OPS)
+
+    def _install_worker(self, module: ModuleType) -> list[Undo]:
+        wraps = points_of(self, GPU_WORKER, ("wrap",))
+        cls = {resolve(module, p)[0] for p in wraps}.pop()
+
+        def ranks(worker: Any, args: Any, kwargs: Any) -> None:
+            common.configure_ranks(PARALLEL_STATE, runner="target")
+
+        def mark(phase: str) -> Any:
+            return lambda worker, args, kwargs: probe.mark(phase, runner="target")
+
+        def pool_sized(worker: Any, args: Any, kwargs: Any) -> None:
+            config = param(args, kwargs, "kv_cache_config", 0)
+            if config is not None:
+                arena = KvCacheArena(device_kv_bytes(config), getattr(worker, "model_runner", None))
+                common.register_arena("kv", arena)
+            probe.mark("kv_pool_sized", runner="target")
+
+        def step_done(worker: Any, args: Any, kwargs: Any) -> None:
+            census.tick()
+            if self.once.first("first_forward"):
+                probe.mark("first_forward", runner="target")
+                probe.mark("boot_complete", runner="target")
+
+        return [
+            wrap_method(cls, "init_device", after=ranks),
+            wrap_method(
+                cls, "load_model", before=mark("pre_weight_load"), after=mark("weights_loaded")
+            ),
+            wrap_method(cls, "initialize_from_config", after=pool_sized),
+            wrap_method(
+                cls,
+                "compile_or_warm_up_model",
+                before=mark("capture_begin"),
+                after=mark("capture_end"),
+            ),
+            wrap_method(cls, "execute_model", after=step_done),
+        ]
+
+
+ADAPTER = VLLMAdapter()

@@ -1,0 +1,527 @@
+"""Arming a Python process with no code change: the one entry point of ``rankscope-auto.pth``.
+
+site.py runs the .pth line at every interpreter start; it calls :func:`arm` only when
+RANKSCOPE_AUTO is set (``rankscope run`` sets it, or a pod spec / Slurm script does, with
+RANKSCOPE_DIR). Armed, a process records the generic marks (docs/probe.md, "Generic marks"):
+
+- ``process_start`` now, and ``process_exit`` at a normal exit;
+- when the program imports torch (a one-shot meta-path hook: a program that never imports
+  torch pays nothing, and rankscope never imports it itself): ``cuda_init`` at the first CUDA
+  initialisation, ``nccl_init_begin`` / ``nccl_init_end`` around every process group
+  creation, ``capture_begin`` / ``capture_end`` around every CUDA graph capture; the census
+  counts torch.distributed and CUDA graph replays, with the automatic cadence
+  (docs/census.md) and, with RANKSCOPE_COMPARE=1, the in-process comparison;
+- serving samples (``rankscope.rank.probe.samples``).
+
+Then the optional parts other modules provide, each guarded so a missing or failing one
+costs one log line: the OOM observer (``rankscope.rank.probe.oom.install``) and the framework
+adapters' import hooks (``rankscope.rank.adapters.install_import_hooks``).
+
+Nothing here raises into the host program: every hook catches and logs, and the wrapped
+torch functions return, raise and take arguments exactly as before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import importlib
+import importlib.abc
+import importlib.util
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+# loaded by rankscope.rank.writer when armed: RANKSCOPE_AUTO=0 imports only this module
+if TYPE_CHECKING:
+    from rankscope.record import GroupFields, MarkFields, PoolFields
+
+log = logging.getLogger("rankscope.auto")
+
+ENV_AUTO = "RANKSCOPE_AUTO"
+ENV_COMPARE = "RANKSCOPE_COMPARE"
+# Census cadence under run: a snapshot every N collectives of the world group.
+DEFAULT_AUTO_EVERY = 500
+OFF = ("", "0", "false", "off", "no")
+
+# The optional parts, by module and function: (module, attribute).
+OPTIONAL_INSTALLS = (
+    ("rankscope.rank.probe.oom", "install"),
+    ("rankscope.rank.adapters", "install_import_hooks"),
+)
+
+_armed = False
+_cuda_marked = False
+_internal = threading.local()  # set while rankscope creates its own process group
+
+
+def enabled(environ: Any = None) -> bool:
+    env = os.environ if environ is None else environ
+    return str(env.get(ENV_AUTO, "")).strip().lower() not in OFF
+
+
+def is_armed() -> bool:
+    """Whether this process was armed (its generic marks are recorded)."""
+    return _armed
+
+
+def arm() -> bool:
+    """Arm this process (idempotent). Never raises; True when armed."""
+    global _armed
+    if _armed:
+        return True
+    try:
+        if not enabled():
+            return False
+        _armed = _arm()
+    except Exception as exc:
+        log.warning("rankscope: automatic instrumentation failed and is off: %r", exc)
+    return _armed
+
+
+def _arm() -> bool:
+    from rankscope.rank.writer import ENV_DIR, RECORDER, publish_boot_id
+
+    if not RECORDER.armed:
+        log.warning("rankscope: %s is set without %s; nothing is recorded", ENV_AUTO, ENV_DIR)
+        return False
+    # Without the wrapper (a pod spec, Slurm), the first armed process fixes the boot id for
+    # every process it starts, and records under it itself.
+    boot = publish_boot_id()
+    if RECORDER.boot != boot:
+        RECORDER.configure(boot_id=boot)
+    _mark_process_start()
+    atexit.register(_process_exit)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forked)
+    if "torch" in sys.modules:
+        _on_torch(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _TorchFinder())
+    for module, attr in OPTIONAL_INSTALLS:
+        _optional(module, attr)
+    return True
+
+
+def _optional(module: str, attr: str) -> None:
+    try:
+        install = getattr(importlib.import_module(module), attr)
+        install()
+    except ImportError as exc:
+        log.debug("rankscope: %s is not available here: %s", module, exc)
+    except Exception as exc:
+        log.warning("rankscope: %s.%s() failed: %r", module, attr, exc)
+
+
+def _loaded(name: str) -> Any:
+    """Module ``name``, imported at the first call. A ``from rankscope import x`` statement
+    in a hook costs microseconds at every call (importlib's fromlist handling, in Python).
+    The generic marks' hooks inline the common case (``_modules.get(name) or
+    _loaded(name)``): one Python call fewer at every mark."""
+    return sys.modules.get(name) or importlib.import_module(name)
+
+
+_modules = sys.modules
+PROBE, TORCH_PATCH, SCHEMA = (
+    "rankscope.rank.probe",
+    "rankscope.rank.census.torch_patch",
+    "rankscope.record.schema",
+)
+
+
+def _mark(phase: str, **extra: Any) -> None:
+    _mark_fields(phase, extra)
+
+
+def _mark_fields(phase: str, extra: dict[str, Any] | MarkFields) -> None:
+    """``_mark`` for a hook with typed fields (rankscope.record.schema.MarkFields): they are the
+    mark's extra, not repacked as keywords on the way, and encode without the generic JSON
+    encoder (a generic mark's share was mostly such work)."""
+    (_modules.get(PROBE) or _loaded(PROBE)).mark_fields(phase, extra)
+
+
+def _mark_process_start() -> None:
+    schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
+    _mark_fields("process_start", schema.ProcessStartFields(sys.version.partition(" ")[0]))
+
+
+def _process_exit() -> None:
+    with contextlib.suppress(Exception):
+        _mark("process_exit")
+
+
+def _forked() -> None:
+    # A fork (a forkserver's or a fork-method child) is a new process: its own file and
+    # its own start mark, in the same boot.
+    with contextlib.suppress(Exception):
+        forked = (_modules.get(SCHEMA) or _loaded(SCHEMA)).ProcessStartFields(forked=True)
+        _mark_fields("process_start", forked)
+
+
+# --- torch, hooked when the program imports it ----------------------------------------------
+
+
+class _TorchFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: on the import of ``torch`` it asks the other finders, and has
+    the module's loader call the hooks once torch is fully imported. Leaves sys.meta_path
+    at the first torch import."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> Any:
+        if fullname != "torch":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        exec_module = getattr(loader, "exec_module", None)
+        if spec is None or exec_module is None:
+            return spec
+
+        def exec_then_hook(module: ModuleType) -> None:
+            exec_module(module)
+            _on_torch(module)
+
+        loader.exec_module = exec_then_hook  # type: ignore[union-attr]  # this spec's own loader
+        return spec
+
+
+def _on_torch(torch: ModuleType) -> None:
+    # Runs inside the program's `import torch`: nothing may escape into it.
+    for hook in (_hook_census, _hook_cuda_init, _hook_process_groups, _hook_graphs, _samples):
+        try:
+            hook(torch)
+        except Exception as exc:
+            log.warning("rankscope: %s not installed: %r", hook.__name__.lstrip("_"), exc)
+
+
+def _samples(torch: ModuleType) -> None:
+    from rankscope.rank.probe import samples
+
+    samples.start()
+
+
+def _hook_census(torch: ModuleType) -> None:
+    from rankscope.rank import census
+    from rankscope.rank.census import counts, snapshots
+
+    if not counts.ARMED:
+        return  # rankscope run --no-census (RANKSCOPE_CENSUS=0)
+    if not os.environ.get(snapshots.ENV_EVERY):
+        census.configure(auto_every=DEFAULT_AUTO_EVERY)
+    else:
+        census.configure(auto_every=snapshots.every_from_env())
+    census.instrument_torch_distributed(on_world=snapshots.auto_tick)
+    census.instrument_cuda_graphs()
+
+
+def _hook_cuda_init(torch: ModuleType) -> None:
+    """``cuda_init`` from inside torch.cuda's lazy initialisation (a queued call runs there
+    whoever triggered it: torch.cuda's own functions, the C++ device_lazy_init, a bound
+    import of _lazy_init), once the CUDA runtime is up."""
+    torch.cuda._lazy_call(_on_cuda_init)
+
+
+def _on_cuda_init() -> None:
+    # Runs inside torch.cuda._lazy_init, where an exception would fail the host's CUDA init.
+    global _cuda_marked
+    if _cuda_marked:
+        return
+    _cuda_marked = True
+    with contextlib.suppress(Exception):
+        _mark("cuda_init")
+
+
+def _hook_process_groups(torch: ModuleType) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    c10d = dist.distributed_c10d
+    for name, make in (
+        ("init_process_group", _wrap_init_process_group),
+        ("new_group", _wrap_new_group),
+        ("destroy_process_group", _wrap_destroy_process_group),
+    ):
+        original = getattr(c10d, name, None)
+        if original is None or getattr(original, "__rankscope_auto__", False):
+            continue
+        wrapper = make(dist, original)
+        wrapper.__rankscope_auto__ = True  # type: ignore[attr-defined]
+        setattr(c10d, name, wrapper)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapper)
+
+
+def _backend_name(backend: Any) -> str | None:
+    return None if backend is None else str(backend)
+
+
+def _group_fields(dist: Any, group: Any, seconds: float) -> GroupFields:
+    """nccl_init_end's fields: the creation's seconds, the group's instance name (as the
+    census names it), ranks and backend; fields that cannot be read are null. These three
+    queries are the mark's raw reads beyond a plain mark's (bench/bench_startup.py times
+    them alone)."""
+    torch_patch = _modules.get(TORCH_PATCH) or _loaded(TORCH_PATCH)
+    # try/except, not contextlib.suppress: a context manager costs a microsecond a block.
+    try:
+        name = torch_patch._instance_of(dist, group)
+    except Exception:
+        name = None
+    try:
+        pg = group if group is not None else dist.GroupMember.WORLD
+        ranks = list(dist.get_process_group_ranks(pg))
+    except Exception:
+        ranks = None
+    try:
+        backend = str(dist.get_backend(group))
+    except Exception:
+        backend = None
+    schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
+    return schema.GroupFields(seconds, name, ranks, backend)
+
+
+def _wrap_init_process_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        backend = kwargs.get("backend", args[0] if args else None)
+        _guarded(_mark, "nccl_init_begin", group="world", backend=_backend_name(backend))
+        started = time.monotonic()
+        result = original(*args, **kwargs)
+        _guarded(_after_world, dist, time.monotonic() - started)
+        return result
+
+    return init_process_group
+
+
+def _after_world(dist: Any, seconds: float) -> None:
+    from rankscope.rank.writer import RECORDER
+
+    if RECORDER.rank.rank is None:  # multiprocessing.spawn: no RANK in the environment
+        RECORDER.configure(rank=dist.get_rank(), world_size=dist.get_world_size())
+    _mark_fields("nccl_init_end", _group_fields(dist, None, seconds))
+    from rankscope.rank import census
+    from rankscope.rank.census import counts
+
+    if not counts.ARMED:
+        return
+    # Every rank dumps its local counts at exit or on SIGTERM, whatever the cadence reached.
+    census.install_abort_handlers()
+    if enabled({ENV_AUTO: os.environ.get(ENV_COMPARE, "")}):
+        # new_group is a collective: every rank reaches this point right after the world
+        # group, before any group of the program's own, so the order agrees on all ranks.
+        _internal.creating = True
+        try:
+            census.enable_comparison()
+        finally:
+            _internal.creating = False
+
+
+def _wrap_new_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def new_group(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_internal, "creating", False):
+            return original(*args, **kwargs)
+        ranks = kwargs.get("ranks", args[0] if args else None)
+        backend = kwargs.get("backend", args[2] if len(args) > 2 else None)
+        _guarded(
+            _mark,
+            "nccl_init_begin",
+            ranks=_plain_ranks(ranks),
+            backend=_backend_name(backend),
+        )
+        started = time.monotonic()
+        group = original(*args, **kwargs)
+        _guarded(_after_group, dist, group, ranks, time.monotonic() - started)
+        return group
+
+    return new_group
+
+
+def _plain_ranks(ranks: Any) -> list[int] | None:
+    try:
+        return None if ranks is None else sorted(int(r) for r in ranks)
+    except (TypeError, ValueError):
+        return None
+
+
+def _after_group(dist: Any, group: Any, ranks: Any, seconds: float) -> None:
+    if isinstance(group, dist.ProcessGroup):
+        fields = _group_fields(dist, group, seconds)
+    else:  # this rank is no member: torch returns a placeholder
+        schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
+        fields = schema.GroupFields(seconds, None, _plain_ranks(ranks), None, member=False)
+    _mark_fields("nccl_init_end", fields)
+
+
+def _wrap_destroy_process_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        group = kwargs.get("group", args[0] if args else None)
+        _guarded(_stop_comparison_for, group)
+        return original(*args, **kwargs)
+
+    return destroy_process_group
+
+
+def _stop_comparison_for(group: Any) -> None:
+    """Destroying every group (or the comparison's) takes the comparison's group away
+    under its thread: stop the thread first."""
+    from rankscope.rank.census import gloo
+
+    active = gloo._active
+    if active is not None and (group is None or group is active.group):
+        gloo.disable_comparison()
+
+
+def _hook_graphs(torch: ModuleType) -> None:
+    cls: Any = getattr(torch.cuda, "CUDAGraph", None)
+    if cls is None or getattr(cls.capture_begin, "__rankscope_auto__", False):
+        return
+    begin, end = cls.capture_begin, cls.capture_end
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _guarded(_mark, "capture_begin")
+        return begin(self, *args, **kwargs)
+
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = end(self, *args, **kwargs)
+        _guarded(_mark_capture_end, torch, self)
+        return result
+
+    for name, wrapper, original in (
+        ("capture_begin", capture_begin, begin),
+        ("capture_end", capture_end, end),
+    ):
+        functools.update_wrapper(wrapper, original)
+        wrapper.__rankscope_auto__ = True  # type: ignore[attr-defined]
+        setattr(cls, name, wrapper)
+
+
+def _mark_capture_end(torch: Any, graph: Any) -> None:
+    _mark_fields("capture_end", pool_fields(torch, graph))
+
+
+def pool_fields(torch: Any, graph: Any) -> PoolFields:
+    """The captured graph's memory pool and the bytes the allocator holds in it (null, with
+    a why, where unreadable). Graphs may share one pool (frameworks capture every batch size
+    into one): the bytes are the pool's, not this graph's alone."""
+    fields = (_modules.get(SCHEMA) or _loaded(SCHEMA)).PoolFields
+    try:
+        pool_id = graph.pool()
+    except Exception as exc:
+        return fields(None, None, f"pool unreadable: {exc!r}")
+    form = _pool_form
+    # Once the form is known (the first capture finds it), a capture whose id is torch's
+    # tuple makes one call and a plain loop: checking and summing each segment here, not
+    # through the general path, cut capture_end's own instructions to a third (callgrind,
+    # bench/bench_mark_instructions.py).
+    if type(form) is tuple and type(pool_id) is tuple:
+        try:
+            held = 0
+            for segment in torch._C._cuda_memorySnapshot(pool_id + form)["segments"]:
+                if segment["segment_pool_id"] != pool_id:
+                    break  # not one pool's segments alone: the general path sorts them
+                held += segment["total_size"]
+            else:
+                if held and type(held) is int:
+                    return fields(pool_id, held, None)
+        except Exception:
+            pass  # the general path reads again and says what failed
+    return _general_fields(fields, torch, pool_id)
+
+
+def _general_fields(fields: type[PoolFields], torch: Any, raw_id: Any) -> PoolFields:
+    """pool_fields at the first capture (learning the form), in a torch that takes no pool,
+    and wherever the one-call path found anything unusual: the pool's bytes with a why."""
+    try:
+        pool_id = tuple(map(int, raw_id))
+    except Exception as exc:
+        return fields(None, None, f"pool unreadable: {exc!r}")
+    try:
+        segments, why = pool_segments(torch, pool_id)
+        held = pool_bytes(segments, pool_id)
+        if held == 0 and why is None:  # the pool's own snapshot: check the whole allocator
+            segments = _whole_snapshot(torch)
+            held = pool_bytes(segments, pool_id)
+            if held:
+                why = f"the snapshot of pool {pool_id} listed none of its segments: {WHOLE}"
+    except Exception as exc:
+        return fields(pool_id, None, f"no snapshot: {exc!r}")
+    if held == 0:  # say which pools do hold segments: the capture may have used another
+        pools = sorted({tuple(s.get("segment_pool_id", ())) for s in segments})
+        why = f"no allocator segment in pool {pool_id} at capture end; pools holding some: {pools}"
+    return fields(pool_id, held, why)
+
+
+WHOLE = "bytes summed from the whole allocator's snapshot (every segment of the process)"
+
+# The argument forms torch._C._cuda_memorySnapshot takes for one memory pool, newest first,
+# as what follows the pool id's two numbers: (pool, include_traces) in recent torch
+# (torch.cuda.memory_snapshot(mempool_id, include_traces)), (pool) before it. The first
+# capture_end finds the one this torch takes.
+POOL_SNAPSHOT_FORMS: tuple[tuple[Any, ...], ...] = ((False,), ())
+_UNTRIED = "untried"
+_pool_form: Any = _UNTRIED  # the form that worked, or None when none did
+
+
+def pool_segments(
+    torch: Any, pool_id: tuple[int, ...]
+) -> tuple[Sequence[dict[str, Any]], str | None]:
+    """(the allocator's segments holding pool ``pool_id``'s, why the read was the whole
+    allocator's instead). One pool's snapshot, as torch.cuda.MemPool.snapshot() takes it,
+    builds only that pool's segments; the whole allocator's builds every segment of the
+    process (a serving process holds hundreds). A torch that takes no pool gets the whole
+    snapshot, and the mark says so in its pool_why."""
+    global _pool_form
+    form = _pool_form
+    if type(form) is tuple:  # found at the first capture
+        try:
+            return torch._C._cuda_memorySnapshot(pool_id + form)["segments"], None
+        except (AttributeError, TypeError, RuntimeError, KeyError) as exc:
+            why = f"the snapshot of pool {pool_id} failed ({exc!r}): {WHOLE}"
+            return _whole_snapshot(torch), why
+    if form is _UNTRIED:
+        if len(pool_id) != 2:  # not torch's (a, b): no form to learn from this one
+            return _whole_snapshot(torch), f"pool id {pool_id} is not two numbers: {WHOLE}"
+        snapshot = getattr(torch._C, "_cuda_memorySnapshot", None)
+        if snapshot is not None:
+            for form in POOL_SNAPSHOT_FORMS:
+                try:
+                    segments = snapshot(pool_id + form)["segments"]
+                except (TypeError, RuntimeError, KeyError):
+                    continue
+                _pool_form = form
+                return segments, None
+        _pool_form = None
+    return _whole_snapshot(torch), f"this torch takes no snapshot of one pool: {WHOLE}"
+
+
+def _whole_snapshot(torch: Any) -> list[dict[str, Any]]:
+    return list(torch.cuda.memory._snapshot().get("segments", []))
+
+
+def pool_bytes(segments: Sequence[dict[str, Any]], pool_id: Sequence[int]) -> int:
+    """Bytes of the allocator's segments that belong to memory pool ``pool_id`` (a pure
+    function over torch.cuda.memory._snapshot()'s segments)."""
+    want = tuple(pool_id)  # a tuple itself, not a copy, where it is one
+    held = 0
+    for seg in segments:  # a loop, not sum() of a generator: a capture_end's own share
+        seg_pool = seg.get("segment_pool_id", ())
+        if seg_pool == want or (type(seg_pool) is not tuple and tuple(seg_pool) == want):
+            held += int(seg.get("total_size", 0))
+    return held
+
+
+def _guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:
+        log.warning("rankscope: %s failed: %r", getattr(fn, "__name__", fn), exc)

@@ -1,0 +1,67 @@
+"""The census counters: one dict increment per collective, keyed by (group instance, op).
+
+RANKSCOPE_CENSUS is read once, at import: when it disarms the census, ``count`` is a
+function that does nothing, so the hot path never tests a flag. A group instance names its
+member ranks (``tp:0-3``), so only members of the same instance are ever compared.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+from typing import Any
+
+from rankscope.record import encode_counts as encode_counts
+from rankscope.record.naming import Key
+
+log = logging.getLogger("rankscope.census")
+
+ENV_CENSUS = "RANKSCOPE_CENSUS"
+
+ARMED: bool = os.environ.get(ENV_CENSUS, "1").strip().lower() not in ("0", "false", "off", "no")
+
+# Every collective this process issued, per (group instance, op); replays of captured CUDA
+# graphs included. Written only by count() and the graph replay; read by copying.
+COUNTS: collections.defaultdict[Key, int] = collections.defaultdict(int)
+
+# Calls that could not be counted (an unhashable group, a non-numeric n): counted, not raised.
+failed_counts = 0
+
+
+def _count_failed(group: Any, op: Any, exc: BaseException) -> None:
+    global failed_counts
+    failed_counts += 1
+    if failed_counts == 1:
+        log.warning(
+            "rankscope census: could not count (%r, %r): %r; further failures are counted silently",
+            group,
+            op,
+            exc,
+        )
+
+
+if ARMED:
+
+    def count(group: str, op: str, n: int = 1) -> None:
+        """Count ``n`` calls of collective ``op`` on group instance ``group`` (a name from
+        :func:`group_instance`). The hot path: one dict increment, never raises."""
+        try:
+            COUNTS[group, op] += n
+        except Exception as exc:  # an unhashable group must not reach the host program
+            _count_failed(group, op, exc)
+
+else:
+
+    def count(group: str, op: str, n: int = 1) -> None:
+        """Disarmed by RANKSCOPE_CENSUS=0: counts nothing."""
+
+
+def snapshot() -> dict[Key, int]:
+    """A consistent copy of the counts (the C-level copy holds the GIL throughout)."""
+    return dict(COUNTS)
+
+
+def reset() -> None:
+    """Forget every count (tests, or a framework that re-initialises its groups)."""
+    COUNTS.clear()

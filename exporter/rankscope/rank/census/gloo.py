@@ -1,0 +1,261 @@
+"""The optional in-process comparison: at each snapshot round the ranks gather their counts
+over a CPU (gloo) group, and a divergence is logged and recorded with the (group instance,
+op) that differs, each rank's count and the ranks that lag.
+
+It never uses the device group (a wedged device must not silence it) and runs on its own
+thread, so ``tick()`` never waits for it; a failed gather (a dead peer, the group's timeout)
+ends the comparison with one log line, never an exception. At the default cadence (every 50
+scheduler iterations, seconds) it runs far inside the NCCL watchdog's timeout (10 minutes by
+default in torch >= 2.2), so a divergence is named while the ranks are still healthy.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import json
+import logging
+import queue
+import threading
+from typing import Any
+
+from rankscope.rank.census import counts as _counts
+from rankscope.rank.census import snapshots
+from rankscope.rank.census.wrap import GUARD
+from rankscope.rank.writer import RECORDER
+from rankscope.record import Divergence
+from rankscope.record.compare import Entry, compare_ranks
+from rankscope.record.naming import Key
+
+log = logging.getLogger("rankscope.census")
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def describe(entry: Entry) -> str:
+    counts = " ".join(f"{r}:{n}" for r, n in entry["counts"].items())
+    lagging = ",".join(str(r) for r in entry["lagging"])
+    return f"{entry['group']} {entry['op']} counts {counts}, lagging rank(s) {lagging}"
+
+
+class Comparator:
+    """Gathers (round, counts) over ``group`` on a daemon thread, round by round."""
+
+    def __init__(
+        self,
+        dist: Any,
+        group: Any,
+        rank: int,
+        own_group: bool = False,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.dist = dist
+        self.group = group
+        self.timeout_s = timeout_s  # the group's: how long one gather can wait for a peer
+        self.own_group = own_group  # created by enable_comparison: destroyed with the comparator
+        self.rank = rank
+        self.compared = 0
+        self.skipped = 0  # rounds the ranks did not agree on: counted, not compared
+        self.divergences: list[tuple[int, Entry]] = []
+        self.failed: BaseException | None = None
+        self._signatures: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._queue: queue.Queue[tuple[int, dict[Key, int]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="rankscope-census", daemon=True)
+        self._thread.start()
+
+    def submit(self, round_: int, counts: dict[Key, int]) -> None:
+        if self.failed is None:
+            self._queue.put_nowait((round_, counts))
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop after the rounds already submitted (bounded by ``timeout``); True when the
+        thread has ended."""
+        self._queue.put_nowait(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        GUARD.depth = 1  # this thread's own gathers are not the job's collectives
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                self.compare_round(*item)
+            except Exception as exc:
+                self.failed = exc
+                log.warning(
+                    "rankscope census: in-process comparison stopped at round %d: %r "
+                    "(a peer may be gone; snapshots continue)",
+                    item[0],
+                    exc,
+                )
+                return
+
+    def compare_round(self, round_: int, counts: dict[Key, int]) -> list[Entry]:
+        mine = {"rank": self.rank, "round": round_, "counts": _counts.encode_counts(counts)}
+        gathered = [
+            json.loads(raw)
+            for raw in gather_bytes(self.dist, self.group, json.dumps(mine).encode())
+        ]
+        rounds = {g["round"] for g in gathered}
+        if len(rounds) != 1:
+            self.skipped += 1
+            log.warning(
+                "rankscope census: ranks reported different rounds %s; not compared", sorted(rounds)
+            )
+            return []
+        per_rank = {
+            int(g["rank"]): {(grp, op): int(n) for grp, op, n in g["counts"]} for g in gathered
+        }
+        entries = compare_ranks(per_rank)
+        self.compared += 1
+        self._report(round_, entries)
+        return [e for e in entries if e["divergent"]]
+
+    def _report(self, round_: int, entries: list[Entry]) -> None:
+        """Log a divergence when it appears or changes, record it each round it lasts, and
+        record (with no lagging rank) the round at which the counts agree again."""
+        for entry in entries:
+            key = (entry["group"], entry["op"])
+            counts = entry["counts"]
+            if entry["divergent"]:
+                self.divergences.append((round_, entry))
+                top = max(counts.values())
+                signature = (tuple(entry["lagging"]), tuple(top - n for n in counts.values()))
+                if self._signatures.get(key) != signature:
+                    self._signatures[key] = signature
+                    log.warning(
+                        "rankscope census: divergence at round %d: %s", round_, describe(entry)
+                    )
+            elif key in self._signatures:
+                del self._signatures[key]
+                log.info("rankscope census: %s %s agrees again at round %d", *key, round_)
+            else:
+                continue
+            # The lowest member records it, so each group's divergence lands on its host.
+            if RECORDER.armed and min(int(r) for r in counts) == self.rank:
+                RECORDER.write_record(
+                    Divergence(
+                        round=round_,
+                        group=entry["group"],
+                        op=entry["op"],
+                        counts={int(r): n for r, n in counts.items()},
+                        lagging=tuple(entry["lagging"]),
+                    )
+                )
+
+
+def gather_bytes(dist: Any, group: Any, data: bytes) -> list[bytes]:
+    """Every member's ``data``, in group rank order: two all_gathers of CPU tensors (the
+    lengths, then the padded bytes). Not ``all_gather_object``: torch decodes its result
+    through ``Tensor.numpy()``, and a comparison must not fail where numpy is absent."""
+    import torch
+
+    world = dist.get_world_size(group)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64), group=group)
+    lengths = [int(s.item()) for s in sizes]
+    mine = torch.zeros(max(lengths), dtype=torch.uint8)
+    mine[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine, group=group)
+    return [bytes(t[:n].tolist()) for t, n in zip(gathered, lengths, strict=True)]
+
+
+_active: Comparator | None = None
+
+
+def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Comparator | None:
+    """Compare counts across ranks at every snapshot round, over the CPU group ``group``,
+    which nothing else may use: the comparison gathers on its own thread, and two threads
+    issuing collectives on one group interleave differently on each rank.
+
+    Without ``group``, creates one with ``torch.distributed.new_group(backend="gloo",
+    timeout=timeout_s)``: new_group is itself a collective, so every rank must call this, in
+    the same order relative to its other new_group calls. Returns None (with a log line)
+    when torch.distributed is not initialised or the census is disarmed; never raises."""
+    global _active
+    if not _counts.ARMED:
+        return None
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            log.warning(
+                "rankscope census: torch.distributed is not initialised; no in-process comparison"
+            )
+            return None
+        own = group is None
+        if own:
+            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        elif dist.get_backend(group) != "gloo":
+            log.warning(
+                "rankscope census: the comparison group's backend is %s, not gloo; a wedged "
+                "device must not silence the comparison, so it is not enabled",
+                dist.get_backend(group),
+            )
+            return None
+        rank = dist.get_rank()
+        if RECORDER.rank.rank is None:
+            RECORDER.configure(rank=rank, world_size=dist.get_world_size())
+        disable_comparison()
+        _active = Comparator(dist, group, rank, own_group=own, timeout_s=timeout_s)
+        snapshots.STATE.on_snapshot = _active.submit
+        _stop_before_teardown()
+        return _active
+    except Exception as exc:
+        log.warning("rankscope census: in-process comparison not enabled: %r", exc)
+        return None
+
+
+def disable_comparison(timeout: float = 5.0) -> None:
+    """Stop the comparison after the rounds already submitted."""
+    global _active
+    comparator, _active = _active, None
+    snapshots.STATE.on_snapshot = None
+    if comparator is not None and comparator.close(timeout) and comparator.own_group:
+        try:
+            comparator.dist.destroy_process_group(comparator.group)
+        except Exception as exc:
+            log.info("rankscope census: the comparison group was not destroyed: %r", exc)
+
+
+_registered = False
+
+
+def _stop_before_teardown() -> None:
+    """Stop the comparison thread and destroy its group when the main thread finishes,
+    before any atexit handler runs: the thread and the gloo group must be gone before the
+    interpreter (and torch with it) tears down, or the process dies with SIGABRT
+    ("terminate called without an active exception"). ``threading._register_atexit`` is
+    what concurrent.futures uses for the same reason; it runs in ``threading._shutdown``,
+    ahead of atexit."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("threading._register_atexit is missing")
+        register(_stop_at_exit)
+    except RuntimeError:  # shutting down already, or an interpreter without the hook
+        atexit.register(_stop_at_exit)
+
+
+def _stop_at_exit() -> None:
+    """At exit, wait for the rounds already submitted as long as one gather may take: the
+    peers are gathering the same rounds, so a live job finishes in milliseconds, and a
+    thread left inside a gloo call when torch tears down aborts the process (seen under
+    load with a 5 s wait). Only a dead peer makes this wait the group's timeout."""
+    comparator = _active
+    if comparator is None:
+        return
+    disable_comparison(timeout=comparator.timeout_s + 5.0)
+    if comparator._thread.is_alive():
+        log.warning(
+            "rankscope census: the comparison thread is still in a gather after %.0f s; "
+            "a peer is probably gone",
+            comparator.timeout_s + 5.0,
+        )

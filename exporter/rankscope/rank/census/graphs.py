@@ -1,0 +1,201 @@
+"""CUDA graphs: collectives counted while a graph is captured are recorded against it, and
+every replay adds them again, since a replay never re-enters Python.
+
+The capture is measured as the difference of the counts across it, so ``count()`` stays
+one dict increment. It assumes no other thread issues collectives during a capture (CUDA's
+default "global" capture mode forbids that thread's CUDA work anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankscope.rank.census import counts as _counts
+from rankscope.record import schema
+from rankscope.record.naming import Key
+
+log = logging.getLogger("rankscope.census")
+
+
+@dataclass
+class GraphCounts:
+    name: str
+    delta: dict[Key, int] = field(default_factory=dict)  # collectives one replay issues
+    replays: int = 0
+
+
+# Graph objects are held weakly (a dropped graph must free its pool); plain keys (a batch
+# size, a name) strongly until forget().
+_weak: weakref.WeakKeyDictionary[Any, GraphCounts] = weakref.WeakKeyDictionary()
+_strong: dict[Hashable, GraphCounts] = {}
+_open: dict[Hashable, tuple[str, dict[Key, int]]] = {}  # key -> (name, counts at begin)
+_captured = 0
+unknown_replays = 0
+
+
+def _lookup(key: Any) -> GraphCounts | None:
+    try:
+        found = _weak.get(key)
+    except TypeError:  # not weakly referenceable: a plain key
+        found = None
+    return found if found is not None else _strong.get(key)
+
+
+def _store(key: Any, entry: GraphCounts) -> None:
+    try:
+        _weak[key] = entry
+    except TypeError:
+        _strong[key] = entry
+
+
+def begin_capture(key: Any, name: str | None = None) -> None:
+    """Mark the start of capturing graph ``key`` (the graph object, or any hashable id)."""
+    global _captured
+    if not _counts.ARMED:
+        return
+    try:
+        _captured += 1
+        _open[key] = (name or f"graph{_captured}", _counts.snapshot())
+    except Exception as exc:
+        log.warning("rankscope census: capture of %r not tracked: %r", key, exc)
+
+
+def end_capture(key: Any) -> GraphCounts | None:
+    """Mark the end of a successful capture: what was counted since begin_capture is what
+    each replay of ``key`` issues."""
+    if not _counts.ARMED:
+        return None
+    try:
+        opened = _open.pop(key, None)
+        if opened is None:
+            return None
+        name, before = opened
+        now = _counts.snapshot()
+        delta = {k: n - before.get(k, 0) for k, n in now.items() if n != before.get(k, 0)}
+        entry = GraphCounts(name=name, delta=delta)
+        _store(key, entry)
+        return entry
+    except Exception as exc:
+        log.warning("rankscope census: capture of %r not tracked: %r", key, exc)
+        return None
+
+
+def abandon_capture(key: Any) -> None:
+    with contextlib.suppress(TypeError):
+        _open.pop(key, None)
+
+
+@contextlib.contextmanager
+def capture(key: Any, name: str | None = None) -> Iterator[None]:
+    """Wrap exactly the capture (``with torch.cuda.graph(g)``), not its warm-up runs: every
+    collective counted inside is added again on each :func:`replay` of ``key``."""
+    begin_capture(key, name)
+    try:
+        yield
+    except BaseException:
+        abandon_capture(key)
+        raise
+    end_capture(key)
+
+
+def replay(key: Any, n: int = 1) -> None:
+    """Count ``n`` replays of graph ``key``. Never raises; an unknown key is counted."""
+    global unknown_replays
+    if not _counts.ARMED:
+        return
+    try:
+        entry = _lookup(key)
+        if entry is None:
+            unknown_replays += n
+            return
+        table = _counts.COUNTS
+        for k, per_replay in entry.delta.items():
+            table[k] += per_replay * n
+        entry.replays += n
+    except Exception as exc:
+        log.warning("rankscope census: replay of %r not counted: %r", key, exc)
+
+
+def forget(key: Any) -> None:
+    """Drop what is known of graph ``key`` (a plain key is otherwise kept for good)."""
+    with contextlib.suppress(TypeError):
+        _weak.pop(key, None)
+    _strong.pop(key, None)
+
+
+def graph_counts() -> dict[str, schema.GraphCounts]:
+    """The ``graphs`` field of a census snapshot: per graph, what one replay counts and how
+    many replays there were."""
+    entries = list(_weak.values()) + list(_strong.values())
+    return {e.name: schema.GraphCounts(dict(e.delta), e.replays) for e in entries}
+
+
+def reset() -> None:
+    global _captured, unknown_replays
+    _weak.clear()
+    _strong.clear()
+    _open.clear()
+    _captured = 0
+    unknown_replays = 0
+
+
+# --- torch.cuda.CUDAGraph ------------------------------------------------------------------
+
+_GRAPH_METHODS = ("capture_begin", "capture_end", "replay")
+
+
+def instrument_cuda_graphs() -> Callable[[], None]:
+    """Track every ``torch.cuda.CUDAGraph`` capture and replay (SGLang's CudaGraphRunner and
+    vLLM's CUDAGraphWrapper both go through them). Returns the undo."""
+    import torch
+
+    cls: Any = torch.cuda.CUDAGraph
+    originals = {name: cls.__dict__.get(name) for name in _GRAPH_METHODS}
+    if any(getattr(getattr(cls, n), "__rankscope_census__", False) for n in _GRAPH_METHODS):
+        return lambda: None  # already instrumented: the first undo restores
+
+    begin, end, replay_graph = (getattr(cls, n) for n in _GRAPH_METHODS)
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = begin(self, *args, **kwargs)
+        begin_capture(self)
+        return result
+
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = end(self, *args, **kwargs)
+        except BaseException:
+            abandon_capture(self)
+            raise
+        end_capture(self)
+        return result
+
+    def replay_method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = replay_graph(self, *args, **kwargs)
+        replay(self)
+        return result
+
+    for name, wrapper, original in (
+        ("capture_begin", capture_begin, begin),
+        ("capture_end", capture_end, end),
+        ("replay", replay_method, replay_graph),
+    ):
+        wrapper.__name__ = name
+        wrapper.__doc__ = original.__doc__
+        wrapper.__rankscope_census__ = True  # type: ignore[attr-defined]
+        setattr(cls, name, wrapper)
+
+    def undo() -> None:
+        for name, original in originals.items():
+            if original is None:
+                with contextlib.suppress(AttributeError):
+                    delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+
+    return undo

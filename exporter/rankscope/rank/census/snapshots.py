@@ -1,0 +1,214 @@
+"""Rounds, snapshots and local dumps.
+
+``tick()`` is called once per scheduler iteration, a replicated point, so its round counter
+agrees across ranks; every N rounds (RANKSCOPE_CENSUS_EVERY, default 50) the rank appends a
+``census`` line (round, counts, graphs) to the flight directory, and hands the same counts
+to the in-process comparison when one is enabled. Snapshots are written only when the
+recorder is armed (RANKSCOPE_DIR or ``configure(flight_dir=...)``).
+
+``dump_local()`` and the SIGTERM / SIGABRT / atexit handlers write the local counts with no
+collective at all: by then a peer is probably dead. A Python signal handler runs when the
+main thread next executes Python, so a rank blocked inside a hung collective dumps only once
+that call returns; its last snapshot is on disk either way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from rankscope.rank.census import counts as _counts
+from rankscope.rank.census import graphs as _graphs
+from rankscope.rank.writer import RECORDER
+from rankscope.record import Census, CensusDump
+from rankscope.record.naming import Key
+
+log = logging.getLogger("rankscope.census")
+
+ENV_EVERY = "RANKSCOPE_CENSUS_EVERY"
+DEFAULT_EVERY = 50
+STREAM = Census.STREAM
+
+
+def every_from_env(environ: dict[str, str] | None = None) -> int:
+    raw = (os.environ if environ is None else environ).get(ENV_EVERY, "").strip()
+    if not raw:
+        return DEFAULT_EVERY
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        log.warning(
+            "rankscope census: %s=%r is not a positive integer; using %d",
+            ENV_EVERY,
+            raw,
+            DEFAULT_EVERY,
+        )
+        return DEFAULT_EVERY
+    return value
+
+
+class _State:
+    round = 0
+    every = every_from_env()
+    auto_every: int | None = None
+    # The in-process comparison's submit(round, counts), when enabled (census.gloo).
+    on_snapshot: Callable[[int, dict[Key, int]], None] | None = None
+    # An explicit tick() was seen: the framework drives the rounds, auto_tick() stands down.
+    explicit = False
+    handlers_installed = False
+    signal_dumped = False
+    failures = 0
+
+
+STATE = _State()
+
+
+def configure(*, every: int | None = None, auto_every: int | None = None) -> None:
+    """Set the snapshot cadence (ticks per snapshot); must agree across ranks. ``auto_every``
+    is the cadence counted in world collectives (auto_tick), in force until a tick()."""
+    for value in (every, auto_every):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"census every must be a positive integer, not {value!r}")
+    if every is not None:
+        STATE.every = every
+    if auto_every is not None:
+        STATE.auto_every = auto_every
+        if not STATE.explicit:
+            STATE.every = auto_every
+
+
+def current_round() -> int:
+    return STATE.round
+
+
+def tick() -> None:
+    """Once per scheduler iteration, on every rank. Never raises, never blocks: the
+    comparison, when enabled, runs on its own thread."""
+    if not _counts.ARMED:
+        return
+    if not STATE.explicit:
+        STATE.explicit = True
+        if STATE.auto_every is not None and STATE.every == STATE.auto_every:
+            STATE.every = every_from_env()  # back to a cadence in scheduler iterations
+    _advance()
+
+
+def auto_tick() -> None:
+    """The cadence ``rankscope run`` drives without a scheduler hook: called on every
+    collective of the world group (which every rank issues in the same order), until the
+    program calls tick() itself (docs/census.md, "Automatic cadence")."""
+    if not STATE.explicit:
+        _advance()
+
+
+def _advance() -> None:
+    STATE.round += 1
+    if STATE.round % STATE.every:
+        return
+    try:
+        if not STATE.handlers_installed:
+            install_abort_handlers()
+        take_snapshot()
+    except Exception as exc:
+        _failed("snapshot", exc)
+
+
+def take_snapshot() -> dict[Key, int]:
+    """Record the counts at the current round (and hand them to the comparison)."""
+    counts = _counts.snapshot()
+    if RECORDER.armed:
+        RECORDER.write_record(Census(STATE.round, STATE.every, counts, _graphs.graph_counts()))
+    hook = STATE.on_snapshot
+    if hook is not None:
+        hook(STATE.round, counts)
+    return counts
+
+
+def _failed(what: str, exc: BaseException) -> None:
+    STATE.failures += 1
+    if STATE.failures == 1:
+        log.warning(
+            "rankscope census: %s failed (%r); carrying on, further failures are counted silently",
+            what,
+            exc,
+        )
+
+
+def dump_local(reason: str = "manual") -> bool:
+    """Write this rank's counts now, with no collective. True when a line was written."""
+    return _dump(reason, RECORDER.write_record)
+
+
+def _dump_from_signal(reason: str) -> bool:
+    """dump_local for a signal handler: the interrupted code may hold the recorder's lock."""
+    return _dump(reason, RECORDER.write_record_detached)
+
+
+def _dump(reason: str, write: Callable[[CensusDump], bool]) -> bool:
+    if not _counts.ARMED or not RECORDER.armed:
+        return False
+    try:
+        dump = CensusDump(
+            reason, STATE.round, STATE.every, _counts.snapshot(), _graphs.graph_counts()
+        )
+        return write(dump)
+    except Exception as exc:
+        _failed("dump", exc)
+        return False
+
+
+# --- abort handlers --------------------------------------------------------------------------
+
+_previous: dict[int, Any] = {}
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    STATE.signal_dumped = _dump_from_signal(signal.Signals(signum).name) or STATE.signal_dumped
+    previous = _previous.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # The default action: end the process as the signal would have.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _at_exit() -> None:
+    if not STATE.signal_dumped:
+        dump_local("exit")
+
+
+def install_abort_handlers() -> bool:
+    """Dump the local counts on SIGTERM, SIGABRT (one delivered to the process; an abort()
+    inside C++ ends it before Python runs) and at exit. A handler the program installed
+    before is called after the dump; an ignored signal stays ignored. Signal handlers need
+    the main thread: elsewhere only the exit dump is installed (returns False)."""
+    if STATE.handlers_installed:
+        return True
+    STATE.handlers_installed = True
+    atexit.register(_at_exit)
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    for sig in (signal.SIGTERM, signal.SIGABRT):
+        previous = signal.getsignal(sig)
+        if previous is signal.SIG_IGN or previous is None or previous is _on_signal:
+            continue
+        _previous[sig] = previous
+        signal.signal(sig, _on_signal)
+    return True
+
+
+def reset() -> None:
+    """Back to round 0 (tests)."""
+    STATE.round = 0
+    STATE.explicit = False
+    STATE.failures = 0
+    STATE.signal_dumped = False

@@ -1,0 +1,403 @@
+"""Opt-in counting of torch.distributed collectives: ``instrument_torch_distributed()``.
+
+Each listed function is replaced, in ``torch.distributed`` and in the module that defines it
+(so torch's own internal calls and ``P2POp``'s checks see the same object), by a wrapper
+that counts the call once and calls the original. The group instance is read from the
+process group: a name given with :func:`name_group`, else its ``group_desc``, else its pg
+name, over its member ranks (``torch.distributed.get_process_group_ranks``), cached per
+group object and dropped with it. The undo restores every original exactly.
+
+A ``P2POp`` built while instrumented and passed to ``batch_isend_irecv`` after the undo is
+rejected by torch (it holds the wrapper, not torch's isend): build P2POps after the undo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from rankscope.rank.census import counts as _counts
+from rankscope.rank.census.wrap import GUARD, MARK
+from rankscope.rank.writer import RECORDER
+from rankscope.record.naming import RECV, SEND, group_instance, p2p_name
+
+log = logging.getLogger("rankscope.census")
+
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+)
+P2P = {"send": SEND, "isend": SEND, "recv": RECV, "irecv": RECV}
+BATCH = "batch_isend_irecv"
+# Functions whose torch implementation calls another function listed here: they hold the
+# guard so the inner call is not counted again. The others only read it (they run on every
+# collective, and a thread-local write costs more than the rest of the wrapper); the ops test
+# proves the split for the installed torch by counting each op exactly once.
+NESTING = frozenset(
+    {
+        "send",  # torch's send is isend(...).wait()
+        "recv",
+        "all_gather_into_tensor",
+        "all_gather_single",
+        "reduce_scatter_tensor",
+        "reduce_scatter_single",
+        BATCH,
+    }
+)
+
+_lock = threading.Lock()
+_undo: Callable[[], None] | None = None
+
+# id(process group) -> group instance name; entries leave with their group.
+_names: dict[int, str] = {}
+_given: dict[int, str] = {}
+
+
+def name_group(group: Any, name: str) -> None:
+    """Name a process group for the census (``tp``, ``pp``...); its ranks are appended."""
+    _given[id(group)] = name
+    _names.pop(id(group), None)
+    with contextlib.suppress(TypeError):
+        weakref.finalize(group, _forget, id(group))
+
+
+# Per wrapper: id(process group) -> the (instance, op) key it counts under, so the hot path
+# builds no tuple; emptied with _names.
+_keys: list[dict[int, tuple[str, str]]] = []
+
+
+def _forget(key: int) -> None:
+    _names.pop(key, None)
+    _given.pop(key, None)
+    for keys in _keys:
+        keys.pop(key, None)
+
+
+def _instance_of(dist: Any, group: Any) -> str | None:
+    """Group instance name of ``group`` (None: the default group), or None when this rank
+    is no member (torch then issues nothing either)."""
+    if group is None:
+        group = dist.GroupMember.WORLD
+        if group is None:
+            return None
+    name = _names.get(id(group))
+    if name is None:
+        name = _resolve(dist, group)
+    return name or None
+
+
+def _resolve(dist: Any, group: Any) -> str:
+    """Name ``group`` once and cache it for its lifetime; '' for a group this rank is no
+    member of (cached too: such calls are frequent where they happen)."""
+    ranks = None
+    if isinstance(group, dist.ProcessGroup):  # not GroupMember.NON_GROUP_MEMBER (an int)
+        try:
+            ranks = dist.get_process_group_ranks(group)
+        except Exception:  # not a member
+            ranks = None
+    if ranks is None:
+        name = ""
+    else:
+        base = _given.get(id(group))
+        if base is None:
+            if group is dist.GroupMember.WORLD:
+                base = "world"
+            else:
+                desc = getattr(group, "group_desc", None)
+                base = desc if desc and desc != "undefined" else f"pg{group.group_name}"
+        name = group_instance(base, ranks)
+    try:
+        weakref.finalize(group, _forget, id(group))
+    except TypeError:
+        return name  # cannot know when it dies: do not cache under a reusable id
+    _names[id(group)] = name
+    return name
+
+
+def _peer(dist: Any, group: Any, peer: Any, group_peer: Any) -> int | None:
+    if peer is not None:
+        return int(peer)
+    if group_peer is None:
+        return None
+    return int(
+        dist.get_global_rank(group if group is not None else dist.GroupMember.WORLD, group_peer)
+    )
+
+
+ALL_REDUCE_PARAMS = ["tensor", "op", "group", "async_op"]
+
+
+def _collective_wrapper(
+    dist: Any, name: str, original: Callable[..., Any], on_world: Callable[[], None] | None = None
+) -> Callable[..., Any]:
+    """``on_world`` (the automatic census cadence) is called after counting each call on the
+    default group; None costs the hot path one test."""
+    if name in P2P:
+        return _p2p_wrapper(dist, name, original)
+    params = list(inspect.signature(original).parameters)
+    group_at = params.index("group") if "group" in params else len(params)
+    # Bound once: this wrapper runs on every collective, so it reads no module globals and
+    # makes no call of its own on the common path (the group's name is cached by id).
+    keys: dict[int, tuple[str, str]] = {}
+    _keys.append(keys)
+    guard, table, cached = GUARD, _counts.COUNTS, keys.get
+    world = dist.distributed_c10d._world
+    # The default group, read without the property's call where this torch has the field.
+    default_attr = "_default_pg" if hasattr(world, "_default_pg") else "default_pg"
+
+    def count_slow(group: Any) -> None:
+        try:
+            if group is None:
+                group = getattr(world, default_attr)
+            instance = _instance_of(dist, group)
+            if instance:
+                key = (instance, name)
+                if id(group) in _names:  # cached for the group's lifetime: so is its key
+                    keys[id(group)] = key
+                table[key] += 1
+        except Exception as exc:
+            _counts._count_failed(name, "", exc)
+
+    if name in NESTING:
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if guard.depth:
+                return original(*args, **kwargs)
+            group = kwargs.get("group") if kwargs else None
+            if group is None and len(args) > group_at:
+                group = args[group_at]
+            count_slow(group)
+            if on_world is not None and (group is None or group is getattr(world, default_attr)):
+                on_world()
+            guard.depth = 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                guard.depth = 0
+
+    elif default_attr == "_default_pg" and params == ALL_REDUCE_PARAMS:
+        # The hottest collective, with its exact signature: no argument packing.
+        op_default = inspect.signature(original).parameters["op"].default
+
+        @functools.wraps(original)
+        def wrapper(
+            tensor: Any, op: Any = op_default, group: Any = None, async_op: bool = False
+        ) -> Any:
+            if not guard.depth:
+                pg = world._default_pg if group is None else group
+                key = cached(id(pg))
+                if key is None:
+                    count_slow(pg)  # first call on this group, or not a member
+                else:
+                    table[key] += 1
+                if on_world is not None and pg is world._default_pg:
+                    on_world()
+            return original(tensor, op, group, async_op)
+
+    elif default_attr == "_default_pg":
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not guard.depth:
+                group = kwargs.get("group") if kwargs else None
+                if group is None:
+                    group = args[group_at] if len(args) > group_at else None
+                    if group is None:
+                        group = world._default_pg
+                key = cached(id(group))
+                if key is None:
+                    count_slow(group)  # first call on this group, or not a member
+                else:
+                    table[key] += 1
+                if on_world is not None and group is world._default_pg:
+                    on_world()
+            return original(*args, **kwargs)
+
+    else:
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not guard.depth:
+                group = kwargs.get("group") if kwargs else None
+                if group is None and len(args) > group_at:
+                    group = args[group_at]
+                count_slow(group)
+                if on_world is not None and (
+                    group is None or group is getattr(world, default_attr)
+                ):
+                    on_world()
+            return original(*args, **kwargs)
+
+    setattr(wrapper, MARK, True)
+    return wrapper
+
+
+def _p2p_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    params = list(inspect.signature(original).parameters)
+    group_at = params.index("group") if "group" in params else None
+    kind = P2P[name]
+    peer_param = "dst" if kind == SEND else "src"
+    peer_at = params.index(peer_param) if peer_param in params else None
+
+    def counted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        group = kwargs.get("group")
+        if group is None and group_at is not None and len(args) > group_at:
+            group = args[group_at]
+        instance = _instance_of(dist, group)
+        if instance is None:
+            return
+        peer = kwargs.get(peer_param)
+        if peer is None and peer_at is not None and len(args) > peer_at:
+            peer = args[peer_at]
+        group_peer = kwargs.get("group_" + peer_param)
+        _counts.count(instance, p2p_name(kind, _peer(dist, group, peer, group_peer)))
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if GUARD.depth:
+            return original(*args, **kwargs)
+        try:
+            counted(args, kwargs)
+        except Exception as exc:
+            _counts._count_failed(name, "", exc)
+        if name not in NESTING:
+            return original(*args, **kwargs)
+        GUARD.depth = 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            GUARD.depth = 0
+
+    setattr(wrapper, MARK, True)
+    return wrapper
+
+
+def _batch_wrapper(
+    dist: Any, c10d: Any, original: Callable[..., Any], plain: dict[str, Any]
+) -> Callable[..., Any]:
+    """batch_isend_irecv counts each of its p2p ops once. torch matches ``op.op`` against
+    its module's isend/irecv by identity, so ops built before the patch get the current
+    function for the duration of the call."""
+
+    def counted(ops: list[Any]) -> None:
+        for p2p in ops:
+            func = getattr(p2p.op, "__wrapped__", p2p.op)
+            kind = SEND if func is plain["isend"] else RECV
+            instance = _instance_of(dist, p2p.group)
+            if instance is None:
+                continue
+            peer = _peer(dist, p2p.group, p2p.peer, getattr(p2p, "group_peer", None))
+            _counts.count(instance, p2p_name(kind, peer))
+
+    @functools.wraps(original)
+    def wrapper(p2p_op_list: list[Any], *args: Any, **kwargs: Any) -> Any:
+        if GUARD.depth:
+            return original(p2p_op_list, *args, **kwargs)
+        GUARD.depth = 1
+        swapped: list[tuple[Any, Any]] = []
+        try:
+            try:
+                counted(p2p_op_list)
+                for p2p in p2p_op_list:
+                    func = getattr(p2p.op, "__wrapped__", p2p.op)
+                    for fname in ("isend", "irecv"):
+                        current = getattr(c10d, fname)
+                        if func is plain[fname] and p2p.op is not current:
+                            swapped.append((p2p, p2p.op))
+                            p2p.op = current
+            except Exception as exc:
+                _counts._count_failed(BATCH, "", exc)
+            return original(p2p_op_list, *args, **kwargs)
+        finally:
+            for p2p, op in swapped:
+                p2p.op = op
+            GUARD.depth = 0
+
+    setattr(wrapper, MARK, True)
+    return wrapper
+
+
+def instrument_torch_distributed(
+    on_world: Callable[[], None] | None = None,
+) -> Callable[[], None]:
+    """Count every call of torch.distributed's collectives and p2p ops (once each, however
+    they nest). Idempotent; returns the undo (also :func:`uninstrument_torch_distributed`).
+    When torch is absent or the census is disarmed, patches nothing and says so in a log
+    line. ``on_world`` is called on every collective (not p2p) of the default group, after
+    it is counted: ``rankscope run`` passes ``census.auto_tick``."""
+    global _undo
+    with _lock:
+        if _undo is not None:
+            return _undo
+        if not _counts.ARMED:
+            log.info(
+                "rankscope census: disarmed (RANKSCOPE_CENSUS=0); torch.distributed is not patched"
+            )
+            return lambda: None
+        try:
+            import torch.distributed as dist
+            from torch.distributed import distributed_c10d as c10d
+        except ImportError as exc:
+            log.warning("rankscope census: torch.distributed unavailable (%s); not patched", exc)
+            return lambda: None
+        if dist.is_initialized() and RECORDER.rank.rank is None:
+            # Snapshots are compared by rank: take it from torch when the launcher set none.
+            RECORDER.configure(rank=dist.get_rank(), world_size=dist.get_world_size())
+        names = [n for n in (*COLLECTIVES, *P2P, BATCH) if hasattr(c10d, n)]
+        plain = {n: getattr(c10d, n) for n in names}
+        saved_dist = {n: dist.__dict__.get(n, _ABSENT) for n in names}
+        wrappers: dict[str, Callable[..., Any]] = {}
+        for n in names:
+            if n == BATCH:
+                wrappers[n] = _batch_wrapper(dist, c10d, plain[n], plain)
+            else:
+                wrappers[n] = _collective_wrapper(
+                    dist, n, plain[n], on_world if n in COLLECTIVES else None
+                )
+        for n, w in wrappers.items():
+            setattr(c10d, n, w)
+            setattr(dist, n, w)
+
+        def undo() -> None:
+            global _undo
+            with _lock:
+                for n in names:
+                    setattr(c10d, n, plain[n])
+                    if saved_dist[n] is _ABSENT:
+                        dist.__dict__.pop(n, None)
+                    else:
+                        setattr(dist, n, saved_dist[n])
+                _keys.clear()
+                _undo = None
+
+        _undo = undo
+        return undo
+
+
+def uninstrument_torch_distributed() -> None:
+    """Undo :func:`instrument_torch_distributed` (no-op when not instrumented)."""
+    undo = _undo
+    if undo is not None:
+        undo()
+
+
+_ABSENT = object()

@@ -1,0 +1,188 @@
+"""The in-rank probe: ``mark(phase)`` records where this process's VRAM went at a boot
+boundary, durably, as one line of its flight file.
+
+    from rankscope.rank import probe
+    probe.configure(tp_rank=0, pp_rank=1, runner="target")  # what the environment cannot say
+    probe.mark("pre_weight_load")
+    ...
+    probe.mark("weights_loaded", shards=4)                    # extras go into the record
+    probe.mark("capture_end", runner="draft")                # this mark only: the draft runner
+    probe.arenas.register("kv", kv_pool)                     # reserved/backed/retained bytes
+
+Armed by RANKSCOPE_DIR (or ``configure(flight_dir=...)``); disarmed, a mark returns at its
+first line. A mark never imports torch, never initialises CUDA, never raises into its caller
+and never blocks on the disk: a failure costs one warning, and the mark carries on.
+docs/probe.md lists what a mark holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from rankscope.rank.probe import arenas, oom
+from rankscope.rank.probe.nvml_view import NvmlView
+from rankscope.rank.probe.torch_view import TorchView
+from rankscope.rank.writer import RECORDER, publish_boot_id
+from rankscope.record import (
+    Mark,
+    MarkArena,
+    MarkDerived,
+    MarkDevice,
+    MarkFields,
+    MarkNvml,
+    MarkTorch,
+)
+
+__all__ = ["arenas", "configure", "derive", "mark", "mark_fields", "oom", "publish_boot_id"]
+
+log = logging.getLogger("rankscope")
+
+STREAM = Mark.STREAM
+
+# What a mark reads. Tests on machines without a GPU swap in a named fake NVML binding.
+TORCH = TorchView()
+NVML = NvmlView()
+
+_failures_warned: set[str] = set()
+
+# A copy of RECORDER.armed that the disarmed mark reads first: a module-level name costs a
+# third less than the attribute on Python 3.12 (bench/bench_mark.py). RECORDER keeps it.
+ARMED = False
+
+
+def _follow_armed(armed: bool) -> None:
+    global ARMED
+    ARMED = armed
+
+
+RECORDER.follow_armed(_follow_armed)
+
+
+def configure(
+    *,
+    flight_dir: str | os.PathLike[str] | None = None,
+    boot_id: str | None = None,
+    rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+    tp_rank: int | None = None,
+    pp_rank: int | None = None,
+    runner: str | None = None,
+) -> None:
+    """Set what the environment cannot tell: the flight directory (arms the probe), the
+    boot id, and the rank identity. Arguments left at None keep their current value."""
+    fields = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world_size,
+        "tp_rank": tp_rank,
+        "pp_rank": pp_rank,
+        "runner": runner,
+    }
+    RECORDER.configure(
+        flight_dir=flight_dir,
+        boot_id=boot_id,
+        **{k: v for k, v in fields.items() if v is not None},
+    )
+    if RECORDER.armed:
+        oom.install()
+
+
+def derive(
+    torch_view: MarkTorch, nvml_view: MarkNvml, arena_views: dict[str, MarkArena]
+) -> MarkDerived:
+    """The derived fields of a mark (a pure function). Signed, never floored; null where a
+    side is unmeasured.
+
+    non_torch: NVML's bytes of this process minus the allocator's reserved bytes (the CUDA
+    context, NCCL and cuBLAS workspaces, graph private pools; negative when the allocator
+    counts more than the driver holds). unbacked_reservation: reserved minus backed, summed
+    over the arenas that report both.
+    """
+    reserved, self_bytes = torch_view.reserved, nvml_view.self_bytes
+    unbacked: int | None = None
+    for view in arena_views.values():
+        if view.reserved is not None and view.backed is not None:
+            unbacked = (unbacked or 0) + view.reserved - view.backed
+    non_torch = self_bytes - reserved if reserved is not None and self_bytes is not None else None
+    return MarkDerived(non_torch, non_torch is not None, unbacked)
+
+
+def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> Mark | None:
+    """Record one mark. ``runner`` overrides the configured runner for this mark only (a
+    phase that target and draft both run); ``extra`` keyword values go into the record.
+
+    Returns the mark recorded (also when the disk refused it), None when disarmed or when
+    the mark itself failed; never raises."""
+    if not ARMED:
+        return None
+    return _record(phase, runner, extra)
+
+
+def mark_fields(phase: str, extra: dict[str, Any] | MarkFields, /) -> Mark | None:
+    """``mark(phase, **extra)`` for a caller that holds its extra fields already, as a dict
+    or as a generic mark's typed fields (rankscope.rank.auto's hooks; rankscope.record.schema.MarkFields):
+    they become the mark's extra as they are, with no keyword packing. The caller must not
+    change them afterwards. Never raises."""
+    if not ARMED:
+        return None
+    return _record(phase, None, extra)
+
+
+def _record(phase: str, runner: str | None, extra: dict[str, Any] | MarkFields) -> Mark | None:
+    # Apart from mark(): the disarmed call then sets up a frame of three locals, not six.
+    phase = phase if type(phase) is str else str(phase)
+    state = oom.STATE
+    if not state.settled:
+        oom.install()  # torch may have been imported since the last try
+    state.last_phase, state.last_phase_wall = phase, time.time()  # for the OOM observer
+    try:
+        recorded = _measure(phase, extra)
+    except Exception as exc:  # an instrument may cost a log line, never a boot
+        _warn_once("measure", f"rankscope: mark({phase!r}) failed and was skipped: {exc!r}")
+        return None
+    RECORDER.write_record(recorded, runner=runner)
+    return recorded
+
+
+def _measure(phase: str, extra: dict[str, Any] | MarkFields) -> Mark:
+    device, torch_view, why_no_device = TORCH.read()
+    process = RECORDER.process
+    nvml_index, driver, nvml = NVML.read(device, why_no_device, process.pid, process.pidns)
+    arena_views = arenas.snapshot()
+    return Mark(
+        phase,
+        extra,
+        MarkDevice(
+            device.index if device else None,
+            device.uuid if device else None,
+            nvml_index,
+            why_no_device,
+        ),
+        torch_view,
+        driver,
+        nvml,
+        arena_views,
+        derive(torch_view, nvml, arena_views),
+    )
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _failures_warned:
+        _failures_warned.add(key)
+        log.warning("%s; further failures are not logged", message)
+
+
+def _after_fork_in_child() -> None:
+    TORCH.after_fork_in_child()
+    NVML.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+if RECORDER.armed:  # armed by RANKSCOPE_DIR: watch for the OOM instant from the start
+    oom.install()

@@ -1,0 +1,116 @@
+"""Registered memory arenas (KV pools and the like), observed at every mark.
+
+The arena protocol: any object with three byte counts, each an ``int`` attribute, property
+or zero-argument method (``None`` where the arena cannot tell):
+
+- ``reserved_bytes``: address space the arena has reserved (a CUDA VMM reservation, or the
+  size the allocator was asked for);
+- ``backed_bytes``: bytes of that space backed by committed device pages;
+- ``retained_bytes``: bytes kept in parked handles (committed, not mapped into use).
+
+A missing or failing count is recorded as null with a ``why``, never as 0.
+
+The registry holds each arena weakly: observing an arena never keeps it alive, and an arena
+that is garbage-collected simply stops appearing in marks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any
+
+from rankscope.record import MarkArena
+
+log = logging.getLogger("rankscope")
+
+COUNTS = ("reserved_bytes", "backed_bytes", "retained_bytes")
+
+_registry: dict[str, weakref.ref[Any]] = {}
+_lock = threading.Lock()
+
+
+def register(name: str, arena: Any) -> bool:
+    """Observe ``arena`` under ``name`` at every mark (a later registration of the same name
+    replaces it). Returns False, with one warning, when the arena cannot be held weakly."""
+    name = str(name)
+
+    def forget(ref: weakref.ref[Any], name: str = name) -> None:
+        with _lock:
+            if _registry.get(name) is ref:
+                del _registry[name]
+
+    try:
+        ref = weakref.ref(arena, forget)
+    except TypeError:
+        log.warning(
+            "rankscope: arena %r (a %s) cannot be weakly referenced, so it is not observed; "
+            "give its class a __weakref__ slot",
+            name,
+            type(arena).__name__,
+        )
+        return False
+    with _lock:
+        _registry[name] = ref
+    return True
+
+
+def unregister(name: str) -> None:
+    with _lock:
+        _registry.pop(str(name), None)
+
+
+def registered() -> list[str]:
+    """Names of the arenas still alive."""
+    with _lock:
+        refs = list(_registry.items())
+    return [name for name, ref in refs if ref() is not None]
+
+
+def read_count(arena: Any, attr: str) -> tuple[int | None, str | None]:
+    """One count of one arena: (bytes, None) or (None, why)."""
+    try:
+        value = getattr(arena, attr)
+        if callable(value):
+            value = value()
+    except AttributeError:
+        return None, f"arena has no {attr}"
+    except Exception as exc:
+        return None, f"{attr} raised {exc!r}"
+    if value is None:
+        return None, f"arena reports {attr} as unknown"
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = int(value)  # numpy and torch integer scalars
+        except (TypeError, ValueError, OverflowError):  # inf is an OverflowError, NaN not
+            return None, f"{attr} is not a byte count: {value!r}"[:200]
+    if value < 0:
+        return None, f"{attr} is negative: {value}"
+    return value, None
+
+
+def read_arena(arena: Any) -> MarkArena:
+    values: list[int | None] = []
+    whys: list[str] = []
+    for attr in COUNTS:
+        value, why = read_count(arena, attr)
+        values.append(value)
+        if why:
+            whys.append(why)
+    reserved, backed, retained = values
+    return MarkArena(reserved, backed, retained, "; ".join(whys) or None)
+
+
+def snapshot() -> dict[str, MarkArena]:
+    """{name: its bytes} for every live registered arena."""
+    if not _registry:  # every mark asks; most processes register none
+        return {}
+    with _lock:
+        refs = list(_registry.items())
+    out: dict[str, MarkArena] = {}
+    for name, ref in refs:
+        arena = ref()
+        if arena is not None:
+            out[name] = read_arena(arena)
+    return out

@@ -1,0 +1,198 @@
+"""The NVML view of a mark: the card's free and total memory, this process's bytes and the
+card's full pid -> bytes map.
+
+NVML is initialised once, lazily, at the first mark that knows its card; handles are cached
+by uuid. A failed initialisation is remembered (and said in every record) rather than
+retried per mark. NVML never creates a CUDA context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rankscope.nvml_calls import c_function, memory_reader
+from rankscope.procfs import HOST_PIDNS_INODE
+from rankscope.rank.probe.torch_view import Device
+from rankscope.record import MarkDriver, MarkNvml
+
+ProcessList = list[tuple[int, int | None]]
+
+
+def empty_driver(why: str) -> MarkDriver:
+    return MarkDriver(why=why)
+
+
+def empty_nvml(why: str) -> MarkNvml:
+    return MarkNvml(why=why)
+
+
+def own_bytes(procs: ProcessList, pid: int, pidns: int | None) -> tuple[int | None, str | None]:
+    """This process's bytes in NVML's list (a pure function): (bytes, None) or (None, why).
+
+    NVML lists host pids. In the host PID namespace a pid missing from the list is a process
+    with no context on the card (0 bytes, measured); in any other namespace the pid this
+    process sees is not the one NVML lists, so the bytes are not attributable here.
+    """
+    in_host_ns = pidns == HOST_PIDNS_INODE
+    if in_host_ns:
+        for proc_pid, used in procs:
+            if proc_pid == pid:
+                if used is None:
+                    return None, "NVML does not report per-process memory on this card"
+                return used, None
+        return 0, None
+    if pidns is None:
+        return None, "PID namespace unknown (no /proc/self/ns/pid); NVML lists host pids"
+    return None, (
+        f"this process runs in PID namespace {pidns}, not the host's; NVML lists host pids, "
+        "so the daemon attributes this process's bytes"
+    )
+
+
+def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
+    """One C call per read into a reused buffer (rankscope.nvml_calls). pynvml's public
+    wrapper calls NVML twice and builds a Python object per process; this is the same NVML
+    function without either. The call releases the GIL, as ctypes does: a call the driver
+    stalls stops the thread that marks, never the host's other threads."""
+    struct: Any = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
+    name = "nvmlDeviceGetComputeRunningProcesses_v3"
+    fn = c_function(nvml, name, keep_gil=False) if struct else None
+    if fn is None:
+        return None
+    not_available = nvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+    success, too_small = nvml.NVML_SUCCESS, nvml.NVML_ERROR_INSUFFICIENT_SIZE
+    count = ctypes.c_uint()
+    count_ref = ctypes.byref(count)
+    state = {"buf": (struct * 64)()}
+    lock = threading.Lock()  # the buffer and count are shared by every thread that marks
+
+    def list_processes(handle: Any) -> ProcessList:
+        with lock:
+            while True:
+                buf = state["buf"]
+                count.value = len(buf)
+                ret = fn(handle, count_ref, buf)
+                if ret == success:
+                    # One element view per process (buf[i] builds a new one at every access).
+                    return [
+                        (entry.pid, None if used == not_available else used)
+                        for entry in buf[: count.value]
+                        for used in (entry.usedGpuMemory,)
+                    ]
+                if ret != too_small:
+                    raise nvml.NVMLError(ret)
+                state["buf"] = (struct * (count.value * 2 + 8))()
+
+    return list_processes
+
+
+def _public_process_lister(nvml: Any) -> Callable[[Any], ProcessList]:
+    def list_processes(handle: Any) -> ProcessList:
+        return [
+            (int(p.pid), p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        ]
+
+    return list_processes
+
+
+MemoryReader = Callable[[Any], tuple[int, int]]  # handle -> (free, total) bytes
+
+
+def _fast_memory_reader(nvml: Any) -> MemoryReader | None:
+    """nvmlDeviceGetMemoryInfo into a reused struct (rankscope.nvml_calls); the call releases
+    the GIL, as the process list's does."""
+    return memory_reader(nvml, keep_gil=False)
+
+
+def _public_memory_reader(nvml: Any) -> MemoryReader:
+    def read_memory(handle: Any) -> tuple[int, int]:
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
+        return int(info.free), int(info.total)
+
+    return read_memory
+
+
+class NvmlView:
+    """Lazily initialised NVML with handles cached by uuid.
+
+    ``module`` is the NVML binding (pynvml from nvidia-ml-py by default); tests on machines
+    without a GPU pass a named fake.
+    """
+
+    def __init__(self, module: Any = None) -> None:
+        self._module = module
+        self._lock = threading.Lock()
+        self._ready = False
+        self._failure: str | None = None
+        self._handles: dict[str, tuple[Any, int]] = {}  # uuid -> (handle, nvml index)
+        self._list_processes: Callable[[Any], ProcessList] | None = None
+        self._read_memory: MemoryReader | None = None
+
+    def _init_locked(self) -> None:
+        if self._ready or self._failure:
+            return
+        try:
+            nvml = self._module or importlib.import_module("pynvml")
+            nvml.nvmlInit()
+        except Exception as exc:
+            self._failure = f"NVML unavailable: {exc}"
+            return
+        self._module = nvml
+        self._list_processes = _fast_process_lister(nvml) or _public_process_lister(nvml)
+        self._read_memory = _fast_memory_reader(nvml) or _public_memory_reader(nvml)
+        self._ready = True
+
+    def _handle(self, uuid: str) -> tuple[Any, int]:
+        cached = self._handles.get(uuid)
+        if cached is None:
+            with self._lock:
+                self._init_locked()
+                if self._failure:
+                    raise RuntimeError(self._failure)
+                nvml = self._module
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                cached = self._handles[uuid] = (handle, int(nvml.nvmlDeviceGetIndex(handle)))
+        return cached
+
+    def read(
+        self, device: Device | None, why_no_device: str | None, pid: int, pidns: int | None
+    ) -> tuple[int | None, MarkDriver, MarkNvml]:
+        """(nvml index, driver view, nvml view) of this process's card."""
+        if device is None:
+            why = why_no_device or "no CUDA device in this process"
+            return None, empty_driver(why), empty_nvml(why)
+        if device.uuid is None:
+            why = f"CUDA device {device.index} reports no uuid to match with NVML"
+            return None, empty_driver(why), empty_nvml(why)
+        try:
+            cached = self._handles.get(device.uuid)
+            handle, nvml_index = cached if cached is not None else self._handle(device.uuid)
+        except Exception as exc:
+            why = self._failure or f"NVML has no card {device.uuid}: {exc}"
+            return None, empty_driver(why), empty_nvml(why)
+        try:
+            assert self._read_memory is not None
+            free, total = self._read_memory(handle)
+            driver = MarkDriver(free, total, None)
+        except Exception as exc:
+            driver = empty_driver(f"NVML memory info failed: {exc}")
+        try:
+            assert self._list_processes is not None
+            procs = self._list_processes(handle)
+        except Exception as exc:
+            return nvml_index, driver, empty_nvml(f"NVML process list failed: {exc}")
+        self_bytes, self_why = own_bytes(procs, pid, pidns)
+        return nvml_index, driver, MarkNvml(self_bytes, dict(procs), self_why)
+
+    def after_fork_in_child(self) -> None:
+        """NVML state is not fork-safe: a child initialises its own on its first mark."""
+        self._lock = threading.Lock()
+        self._ready = False
+        self._failure = None
+        self._handles = {}
+        self._list_processes = None
+        self._read_memory = None

@@ -1,0 +1,348 @@
+"""The OOM instant: one ``oom`` line written from inside torch's CUDA caching allocator at the
+moment it gives up on an allocation, naming what held the card right then.
+
+torch calls every observer attached with ``torch._C._cuda_attach_out_of_memory_observer``
+as ``observer(device, alloc_size, device_total, device_free)`` just before it raises
+``torch.OutOfMemoryError`` (c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator::
+malloc): ``alloc_size`` is the segment size it failed to cudaMalloc, ``device_total`` the
+card's total (the allowed maximum when a per-process memory fraction is set) and
+``device_free`` what cudaMemGetInfo said a moment before. torch 2.1+ releases the allocator's
+mutex before calling observers ("observers might need hold the GIL"); older versions hold it,
+but it is a recursive mutex and the observer runs on the failing thread, so the allocator
+reads below re-enter it rather than wait on it.
+
+What the observer does, and why it is safe there:
+- no CUDA allocation: it reads the allocator's counters (memory_stats), at most one bounded
+  allocator snapshot (skipped with a why when allocation history is recorded, which makes a
+  snapshot carry stack frames, or when the allocator holds more blocks than MAX_SNAPSHOT_BLOCKS),
+  NVML (the probe's cached handles; NVML never creates a CUDA context) and the last mark's
+  phase, then appends one line;
+- bounded time: each read is a fixed number of driver or allocator calls;
+- never raises: torch turns an exception from an observer into a C++ exception that would
+  replace the rank's OutOfMemoryError, so every failure becomes a null field and a why, and
+  the line is still written.
+
+Attaching: ``_cuda_attach_out_of_memory_observer`` initialises CUDA itself, so it is called
+only once the host program has initialised CUDA; before that it is queued on torch.cuda's own
+lazy-init queue (the same one torch uses for its capability checks). Without torch imported,
+a one-shot import watch (a sys.meta_path finder that only looks at ``torch.cuda``) runs
+``install()`` when torch.cuda has been imported, so a process armed before importing torch
+that never marks is covered too; the probe also retries at each configure and mark. Contract for the generic hooks of ``rankscope run``: call
+:func:`install` when arming a process and :func:`on_cuda_init` once CUDA is initialised; both
+are idempotent, cheap after the first success and never raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.util
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from rankscope.procfs import parse_stat_start_ticks
+from rankscope.rank.probe.torch_view import Device
+from rankscope.rank.writer import RECORDER
+from rankscope.record import (
+    MarkDevice,
+    MarkDriver,
+    MarkNvml,
+    Oom,
+    OomAllocator,
+    OomHolder,
+    OomPool,
+)
+
+# Above this many allocator blocks the segment summary is skipped: the snapshot walks every
+# block, and the failure path must stay short.
+MAX_SNAPSHOT_BLOCKS = 20_000
+
+NOT_IMPORTED = "torch is not imported in this process (yet)"
+NO_CUDA_ALLOCATOR = "this torch build has no CUDA caching allocator (no OOM observer to attach)"
+
+
+@dataclass
+class OomState:
+    """What the probe knows between marks: whether the observer is attached (or queued on
+    torch's CUDA lazy init), why not, and the phase of the last mark."""
+
+    attached: bool = False  # the observer is in the allocator's list
+    queued: bool = False  # waiting on torch.cuda's lazy init
+    settled: bool = False  # nothing more to try in this process (attached, or impossible)
+    why: str | None = NOT_IMPORTED
+    last_phase: str | None = None
+    last_phase_wall: float | None = None
+    observed: int = 0  # OOMs seen by the observer in this process
+
+
+STATE = OomState()
+
+
+def install() -> bool:
+    """Attach the OOM observer to torch's CUDA caching allocator, now if CUDA is initialised,
+    else at CUDA's lazy init. True when attached or queued; False (``STATE.why`` says why)
+    when torch is not imported yet, has no CUDA allocator, or attaching failed. Idempotent;
+    never raises; never imports torch nor initialises CUDA."""
+    if STATE.attached or STATE.queued:
+        return True
+    if STATE.settled:
+        return False
+    try:
+        return _install()
+    except Exception as exc:  # the probe never raises into its host
+        STATE.why = f"attaching the OOM observer failed: {exc!r}"
+        STATE.settled = True
+        return False
+
+
+def on_cuda_init() -> bool:
+    """For a hook that runs once CUDA is initialised in this process: attach now."""
+    return install()
+
+
+def _install() -> bool:
+    torch, cuda = sys.modules.get("torch"), sys.modules.get("torch.cuda")
+    if torch is None or cuda is None:
+        STATE.why = NOT_IMPORTED
+        _watch_torch_cuda_import()
+        return False
+    c = getattr(torch, "_C", None)
+    if c is None:  # torch is mid-import: try again later
+        return False
+    if not hasattr(c, "_cuda_attach_out_of_memory_observer"):
+        STATE.why, STATE.settled = NO_CUDA_ALLOCATOR, True
+        return False
+    if cuda.is_initialized():
+        _attach(c)
+        return True
+    STATE.queued = True
+    STATE.why = "queued: attaches when CUDA initialises"
+    cuda._lazy_call(_attach_at_init)
+    return True
+
+
+class _TorchCudaWatch(importlib.abc.MetaPathFinder):
+    """Armed before torch was imported (and perhaps never marking): install once
+    ``torch.cuda`` has been imported, from inside that import. One-shot: it leaves
+    sys.meta_path at its first sight of torch.cuda. The module's own loader does the work;
+    this only runs ``install`` after it."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch.cuda":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        except Exception:
+            return None
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _InstallAfter(spec.loader)
+        return spec
+
+
+class _InstallAfter(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        install()
+
+    def __getattr__(self, name: str) -> Any:  # resource readers and the like
+        return getattr(self._loader, name)
+
+
+_WATCH = _TorchCudaWatch()
+
+
+def _watch_torch_cuda_import() -> None:
+    if _WATCH not in sys.meta_path:
+        sys.meta_path.insert(0, _WATCH)
+
+
+def _attach_at_init() -> None:
+    # Runs inside torch.cuda._lazy_init: an exception here would fail the host's CUDA init.
+    try:
+        _attach(sys.modules["torch"]._C)
+    except Exception as exc:
+        STATE.why = f"attaching the OOM observer at CUDA init failed: {exc!r}"
+    finally:
+        STATE.queued = False
+        STATE.settled = True
+
+
+def _attach(c: Any) -> None:
+    c._cuda_attach_out_of_memory_observer(observe)
+    STATE.attached, STATE.settled, STATE.why = True, True, None
+
+
+# --- the observer -----------------------------------------------------------------------
+
+
+def observe(device: int, alloc_size: int, device_total: int, device_free: int) -> None:
+    """torch's OOM observer. Writes one ``oom`` line; never raises."""
+    try:
+        STATE.observed += 1
+        try:
+            body = measure(int(device), int(alloc_size), int(device_total), int(device_free))
+        except Exception as exc:
+            body = bare(device, alloc_size, device_total, device_free)
+            body.why = f"measuring the OOM instant failed: {exc!r}"
+        RECORDER.write_record(body)
+    except Exception:
+        pass
+
+
+def bare(device: Any, alloc_size: Any, device_total: Any, device_free: Any) -> Oom:
+    """What torch handed the observer, with every read of ours null."""
+    return Oom(
+        requested=_int(alloc_size),
+        torch_free=_int(device_free),
+        torch_limit=_int(device_total),
+        device=MarkDevice(index=_int(device)),
+        allocator=OomAllocator(why="not read"),
+        pools_why="not read",
+        driver=MarkDriver(why="not read"),
+        nvml=MarkNvml(why="not read"),
+        phase=STATE.last_phase,
+        phase_wall=STATE.last_phase_wall,
+    )
+
+
+def holders(procs: dict[int, int | None] | None, proc: str = "/proc") -> list[OomHolder] | None:
+    """Every process on the card, as NVML listed it, with its comm and start ticks from
+    /proc read right then (so a reader can tell a rank from a recycled pid later). Null
+    fields where this process's /proc cannot see the pid (another PID namespace)."""
+    if procs is None:
+        return None
+    out = []
+    for pid, nbytes in procs.items():
+        start, comm = _stat_of(pid, proc)
+        out.append(OomHolder(pid, nbytes, comm, start))
+    return out
+
+
+def _stat_of(pid: int, proc: str) -> tuple[int | None, str | None]:
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None, None
+    start, end = raw.find("("), raw.rfind(")")
+    return parse_stat_start_ticks(raw), (raw[start + 1 : end] if 0 <= start < end else None)
+
+
+def measure(device: int, alloc_size: int, device_total: int, device_free: int) -> Oom:
+    from rankscope.rank import probe  # the probe's cached views (imported: it imported us)
+
+    body = bare(device, alloc_size, device_total, device_free)
+    torch = sys.modules.get("torch")
+    c = getattr(torch, "_C", None)
+    stats: dict[str, Any] | None = None
+    try:
+        stats = c._cuda_memoryStats(device)  # type: ignore[union-attr]
+        body.allocator = allocator_view(stats, None)
+    except Exception as exc:
+        body.allocator = allocator_view(None, f"memory stats failed: {exc!r}")
+    body.pools, body.largest_free_block, body.pools_why = _pools(c, device, stats)
+    try:
+        body.capturing = bool(c._cuda_isCurrentStreamCapturing())  # type: ignore[union-attr]
+    except Exception:
+        body.capturing = None
+    uuid: str | None = None
+    try:
+        uuid = probe.TORCH._uuid(torch.cuda, device)  # type: ignore[union-attr]
+    except Exception as exc:
+        body.device.why = f"device uuid unread: {exc!r}"
+    process = RECORDER.process
+    nvml_index, body.driver, body.nvml = probe.NVML.read(
+        Device(device, uuid), body.device.why, process.pid, process.pidns
+    )
+    body.device.uuid, body.device.nvml_index = uuid, nvml_index
+    body.holders = holders(body.nvml.procs)
+    if STATE.last_phase is None:
+        body.phase_why = "no mark before the OOM"
+    return body
+
+
+def allocator_view(stats: dict[str, Any] | None, why: str | None) -> OomAllocator:
+    """The allocator's own counters at the OOM (a pure function of torch's nested stats)."""
+    if stats is None:
+        return OomAllocator(why=why)
+    return OomAllocator(
+        reserved=_stat(stats, "reserved_bytes"),
+        allocated=_stat(stats, "allocated_bytes"),
+        num_ooms=_int(stats.get("num_ooms")),
+        segments=_stat(stats, "segment"),
+    )
+
+
+def _pools(
+    c: Any, device: int, stats: dict[str, Any] | None
+) -> tuple[dict[str, OomPool] | None, int | None, str | None]:
+    if stats is None:
+        return None, None, "allocator stats unread, so the snapshot size is unknown"
+    blocks = (_stat(stats, "active") or 0) + (_stat(stats, "inactive_split") or 0)
+    segments = _stat(stats, "segment") or 0
+    if blocks + segments > MAX_SNAPSHOT_BLOCKS:
+        return None, None, f"{blocks} blocks: over {MAX_SNAPSHOT_BLOCKS}, too many to walk here"
+    try:
+        if c._cuda_isHistoryEnabled():
+            return None, None, "allocation history is recorded: a snapshot would carry frames"
+        snapshot = c._cuda_memorySnapshot(None)
+    except Exception as exc:
+        return None, None, f"allocator snapshot failed: {exc!r}"
+    pools, largest = pool_summary(snapshot.get("segments") or [], device)
+    return pools, largest, None
+
+
+def pool_summary(
+    segments: list[dict[str, Any]], device: int
+) -> tuple[dict[str, OomPool], int | None]:
+    """(bytes per pool, largest free block) of one device from torch's snapshot segments (a
+    pure function). Pools: ``large`` and ``small`` for the default pools, ``private:A,B`` for
+    a private pool (a CUDA graph's, or a user MemPool) with id (A, B). The largest free block
+    counts inactive blocks of the default pools only: a private pool's free blocks serve only
+    its own graph."""
+    pools: dict[str, OomPool] = {}
+    largest: int | None = None
+    for seg in segments:
+        if seg.get("device") != device:
+            continue
+        pool_id = tuple(seg.get("segment_pool_id") or (0, 0))
+        private = pool_id != (0, 0)
+        name = (
+            f"private:{','.join(str(x) for x in pool_id)}"
+            if private
+            else str(seg.get("segment_type"))
+        )
+        p = pools.setdefault(name, OomPool(0, 0, 0))
+        p.segments = (p.segments or 0) + 1
+        p.reserved = (p.reserved or 0) + int(seg.get("total_size") or 0)
+        p.allocated = (p.allocated or 0) + int(seg.get("allocated_size") or 0)
+        if not private:
+            for block in seg.get("blocks") or ():
+                if block.get("state") == "inactive":
+                    size = int(block.get("size") or 0)
+                    largest = size if largest is None else max(largest, size)
+    return pools, largest
+
+
+def _stat(stats: dict[str, Any], key: str) -> int | None:
+    """torch's nested stats: ``stats[key]["all"]["current"]``; flat ``key.all.current``
+    (torch.cuda.memory_stats) also read."""
+    try:
+        node = stats[key]["all"]["current"]
+    except (KeyError, TypeError):
+        node = stats.get(f"{key}.all.current")
+    return _int(node)
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None

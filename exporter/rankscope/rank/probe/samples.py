@@ -1,0 +1,124 @@
+"""Serving samples: while a rank serves, a bounded-rate record of its allocator view, its
+registered arenas and its bytes on the card, so the KV arena's backed bytes are a time
+series and not only a boot value.
+
+One ``sample`` line (rankscope.record.schema.Sample, stream ``samples``) every RANKSCOPE_SAMPLE_EVERY seconds (default 10;
+0 turns sampling off) holding what a mark measures, without a phase. A daemon thread takes
+them; it is stopped and joined when the main thread finishes, before any atexit handler,
+so it never runs while the interpreter tears torch down. The probe's reads create no CUDA
+context, so a sample before the program's first CUDA call records nulls with their why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from typing import Any
+
+from rankscope.rank.writer import RECORDER
+from rankscope.record import Sample
+
+log = logging.getLogger("rankscope")
+
+ENV_EVERY = "RANKSCOPE_SAMPLE_EVERY"
+DEFAULT_EVERY_S = 10.0
+
+
+def every_from_env(environ: Any = None) -> float:
+    """Seconds between samples; 0 for none. A bad value costs a log line and the default."""
+    raw = str((os.environ if environ is None else environ).get(ENV_EVERY, "")).strip()
+    if not raw:
+        return DEFAULT_EVERY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):  # also NaN
+        log.warning(
+            "rankscope: %s=%r is not a number of seconds >= 0; using %g",
+            ENV_EVERY,
+            raw,
+            DEFAULT_EVERY_S,
+        )
+        return DEFAULT_EVERY_S
+    return value
+
+
+def take() -> Sample | None:
+    """Record one sample now; the sample, or None when disarmed or the reads failed."""
+    if not RECORDER.armed:
+        return None
+    from rankscope.rank import probe
+
+    try:
+        sample = Sample.of(probe._measure("", {}))
+    except Exception as exc:
+        probe._warn_once("sample", f"rankscope: a serving sample failed and was skipped: {exc!r}")
+        return None
+    RECORDER.write_record(sample)
+    return sample
+
+
+class Sampler:
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.taken = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rankscope-samples", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            if take() is not None:
+                self.taken += 1
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+
+_sampler: Sampler | None = None
+
+
+def start(every_s: float | None = None) -> Sampler | None:
+    """Start sampling this process (idempotent); None when disarmed or turned off."""
+    global _sampler
+    if _sampler is not None:
+        return _sampler
+    every_s = every_from_env() if every_s is None else every_s
+    if not RECORDER.armed or every_s <= 0:
+        return None
+    _sampler = Sampler(every_s)
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("threading._register_atexit is missing")
+        # Run in threading._shutdown, ahead of atexit: the thread is gone before teardown.
+        register(stop)
+    except RuntimeError:
+        return None  # the interpreter is already shutting down: no thread now
+    _sampler.start()
+    return _sampler
+
+
+def stop() -> None:
+    global _sampler
+    sampler, _sampler = _sampler, None
+    if sampler is not None:
+        with contextlib.suppress(Exception):
+            sampler.stop()
+
+
+def _after_fork_in_child() -> None:
+    # The thread did not survive the fork; the child starts its own if it is armed again.
+    global _sampler
+    _sampler = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

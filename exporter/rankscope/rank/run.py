@@ -1,0 +1,139 @@
+"""`rankscope run [--dir DIR] [--boot-id ID] [--no-census] [--compare] -- COMMAND [ARGS...]`:
+run COMMAND with every Python process it starts armed (docs/architecture.md, "Zero-touch").
+
+It sets RANKSCOPE_AUTO=1, RANKSCOPE_DIR and one RANKSCOPE_BOOT_ID for the whole run, then
+replaces itself with COMMAND (execvpe): the pid, the exit status, stdout and stderr, the
+signals and the controlling terminal are COMMAND's own, as if rankscope were not there. The
+``rankscope-auto.pth`` that every install puts in site-packages arms each Python process
+that inherits the environment.
+
+Exit status: COMMAND's; 2 for a usage error or a flight directory that cannot be written,
+127 when COMMAND is not found, 126 when it cannot be executed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import site
+import sys
+import tempfile
+from pathlib import Path
+
+from rankscope.rank.writer import ENV_BOOT_ID, ENV_DIR, derived_boot_id
+
+PTH_NAME = "rankscope-auto.pth"
+NOT_FOUND = 127
+NOT_EXECUTABLE = 126
+USAGE = 2
+
+
+def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.description = (
+        "Run COMMAND with every Python process it starts instrumented: the process itself, "
+        "torchrun workers, multiprocessing children, Python subprocesses. Exits with "
+        "COMMAND's status (2: bad usage or an unwritable DIR; 127: COMMAND not found)."
+    )
+    parser.add_argument(
+        "--dir",
+        metavar="DIR",
+        default=os.environ.get(ENV_DIR),
+        help="the flight directory, created if missing (default: $RANKSCOPE_DIR)",
+    )
+    parser.add_argument(
+        "--boot-id",
+        metavar="ID",
+        default=None,
+        help="the boot id every process records under "
+        "(default: $RANKSCOPE_BOOT_ID, else one new id for this run)",
+    )
+    parser.add_argument(
+        "--no-census",
+        action="store_true",
+        help="do not count collectives (RANKSCOPE_CENSUS=0)",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="compare the census across ranks in the job, over a gloo group of rankscope's "
+        "own (RANKSCOPE_COMPARE=1)",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+
+
+def fail(message: str, status: int) -> int:
+    print(f"rankscope run: {message}", file=sys.stderr)
+    return status
+
+
+def writable_dir(path: str) -> str | None:
+    """None when ``path`` is (now) a writable directory, else why not."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def hook_installed() -> bool:
+    """Whether this interpreter's site-packages (or user site) hold the .pth that arms a
+    Python process. A child running another interpreter needs rankscope installed there."""
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return any(Path(d, PTH_NAME).is_file() for d in dirs)
+
+
+def child_environment(
+    environ: dict[str, str], flight_dir: str, boot_id: str | None, census: bool, compare: bool
+) -> dict[str, str]:
+    env = dict(environ)
+    env["RANKSCOPE_AUTO"] = "1"
+    env[ENV_DIR] = str(Path(flight_dir).resolve())
+    env[ENV_BOOT_ID] = boot_id or environ.get(ENV_BOOT_ID) or derived_boot_id(os.getpid())
+    if not census:
+        env["RANKSCOPE_CENSUS"] = "0"
+    if compare:
+        env["RANKSCOPE_COMPARE"] = "1"
+    return env
+
+
+def main(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        return fail("no command given: rankscope run [--dir DIR] -- COMMAND [ARGS...]", USAGE)
+    if not args.dir:
+        return fail("no flight directory: give --dir DIR or set RANKSCOPE_DIR", USAGE)
+    why = writable_dir(args.dir)
+    if why is not None:
+        return fail(f"cannot write the flight directory {args.dir}: {why}", USAGE)
+    env = child_environment(
+        dict(os.environ), args.dir, args.boot_id, census=not args.no_census, compare=args.compare
+    )
+    program = shutil.which(command[0], path=env.get("PATH", os.defpath))
+    if program is None:
+        if os.sep in command[0] and os.path.exists(command[0]):
+            return fail(f"{command[0]}: permission denied", NOT_EXECUTABLE)
+        return fail(f"{command[0]}: command not found", NOT_FOUND)
+    if not hook_installed():
+        print(
+            f"rankscope run: {PTH_NAME} is not in this Python's site-packages, so Python "
+            "processes are not armed; install rankscope with pip (pip install -e . is fine)",
+            file=sys.stderr,
+        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Python ignores SIGPIPE and SIGXFSZ for itself, and an ignored signal survives exec:
+    # give COMMAND the default actions, as subprocess's restore_signals does.
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    try:
+        os.execve(program, command, env)
+    except OSError as exc:
+        return fail(f"{command[0]}: {exc.strerror or exc}", NOT_EXECUTABLE)
+    return NOT_EXECUTABLE  # not reached: execve returns only by raising

@@ -1,0 +1,111 @@
+"""Comparing per-rank counts of one group instance: pure functions over plain dicts.
+
+Shared by the in-process comparison (over gloo) and the reader (``rankscope census``), so
+both name a divergence alike. A key missing on a member rank counts as zero, never drops the
+op. A p2p op pairs the sender's ``send>b`` with the receiver's ``recv<a`` into one channel
+entry ``p2p a>b``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rankscope.record.naming import SEND, Key, channel_name, parse_instance, parse_p2p
+
+try:  # hashlib's own blake2b, without hashlib, which loads OpenSSL's libcrypto (~3.5 MiB
+    # resident) into the daemon (docs/architecture.md, "What the daemon imports")
+    from _blake2 import blake2b
+except ImportError:  # an interpreter built without it
+    from hashlib import blake2b
+
+Entry = dict[str, Any]  # {group, op, counts: {"<rank>": n}, divergent, lagging: [rank]}
+
+
+def members_of(group: str, present: Iterable[int], reporters: Iterable[int]) -> list[int]:
+    """The ranks to compare for ``group``: its named members that reported at all
+    (``present``); for a name without a rank list, the ranks that reported this group."""
+    parsed = parse_instance(group)
+    if parsed is None:
+        return sorted(set(reporters))
+    have = set(present)
+    return [r for r in parsed[1] if r in have]
+
+
+def make_entry(group: str, op: str, counts: Mapping[int, int]) -> Entry:
+    top = max(counts.values()) if counts else 0
+    lagging = sorted(r for r, n in counts.items() if n < top)
+    return {
+        "group": group,
+        "op": op,
+        "counts": {str(r): counts[r] for r in sorted(counts)},
+        "divergent": bool(lagging),
+        "lagging": lagging,
+    }
+
+
+def compare_group(group: str, per_rank: Mapping[int, Mapping[str, int]]) -> list[Entry]:
+    """Entries for every op of one group instance. ``per_rank`` maps each member rank to be
+    compared to its {op: count} for this group (an absent op is zero)."""
+    members = sorted(per_rank)
+    collective_ops: set[str] = set()
+    channels: set[tuple[int, int]] = set()
+    for rank in members:
+        for op in per_rank[rank]:
+            p2p = parse_p2p(op)
+            if p2p is None:
+                collective_ops.add(op)
+            else:
+                kind, peer = p2p
+                channels.add((rank, peer) if kind == SEND else (peer, rank))
+    entries = [
+        make_entry(group, op, {r: per_rank[r].get(op, 0) for r in members})
+        for op in sorted(collective_ops)
+    ]
+    for src, dst in sorted(channels):
+        if src == dst or src not in per_rank or dst not in per_rank:
+            continue  # the other end is not here to compare with
+        counts = {
+            src: per_rank[src].get(f"send>{dst}", 0),
+            dst: per_rank[dst].get(f"recv<{src}", 0),
+        }
+        entries.append(make_entry(group, channel_name(src, dst), counts))
+    return entries
+
+
+def split_by_group(counts: Mapping[Key, int]) -> dict[str, dict[str, int]]:
+    by_group: dict[str, dict[str, int]] = {}
+    for (group, op), n in counts.items():
+        by_group.setdefault(group, {})[op] = n
+    return by_group
+
+
+def compare_ranks(per_rank: Mapping[int, Mapping[Key, int]]) -> list[Entry]:
+    """Entries for every group instance seen among ``per_rank`` (rank -> counts at one
+    round), each compared over its members that are present."""
+    split = {rank: split_by_group(counts) for rank, counts in per_rank.items()}
+    groups = sorted({g for by_group in split.values() for g in by_group})
+    entries: list[Entry] = []
+    for group in groups:
+        reporters = [r for r, by_group in split.items() if group in by_group]
+        members = members_of(group, split, reporters)
+        if len(members) < 2:
+            continue
+        entries.extend(compare_group(group, {r: split[r].get(group, {}) for r in members}))
+    return entries
+
+
+# A digest is published as a Prometheus sample, a float64: integers up to 2**53 are exact.
+DIGEST_BITS = 53
+
+
+def digest(counts: Mapping[str, int]) -> int:
+    """A hash of one group instance's {op: count}, below 2**DIGEST_BITS: equal counts give
+    equal digests on every host and in every process (no salted ``hash()``). Point-to-point
+    ops are left out (a sender's ``send>b`` and a receiver's ``recv<a`` differ by name, not
+    by count), and a zero count is the same as an absent op, as in :func:`compare_group`."""
+    text = "\n".join(
+        f"{op}\t{n}" for op, n in sorted(counts.items()) if n and parse_p2p(op) is None
+    )
+    raw = blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "big") >> (64 - DIGEST_BITS)

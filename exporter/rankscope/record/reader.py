@@ -1,0 +1,360 @@
+"""Reading flight directories: one-shot reads scoped to a boot, and an incremental tail.
+
+A flight directory holds one append-only JSON-lines file per process and stream
+(docs/architecture.md, "The record"). Reading never fails on what a crash leaves behind:
+
+- ``torn``: a line cut short (a crash mid-append); an unterminated last line counts here in
+  a one-shot read, while the tail holds it back until it is completed;
+- ``malformed``: a line that is not a JSON object carrying the record header;
+- ``newer_schema``: a line whose ``v`` is newer than this reader knows; reported (counted),
+  never misread;
+- ``oversized``: a line longer than MAX_LINE_BYTES (a probe line is a few KiB), terminated or
+  not: dropped as it streams, so it never costs more memory than the cap.
+
+Only regular files are read: a symlink (which could point anywhere) or a FIFO, socket or
+device named like a flight file is skipped and logged, and nothing is opened in a way that
+can block. A skipped line is logged with its file, once per file and reason.
+
+Each line is parsed once, here, into its typed record (:mod:`rankscope.record.schema`): readers get
+:class:`rankscope.record.schema.Line` objects, never raw dicts. A value that fails validation (a
+negative or absurd byte count, a non-finite time, a bool where a count belongs) becomes None
+and is counted per field in ``invalid`` (``mark.torch.reserved``); the line is kept.
+
+Records are grouped by process (host, pid, start time), never by rank: under pipeline
+parallelism with TP=1 every process is TP rank 0.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rankscope.record import SCHEMA_VERSION, AnyLine, Bad, parse_object
+
+Record = AnyLine
+
+SKIP_REASONS = ("torn", "malformed", "newer_schema", "oversized")
+FILE_SUFFIX = ".jsonl"
+MAX_LINE_BYTES = 4 << 20  # a mark with a large NVML process map is ~10 KiB
+READ_CHUNK = 1 << 20
+
+log = logging.getLogger("rankscope")
+
+
+class BootNotFoundError(LookupError):
+    """A boot was asked for by name and the directory holds no record of it."""
+
+    def __init__(self, boot: str, known: list[str]) -> None:
+        self.boot = boot
+        self.known = known
+        listed = ", ".join(known) if known else "none"
+        shown = boot if len(boot) <= 80 else boot[:80] + "..."  # never echo a huge query
+        super().__init__(f"no boot {shown!r} in the flight directory (boots recorded: {listed})")
+
+
+def parse_line(raw: bytes, file: str = "", bad: Bad | None = None) -> Record | str | None:
+    """One complete line (without its newline) -> the typed record, or the skip reason, or
+    None for a blank line (the separator a writer adds after a partial write). Fields that
+    failed validation are named in ``bad``."""
+    text = raw.strip()
+    if not text:
+        return None
+    try:
+        obj = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        # A cut-off object still starts like one: that is a torn append, anything else is junk.
+        return "torn" if text.startswith(b"{") and not text.endswith(b"}") else "malformed"
+    if not isinstance(obj, dict):
+        return "malformed"
+    version = obj.get("v")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return "malformed"
+    if version > SCHEMA_VERSION:
+        return "newer_schema"
+    line = parse_object(obj, [] if bad is None else bad, file)
+    return "malformed" if line is None else line
+
+
+def process_key(rec: Record) -> tuple[str, int, int | None]:
+    """The identity of the process that wrote a record: (host, pid, start_ticks)."""
+    return rec.header.process_key
+
+
+def _flight_files(flight_dir: Path) -> list[Path]:
+    try:
+        entries = list(os.scandir(flight_dir))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise OSError(
+            exc.errno, f"cannot list flight directory {flight_dir}: {exc.strerror}"
+        ) from exc
+    files = []
+    for e in entries:
+        if not e.name.endswith(FILE_SUFFIX):
+            continue
+        if e.is_symlink():
+            _warn_once(e.path, "is a symlink; not followed")
+            continue
+        files.append(Path(e.path))
+    return sorted(files)
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(path: str, what: str) -> None:
+    if (path, what) not in _warned:
+        _warned.add((path, what))
+        log.warning("flight file %s %s", path, what)
+
+
+def _open_regular(path: Path) -> int | None:
+    """A descriptor for reading ``path`` if it is a regular file, else None (logged). Opened
+    non-blocking and without following a symlink, so a FIFO renamed in never blocks."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    _warn_once(str(path), "is not a regular file; skipped")
+    return None
+
+
+def _parse_into(
+    chunk: bytes,
+    name: str,
+    records: list[Record],
+    skipped: collections.Counter[str],
+    invalid: collections.Counter[str],
+) -> None:
+    bad: Bad = []
+    for raw in chunk.split(b"\n"):
+        parsed = parse_line(raw, name, bad) if len(raw) <= MAX_LINE_BYTES else "oversized"
+        if parsed is None:
+            continue
+        if isinstance(parsed, str):
+            skipped[parsed] += 1
+            _warn_once(name, f"has {parsed} lines; skipped and counted")
+            continue
+        records.append(parsed)
+    invalid.update(bad)
+
+
+# --- the incremental tail -----------------------------------------------------------------
+
+
+@dataclass
+class _Tail:
+    inode: int
+    offset: int = 0  # bytes consumed: everything before it was parsed
+    pending: bytes = b""  # an unterminated last line, held back until its newline arrives
+    oversized: bool = False  # inside a line past MAX_LINE_BYTES: dropped up to its newline
+
+
+class FlightReader:
+    """Incremental tail of a flight directory; the daemon polls it.
+
+    Each poll returns the complete, valid lines appended since the previous poll, from every
+    file, files that appeared since included. A file replaced in place (new inode, or shorter
+    than what was read) is read again from its start, and named in ``restarted`` after that
+    poll so that a reader holding its earlier records drops them first.
+    """
+
+    def __init__(self, flight_dir: str | os.PathLike[str]) -> None:
+        self.flight_dir = Path(flight_dir)
+        self.skipped: collections.Counter[str] = collections.Counter()
+        self.invalid: collections.Counter[str] = collections.Counter()  # per field name
+        self.restarted: set[str] = set()
+        self.backlog = 0  # bytes left unread by the last poll (past its budget)
+        self._tails: dict[str, _Tail] = {}
+
+    def poll(self, budget: int | None = None) -> list[Record]:
+        """The lines appended since the last poll; with ``budget``, at most that many bytes
+        are read (a line cut at the budget is completed by the next poll), the rest is left
+        for the next poll and counted in ``backlog``."""
+        records: list[Record] = []
+        present: set[str] = set()
+        self.restarted = set()
+        left = budget if budget is not None else -1
+        self.backlog = 0
+        for path in _flight_files(self.flight_dir):
+            name = path.name
+            present.add(name)
+            try:
+                if left == 0:
+                    self.backlog += self._unread(path)
+                    continue
+                read = self._poll_file(path, records, left)
+                if left > 0:
+                    left = max(left - read, 0)
+                    if left == 0:
+                        self.backlog += self._unread(path)
+            except FileNotFoundError:  # removed between the listing and the open
+                present.discard(name)
+        for gone in set(self._tails) - present:
+            del self._tails[gone]
+        return records
+
+    def _unread(self, path: Path) -> int:
+        """Bytes of ``path`` not read yet (what a budgeted poll left for later)."""
+        st = path.lstat()
+        tail = self._tails.get(path.name)
+        if tail is None or tail.inode != st.st_ino or st.st_size < tail.offset:
+            return st.st_size
+        return st.st_size - tail.offset
+
+    def _poll_file(self, path: Path, records: list[Record], budget: int = -1) -> int:
+        """Read what ``path`` appended (at most ``budget`` bytes when not negative); the
+        bytes read."""
+        fd = _open_regular(path)
+        if fd is None:
+            return 0
+        with open(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            tail = self._tails.get(path.name)
+            if tail is None or tail.inode != st.st_ino or st.st_size < tail.offset:
+                if tail is not None:
+                    self.restarted.add(path.name)
+                tail = self._tails[path.name] = _Tail(inode=st.st_ino)
+            f.seek(tail.offset)
+            # Read what was appended in bounded chunks: memory stays within the cap
+            # whatever one poll finds (a giant line is dropped as it streams).
+            read = 0
+            while tail.offset < st.st_size and (budget < 0 or read < budget):
+                want = min(st.st_size - tail.offset, READ_CHUNK)
+                data = f.read(want if budget < 0 else min(want, budget - read))
+                if not data:
+                    break
+                tail.offset += len(data)
+                read += len(data)
+                self._take(tail, data, path.name, records)
+            return read
+
+    def _take(self, tail: _Tail, data: bytes, name: str, records: list[Record]) -> None:
+        if tail.oversized:  # the rest of a dropped line, up to its newline
+            end = data.find(b"\n")
+            if end < 0:
+                return
+            data, tail.oversized = data[end + 1 :], False
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            tail.pending += data
+        else:
+            _parse_into(tail.pending + data[:cut], name, records, self.skipped, self.invalid)
+            tail.pending = data[cut + 1 :]
+        if len(tail.pending) > MAX_LINE_BYTES:
+            self.skipped["oversized"] += 1
+            _warn_once(name, "has oversized lines; skipped and counted")
+            tail.pending, tail.oversized = b"", True
+
+
+# --- one-shot reads -----------------------------------------------------------------------
+
+
+@dataclass
+class BootSummary:
+    boot: str
+    first_wall: float
+    last_wall: float
+    processes: int
+    ranks: list[int]
+    latest: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "boot": self.boot,
+            "first_wall": self.first_wall,
+            "last_wall": self.last_wall,
+            "processes": self.processes,
+            "ranks": self.ranks,
+            "latest": self.latest,
+        }
+
+
+@dataclass
+class Flight:
+    records: list[Record]  # of the selected boot(s), in file order per process
+    boots: list[BootSummary]  # every boot in the directory, oldest first
+    boot: str | None  # the selected boot (None when all_boots or the directory is empty)
+    skipped: collections.Counter[str] = field(default_factory=collections.Counter)
+    invalid: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+def summarize_boots(records: Iterable[Record]) -> list[BootSummary]:
+    """Every boot among ``records``, oldest first (by its first record's wall time)."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    procs: dict[str, set[tuple[str, int, int | None]]] = collections.defaultdict(set)
+    ranks: dict[str, set[int]] = collections.defaultdict(set)
+    for rec in records:
+        h = rec.header
+        boot, wall = h.boot, h.wall
+        first[boot] = min(first.get(boot, wall), wall)
+        last[boot] = max(last.get(boot, wall), wall)
+        procs[boot].add(h.process_key)
+        if h.rank is not None:
+            ranks[boot].add(h.rank)
+    order = sorted(first, key=lambda b: (first[b], b))
+    newest = order[-1] if order else None
+    return [
+        BootSummary(
+            boot=b,
+            first_wall=first[b],
+            last_wall=last[b],
+            processes=len(procs[b]),
+            ranks=sorted(ranks[b]),
+            latest=b == newest,
+        )
+        for b in order
+    ]
+
+
+def read_flight(
+    flight_dir: str | os.PathLike[str], *, boot: str | None = None, all_boots: bool = False
+) -> Flight:
+    """Read a flight directory once: the latest boot by default, a named boot on request
+    (BootNotFoundError when absent), every boot only with ``all_boots``."""
+    if boot is not None and all_boots:
+        raise ValueError("read_flight: pass either boot= or all_boots=True, not both")
+    root = Path(flight_dir)
+    if not root.exists():
+        raise FileNotFoundError(f"flight directory {root} does not exist")
+    if not root.is_dir():
+        raise NotADirectoryError(f"flight directory {root} is not a directory")
+    records: list[Record] = []
+    skipped: collections.Counter[str] = collections.Counter()
+    invalid: collections.Counter[str] = collections.Counter()
+    for path in _flight_files(root):
+        try:
+            fd = _open_regular(path)
+            if fd is None:
+                continue
+            with open(fd, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot read flight file {path}: {exc.strerror}") from exc
+        cut = data.rfind(b"\n")
+        _parse_into(data[: cut + 1], path.name, records, skipped, invalid)
+        if data[cut + 1 :].strip():
+            # No newline: the append never finished, whatever the bytes happen to parse as.
+            skipped["torn"] += 1
+    boots = summarize_boots(records)
+    if all_boots:
+        return Flight(records=records, boots=boots, boot=None, skipped=skipped, invalid=invalid)
+    if boot is None:
+        selected = boots[-1].boot if boots else None
+    else:
+        if boot not in {b.boot for b in boots}:
+            raise BootNotFoundError(boot, [b.boot for b in boots])
+        selected = boot
+    chosen = [r for r in records if r.header.boot == selected]
+    return Flight(records=chosen, boots=boots, boot=selected, skipped=skipped, invalid=invalid)

@@ -1,0 +1,251 @@
+"""The ledger: where each process's VRAM went between its marks, and each card's identity.
+
+Pure functions over flight records (rankscope.record.reader), shared by `rankscope phases`, the
+daemon's /api/v1/phases and the status page:
+
+- posts: the signed change between consecutive marks of one process and runner, per view
+  (allocator reserved, allocator allocated, the card's used memory from the driver, this
+  process's NVML bytes, the non-torch residue). Never across a boot seam or a change of
+  card; a phase that target and draft both run is kept apart by runner.
+- card identity at each mark: total = rank_resident + foreign + free + unattributed, where
+  rank_resident is the NVML bytes of the boot's processes on the card, foreign the bytes of
+  every other pid in the mark's pid map, and unattributed the signed remainder; its drift
+  (the change of unattributed since the card's first mark in the boot) is reported.
+
+Bytes are integers; an unmeasured quantity is None, never 0.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rankscope.procfs import HOST_PIDNS_INODE
+from rankscope.record import Line, Mark, of_kind
+from rankscope.record.reader import SKIP_REASONS, Flight, Record
+
+MiB = 1 << 20
+
+MarkLine = Line[Mark]
+
+# view name -> how to read it from a mark
+VIEWS: dict[str, Callable[[Mark], int | None]] = {
+    "allocator": lambda m: m.torch.reserved,
+    "allocated": lambda m: m.torch.allocated,
+    "driver": lambda m: m.driver.used,
+    "process": lambda m: m.nvml.self_bytes,
+    "non_torch": lambda m: m.derived.non_torch,
+}
+
+HostPid = Callable[[Record], "int | None"]
+
+
+def _delta(before: int | None, after: int | None) -> int | None:
+    return after - before if before is not None and after is not None else None
+
+
+def marks_of(records: Iterable[Record]) -> list[MarkLine]:
+    return of_kind(records, Mark)
+
+
+def host_pid(rec: Record) -> int | None:
+    """The pid NVML lists for the process that wrote ``rec``, where the record alone tells:
+    a process in the host PID namespace. (The daemon, with the host's /proc, resolves the
+    others and passes its own resolver.)"""
+    h = rec.header
+    return h.pid if h.pidns == HOST_PIDNS_INODE else None
+
+
+# --- posts ----------------------------------------------------------------------------------
+
+
+def posts(records: Iterable[Record]) -> list[dict[str, Any]]:
+    """Posts between consecutive marks of the same (boot, process, runner), in mark order."""
+    last: dict[tuple[Any, ...], MarkLine] = {}
+    out: list[dict[str, Any]] = []
+    for line in marks_of(records):
+        h, mark = line.header, line.body
+        key = (h.boot, *h.process_key, h.runner)
+        previous = last.get(key)
+        last[key] = line
+        if previous is None:
+            continue
+        before = previous.body
+        card = mark.device.uuid
+        if before.device.uuid is not None and card is not None and before.device.uuid != card:
+            continue  # the process moved to another card: a seam, not a post
+        out.append(
+            {
+                "boot": h.boot,
+                "host": h.host,
+                "pid": h.pid,
+                "start_ticks": h.start_ticks,
+                "rank": h.rank,
+                "tp_rank": h.tp_rank,
+                "pp_rank": h.pp_rank,
+                "runner": h.runner,
+                "post": f"{before.phase}->{mark.phase}",
+                "since": before.phase,
+                "phase": mark.phase,
+                "wall": h.wall,
+                "seconds": h.wall - previous.header.wall,
+                "uuid": card,
+                "gpu": mark.device.nvml_index,
+                "views": {name: _delta(read(before), read(mark)) for name, read in VIEWS.items()},
+            }
+        )
+    return out
+
+
+# --- per-card identity ----------------------------------------------------------------------
+
+
+def card_identities(
+    records: Iterable[Record], resolve_host_pid: HostPid = host_pid
+) -> list[dict[str, Any]]:
+    """One identity per card, per mark that measured the card, in time order.
+
+    The boot's processes are every process with a record among ``records`` (marks or census),
+    identified on the card by ``resolve_host_pid``. A pid map entry of unknown size makes the
+    sum it belongs to unknown.
+    """
+    records = list(records)
+    boot_pids: set[int] = set()
+    unresolved = 0
+    for rec in {r.header.process_key: r for r in records}.values():
+        pid = resolve_host_pid(rec)
+        if pid is None:
+            unresolved += 1
+        else:
+            boot_pids.add(pid)
+    by_card: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    baseline: dict[str, int] = {}  # each card's first measured unattributed bytes
+    for line in sorted(marks_of(records), key=lambda m: m.header.wall):
+        h, mark = line.header, line.body
+        card = mark.device.uuid
+        free, total, procs = mark.driver.free, mark.driver.total, mark.nvml.procs
+        if card is None or free is None or total is None or procs is None:
+            continue
+        rank_resident: int | None = 0
+        foreign: int | None = 0
+        foreign_pids: dict[str, int | None] = {}
+        for pid, size in procs.items():
+            if pid in boot_pids:
+                rank_resident = (
+                    None if rank_resident is None or size is None else rank_resident + size
+                )
+            else:
+                foreign_pids[str(pid)] = size
+                foreign = None if foreign is None or size is None else foreign + size
+        unattributed = (
+            total - rank_resident - foreign - free
+            if rank_resident is not None and foreign is not None
+            else None
+        )
+        if unattributed is not None:
+            baseline.setdefault(card, unattributed)
+        by_card[card].append(
+            {
+                "phase": mark.phase,
+                "runner": h.runner,
+                "pid": h.pid,
+                "rank": h.rank,
+                "wall": h.wall,
+                "gpu": mark.device.nvml_index,
+                "total": total,
+                "free": free,
+                "rank_resident": rank_resident,
+                "foreign": foreign,
+                "unattributed": unattributed,
+                "drift": _delta(baseline.get(card), unattributed),
+                "foreign_pids": foreign_pids,
+                "unresolved_processes": unresolved,
+            }
+        )
+    cards = [
+        {"uuid": card, "gpu": rows[-1]["gpu"], "identities": rows} for card, rows in by_card.items()
+    ]
+    return sorted(cards, key=lambda c: (c["gpu"] is None, c["gpu"] or 0, c["uuid"]))
+
+
+# --- the phases document (rankscope phases --json, GET /api/v1/phases) -----------------------
+
+
+def _mark_row(line: MarkLine) -> dict[str, Any]:
+    h, mark = line.header, line.body
+    torch, driver, derived = mark.torch, mark.driver, mark.derived
+    return {
+        "phase": mark.phase,
+        "runner": h.runner,
+        "wall": h.wall,
+        "uuid": mark.device.uuid,
+        "gpu": mark.device.nvml_index,
+        "reserved": torch.reserved,
+        "allocated": torch.allocated,
+        "peak_allocated": torch.peak_allocated,
+        "num_alloc_retries": torch.num_alloc_retries,
+        "num_ooms": torch.num_ooms,
+        "free": driver.free,
+        "total": driver.total,
+        "process_bytes": mark.nvml.self_bytes,
+        "non_torch": derived.non_torch,
+        "non_torch_measured": derived.non_torch_measured,
+        "unbacked_reservation": derived.unbacked_reservation,
+        "arenas": {name: arena.to_json() for name, arena in mark.arenas.items()},
+        "why": _whys(mark),
+        "extra": mark.extra,
+    }
+
+
+def _whys(mark: Mark) -> dict[str, str]:
+    sections = {
+        "device": mark.device.why,
+        "torch": mark.torch.why,
+        "driver": mark.driver.why,
+        "nvml": mark.nvml.why,
+    }
+    return {section: why for section, why in sections.items() if why is not None}
+
+
+def phases_document(flight: Flight, resolve_host_pid: HostPid = host_pid) -> dict[str, Any]:
+    """What `rankscope phases --json` prints and /api/v1/phases returns (docs/probe.md)."""
+    marks = marks_of(flight.records)
+    all_posts = posts(marks)
+    posts_by_process: dict[tuple[str, int, int | None], list[dict[str, Any]]] = (
+        collections.defaultdict(list)
+    )
+    for post in all_posts:
+        posts_by_process[(post["host"], post["pid"], post["start_ticks"])].append(post)
+    processes: dict[tuple[str, int, int | None], dict[str, Any]] = {}
+    for line in marks:
+        h = line.header
+        key = h.process_key
+        entry = processes.get(key)
+        if entry is None:
+            entry = processes[key] = {
+                "boot": h.boot,
+                "host": h.host,
+                "pid": h.pid,
+                "start_ticks": h.start_ticks,
+                "rank": h.rank,
+                "local_rank": h.local_rank,
+                "world_size": h.world_size,
+                "tp_rank": h.tp_rank,
+                "pp_rank": h.pp_rank,
+                "nspid": list(h.nspid) if h.nspid is not None else None,
+                "pidns": h.pidns,
+                "marks": [],
+                "posts": posts_by_process.get(key, []),
+            }
+        entry["marks"].append(_mark_row(line))
+    ordered = sorted(
+        processes.values(),
+        key=lambda p: (p["rank"] is None, p["rank"] or 0, p["host"], p["pid"]),
+    )
+    return {
+        "boot": flight.boot,
+        "skipped": {reason: flight.skipped.get(reason, 0) for reason in SKIP_REASONS},
+        "processes": ordered,
+        "cards": card_identities(flight.records, resolve_host_pid),
+    }

@@ -1,0 +1,324 @@
+"""Reading ``oom`` lines: the OOM instants the probe's observer recorded (rankscope.rank.probe.oom),
+parsed once into :class:`OomEvent`, with every holder of the card named: a rank of a boot
+(matched by pid and start ticks against the records of every process in the flight
+directory) or foreign.
+
+Used by ``rankscope oom DIR`` and by the daemon (/api/v1/oom, rankscope_oom_events_total).
+:class:`SamplerOom` is the reading side of the daemon's other source, the OOM instants its
+sampler saw (/api/v1/oom's ``source: "sampler"`` entries), which live in the daemon, not in
+the flight directory (docs/architecture.md, "Sampler-seen OOMs").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from rankscope.record import Line, Oom, of_kind
+from rankscope.record.reader import BootSummary, Record
+from rankscope.reports.ledger import host_pid
+
+ROLE_RANK = "rank"
+ROLE_FOREIGN = "foreign"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class OomHolder:
+    """One process on the card at the OOM instant, largest first in an event."""
+
+    pid: int
+    bytes: int | None
+    comm: str | None
+    start_ticks: int | None
+    role: str  # rank or foreign
+    boot: str | None
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class OomEvent:
+    """One OOM instant. Bytes as integers; null where unmeasured."""
+
+    wall: float
+    boot: str
+    rank: int | None
+    pid: int  # as the failing process saw itself
+    host_pid: int | None  # as NVML lists it, where known
+    start_ticks: int | None
+    gpu: int | None  # NVML index
+    uuid: str | None
+    requested: int | None  # the segment size the allocator failed to get
+    free: int | None  # free bytes at the instant (torch's cudaMemGetInfo)
+    total: int | None  # NVML's total, else torch's limit
+    reserved: int | None  # the allocator's reserved bytes
+    allocated: int | None
+    largest_free_block: int | None
+    pools: dict[str, dict[str, int | None]] | None
+    phase: str | None
+    capturing: bool | None
+    holders: tuple[OomHolder, ...]
+    why: tuple[str, ...]  # every read that failed, and why
+
+    def as_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["holders"] = [asdict(h) for h in self.holders]
+        doc["why"] = list(self.why)
+        return doc
+
+
+RankNamer = Callable[[int, int | None], tuple[str, int | None] | None]
+HostPid = Callable[[Record], int | None]
+
+
+def rank_namer(records: Iterable[Record], resolve: HostPid = host_pid) -> RankNamer:
+    """(host pid, start ticks) -> (boot, rank) of the process whose records say it is that
+    process, or None (foreign). A pid without start ticks never matches: it may be recycled."""
+    index: dict[tuple[int, int], tuple[str, int | None]] = {}
+    for rec in records:
+        start, pid = rec.header.start_ticks, resolve(rec)
+        if start is not None and pid is not None:
+            index.setdefault((pid, start), (rec.header.boot, rec.header.rank))
+
+    def name(pid: int, start: int | None) -> tuple[str, int | None] | None:
+        return index.get((pid, start)) if start is not None else None
+
+    return name
+
+
+def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> OomEvent:
+    """An ``oom`` line -> the event, holders named by ``name``."""
+    h, body = line.header, line.body
+    parts = {
+        "device": body.device.why,
+        "allocator": body.allocator.why,
+        "driver": body.driver.why,
+        "nvml": body.nvml.why,
+        "pools": body.pools_why,
+        "phase": body.phase_why,
+        "measure": body.why,
+    }
+    whys = tuple(f"{what}: {why}" for what, why in parts.items() if why is not None)
+    holders = []
+    for held in body.holders or ():
+        named = name(held.pid, held.start_ticks)
+        holders.append(
+            OomHolder(
+                pid=held.pid,
+                bytes=held.bytes,
+                comm=held.comm,
+                start_ticks=held.start_ticks,
+                role=ROLE_RANK if named else ROLE_FOREIGN,
+                boot=named[0] if named else None,
+                rank=named[1] if named else None,
+            )
+        )
+    holders.sort(key=lambda x: (x.bytes is None, -(x.bytes or 0), x.pid))
+    pools = None
+    if body.pools is not None:
+        pools = {n: p.to_json() for n, p in body.pools.items()}
+    return OomEvent(
+        wall=h.wall,
+        boot=h.boot,
+        rank=h.rank,
+        pid=h.pid,
+        host_pid=resolve(line),
+        start_ticks=h.start_ticks,
+        gpu=body.device.nvml_index,
+        uuid=body.device.uuid,
+        requested=body.requested,
+        free=body.torch_free,
+        total=body.driver.total if body.driver.total is not None else body.torch_limit,
+        reserved=body.allocator.reserved,
+        allocated=body.allocator.allocated,
+        largest_free_block=body.largest_free_block,
+        pools=pools,
+        phase=body.phase,
+        capturing=body.capturing,
+        holders=tuple(holders),
+        why=whys,
+    )
+
+
+def oom_events(
+    records: Sequence[Record],
+    every_record: Iterable[Record] | None = None,
+    resolve: HostPid = host_pid,
+    namer: RankNamer | None = None,
+) -> list[OomEvent]:
+    """The OOM events among ``records``, oldest first; holders named by ``namer``, else
+    against ``every_record`` (default: ``records`` themselves), host pids found by
+    ``resolve``."""
+    name = namer or rank_namer(records if every_record is None else every_record, resolve)
+    events = [parse_oom(line, name, resolve) for line in of_kind(records, Oom)]
+    events.sort(key=lambda e: e.wall)
+    return events
+
+
+def holding_entry(
+    pid: int | None,
+    comm: str | None,
+    held: int | None,
+    role: str,
+    boot: str | None,
+    rank: int | None,
+) -> dict[str, Any]:
+    """A process's holding of a card as the daemon's API writes it (/api/v1/cards and the
+    holders of /api/v1/oom): one form for the daemon (Holding) and `rankscope oom --json`."""
+    return {"pid": pid, "comm": comm, "bytes": held, "role": role, "boot": boot, "rank": rank}
+
+
+def sampler_entry(
+    *,
+    wall: float,
+    gpu: int | None,
+    uuid: str | None,
+    free: int | None,
+    onset_wall: float | None,
+    onset_free: int | None,
+    holders: list[dict[str, Any]] | None,
+    why: list[str],
+) -> dict[str, Any]:
+    """An /api/v1/oom entry of the daemon's sampler: one form for the daemon
+    (rankscope.daemon.oom.Exhaustion) and `rankscope oom --json` (SamplerOom). The fields
+    of a rank's OOM it cannot know are null."""
+    return {
+        "source": "sampler",
+        "wall": wall,
+        "gpu": gpu,
+        "uuid": uuid,
+        "boot": None,
+        "rank": None,
+        "pid": None,
+        "requested": None,
+        "free": free,
+        "onset_wall": onset_wall,
+        "onset_free": onset_free,
+        "holders": holders,
+        "why": why,
+    }
+
+
+@dataclass(frozen=True)
+class SamplerOom:
+    """An OOM instant the daemon's corridor sampler saw (the card's free memory at or below
+    --oom.free-below) where no rank's allocator reported one: an entry of /api/v1/oom with
+    ``source: "sampler"``, as rankscope.daemon.oom.Exhaustion.as_json writes it."""
+
+    wall: float  # the worst instant of the exhaustion
+    gpu: int | None
+    uuid: str | None
+    free: int | None  # free bytes at the worst instant
+    onset_wall: float | None
+    onset_free: int | None
+    holders: tuple[OomHolder, ...] | None  # read once, at the onset; None when unread
+    why: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """The entry as the daemon serves it: `rankscope oom --json` prints the API's own
+        form, not a second one."""
+        holders = self.holders
+        return sampler_entry(
+            wall=self.wall,
+            gpu=self.gpu,
+            uuid=self.uuid,
+            free=self.free,
+            onset_wall=self.onset_wall,
+            onset_free=self.onset_free,
+            holders=None
+            if holders is None
+            else [holding_entry(h.pid, h.comm, h.bytes, h.role, h.boot, h.rank) for h in holders],
+            why=list(self.why),
+        )
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> SamplerOom:
+        """One API entry -> the instant; ValueError naming the first field that is wrong."""
+        raw_holders = obj.get("holders")
+        holders = None
+        if raw_holders is not None:
+            holders = tuple(_sampler_holder(h) for h in _of(raw_holders, list, "holders"))
+        why = _of(obj.get("why") or [], list, "why")
+        return cls(
+            wall=_number(obj.get("wall"), "wall"),
+            gpu=_opt(obj.get("gpu"), int, "gpu"),
+            uuid=_opt(obj.get("uuid"), str, "uuid"),
+            free=_opt(obj.get("free"), int, "free"),
+            onset_wall=_opt_number(obj.get("onset_wall"), "onset_wall"),
+            onset_free=_opt(obj.get("onset_free"), int, "onset_free"),
+            holders=holders,
+            why=tuple(_of(w, str, "why") for w in why),
+        )
+
+
+def _sampler_holder(obj: Any) -> OomHolder:
+    h = _of(obj, dict, "holders")
+    role = _of(h.get("role"), str, "holders.role")
+    if role not in (ROLE_RANK, ROLE_FOREIGN):
+        raise ValueError(f"holders.role: {role!r}")
+    return OomHolder(
+        pid=_of(h.get("pid"), int, "holders.pid"),
+        bytes=_opt(h.get("bytes"), int, "holders.bytes"),
+        comm=_opt(h.get("comm"), str, "holders.comm"),
+        start_ticks=None,  # the sampler matched ranks through /proc; it keeps no start ticks
+        role=role,
+        boot=_opt(h.get("boot"), str, "holders.boot"),
+        rank=_opt(h.get("rank"), int, "holders.rank"),
+    )
+
+
+def _of(value: Any, kind: type[T], name: str) -> T:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{name}: {value!r}")
+    return value
+
+
+def _opt(value: Any, kind: type[T], name: str) -> T | None:
+    return None if value is None else _of(value, kind, name)
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: {value!r}")
+    return float(value)
+
+
+def _opt_number(value: Any, name: str) -> float | None:
+    return None if value is None else _number(value, name)
+
+
+def sampler_ooms_of_boot(
+    ooms: Iterable[SamplerOom], boots: Sequence[BootSummary], boot: str | None
+) -> list[SamplerOom]:
+    """The sampler's OOMs while ``boot`` was the newest: from its first record to the next
+    boot's first (the newest boot's window stays open: a rank killed by the OOM writes
+    nothing after it). Every one when no boot is chosen."""
+    chosen = [i for i, b in enumerate(boots) if b.boot == boot]
+    if not chosen:
+        return sorted(ooms, key=lambda o: o.wall)
+    i = chosen[0]
+    begin = boots[i].first_wall
+    end = boots[i + 1].first_wall if i + 1 < len(boots) else float("inf")
+    return sorted((o for o in ooms if begin <= o.wall < end), key=lambda o: o.wall)
+
+
+def sampler_ooms_of_page(doc: Any) -> tuple[list[SamplerOom], list[str], str | None]:
+    """One answer of /api/v1/oom -> its sampler entries, why each entry that could not be
+    read was skipped, and the path of the next page (None on the last). ValueError for an
+    answer that is not the API's, or one that says the daemon records no OOM."""
+    body = _of(doc, dict, "answer")
+    why = body.get("why")
+    if isinstance(why, str):  # the daemon watches for no OOM: say so, not "none recorded"
+        raise ValueError(f"the daemon records no OOM: {why}")
+    entries = _of(body.get("ooms"), list, "ooms")
+    page = _opt(body.get("page"), dict, "page") or {}
+    ooms: list[SamplerOom] = []
+    skipped: list[str] = []
+    for entry in entries:
+        try:
+            if _of(entry, dict, "ooms[]").get("source") == "sampler":  # a probe's is in DIR
+                ooms.append(SamplerOom.parse(entry))
+        except ValueError as exc:
+            skipped.append(str(exc))
+    return ooms, skipped, _opt(page.get("next"), str, "page.next")

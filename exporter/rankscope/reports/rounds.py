@@ -1,0 +1,73 @@
+"""A group instance's latest common round: the newest census round at which every member
+rank has a snapshot, and the comparison of the members' counts there (docs/census.md, "The
+latest common round"). The one rule of the daemon's census collector and of ``rankscope
+census``: pure, typed snapshots in, one :class:`GroupRound` per group instance out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rankscope.record import Census
+from rankscope.record.compare import Entry, compare_group, members_of, split_by_group
+
+History = Mapping[int, Mapping[int, Census]]  # rank -> round -> that rank's snapshot
+
+
+class SnapshotsByRank:
+    """Each rank's snapshots by round, split by group only where read: a rank far behind
+    keeps every other rank's history long, and the daemon reads it at every scrape."""
+
+    def __init__(self, history: History) -> None:
+        self.by_rank = {rank: snaps for rank, snaps in history.items() if snaps}
+        self._split: dict[tuple[int, int], dict[str, dict[str, int]]] = {}
+
+    def groups_at(self, rank: int, round_: int) -> dict[str, dict[str, int]]:
+        """``rank``'s counts at ``round_`` as {group: {op: n}}."""
+        key = (rank, round_)
+        split = self._split.get(key)
+        if split is None:
+            split = self._split[key] = split_by_group(self.by_rank[rank][round_].counts or {})
+        return split
+
+
+@dataclass(frozen=True)
+class GroupRound:
+    """One group instance: the ranks compared, the rounds all of them have a snapshot of
+    (ascending; none when they share no round), each member's {op: n} at the latest of those
+    rounds, and the comparison there (none for a lone member: nobody to compare with)."""
+
+    group: str
+    members: tuple[int, ...]
+    rounds: tuple[int, ...]
+    ops: dict[int, dict[str, int]]
+    entries: list[Entry]
+
+    @property
+    def round(self) -> int | None:
+        """The latest common round, or None when the members share no round."""
+        return self.rounds[-1] if self.rounds else None
+
+
+def group_rounds(snapshots: SnapshotsByRank) -> list[GroupRound]:
+    """Every group instance named in some rank's latest snapshot, by name. A process's
+    counts only grow, so its latest snapshot names every group it ever counted; reading only
+    that one (and the rounds compared) keeps the daemon's scrape from splitting every
+    stored snapshot."""
+    by_rank = snapshots.by_rank
+    latest = {rank: snapshots.groups_at(rank, max(snaps)) for rank, snaps in by_rank.items()}
+    out: list[GroupRound] = []
+    for group in sorted({g for by_group in latest.values() for g in by_group}):
+        reporters = [rank for rank, by_group in latest.items() if group in by_group]
+        members = members_of(group, by_rank, reporters)
+        common = set.intersection(*(set(by_rank[m]) for m in members)) if members else set()
+        rounds = tuple(sorted(common))
+        ops = (
+            {m: snapshots.groups_at(m, rounds[-1]).get(group, {}) for m in members}
+            if rounds
+            else {}
+        )
+        entries = compare_group(group, ops) if len(ops) > 1 else []
+        out.append(GroupRound(group, tuple(members), rounds, ops, entries))
+    return out

@@ -1,0 +1,222 @@
+"""The /metrics encoders (rankscope.daemon.exposition) held to client_python's own: the text
+format byte for byte for every kind of family and for the daemon's real registry, the same
+format chosen for each Accept header, and the catalog's names legal without any escaping.
+And prometheus_client loaded by parts by the serve command (rankscope.daemon.cli): the daemon
+never imports its exposition module (http.server, urllib.request, ssl), a later user of the
+whole package still gets all of it, and other importers of rankscope.daemon get the package
+as every user does."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import exposition as client
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+    SummaryMetricFamily,
+    UnknownMetricFamily,
+    UntypedMetricFamily,
+)
+from prometheus_client.registry import CollectorRegistry
+from tests.daemon.test_daemon_flightstate import census, mark, rank_recorder
+
+from rankscope import catalog
+from rankscope.daemon import cli, exposition
+from rankscope.record import MarkArena
+
+
+class Fixed:
+    """A collector that yields the same families at each scrape."""
+
+    def __init__(self, *families: Metric) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def every_kind() -> CollectorRegistry:
+    """One family of each kind client_python builds, with the values and label values that
+    need care: escapes, non-ASCII, NaN, infinities, Go's exponent form, timestamps."""
+    gauge = GaugeMetricFamily("g_bytes", 'help \\ with "quotes"\nand a newline', labels=["b", "a"])
+    gauge.add_metric(['quote " backslash \\ newline \n', "ünïcode ✓"], 1.5)
+    gauge.add_metric(["nan", ""], float("nan"), timestamp=1234.5678)
+    gauge.add_metric(["inf", "-"], float("inf"))
+    gauge.add_metric(["-inf", "-"], float("-inf"))
+    gauge.add_metric(["big", "-"], 123456789012.0)
+    gauge.add_metric(["small", "-"], 1e-9)
+    bare = GaugeMetricFamily("bare", "no labels", value=-0.0)
+    counter = CounterMetricFamily("c", "a counter", labels=["k"])
+    counter.add_metric(["v"], 3, created=1700000000.25)
+    counter.add_metric(["w"], 4)
+    summary = SummaryMetricFamily("s_seconds", "a summary", labels=["k"])
+    summary.add_metric(["v"], count_value=2, sum_value=0.25)
+    histogram = HistogramMetricFamily("h", "a histogram", labels=["k"])
+    histogram.add_metric(["v"], [("0.5", 1), ("+Inf", 3)], sum_value=2.5)
+    information = InfoMetricFamily("build", "an info", labels=["k"])
+    information.add_metric(["v"], {"version": "1.2.3"})
+    stateset = StateSetMetricFamily("state", "a state set", labels=["k"])
+    stateset.add_metric(["v"], {"up": True, "down": False})
+    gauge_histogram = GaugeHistogramMetricFamily("gh", "a gauge histogram", labels=["k"])
+    gauge_histogram.add_metric(["v"], [("1", 2), ("+Inf", 4)], gsum_value=5)
+    unknown = UnknownMetricFamily("u", "unknown", labels=["k"])
+    unknown.add_metric(["v"], 7)
+    untyped = UntypedMetricFamily("t", "untyped", value=8)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed(gauge, bare, counter, summary, histogram, information, stateset))
+    registry.register(Fixed(gauge_histogram, unknown, untyped))
+    return registry
+
+
+def test_the_text_format_is_client_pythons_byte_for_byte_for_every_kind() -> None:
+    registry = every_kind()
+    ours = exposition.generate_text(registry)
+    assert ours == client.generate_latest(registry)
+    assert b"_created" in ours and b"_gsum" in ours and b"\\n" in ours  # the cases are there
+
+
+def daemon_registry(flight_dir: Path, tmp_path: Path) -> CollectorRegistry:
+    """The registry of a daemon built from its flags over a flight directory with marks,
+    arenas, a census and a divergence, with one simulated card held by this process."""
+    rec = rank_recorder(flight_dir, "boot-1", 0, pid=os.getpid())
+    arenas = {"kv": MarkArena(reserved=1, backed=1, retained=0)}
+    rec.write_record(mark("pre_weight_load", arenas=arenas))
+    rec.write_record(census(1, [["tp:0-1", "all_reduce", 3]]))
+    script = tmp_path / "cards.json"
+    card = {"total": "8GiB", "free": "1GiB", "processes": {str(os.getpid()): "1GiB"}}
+    script.write_text(json.dumps({"cards": [card]}))
+    parser = __import__("argparse").ArgumentParser()
+    cli.configure_parser(parser, "serve")
+    args = parser.parse_args([f"--flight-dir={flight_dir}", f"--device.script={script}"])
+    return cli.build(args).collectors.registry()
+
+
+def test_the_daemons_own_registry_encodes_as_client_python_encodes_it(
+    flight_dir: Path, tmp_path: Path
+) -> None:
+    registry = daemon_registry(flight_dir, tmp_path)
+    ours = exposition.generate_text(registry)
+    assert b"rankscope_phase_reserved_bytes{" in ours and b"rankscope_collectives_total{" in ours
+    # Two scrapes of a live registry differ in the collectors' timings only.
+    timing = re.compile(rb"^rankscope_collector_duration_seconds.*$", re.M)
+    assert timing.sub(b"", ours) == timing.sub(b"", client.generate_latest(registry))
+
+
+PROMETHEUS_3 = (
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+    "application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
+PROMETHEUS_2 = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "",
+        "*/*",
+        "application/json",
+        "text/plain",
+        "text/plain; version=0.0.4",
+        "text/plain;version=1.0.0;escaping=allow-utf-8",
+        "text/plain;version=1.0.0;escaping=dots",
+        "application/openmetrics-text",
+        "application/openmetrics-text; version=1.0.0",
+        "application/openmetrics-text; version=0.0.1",
+        "application/openmetrics-text;version=0.0.1,application/openmetrics-text;version=1.0.0",
+        PROMETHEUS_3,
+        PROMETHEUS_2,
+    ],
+)
+def test_each_accept_header_gets_the_format_client_python_chooses(accept: str) -> None:
+    registry = every_kind()
+    encoder, content_type = exposition.choose_encoder(accept)
+    theirs, their_type = client.choose_encoder(accept)
+    if their_type.startswith("application/openmetrics-text"):
+        assert content_type == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    else:
+        # Text 0.0.4 whatever version was asked: every rankscope name is legal without
+        # escaping, so the body is the same (below).
+        assert their_type.startswith("text/plain")
+        assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    if "dots" in accept:
+        return  # client_python answers escaping=dots, each '_' doubled; ours names as they are
+    assert encoder(registry) == theirs(registry)
+
+
+def test_a_version_that_is_not_a_number_gets_the_text_format() -> None:
+    # client_python 0.26 raises TypeError here (a 500 from its own server).
+    assert exposition.choose_encoder("application/openmetrics-text; version=junk") == (
+        exposition.generate_text,
+        exposition.CONTENT_TYPE_TEXT,
+    )
+
+
+LEGACY_METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+LEGACY_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def test_every_catalog_name_is_legal_without_escaping() -> None:
+    for m in catalog.CATALOG:
+        for name in catalog.exposed_names(m):
+            assert LEGACY_METRIC.fullmatch(name), name
+        for label in m.labels:
+            assert LEGACY_LABEL.fullmatch(label) and not label.startswith("__"), (m.name, label)
+
+
+BY_PARTS = """
+import json, sys
+import rankscope.daemon.cli
+before = sorted(m for m in sys.modules if m.startswith("prometheus_client"))
+from prometheus_client import REGISTRY, Counter, generate_latest
+Counter("late_user", "a user of the whole package", registry=REGISTRY).inc()
+import prometheus_client
+print(json.dumps({"before": before, "late": generate_latest(prometheus_client.REGISTRY).decode(),
+                  "exposition": "prometheus_client.exposition" in sys.modules}))
+"""
+
+
+def test_the_daemon_loads_prometheus_client_by_parts_and_a_later_user_gets_it_whole() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", BY_PARTS], capture_output=True, text=True, timeout=60, check=True
+    )
+    seen = json.loads(out.stdout)
+    assert "prometheus_client.registry" in seen["before"]
+    assert "prometheus_client.exposition" not in seen["before"]
+    assert "prometheus_client.metrics" not in seen["before"]
+    assert "late_user_total 1.0" in seen["late"] and seen["exposition"]
+
+
+NOT_SERVING = """
+import json, sys
+import rankscope.daemon.app, rankscope.daemon.collectors.oom, rankscope.daemon.oom
+package = sys.modules["prometheus_client"]
+print(json.dumps({"parts": "rankscope.daemon.prometheus_parts" in sys.modules,
+                  "lazy": "__getattr__" in vars(package),
+                  "exposition": "prometheus_client.exposition" in sys.modules}))
+"""
+
+
+def test_only_the_serve_command_loads_prometheus_client_by_parts() -> None:
+    """A library or another command importing the daemon's modules gets prometheus_client
+    whole, run by its own ``__init__``, and never the by-parts registration."""
+    out = subprocess.run(
+        [sys.executable, "-c", NOT_SERVING], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(out.stdout) == {"parts": False, "lazy": False, "exposition": True}

@@ -1,0 +1,281 @@
+"""The exporter-toolkit web config: parsing, basic auth with bcrypt, and a real daemon
+serving TLS with a self-signed certificate made here."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+from tests.daemon.test_daemon_serve import serve
+
+from rankscope.daemon import webconfig
+from rankscope.daemon.webconfig import BasicAuth, WebConfigError, load_web_config, parse_web_config
+
+# Cost 4 keeps the tests quick; the daemon accepts any bcrypt cost.
+ALICE_HASH = bcrypt.hashpw(b"wonderland", bcrypt.gensalt(rounds=4)).decode()
+
+
+def basic(user: str, password: str) -> bytes:
+    return b"Basic " + base64.b64encode(f"{user}:{password}".encode())
+
+
+def test_a_full_config_parses_with_paths_relative_to_the_file(tmp_path: Path) -> None:
+    text = f"""
+tls_server_config:
+  cert_file: tls/server.crt
+  key_file: tls/server.key
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: tls/ca.crt
+  min_version: TLS13
+http_server_config:
+  headers:
+    x-frame-options: deny
+basic_auth_users:
+  alice: {ALICE_HASH}
+"""
+    config = parse_web_config(text, tmp_path)
+    assert config.tls is not None
+    assert config.tls.cert_file == tmp_path / "tls/server.crt"
+    assert config.tls.client_ca_file == tmp_path / "tls/ca.crt"
+    assert config.tls.cert_reqs == ssl.CERT_REQUIRED
+    assert config.headers == {"X-Frame-Options": "deny"}
+    assert set(config.users) == {"alice"}
+    assert parse_web_config("", tmp_path) == webconfig.WebConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("basic_auth_user:\n  alice: x\n", "unknown key.*basic_auth_user"),
+        ("basic_auth_users:\n  alice: plaintext\n", "alice is not a bcrypt hash"),
+        ("tls_server_config:\n  cert_file: a.crt\n", "needs key_file"),
+        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: SSL3\n", "min_version"),
+        (
+            "tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAndVerifyClientCert\n",
+            "needs client_ca_file",
+        ),
+        ("http_server_config:\n  headers:\n    Set-Cookie: x\n", "Set-Cookie.*cannot be set"),
+        ("tls_server_config: [1, 2]\n", "must be a mapping"),
+        ("{{{", "not valid YAML"),
+    ],
+)
+def test_a_bad_config_is_refused_with_the_key_named(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(WebConfigError, match=message):
+        parse_web_config(text, tmp_path)
+
+
+def test_missing_certificate_files_are_named(tmp_path: Path) -> None:
+    cfg = tmp_path / "web.yml"
+    cfg.write_text("tls_server_config:\n  cert_file: nope.crt\n  key_file: nope.key\n")
+    with pytest.raises(WebConfigError, match=r"cert_file .*nope\.crt does not exist"):
+        load_web_config(cfg)
+
+
+def test_basic_auth_good_bad_and_unknown() -> None:
+    auth = BasicAuth({"alice": ALICE_HASH.encode()})
+    assert auth.check(basic("alice", "wonderland"))
+    assert auth.check(basic("alice", "wonderland"))  # the cached outcome
+    assert not auth.check(basic("alice", "looking-glass"))
+    assert not auth.check(basic("mallory", "wonderland"))
+    assert not auth.check(None)
+    assert not auth.check(b"Bearer abc")
+    assert not auth.check(b"Basic !!!not-base64")
+    assert not auth.check(b"Basic " + base64.b64encode(b"no-colon"))
+
+
+def test_an_unknown_user_costs_a_bcrypt_check_like_a_known_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refusal of an unknown user runs bcrypt against a dummy hash, so the response time does
+    not tell which users exist."""
+    checked: list[bytes] = []
+    real = bcrypt.checkpw
+
+    def spy(password: bytes, hashed: bytes) -> bool:
+        checked.append(hashed)
+        return real(password, hashed)
+
+    monkeypatch.setattr(bcrypt, "checkpw", spy)
+    auth = BasicAuth({"alice": ALICE_HASH.encode()})
+    assert not auth.check(basic("mallory", "x"))
+    assert not auth.check(basic("alice", "x"))
+    assert checked == [webconfig.dummy_hash(), ALICE_HASH.encode()]
+
+
+def _write_key_and_cert(directory: Path, stem: str, key: Any, cert: Any) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives import serialization
+
+    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def _certificate(
+    subject: str, key: Any, issuer: tuple[str, Any] | None = None, *, ca: bool = False
+) -> Any:
+    """A certificate for ``subject`` (self-signed unless an (issuer name, issuer key) is
+    given), valid for 127.0.0.1."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    issuer_name, issuer_key = issuer if issuer else (subject, key)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name(subject))
+        .issuer_name(name(issuer_name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(issuer_key, hashes.SHA256())
+    )
+
+
+def make_self_signed(directory: Path) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    return _write_key_and_cert(directory, "server", key, _certificate("127.0.0.1", key))
+
+
+def https_get(
+    url: str, context: ssl.SSLContext, auth: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers with lower-cased names, body)."""
+    req = urllib.request.Request(url, headers={"Authorization": auth.decode()} if auth else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=context) as resp:
+            return resp.status, _lower(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, _lower(err.headers), err.read()
+
+
+def _lower(headers: Any) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}
+
+
+def test_a_daemon_serves_tls_and_basic_auth_from_its_web_config(
+    flight_dir: Path, tmp_path: Path
+) -> None:
+    cert, _key = make_self_signed(tmp_path)
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n"
+        f"basic_auth_users:\n  alice: '{ALICE_HASH}'\n"
+    )
+    context = ssl.create_default_context(cafile=str(cert))
+    with serve(
+        flight_dir,
+        f"--web.config.file={cfg}",
+        "--no-collector.cards",
+        "--no-collector.holdings",
+        log=tmp_path / "serve.log",
+    ) as url:
+        https = url.replace("http://", "https://")
+        status, headers, _ = https_get(https + "/metrics", context)
+        assert status == 401 and headers["www-authenticate"].startswith("Basic")
+        status, headers, body = https_get(https + "/metrics", context, basic("alice", "wonderland"))
+        assert status == 200 and b"rankscope_up" in body
+        assert headers["x-content-type-options"] == "nosniff"
+        assert https_get(https + "/metrics", context, basic("alice", "looking-glass"))[0] == 401
+        assert https_get(https + "/healthz", context, basic("mallory", "wonderland"))[0] == 401
+        # Plain HTTP to the TLS port gets no answer.
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(url + "/healthz", timeout=5)
+        # A user added to the file works without a restart.
+        bob = bcrypt.hashpw(b"builder", bcrypt.gensalt(rounds=4)).decode()
+        cfg.write_text(cfg.read_text() + f"  bob: '{bob}'\n")
+        assert https_get(https + "/healthz", context, basic("bob", "builder"))[0] == 200
+
+
+def test_serve_refuses_a_web_config_it_cannot_use(flight_dir: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "web.yml"
+    cfg.write_text("basic_auth_users:\n  alice: hunter2\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "rankscope", "serve", f"--flight-dir={flight_dir}", f"--web.config.file={cfg}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "alice is not a bcrypt hash" in result.stderr
+
+
+def test_client_certificates_and_the_minimum_tls_version_are_enforced(
+    flight_dir: Path, tmp_path: Path
+) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    server_cert, _ = make_self_signed(tmp_path)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    _write_key_and_cert(tmp_path, "ca", ca_key, _certificate("test CA", ca_key, ca=True))
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client_cert, client_key_path = _write_key_and_cert(
+        tmp_path, "client", client_key, _certificate("prometheus", client_key, ("test CA", ca_key))
+    )
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
+        "  min_version: TLS13\n"
+    )
+    with serve(
+        flight_dir,
+        f"--web.config.file={cfg}",
+        "--no-collector.cards",
+        "--no-collector.holdings",
+        log=tmp_path / "serve.log",
+    ) as url:
+        https = url.replace("http://", "https://") + "/healthz"
+        with_cert = ssl.create_default_context(cafile=str(server_cert))
+        with_cert.load_cert_chain(str(client_cert), str(client_key_path))
+        assert https_get(https, with_cert)[0] == 200
+        without_cert = ssl.create_default_context(cafile=str(server_cert))
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            https_get(https, without_cert)
+        old_tls = ssl.create_default_context(cafile=str(server_cert))
+        old_tls.load_cert_chain(str(client_cert), str(client_key_path))
+        old_tls.maximum_version = ssl.TLSVersion.TLSv1_2
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            https_get(https, old_tls)
+
+
+def test_a_web_config_broken_while_running_keeps_the_users_it_had(tmp_path: Path) -> None:
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(f"basic_auth_users:\n  alice: '{ALICE_HASH}'\n")
+    auth = webconfig.ReloadingAuth(cfg, load_web_config(cfg))
+    assert auth.check(basic("alice", "wonderland"))
+    cfg.write_text("basic_auth_users:\n  alice: not-a-hash-any-more\n")
+    assert auth.check(basic("alice", "wonderland"))
+    assert not auth.check(basic("alice", "not-a-hash-any-more"))
+    cfg.write_text("basic_auth_users: {}\n# now open\n")
+    assert not auth.enabled  # emptied on purpose: the file says so

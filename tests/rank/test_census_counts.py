@@ -1,0 +1,367 @@
+"""The census in one process: counting, group names, comparison, CUDA-graph accounting, the
+coordinator-method wrapper, snapshots and local dumps (real files, real signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankscope.rank import census
+from rankscope.rank.census import counts, graphs, snapshots
+from rankscope.rank.writer import RankIdentity, Recorder
+from rankscope.record import GraphCounts
+from rankscope.record.compare import compare_group, compare_ranks
+
+
+@pytest.fixture(autouse=True)
+def fresh_census(monkeypatch: pytest.MonkeyPatch) -> Any:
+    # Signal handlers are tested in child processes, never installed in pytest's own.
+    monkeypatch.setattr(snapshots.STATE, "handlers_installed", True)
+    counts.reset()
+    graphs.reset()
+    snapshots.reset()
+    yield
+    counts.reset()
+    graphs.reset()
+    snapshots.reset()
+
+
+@pytest.fixture
+def recorder(flight_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    rec = Recorder(flight_dir=flight_dir, boot="b1", rank=RankIdentity(rank=0, world_size=2))
+    monkeypatch.setattr(snapshots, "RECORDER", rec)
+    return rec
+
+
+def lines(flight_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(flight_dir.glob("census-*.jsonl")):
+        out += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return out
+
+
+# --- counting and names ---------------------------------------------------------------------
+
+
+def test_count_keys_by_group_instance_and_op() -> None:
+    census.count("tp:0-3", "all_reduce")
+    census.count("tp:0-3", "all_reduce", 3)
+    census.count("tp:4-7", "all_reduce")
+    assert census.snapshot() == {("tp:0-3", "all_reduce"): 4, ("tp:4-7", "all_reduce"): 1}
+
+
+def test_count_never_raises_and_counts_the_failure() -> None:
+    before = counts.failed_counts
+    census.count(["unhashable"], "all_reduce")  # type: ignore[arg-type]
+    census.count("tp:0-1", "all_reduce", "x")  # type: ignore[arg-type]
+    assert counts.failed_counts == before + 2
+    assert not any(census.snapshot().values())
+
+
+def test_disarmed_by_environment_counts_nothing() -> None:
+    code = textwrap.dedent(
+        """
+        from rankscope.rank import census
+        census.count("tp:0-1", "all_reduce")
+        census.tick()
+        print(census.ARMED, dict(census.snapshot()), census.current_round())
+        """
+    )
+    env = dict(os.environ, RANKSCOPE_CENSUS="0")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["False", "{}", "0"]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "name"),
+    [([0, 1, 2, 3], "tp:0-3"), ([4, 0], "pp:0,4"), ([5, 0, 1, 2], "tp:0-2,5"), ([7], "tp:7")],
+)
+def test_group_instance_names_round_trip(ranks: list[int], name: str) -> None:
+    base = name.split(":")[0]
+    assert census.group_instance(base, ranks) == name
+    assert census.parse_instance(name) == (base, tuple(sorted(ranks)))
+
+
+@pytest.mark.parametrize("bad", ["tp", "tp:", "tp:a-b", "tp:3-1", "tp:?"])
+def test_parse_instance_rejects_names_without_ranks(bad: str) -> None:
+    assert census.parse_instance(bad) is None
+
+
+def test_p2p_names_carry_the_peer_and_are_cached() -> None:
+    assert census.p2p_name("send", 3) == "send>3"
+    assert census.p2p_name("recv", 0) == "recv<0"
+    assert census.p2p_name("send", 3) is census.p2p_name("send", 3)
+
+
+# --- comparison -------------------------------------------------------------------------------
+
+
+def test_missing_key_counts_as_zero_and_names_the_laggard() -> None:
+    entries = compare_group("tp:0-2", {0: {"all_reduce": 5}, 1: {"all_reduce": 5}, 2: {}})
+    assert entries == [
+        {
+            "group": "tp:0-2",
+            "op": "all_reduce",
+            "counts": {"0": 5, "1": 5, "2": 0},
+            "divergent": True,
+            "lagging": [2],
+        }
+    ]
+
+
+def test_p2p_pairs_sends_with_the_peer_recvs() -> None:
+    ok = compare_group("pp:0-1", {0: {"send>1": 4}, 1: {"recv<0": 4}})
+    assert [(e["op"], e["divergent"]) for e in ok] == [("p2p 0>1", False)]
+    short = compare_group("pp:0-1", {0: {"send>1": 4}, 1: {"recv<0": 3}})
+    assert short[0]["counts"] == {"0": 4, "1": 3} and short[0]["lagging"] == [1]
+
+
+def test_only_members_of_an_instance_are_compared() -> None:
+    per_rank = {
+        0: {("tp:0-1", "all_reduce"): 9},
+        1: {("tp:0-1", "all_reduce"): 9},
+        2: {("tp:2-3", "all_reduce"): 4},
+        3: {("tp:2-3", "all_reduce"): 3},
+    }
+    entries = compare_ranks(per_rank)
+    assert [(e["group"], e["divergent"], e["lagging"]) for e in entries] == [
+        ("tp:0-1", False, []),
+        ("tp:2-3", True, [3]),
+    ]
+
+
+# --- CUDA graphs (explicit API; the torch.cuda.CUDAGraph hooks run in the gpu test) ----------
+
+
+def test_captured_collectives_are_added_on_every_replay() -> None:
+    census.count("tp:0-1", "all_reduce")  # a warm-up run, outside the capture
+    with census.capture("decode-bs8"):
+        census.count("tp:0-1", "all_reduce")
+        census.count("tp:0-1", "all_gather", 2)
+    for _ in range(5):
+        census.replay("decode-bs8")
+    census.replay("decode-bs8", n=2)
+    assert census.snapshot() == {("tp:0-1", "all_reduce"): 2 + 7, ("tp:0-1", "all_gather"): 2 + 14}
+    payload = graphs.graph_counts()
+    assert payload == {
+        "graph1": GraphCounts({("tp:0-1", "all_gather"): 2, ("tp:0-1", "all_reduce"): 1}, 7)
+    }
+
+
+def test_failed_capture_and_unknown_replay_are_not_counted() -> None:
+    with pytest.raises(RuntimeError), census.capture("g"):
+        census.count("tp:0-1", "all_reduce")
+        raise RuntimeError("capture failed")
+    census.replay("g")
+    census.replay("never-captured")
+    assert census.snapshot() == {("tp:0-1", "all_reduce"): 1}
+    assert graphs.unknown_replays == 2
+
+
+def test_graph_objects_are_held_weakly() -> None:
+    class Graph:
+        pass
+
+    g = Graph()
+    with census.capture(g, name="bs1"):
+        census.count("tp:0-1", "all_reduce")
+    census.replay(g)
+    assert "bs1" in graphs.graph_counts()
+    del g
+    assert graphs.graph_counts() == {}
+
+
+# --- the coordinator-method wrapper ------------------------------------------------------------
+
+
+class Coordinator:
+    """Shaped like SGLang's and vLLM's GroupCoordinator (unique_name, ranks, rank_in_group)."""
+
+    def __init__(self, name: str, ranks: list[int], rank: int) -> None:
+        self.unique_name = name
+        self.ranks = ranks
+        self.rank_in_group = ranks.index(rank)
+        self.world_size = len(ranks)
+        self.calls: list[str] = []
+
+    def all_reduce(self, x: int) -> int:
+        self.calls.append("all_reduce")
+        return self._all_reduce_in_place(x)
+
+    def _all_reduce_in_place(self, x: int) -> int:
+        self.calls.append("_all_reduce_in_place")
+        return x * 2
+
+    def send(self, tensor: object, dst: int | None = None) -> None:
+        self.calls.append("send")
+
+    def recv(self, size: int, dtype: object, src: int | None = None) -> int:
+        self.calls.append("recv")
+        return size
+
+
+def test_instrument_methods_counts_each_call_once_and_undoes_exactly() -> None:
+    originals = {n: Coordinator.__dict__[n] for n in ("all_reduce", "_all_reduce_in_place")}
+    undo = census.instrument_methods(
+        Coordinator,
+        {
+            "all_reduce": "all_reduce",
+            "_all_reduce_in_place": "all_reduce",
+            "send": census.coordinator_p2p("send", "dst", 1),
+            "recv": census.coordinator_p2p("recv", "src", 2),
+        },
+    )
+    try:
+        tp = Coordinator("tp:0", [4, 5, 6, 7], rank=5)
+        assert tp.all_reduce(3) == 6  # the call still happens, with its result
+        tp._all_reduce_in_place(1)  # entered directly (a custom op's implementation)
+        tp.send(object())  # default peer: next rank in the group -> global 6
+        tp.send(object(), dst=0)  # group-local 0 -> global 4
+        tp.recv(8, None)  # default: previous rank -> global 4
+        assert tp.calls.count("_all_reduce_in_place") == 2
+        assert census.snapshot() == {
+            ("tp:4-7", "all_reduce"): 2,
+            ("tp:4-7", "send>6"): 1,
+            ("tp:4-7", "send>4"): 1,
+            ("tp:4-7", "recv<4"): 1,
+        }
+    finally:
+        undo()
+    assert {n: Coordinator.__dict__[n] for n in originals} == originals
+    assert "send" in Coordinator.__dict__ and not hasattr(Coordinator.send, "__wrapped__")
+
+
+def test_instrument_methods_skips_missing_and_inherited_is_restored() -> None:
+    class Sub(Coordinator):
+        pass
+
+    undo = census.instrument_methods(Sub, ["all_reduce", "no_such_method"])
+    assert "all_reduce" in Sub.__dict__
+    Sub("pp:0", [0, 4], rank=0).all_reduce(1)
+    undo()
+    assert "all_reduce" not in Sub.__dict__
+    assert census.snapshot() == {("pp:0,4", "all_reduce"): 1}
+
+
+def test_a_failing_group_reader_costs_the_count_not_the_call() -> None:
+    def broken(_: object) -> str:
+        raise KeyError("no ranks yet")
+
+    undo = census.instrument_methods(Coordinator, ["all_reduce"], group_of=broken)
+    try:
+        assert Coordinator("tp:0", [0, 1], rank=0).all_reduce(2) == 4
+    finally:
+        undo()
+    assert census.snapshot() == {}
+
+
+# --- snapshots, dumps, signals -------------------------------------------------------------------
+
+
+def test_tick_snapshots_every_n_rounds(recorder: Recorder, flight_dir: Path) -> None:
+    census.configure(every=3)
+    try:
+        for _ in range(7):
+            census.count("tp:0-1", "all_reduce")
+            census.tick()
+    finally:
+        census.configure(every=snapshots.DEFAULT_EVERY)
+    written = lines(flight_dir)
+    assert [(x["kind"], x["round"]) for x in written] == [("census", 3), ("census", 6)]
+    assert written[1]["counts"] == [["tp:0-1", "all_reduce", 6]]
+    assert written[1]["every"] == 3 and written[1]["boot"] == "b1" and written[1]["rank"] == 0
+
+
+def test_every_from_environment_rejects_nonsense() -> None:
+    assert snapshots.every_from_env({"RANKSCOPE_CENSUS_EVERY": "10"}) == 10
+    assert snapshots.every_from_env({"RANKSCOPE_CENSUS_EVERY": "0"}) == snapshots.DEFAULT_EVERY
+    assert snapshots.every_from_env({"RANKSCOPE_CENSUS_EVERY": "x"}) == snapshots.DEFAULT_EVERY
+    with pytest.raises(ValueError, match="positive"):
+        census.configure(every=0)
+
+
+def test_dump_local_writes_counts_without_a_peer(recorder: Recorder, flight_dir: Path) -> None:
+    census.count("pp:0-1", "send>1", 2)
+    assert census.dump_local("collective_failed") is True
+    (dump,) = lines(flight_dir)
+    assert dump["kind"] == "census_dump" and dump["reason"] == "collective_failed"
+    assert dump["counts"] == [["pp:0-1", "send>1", 2]]
+
+
+def test_snapshots_wait_for_a_configured_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshots, "RECORDER", Recorder(flight_dir=None, boot="b"))
+    census.count("tp:0-1", "all_reduce")
+    assert census.dump_local() is False  # unarmed recorder: nothing written, nothing raised
+
+
+SIGNAL_CHILD = """
+import os, signal, sys, time
+from rankscope.rank import census
+from rankscope.rank.writer import RECORDER
+RECORDER.configure(flight_dir=sys.argv[1], boot_id="sig", rank=int(sys.argv[2]))
+census.configure(every=1)
+census.count("world:0-1", "all_reduce", 7)
+census.tick()  # installs the handlers on the main thread
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize(("sig", "reason"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGKILL, None)])
+def test_sigterm_dumps_and_sigkill_leaves_the_last_snapshot(
+    flight_dir: Path, sig: signal.Signals, reason: str | None
+) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", SIGNAL_CHILD, str(flight_dir), "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        child.send_signal(sig)
+        assert child.wait(timeout=20) == -sig  # dies by the signal, as without the census
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    written = lines(flight_dir)
+    assert written[0]["kind"] == "census" and written[0]["round"] == 1
+    dumps = [x for x in written if x["kind"] == "census_dump"]
+    if reason is None:
+        assert dumps == []
+    else:
+        assert [(d["reason"], d["counts"]) for d in dumps] == [
+            (reason, [["world:0-1", "all_reduce", 7]])
+        ]
+
+
+def test_previous_sigterm_handler_still_runs(flight_dir: Path) -> None:
+    code = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: (print('own handler', flush=True), "
+        "sys.exit(3)))\n" + SIGNAL_CHILD
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(flight_dir), "1"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=20) == 3
+        assert "own handler" in child.stdout.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    reasons = [x["reason"] for x in lines(flight_dir) if x["kind"] == "census_dump"]
+    assert reasons == ["SIGTERM"]  # and no second dump at exit
