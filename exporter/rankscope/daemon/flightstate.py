@@ -40,8 +40,8 @@ from rankscope.record.reader import (
     Flight,
     FlightReader,
     Record,
+    host_pid,
 )
-from rankscope.reports.ledger import host_pid
 
 # A process that marks in a loop must not grow the daemon without bound; past this many
 # marks per process and boot the daemon forgets the oldest (the file keeps them).

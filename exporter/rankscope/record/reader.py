@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.record import SCHEMA_VERSION, AnyLine, Bad, parse_object
 
 Record = AnyLine
@@ -46,6 +47,14 @@ MAX_LINE_BYTES = 4 << 20  # a mark with a large NVML process map is ~10 KiB
 READ_CHUNK = 1 << 20
 
 log = logging.getLogger("rankscope")
+
+
+def host_pid(rec: Record) -> int | None:
+    """The pid NVML lists for the process that wrote ``rec``, where the record alone tells:
+    a process in the host PID namespace. (The daemon, with the host's /proc, resolves the
+    others and passes its own resolver.)"""
+    h = rec.header
+    return h.pid if h.pidns == HOST_PIDNS_INODE else None
 
 
 class BootNotFoundError(LookupError):

@@ -21,9 +21,8 @@ import collections
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.record import Line, Mark, of_kind
-from rankscope.record.reader import SKIP_REASONS, Flight, Record
+from rankscope.record.reader import SKIP_REASONS, Flight, Record, host_pid
 
 MiB = 1 << 20
 
@@ -47,14 +46,6 @@ def _delta(before: int | None, after: int | None) -> int | None:
 
 def marks_of(records: Iterable[Record]) -> list[MarkLine]:
     return of_kind(records, Mark)
-
-
-def host_pid(rec: Record) -> int | None:
-    """The pid NVML lists for the process that wrote ``rec``, where the record alone tells:
-    a process in the host PID namespace. (The daemon, with the host's /proc, resolves the
-    others and passes its own resolver.)"""
-    h = rec.header
-    return h.pid if h.pidns == HOST_PIDNS_INODE else None
 
 
 # --- posts ----------------------------------------------------------------------------------

@@ -16,8 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from rankscope.record import Line, Oom, of_kind
-from rankscope.record.reader import BootSummary, Record
-from rankscope.reports.ledger import host_pid
+from rankscope.record.reader import BootSummary, Record, host_pid
 
 ROLE_RANK = "rank"
 ROLE_FOREIGN = "foreign"
