@@ -7,7 +7,7 @@ RSS and the collector's generation-0 count (a leak under GC off would show in bo
 
 GPU only. Schedules: pinned to one CPU or not, the collector on or off, torch's CPU
 threads left or set to one. A schedule whose 5 s medians stay within a percent would make
-eager blocks comparable; on the lent H200 none did (docs/benchmarks.md, fourth run).
+eager blocks comparable; on the lent H200 none did (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The first scrape of `rankscope serve` against the flight directory's size, with the read
 budget (the default, 4 MiB a refresh) and without it (the whole directory in the first
-scrape, as before issue 11's fix), as ratios measured in the same run. CPU only.
+scrape, as the daemon once did), as ratios measured in the same run. CPU only.
 
     python3 bench/bench_first_scrape.py [--sizes-mb 32,128] [--files 300] [--repeats 2]
         [--out DIR]

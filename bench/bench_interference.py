@@ -34,7 +34,7 @@ setting is changed. Then short blocks (--block seconds) alternate baseline / con
 so each condition block has baseline blocks on both sides that no other block of the same
 condition uses, and decoding never pauses between blocks.
 
-Estimators (docs/benchmarks.md, "The decode-interference method"):
+Estimators:
 
 - p50 and mean, paired: for each block of a condition, d = ln(stat of the block) minus the
   mean of ln(stat) of its two neighbouring baseline blocks; the condition's ratio is

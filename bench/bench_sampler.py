@@ -7,7 +7,7 @@ measured in the same run.
   stat of the script and one free-bytes lookup per card. Sampler = Sampler.sample(): the
   same reads plus the window minimum, the floor accounting and its own timing.
 - nvml (where NVML answers): bare = one nvmlDeviceGetMemoryInfo per card on handles
-  resolved once; sampler = Sampler.sample() on NvmlSource. The issue's aim: within 1.5x.
+  resolved once; sampler = Sampler.sample() on NvmlSource. The aim: within 1.5x.
   Also the anti-pattern the sampler avoids (nvmlInit, handle, read, nvmlShutdown per read).
 
 - holdings (always): one read of the per-card process lists as the holdings thread makes
@@ -30,7 +30,7 @@ measured in the same run.
   100 ms on a SIMULATED card, holdings on, scraped every second by another process, against
   its own bare reads (one stat of the script, one lookup) made the three ways in this
   process, and the sampler's code run in this quiet process with its reads timed apart.
-- daemon (GPU, --daemon): the issue's figure itself. A real `rankscope serve` at 100 ms with
+- daemon (GPU, --daemon): the published figure itself. A real `rankscope serve` at 100 ms with
   holdings, scraped every second, while another process keeps the GPU busy; its published
   rankscope_sampler_duration_seconds (sum/count over the window) against bare
   nvmlDeviceGetMemoryInfo reads made in this process under the same load in the same

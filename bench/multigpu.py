@@ -1,4 +1,4 @@
-"""The multi-GPU run (issue 8): census over NCCL and per-card corridors on the GPUs here.
+"""The multi-GPU run: census over NCCL and per-card corridors on the GPUs here.
 
     python3 bench/multigpu.py [--ranks N] [--out DIR]
 
