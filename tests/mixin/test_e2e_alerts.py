@@ -45,7 +45,7 @@ from tests import nccl_ras_shapes
 from tests.support import services
 from tests.support.ras_standin import StandInRas
 
-from rankscope.mixin import dashboards, render
+from rankscope.mixin import render
 
 ROOT = Path(__file__).resolve().parents[2]
 AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
@@ -411,7 +411,7 @@ def check_dashboards(prom: services.Prometheus) -> list[str]:
     """Every variable resolves to real values, every panel target returns data; returns
     what failed. Multi-value variables are substituted as Grafana does: (a|b)."""
     failures = []
-    for name, board in dashboards.build().items():
+    for name, board in render.dashboards().items():
         values = {"__rate_interval": "5s", "__interval": "1s", "__range": "5m"}
         for var in board["templating"]["list"]:
             if var["type"] != "query":

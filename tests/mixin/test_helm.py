@@ -42,7 +42,7 @@ from rankscope.cli import build_parser
 from rankscope.daemon import cli as daemon_cli
 from rankscope.daemon.webconfig import parse_web_config
 from rankscope.mixin import config as mixin_config
-from rankscope.mixin import dashboards as mixin_dashboards
+from rankscope.mixin import render as mixin_render
 from rankscope.mixin import rules as mixin_rules
 from support.services import binary, free_port, prometheus, stop
 
@@ -177,7 +177,7 @@ def test_defaults_render_the_daemon_only(chart: helm.Chart) -> None:
 
 def test_every_optional_part_renders(chart: helm.Chart) -> None:
     kinds = sorted(o["kind"] for o in objects(chart, ALL_ON))
-    dashboards = len(mixin_dashboards.build())
+    dashboards = len(mixin_render.dashboards())
     assert kinds == sorted(
         ["DaemonSet", "ServiceAccount", "Service", "ServiceMonitor", "PodMonitor"]
         + ["PrometheusRule", "Secret"]
@@ -356,7 +356,7 @@ def test_dashboards_equal_the_mixin_and_dashboards_dir(chart: helm.Chart) -> Non
         assert cm["metadata"]["namespace"] == NAMESPACE
         ((name, text),) = cm["data"].items()
         rendered[name] = json.loads(text)
-    assert rendered == mixin_dashboards.build()
+    assert rendered == mixin_render.dashboards()
     committed = {p.name: json.loads(p.read_text()) for p in (ROOT / "dashboards").glob("*.json")}
     assert rendered == committed
 

@@ -12,18 +12,27 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.mixin.promql import PromQLSyntaxError, metric_names
 from tests.support.services import binary
 
 from rankscope import catalog
 from rankscope.daemon.flags import parse_duration
 from rankscope.mixin import config, dashboards, render, rules
-from rankscope.mixin.promql import PromQLSyntaxError, metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
 PROMTOOL_TESTS = sorted((ALERTS / "tests").glob("*.yml"))
 AM_EXAMPLE = ALERTS / "alertmanager.example.yml"
 SEVERITIES = {"critical", "warning", "info"}
+# The alerts whose `for:` is minutes, evaluated every slowAlertsInterval.
+SLOW_ALERTS = {
+    "RankscopeCorridorThin",
+    "RankscopeForeignHolder",
+    "RankscopeExporterDown",
+    "RankscopeSamplerLagging",
+}
+# Prometheus's own series that rules and panels may name besides the catalog's.
+PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 
 
 # Test-side readers of the mixin's output (not part of the package: only the tests need them).
@@ -59,7 +68,7 @@ def test_generated_files_match_the_generator() -> None:
     stale = render.write(ROOT, check=True)
     assert not stale, f"regenerate with `python3 -m rankscope.mixin`: {stale}"
     shipped = {p.name for p in (ROOT / "dashboards").glob("*.json")}
-    assert shipped == set(dashboards.build()), (
+    assert shipped == set(render.dashboards()), (
         "dashboards/ holds a file the generator does not write"
     )
 
@@ -146,7 +155,7 @@ def test_every_alert_has_a_positive_and_a_negative_promtool_case() -> None:
     for case in _promtool_cases():
         for check in case.get("alert_rule_test", []):
             (fired if check.get("exp_alerts") else quiet).add(check["alertname"])
-    names = set(rules.alert_names())
+    names = {a["alert"] for a in _alerts()}
     assert names - fired == set(), "alerts never shown firing"
     assert names - quiet == set(), "alerts never shown quiet"
 
@@ -206,7 +215,7 @@ def test_only_alerts_that_wait_minutes_are_evaluated_at_the_slow_interval() -> N
     slow = groups[rules.SLOW_ALERTING_GROUP]
     assert slow["interval"] == config.DEFAULTS["slowAlertsInterval"]
     interval = _seconds(slow["interval"])
-    assert {r["alert"] for r in slow["rules"]} == rules.SLOW_ALERTS
+    assert {r["alert"] for r in slow["rules"]} == SLOW_ALERTS
     for alert in slow["rules"]:
         assert _seconds(alert["for"]) >= 2 * interval, alert["alert"]
     for alert in groups[rules.ALERTING_GROUP]["rules"]:
@@ -227,7 +236,7 @@ def test_alerting_doc_covers_every_config_key() -> None:
 
 def _known_names() -> set[str]:
     names = {n for m in catalog.CATALOG for n in catalog.exposed_names(m)}
-    return names | set(record_names()) | set(rules.PROMETHEUS_SERIES)
+    return names | set(record_names()) | PROMETHEUS_SERIES
 
 
 def unknown_names(expr: str, *, variable: bool = False) -> set[str]:
@@ -262,7 +271,7 @@ def test_every_rule_names_only_catalog_metrics() -> None:
 
 
 def test_every_panel_and_variable_names_only_catalog_metrics() -> None:
-    for name, board in dashboards.build().items():
+    for name, board in render.dashboards().items():
         for expr in _panel_queries(board):
             assert metric_names(expr), f"{name}: {expr} names no metric"
             assert unknown_names(expr) == set(), f"{name}: {expr}"
@@ -335,7 +344,7 @@ def test_tokenizer_rejects_unterminated_input(expr: str) -> None:
 
 
 def test_dashboards_are_provisionable() -> None:
-    boards = dashboards.build()
+    boards = render.dashboards()
     uids = [b["uid"] for b in boards.values()]
     assert len(set(uids)) == len(uids) == 4
     for name, board in boards.items():
@@ -439,7 +448,7 @@ def test_every_shipped_alert_routes_by_its_severity() -> None:
 
 def test_example_inhibitions_name_shipped_alerts() -> None:
     am = yaml.safe_load(AM_EXAMPLE.read_text())
-    names = set(rules.alert_names())
+    names = {a["alert"] for a in _alerts()}
     for rule in am["inhibit_rules"]:
         for matcher in rule["source_matchers"] + rule["target_matchers"]:
             match = re.fullmatch(r'alertname="(\w+)"', matcher)

@@ -1,26 +1,20 @@
 """``python3 -m rankscope.mixin.helm [--check] [ROOT]``: sync the mixin into the Helm chart.
 
-The chart holds no hand-copied second set of rules or dashboards. Like kube-prometheus-stack's
-hack/sync_prometheus_rules.py does for the upstream mixins, this writes:
-
-- helm/rankscope/templates/prometheusrule.yaml: ``rules.build()`` with every config value
-  replaced by a reference to ``.Values.prometheusRule.config.KEY``, and Prometheus's own
-  templates (``{{ $labels.gpu }}``) escaped for Helm as ``{{`{{ $labels.gpu }}`}}``;
-- the ``prometheusRule.config`` block of values.yaml and of values.schema.json, from
-  ``config.DEFAULTS`` and the comments above each key in config.py;
-- helm/rankscope/dashboards/*.json: the dashboards exactly as the mixin writes dashboards/.
-
+Like kube-prometheus-stack's hack/sync_prometheus_rules.py for the upstream mixins, this writes
+the chart's PrometheusRule template (``rules.build()`` with every config value a reference to
+``.Values.prometheusRule.config.KEY``, and Prometheus's own templates escaped for Helm), the
+``prometheusRule.config`` block of values.yaml and values.schema.json (from config.DEFAULTS
+and the comment above each key in config.py), and the dashboards as the mixin writes them.
 With --check nothing is written; the exit status is 1 when any chart file differs.
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +41,9 @@ CONFIG_DESCRIPTION = (
 # A Prometheus duration, as the schema accepts it for the `for:` and window settings.
 DURATION_PATTERN = "^(0|([0-9]+(ms|s|m|h|d|w|y))+)$"
 
-_SENTINEL = "__rankscope_helm_value_{}__"
+# A config value stands in the rules as a sentinel until its reference is pasted over it.
+_MARK = "__rankscope_helm_value_"
+_SENTINEL = _MARK + "{}__"
 _PROMETHEUS_TEMPLATE = re.compile(r"\{\{.*?\}\}", re.DOTALL)
 
 TEMPLATE_HEADER = """\
@@ -72,7 +68,6 @@ metadata:
   {{- end }}
 spec:
 """
-TEMPLATE_FOOTER = "{{- end }}\n"
 
 
 def value_reference(key: str, default: Any) -> str:
@@ -86,21 +81,18 @@ def value_reference(key: str, default: Any) -> str:
     return f"{{{{ {value} }}}}"
 
 
-def _paster(key: str, default: Any) -> Callable[[re.Match[str]], str]:
-    """Pastes the reference to ``key`` over its sentinel and the PromQL braces around it:
-    ``{{{`` would open a template action at the brace, so a space goes between and a trim
-    marker removes it again."""
+def _paste_reference(spec: str, key: str, default: Any) -> str:
+    """Paste the reference to ``key`` over its sentinel in ``spec``. ``{{{`` would open a
+    template action at a PromQL brace, so a space goes between and a trim marker removes it."""
+    inner = value_reference(key, default)[2:-2]
 
     def paste(match: re.Match[str]) -> str:
-        before, after = match.group(1), match.group(2)
-        reference = value_reference(key, default)
-        if before:
-            reference = before + " {{-" + reference[2:]
-        if after:
-            reference = reference[:-2] + "-}} " + after
-        return reference
+        before, after = match.groups()
+        head = before + " {{-" if before else "{{"
+        tail = "-}} " + after if after else "}}"
+        return head + inner + tail
 
-    return paste
+    return re.sub(r"(\{?)" + _SENTINEL.format(key) + r"(\}?)", paste, spec)
 
 
 def escape_prometheus_templates(text: str) -> str:
@@ -120,39 +112,23 @@ def escape_prometheus_templates(text: str) -> str:
     return escaped
 
 
-class _RuleDumper(yaml.SafeDumper):
-    """Strings that carry a values reference or span lines as literal blocks, where Helm
-    can paste any text (quotes in a selector, '#' in a URL) without breaking the YAML."""
+class _RuleDumper(render.BlockDumper):
+    """Strings that carry a values reference (but are no whole one) as literal blocks too,
+    where Helm can paste any text (quotes in a selector, '#' in a URL) without breaking it."""
 
-
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    whole_reference = value.startswith("__rankscope_helm_value_") and value.endswith("__")
-    block = "\n" in value or ("__rankscope_helm_value_" in value and not whole_reference)
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if block else None)
-
-
-_RuleDumper.add_representer(str, _represent_str)
+    def literal(self, value: str) -> bool:
+        whole_reference = value.startswith(_MARK) and value.endswith("__")
+        return "\n" in value or (_MARK in value and not whole_reference)
 
 
 def check_reference_styles(text: str) -> None:
     """A values reference must sit in a literal block or be a whole plain scalar; anywhere
     else (a quoted scalar) Helm's output could break the quoting."""
-
-    def walk(node: yaml.Node) -> None:
-        if isinstance(node, yaml.ScalarNode):
-            if "__rankscope_helm_value_" in node.value and node.style not in ("|", None):
-                raise ValueError(f"values reference in a {node.style!r} scalar: {node.value!r}")
-        elif isinstance(node, yaml.SequenceNode):
-            for item in node.value:
-                walk(item)
-        elif isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                walk(key)
-                walk(value)
-
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    if root is not None:
-        walk(root)
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if not isinstance(event, yaml.ScalarEvent) or _MARK not in event.value:
+            continue
+        if event.style not in ("|", None):
+            raise ValueError(f"values reference in a {event.style!r} scalar: {event.value!r}")
 
 
 def prometheusrule_template(defaults: Mapping[str, Any] | None = None) -> str:
@@ -164,12 +140,12 @@ def prometheusrule_template(defaults: Mapping[str, Any] | None = None) -> str:
     spec = yaml.dump(document, Dumper=_RuleDumper, sort_keys=False, width=2**16)
     check_reference_styles(spec)
     spec = escape_prometheus_templates(spec)
-    for key, sentinel in references.items():
-        spec = re.sub(r"(\{?)" + sentinel + r"(\}?)", _paster(key, defaults[key]), spec)
-    if "__rankscope_helm_value_" in spec:
+    for key in references:
+        spec = _paste_reference(spec, key, defaults[key])
+    if _MARK in spec:
         raise ValueError("a values reference was left unreplaced in the rule template")
     indented = "".join("  " + line if line.strip() else line for line in spec.splitlines(True))
-    return TEMPLATE_HEADER + indented + TEMPLATE_FOOTER
+    return TEMPLATE_HEADER + indented + "{{- end }}\n"
 
 
 def key_comments(source: str) -> dict[str, str]:
@@ -177,24 +153,19 @@ def key_comments(source: str) -> dict[str, str]:
     under one another share the block above the first of them."""
     comments: dict[str, str] = {}
     block: list[str] = []
-    in_block = False
     current = ""
     for line in source.splitlines():
         stripped = line.strip()
         if stripped.startswith("#"):
-            if not in_block:
-                block = []
-                in_block = True
             block.append(stripped.lstrip("#").strip())
             continue
         key = re.match(r'"([^"]+)"\s*:', stripped)
-        if key:
-            if in_block:
-                current = " ".join(block)
-            comments[key.group(1)] = current
-        else:
+        if key is None:
             current = ""
-        in_block = False
+        else:
+            current = " ".join(block) if block else current
+            comments[key.group(1)] = current
+        block = []
     return comments
 
 
@@ -300,18 +271,7 @@ def write(root: Path, *, check: bool = False) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m rankscope.mixin.helm", description=__doc__)
-    parser.add_argument("root", nargs="?", type=Path, default=render.source_root())
-    parser.add_argument("--check", action="store_true", help="only report stale files")
-    args = parser.parse_args(argv)
-    try:
-        changed = write(args.root, check=args.check)
-    except (OSError, ValueError) as exc:
-        print(f"rankscope.mixin.helm: {exc}", file=sys.stderr)
-        return 2
-    for path in changed:
-        print(f"{'stale' if args.check else 'wrote'} {path}")
-    return 1 if args.check and changed else 0
+    return render.cli("python3 -m rankscope.mixin.helm", __doc__, write, argv)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.resources
 import json
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rankscope.mixin import dashboards, rules
+from rankscope.mixin import rules
+from rankscope.mixin.config import merged
+from rankscope.mixin.dashboards import boot_ledger, cards, census, instrument
 
 RULES_FILE = Path("alerts") / "rankscope.rules.yml"
 # The routing example is written by hand; its source lives in the package (so an installed
@@ -23,33 +27,38 @@ HEADER = (
 )
 
 
-class _BlockDumper(yaml.SafeDumper):
+class BlockDumper(yaml.SafeDumper):
     """Multi-line strings (PromQL) as literal blocks, so the rule file reads like PromQL."""
 
+    def literal(self, value: str) -> bool:
+        return "\n" in value
 
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+    def represent_text(self, value: str) -> yaml.ScalarNode:
+        style = "|" if self.literal(value) else None
+        return self.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
-_BlockDumper.add_representer(str, _str)
+BlockDumper.add_representer(str, BlockDumper.represent_text)
+
+
+def dashboards(config: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """File name (UID.json) -> dashboard JSON, for config.DEFAULTS with ``config`` applied."""
+    c = merged(config)
+    boards = [area.build(c) for area in (cards, boot_ledger, census, instrument)]
+    return {f"{board['uid']}.json": board for board in boards}
 
 
 def rules_yaml(config: Mapping[str, Any] | None = None) -> str:
     document = rules.build(config)
-    return HEADER + yaml.dump(document, Dumper=_BlockDumper, sort_keys=False, width=100)
-
-
-def dashboard_json(dashboard: Mapping[str, Any]) -> str:
-    return json.dumps(dashboard, indent=2, sort_keys=False) + "\n"
+    return HEADER + yaml.dump(document, Dumper=BlockDumper, sort_keys=False, width=100)
 
 
 def outputs() -> dict[Path, str]:
     """Relative path -> the text the generator writes there."""
     example = importlib.resources.files("rankscope.mixin").joinpath(EXAMPLE_ROUTING)
     files = {RULES_FILE: rules_yaml(), Path("alerts") / EXAMPLE_ROUTING: example.read_text()}
-    for name, dashboard in dashboards.build().items():
-        files[DASHBOARD_DIR / name] = dashboard_json(dashboard)
+    for name, dashboard in dashboards().items():
+        files[DASHBOARD_DIR / name] = json.dumps(dashboard, indent=2) + "\n"
     return files
 
 
@@ -59,8 +68,6 @@ def source_root() -> Path:
 
 
 def write(root: Path, *, check: bool = False) -> list[Path]:
-    """Write every output under ``root``; return the files that differed (with ``check``,
-    only return them)."""
     return write_files(root, outputs(), check=check)
 
 
@@ -81,3 +88,22 @@ def write_files(root: Path, files: Mapping[Path, str], *, check: bool) -> list[P
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     return changed
+
+
+def cli(
+    prog: str, description: str | None, write: Callable[..., list[Path]], argv: list[str] | None
+) -> int:
+    """``prog [--check] [ROOT]``: write (or, with --check, only report) the files that differ;
+    the exit status is 1 when --check finds any, 2 when a file cannot be made."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("root", nargs="?", type=Path, default=source_root())
+    parser.add_argument("--check", action="store_true", help="only report stale files")
+    args = parser.parse_args(argv)
+    try:
+        changed = write(args.root, check=args.check)
+    except (OSError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    for path in changed:
+        print(f"{'stale' if args.check else 'wrote'} {path}")
+    return 1 if args.check and changed else 0

@@ -1,0 +1,168 @@
+"""The Grafana dashboards, one module each (cards, boot_ledger, census, instrument), built
+from the panel helpers here; each module's ``build(c)`` returns its dashboard for the merged
+config ``c``. Every dashboard is provisioned by its uid, reads Prometheus through a
+``datasource`` variable and filters with label_values variables (host = ``instance``; boot
+and card where the metrics carry them). Schema version 39 is what Grafana 10.4 and 11 write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA_VERSION = 39
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+TAGS = ["rankscope"]
+_WIDTH = 24
+# A panel query: (PromQL, legend); an empty legend is Grafana's automatic one.
+Query = tuple[str, str]
+
+
+def _targets(queries: list[Query], *, instant: bool) -> list[dict]:
+    mode = {"range": False, "format": "table"} if instant else {"range": True}
+    return [
+        {
+            "datasource": DATASOURCE,
+            "expr": expr,
+            "refId": chr(ord("A") + n),
+            "legendFormat": legend or "__auto",
+            "instant": instant,
+            **mode,
+        }
+        for n, (expr, legend) in enumerate(queries)
+    ]
+
+
+def timeseries(
+    title: str,
+    description: str,
+    queries: list[Query],
+    *,
+    unit: str = "short",
+    width: int = 12,
+    stack: bool = False,
+) -> dict:
+    custom: dict[str, Any] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10}
+    if stack:
+        custom.update({"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60})
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": _targets(queries, instant=False),
+        "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
+        "options": {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["min", "last"]},
+            "tooltip": {"mode": "multi", "sort": "none"},
+        },
+        "_width": width,
+    }
+
+
+def table(
+    title: str,
+    description: str,
+    exprs: list[str],
+    *,
+    unit: str = "short",
+    width: int = 12,
+    overrides: list[dict] | None = None,
+) -> dict:
+    """One table from several instant queries (no legends), one row per series."""
+    return {
+        "type": "table",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": _targets([(expr, "") for expr in exprs], instant=True),
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": overrides or []},
+        "options": {"showHeader": True, "cellHeight": "sm"},
+        "transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {"excludeByName": {"Time": True, "job": True}}},
+        ],
+        "_width": width,
+    }
+
+
+def rate(metric: str, selector: str) -> str:
+    return f"rate({metric}{{{selector}}}[$__rate_interval])"
+
+
+def increase(metric: str, selector: str) -> str:
+    return f"increase({metric}{{{selector}}}[$__rate_interval])"
+
+
+def variable(name: str, label: str, series: str, *, include_all: bool = True) -> dict:
+    """A multi-value variable: the values of label ``name`` in ``series``. Without
+    ``include_all`` Grafana opens on the first value, where "All" over a fleet would draw every
+    process or count series of every host."""
+    query = f"label_values({series}, {name})"
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "definition": query,
+        "query": {"query": query, "refId": f"rankscope-{name}", "qryType": 1},
+        "refresh": 2,
+        "includeAll": include_all,
+        "allValue": ".*",
+        "multi": True,
+        "sort": 1,
+        "current": {},
+        "options": [],
+        "hide": 0,
+        "regex": "",
+    }
+
+
+_DATASOURCE_VARIABLE = {
+    "name": "datasource",
+    "label": "Data source",
+    "type": "datasource",
+    "query": "prometheus",
+    "current": {},
+    "hide": 0,
+    "refresh": 1,
+    "regex": "",
+    "options": [],
+}
+
+
+def _layout(panels: list[dict]) -> list[dict]:
+    """Place panels left to right in rows of 24 columns, 8 rows high; number them."""
+    placed = []
+    x = y = 0
+    for n, panel in enumerate(panels, start=1):
+        panel = dict(panel)
+        width = panel.pop("_width")
+        if x + width > _WIDTH:
+            x, y = 0, y + 8
+        panel["id"] = n
+        panel["gridPos"] = {"h": 8, "w": width, "x": x, "y": y}
+        placed.append(panel)
+        x += width
+    return placed
+
+
+def dashboard(
+    uid: str, title: str, description: str, variables: list[dict], panels: list[dict]
+) -> dict:
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": TAGS,
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "",
+        "annotations": {"list": []},
+        "links": [{"type": "dashboards", "tags": TAGS, "asDropdown": True, "title": "rankscope"}],
+        "templating": {"list": [_DATASOURCE_VARIABLE, *variables]},
+        "panels": _layout(panels),
+    }
