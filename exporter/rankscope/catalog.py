@@ -48,490 +48,328 @@ class Metric:
         return self.name
 
 
+# The one summary; every other type follows from the name (see _collector).
+SUMMARIES = frozenset({"rankscope_sampler_duration_seconds"})
+
+# (name, help), or (name, help, labels) where they are not the collector's usual labels.
+Entry = tuple[str, str] | tuple[str, str, tuple[str, ...]]
+
+
+def _collector(collector: str, labels: tuple[str, ...], *entries: Entry) -> list[Metric]:
+    """One collector's metrics: the type and the unit follow from the name's Prometheus
+    suffixes (_total a counter, _info an info, _bytes or _seconds the unit)."""
+    metrics = []
+    for name, help_text, *own in entries:
+        kind: MetricType = "counter" if name.endswith("_total") else "gauge"
+        if name.endswith("_info"):
+            kind = "info"
+        elif name in SUMMARIES:
+            kind = "summary"
+        unit = "bytes" if name.endswith("_bytes") else "seconds" if "_seconds" in name else ""
+        metrics.append(Metric(name, kind, unit, help_text, own[0] if own else labels, collector))
+    return metrics
+
+
 CATALOG: tuple[Metric, ...] = (
-    # --- phase marks (probe records, latest boot by default) ---
-    Metric(
-        "rankscope_phase_reserved_bytes",
-        "gauge",
-        "bytes",
-        "Torch caching-allocator reserved bytes at the mark.",
+    *_collector(
+        "phases",
         PHASE_LABELS,
-        "phases",
+        ("rankscope_phase_reserved_bytes", "Torch caching-allocator reserved bytes at the mark."),
+        ("rankscope_phase_allocated_bytes", "Torch caching-allocator allocated bytes at the mark."),
+        (
+            "rankscope_phase_process_bytes",
+            "Device memory NVML attributes to this process at the mark.",
+        ),
+        (
+            "rankscope_phase_non_torch_bytes",
+            "Signed residue: NVML bytes of this process minus allocator reserved bytes; absent "
+            "where not measured.",
+        ),
+        ("rankscope_phase_device_free_bytes", "Driver-reported free device memory at the mark."),
+        (
+            "rankscope_phase_timestamp_seconds",
+            "Wall-clock time the mark was taken, as Unix seconds.",
+        ),
+        (
+            "rankscope_post_bytes",
+            "Signed change between consecutive marks of one process and runner, per view "
+            "(allocator = reserved, allocated, driver = card used, process = NVML bytes of the "
+            "process, non_torch); absent where either mark did not measure it.",
+            POST_LABELS,
+        ),
     ),
-    Metric(
-        "rankscope_phase_allocated_bytes",
-        "gauge",
-        "bytes",
-        "Torch caching-allocator allocated bytes at the mark.",
-        PHASE_LABELS,
-        "phases",
-    ),
-    Metric(
-        "rankscope_phase_process_bytes",
-        "gauge",
-        "bytes",
-        "Device memory NVML attributes to this process at the mark.",
-        PHASE_LABELS,
-        "phases",
-    ),
-    Metric(
-        "rankscope_phase_non_torch_bytes",
-        "gauge",
-        "bytes",
-        "Signed residue: NVML bytes of this process minus allocator reserved bytes; "
-        "absent where not measured.",
-        PHASE_LABELS,
-        "phases",
-    ),
-    Metric(
-        "rankscope_phase_device_free_bytes",
-        "gauge",
-        "bytes",
-        "Driver-reported free device memory at the mark.",
-        PHASE_LABELS,
-        "phases",
-    ),
-    Metric(
-        "rankscope_phase_timestamp_seconds",
-        "gauge",
-        "seconds",
-        "Wall-clock time the mark was taken, as Unix seconds.",
-        PHASE_LABELS,
-        "phases",
-    ),
-    Metric(
-        "rankscope_post_bytes",
-        "gauge",
-        "bytes",
-        "Signed change between consecutive marks of one process and runner, per view "
-        "(allocator = reserved, allocated, driver = card used, process = NVML bytes of "
-        "the process, non_torch); absent where either mark did not measure it.",
-        POST_LABELS,
-        "phases",
-    ),
-    # --- KV arenas ---
-    Metric(
-        "rankscope_arena_reserved_bytes",
-        "gauge",
-        "bytes",
-        "Address space a registered arena has reserved.",
-        ARENA_LABELS,
+    *_collector(
         "arenas",
-    ),
-    Metric(
-        "rankscope_arena_backed_bytes",
-        "gauge",
-        "bytes",
-        "Bytes of a registered arena backed by committed device pages.",
         ARENA_LABELS,
-        "arenas",
+        ("rankscope_arena_reserved_bytes", "Address space a registered arena has reserved."),
+        (
+            "rankscope_arena_backed_bytes",
+            "Bytes of a registered arena backed by committed device pages.",
+        ),
+        ("rankscope_arena_retained_bytes", "Bytes a registered arena keeps in parked handles."),
     ),
-    Metric(
-        "rankscope_arena_retained_bytes",
-        "gauge",
-        "bytes",
-        "Bytes a registered arena keeps in parked handles.",
-        ARENA_LABELS,
-        "arenas",
-    ),
-    # --- cards (the daemon's sampler) ---
-    Metric(
-        "rankscope_gpu_info",
-        "info",
-        "",
-        "Card identity; source is nvml, or simulated for the scripted device source.",
-        ("gpu", "uuid", "model", "source"),
+    *_collector(
         "cards",
-    ),
-    Metric(
-        "rankscope_gpu_total_bytes",
-        "gauge",
-        "bytes",
-        "Total device memory of the card.",
         CARD_LABELS,
-        "cards",
+        (
+            "rankscope_gpu_info",
+            "Card identity; source is nvml, or simulated for the scripted device source.",
+            ("gpu", "uuid", "model", "source"),
+        ),
+        ("rankscope_gpu_total_bytes", "Total device memory of the card."),
+        ("rankscope_gpu_free_bytes", "Free device memory at the latest sample."),
+        ("rankscope_gpu_free_min_bytes", "Minimum free device memory over the trailing window."),
+        ("rankscope_corridor_floor_bytes", "Configured free-memory floor of the card."),
+        (
+            "rankscope_corridor_breach_seconds_total",
+            "Seconds the card's free memory spent below its floor.",
+        ),
+        (
+            "rankscope_corridor_breaches_total",
+            "Times the card's free memory crossed below its floor.",
+        ),
+        (
+            "rankscope_device_errors_total",
+            "Failed reads of the device source (NVML, or the simulated script); gpu and uuid are "
+            "empty for failures of the source as a whole (init, enumeration).",
+            ("source", "gpu", "uuid"),
+        ),
+        (
+            "rankscope_gpu_rank_resident_bytes",
+            "Device memory held by processes matched to a rank of a boot.",
+        ),
+        (
+            "rankscope_gpu_foreign_bytes",
+            "Device memory held by processes that are no rank of any boot.",
+        ),
+        (
+            "rankscope_gpu_unattributed_bytes",
+            "Signed: total minus free minus every process's bytes (context, driver, sampling "
+            "skew).",
+        ),
     ),
-    Metric(
-        "rankscope_gpu_free_bytes",
-        "gauge",
-        "bytes",
-        "Free device memory at the latest sample.",
-        CARD_LABELS,
-        "cards",
-    ),
-    Metric(
-        "rankscope_gpu_free_min_bytes",
-        "gauge",
-        "bytes",
-        "Minimum free device memory over the trailing window.",
-        CARD_LABELS,
-        "cards",
-    ),
-    Metric(
-        "rankscope_corridor_floor_bytes",
-        "gauge",
-        "bytes",
-        "Configured free-memory floor of the card.",
-        CARD_LABELS,
-        "cards",
-    ),
-    Metric(
-        "rankscope_corridor_breach_seconds_total",
-        "counter",
-        "seconds",
-        "Seconds the card's free memory spent below its floor.",
-        CARD_LABELS,
-        "cards",
-    ),
-    Metric(
-        "rankscope_corridor_breaches_total",
-        "counter",
-        "",
-        "Times the card's free memory crossed below its floor.",
-        CARD_LABELS,
-        "cards",
-    ),
-    Metric(
-        "rankscope_device_errors_total",
-        "counter",
-        "",
-        "Failed reads of the device source (NVML, or the simulated script); gpu and uuid "
-        "are empty for failures of the source as a whole (init, enumeration).",
-        ("source", "gpu", "uuid"),
-        "cards",
-    ),
-    Metric(
-        "rankscope_gpu_rank_resident_bytes",
-        "gauge",
-        "bytes",
-        "Device memory held by processes matched to a rank of a boot.",
-        CARD_LABELS,
-        "cards",
-    ),
-    Metric(
-        "rankscope_gpu_foreign_bytes",
-        "gauge",
-        "bytes",
-        "Device memory held by processes that are no rank of any boot.",
-        CARD_LABELS,
-        "cards",
-    ),
-    Metric(
-        "rankscope_gpu_unattributed_bytes",
-        "gauge",
-        "bytes",
-        "Signed: total minus free minus every process's bytes (context, driver, sampling skew).",
-        CARD_LABELS,
-        "cards",
-    ),
-    # --- holdings ---
-    Metric(
-        "rankscope_gpu_process_bytes",
-        "gauge",
-        "bytes",
-        "Device memory held by one process on the card; role is rank or foreign "
-        "(overflow when the per-card cap is reached).",
+    *_collector(
+        "holdings",
         HOLDING_LABELS,
-        "holdings",
+        (
+            "rankscope_gpu_process_bytes",
+            "Device memory held by one process on the card; role is rank or foreign (overflow when "
+            "the per-card cap is reached).",
+        ),
+        (
+            "rankscope_gpu_largest_foreign_bytes",
+            "Device memory held by the card's largest foreign process (no rank of any boot), named "
+            "by pid and comm; absent while no foreign process holds memory there. One series per "
+            "card, which RankscopeForeignHolder reads instead of every process.",
+            ("gpu", "uuid", "pid", "comm"),
+        ),
     ),
-    Metric(
-        "rankscope_gpu_largest_foreign_bytes",
-        "gauge",
-        "bytes",
-        "Device memory held by the card's largest foreign process (no rank of any boot), "
-        "named by pid and comm; absent while no foreign process holds memory there. One "
-        "series per card, which RankscopeForeignHolder reads instead of every process.",
-        ("gpu", "uuid", "pid", "comm"),
-        "holdings",
-    ),
-    # --- OOM instants ---
-    Metric(
-        "rankscope_oom_events_total",
-        "counter",
-        "",
-        "Out-of-memory instants on the card: those a rank's probe recorded (boot, rank and "
-        "the failing pid set), and those the sampler saw as free memory at or below "
-        "--oom.free-below (boot, rank and pid empty: no allocator reported them).",
+    *_collector(
+        "oom",
         OOM_LABELS,
-        "oom",
+        (
+            "rankscope_oom_events_total",
+            "Out-of-memory instants on the card: those a rank's probe recorded (boot, rank and the "
+            "failing pid set), and those the sampler saw as free memory at or below "
+            "--oom.free-below (boot, rank and pid empty: no allocator reported them).",
+        ),
+        (
+            "rankscope_oom_holder_bytes",
+            "Device memory each process held on the card at the card's latest OOM instant; role is "
+            "rank or foreign (overflow past the per-card cap).",
+            HOLDING_LABELS,
+        ),
     ),
-    Metric(
-        "rankscope_oom_holder_bytes",
-        "gauge",
-        "bytes",
-        "Device memory each process held on the card at the card's latest OOM instant; role "
-        "is rank or foreign (overflow past the per-card cap).",
-        HOLDING_LABELS,
-        "oom",
-    ),
-    # --- census ---
-    Metric(
-        "rankscope_collectives_total",
-        "counter",
-        "",
-        "Collectives a rank issued, per group instance and op, as of its latest record.",
+    *_collector(
+        "census",
         CENSUS_OP_LABELS,
-        "census",
+        (
+            "rankscope_collectives_total",
+            "Collectives a rank issued, per group instance and op, as of its latest record.",
+        ),
+        (
+            "rankscope_census_round",
+            "Round (census tick count) of the rank's latest snapshot.",
+            CENSUS_RANK_LABELS,
+        ),
+        (
+            "rankscope_census_round_collectives",
+            "Collectives a rank had issued as of its latest snapshot round.",
+        ),
+        (
+            "rankscope_census_divergence",
+            "1 where the in-process comparison found ranks of one group instance disagree on an "
+            "op's count.",
+            DIVERGENCE_LABELS,
+        ),
+        (
+            "rankscope_census_snapshot_timestamp_seconds",
+            "Wall-clock time of the rank's latest census snapshot, as Unix seconds.",
+            CENSUS_RANK_LABELS,
+        ),
+        (
+            "rankscope_census_group_round",
+            "Latest census round that every rank of the group instance on this host has a snapshot "
+            "of: the round rankscope_census_group_digest and rankscope_census_rank_deficit "
+            "compare.",
+            CENSUS_GROUP_LABELS,
+        ),
+        (
+            "rankscope_census_group_digest",
+            "Digest of the group instance's collective counts on this host at "
+            "rankscope_census_group_round: an integer below 2^53 (exact in a float64) hashing each "
+            "op's count at its most advanced rank here, point-to-point channels left out. Hosts at "
+            "the same round with different digests disagree on some count.",
+            CENSUS_GROUP_LABELS,
+        ),
+        (
+            "rankscope_census_rank_deficit",
+            "Collectives a rank is behind the most advanced rank of its group instance on this "
+            "host at rankscope_census_group_round; published only for a rank behind.",
+        ),
     ),
-    Metric(
-        "rankscope_census_round",
-        "gauge",
-        "",
-        "Round (census tick count) of the rank's latest snapshot.",
-        CENSUS_RANK_LABELS,
-        "census",
-    ),
-    Metric(
-        "rankscope_census_round_collectives",
-        "gauge",
-        "",
-        "Collectives a rank had issued as of its latest snapshot round.",
-        CENSUS_OP_LABELS,
-        "census",
-    ),
-    Metric(
-        "rankscope_census_divergence",
-        "gauge",
-        "",
-        "1 where the in-process comparison found ranks of one group instance disagree "
-        "on an op's count.",
-        DIVERGENCE_LABELS,
-        "census",
-    ),
-    Metric(
-        "rankscope_census_snapshot_timestamp_seconds",
-        "gauge",
-        "seconds",
-        "Wall-clock time of the rank's latest census snapshot, as Unix seconds.",
-        CENSUS_RANK_LABELS,
-        "census",
-    ),
-    # The host's summary of each group instance, which the census rules compare across
-    # hosts: series per group instance, not per (rank, op) (docs/alerting.md).
-    Metric(
-        "rankscope_census_group_round",
-        "gauge",
-        "",
-        "Latest census round that every rank of the group instance on this host has a "
-        "snapshot of: the round rankscope_census_group_digest and "
-        "rankscope_census_rank_deficit compare.",
-        CENSUS_GROUP_LABELS,
-        "census",
-    ),
-    Metric(
-        "rankscope_census_group_digest",
-        "gauge",
-        "",
-        "Digest of the group instance's collective counts on this host at "
-        "rankscope_census_group_round: an integer below 2^53 (exact in a float64) hashing each "
-        "op's count at its most advanced rank here, point-to-point channels left out. Hosts "
-        "at the same round with different digests disagree on some count.",
-        CENSUS_GROUP_LABELS,
-        "census",
-    ),
-    Metric(
-        "rankscope_census_rank_deficit",
-        "gauge",
-        "",
-        "Collectives a rank is behind the most advanced rank of its group instance on this "
-        "host at rankscope_census_group_round; published only for a rank behind.",
-        CENSUS_OP_LABELS,
-        "census",
-    ),
-    # --- NCCL RAS (the nccl-ras collector; docs/census.md, "NCCL RAS") ---
-    Metric(
-        "rankscope_nccl_communicators",
-        "gauge",
-        "",
-        "Communicators the RAS endpoint reported (kept while seen within the forget window).",
+    *_collector(
+        "nccl-ras",
         ("endpoint",),
-        "nccl-ras",
+        (
+            "rankscope_nccl_communicators",
+            "Communicators the RAS endpoint reported (kept while seen within the forget window).",
+        ),
+        (
+            "rankscope_nccl_communicator_size",
+            "Ranks in the communicator, as NCCL reports it.",
+            NCCL_COMM_LABELS,
+        ),
+        (
+            "rankscope_nccl_communicator_ranks_reporting",
+            "Ranks of the communicator that answered RAS (JSON report only).",
+            NCCL_COMM_LABELS,
+        ),
+        (
+            "rankscope_nccl_communicator_ranks_missing",
+            "Ranks of the communicator that did not answer RAS (JSON report only).",
+            NCCL_COMM_LABELS,
+        ),
+        (
+            "rankscope_nccl_collectives_total",
+            "Collectives a rank launched on the communicator, per op, as NCCL counts them (JSON "
+            "report only; no Send/Recv; a one-rank communicator counts none).",
+            (
+                "endpoint",
+                "comm",
+                "comm_secondary",
+                "boot",
+                "nccl_rank",
+                "rank",
+                "host",
+                "pid",
+                "op",
+            ),
+        ),
+        (
+            "rankscope_nccl_count_mismatch",
+            "1 where the ranks of a communicator disagreed on an op's count with the lowest count "
+            "unchanged over the persistence polls (or NCCL's text report flagged it).",
+            ("endpoint", "comm", "comm_secondary", "boot", "op"),
+        ),
+        (
+            "rankscope_nccl_status_mismatch",
+            "1 where the ranks of a communicator reported different status over the persistence "
+            "polls.",
+            NCCL_COMM_LABELS,
+        ),
+        (
+            "rankscope_nccl_rank_missing",
+            "1 for a rank RAS could not reach, by state (unresponsive, dead).",
+            (
+                "endpoint",
+                "comm",
+                "comm_secondary",
+                "boot",
+                "nccl_rank",
+                "rank",
+                "host",
+                "pid",
+                "state",
+            ),
+        ),
+        (
+            "rankscope_nccl_dead_processes",
+            "Job processes RAS considers dead (the text report's DEAD count; in JSON the distinct "
+            "missing ranks marked considered_dead).",
+        ),
+        (
+            "rankscope_nccl_info",
+            "NCCL version and CUDA versions of the job behind a RAS endpoint, and the report "
+            "format it answered in.",
+            ("endpoint", "version", "cuda_runtime", "cuda_driver", "format"),
+        ),
+        (
+            "rankscope_nccl_ras_up",
+            "1 when the last poll of the RAS endpoint returned a report that parsed.",
+        ),
+        (
+            "rankscope_nccl_ras_poll_duration_seconds",
+            "Time the last poll of the RAS endpoint took (connect, report, parse).",
+        ),
+        (
+            "rankscope_nccl_ras_last_error",
+            "1 for the reason the last poll failed (refused, timeout, truncated, malformed, "
+            "too_large, unknown_version), 0 for the others; all 0 after a success.",
+            ("endpoint", "reason"),
+        ),
+        (
+            "rankscope_nccl_ras_poll_errors_total",
+            "Failed polls of the RAS endpoint, by reason.",
+            ("endpoint", "reason"),
+        ),
+        ("rankscope_nccl_ras_polls_total", "Polls of the RAS endpoint, failed or not."),
     ),
-    Metric(
-        "rankscope_nccl_communicator_size",
-        "gauge",
-        "",
-        "Ranks in the communicator, as NCCL reports it.",
-        NCCL_COMM_LABELS,
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_communicator_ranks_reporting",
-        "gauge",
-        "",
-        "Ranks of the communicator that answered RAS (JSON report only).",
-        NCCL_COMM_LABELS,
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_communicator_ranks_missing",
-        "gauge",
-        "",
-        "Ranks of the communicator that did not answer RAS (JSON report only).",
-        NCCL_COMM_LABELS,
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_collectives_total",
-        "counter",
-        "",
-        "Collectives a rank launched on the communicator, per op, as NCCL counts them (JSON "
-        "report only; no Send/Recv; a one-rank communicator counts none).",
-        (*NCCL_RANK_LABELS, "op"),
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_count_mismatch",
-        "gauge",
-        "",
-        "1 where the ranks of a communicator disagreed on an op's count with the lowest "
-        "count unchanged over the persistence polls (or NCCL's text report flagged it).",
-        (*NCCL_COMM_LABELS, "op"),
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_status_mismatch",
-        "gauge",
-        "",
-        "1 where the ranks of a communicator reported different status over the persistence polls.",
-        NCCL_COMM_LABELS,
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_rank_missing",
-        "gauge",
-        "",
-        "1 for a rank RAS could not reach, by state (unresponsive, dead).",
-        (*NCCL_RANK_LABELS, "state"),
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_dead_processes",
-        "gauge",
-        "",
-        "Job processes RAS considers dead (the text report's DEAD count; in JSON the "
-        "distinct missing ranks marked considered_dead).",
-        ("endpoint",),
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_info",
-        "info",
-        "",
-        "NCCL version and CUDA versions of the job behind a RAS endpoint, and the report "
-        "format it answered in.",
-        ("endpoint", "version", "cuda_runtime", "cuda_driver", "format"),
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_ras_up",
-        "gauge",
-        "",
-        "1 when the last poll of the RAS endpoint returned a report that parsed.",
-        ("endpoint",),
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_ras_poll_duration_seconds",
-        "gauge",
-        "seconds",
-        "Time the last poll of the RAS endpoint took (connect, report, parse).",
-        ("endpoint",),
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_ras_last_error",
-        "gauge",
-        "",
-        "1 for the reason the last poll failed (refused, timeout, truncated, malformed, "
-        "too_large, unknown_version), 0 for the others; all 0 after a success.",
-        ("endpoint", "reason"),
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_ras_poll_errors_total",
-        "counter",
-        "",
-        "Failed polls of the RAS endpoint, by reason.",
-        ("endpoint", "reason"),
-        "nccl-ras",
-    ),
-    Metric(
-        "rankscope_nccl_ras_polls_total",
-        "counter",
-        "",
-        "Polls of the RAS endpoint, failed or not.",
-        ("endpoint",),
-        "nccl-ras",
-    ),
-    # --- the instrument itself ---
-    Metric("rankscope_build_info", "info", "", "rankscope version.", ("version",), "self"),
-    Metric(
-        "process_start_time_seconds",
-        "gauge",
-        "seconds",
-        "Start time of the daemon since the Unix epoch (client_python's process metric): a "
-        "restart, after which every counter starts again from 0, is visible.",
-        (),
+    *_collector(
         "self",
-    ),
-    Metric(
-        "rankscope_up",
-        "gauge",
-        "",
-        "1 when a source answers, 0 when it is down: flight (the flight directory), and "
-        "nvml or simulated (the device source).",
-        ("source",),
-        "self",
-    ),
-    Metric(
-        "rankscope_collector_success",
-        "gauge",
-        "",
-        "1 when the collector's last scrape succeeded.",
         ("collector",),
-        "self",
+        ("rankscope_build_info", "rankscope version.", ("version",)),
+        (
+            "process_start_time_seconds",
+            "Start time of the daemon since the Unix epoch (client_python's process metric): a "
+            "restart, after which every counter starts again from 0, is visible.",
+            (),
+        ),
+        (
+            "rankscope_up",
+            "1 when a source answers, 0 when it is down: flight (the flight directory), and nvml "
+            "or simulated (the device source).",
+            ("source",),
+        ),
+        ("rankscope_collector_success", "1 when the collector's last scrape succeeded."),
+        ("rankscope_collector_duration_seconds", "Time the collector's last scrape took."),
     ),
-    Metric(
-        "rankscope_collector_duration_seconds",
-        "gauge",
-        "seconds",
-        "Time the collector's last scrape took.",
-        ("collector",),
-        "self",
-    ),
-    Metric(
-        "rankscope_sampler_duration_seconds",
-        "summary",
-        "seconds",
-        "The sampler's own cost per sample, all cards together.",
-        (),
+    *_collector(
         "cards",
-    ),
-    Metric(
-        "rankscope_sampler_overruns_total",
-        "counter",
-        "",
-        "Samples that started late because the previous one outran the interval.",
         (),
-        "cards",
+        (
+            "rankscope_sampler_duration_seconds",
+            "The sampler's own cost per sample, all cards together.",
+        ),
+        (
+            "rankscope_sampler_overruns_total",
+            "Samples that started late because the previous one outran the interval.",
+        ),
     ),
-    Metric(
-        "rankscope_flight_lines_skipped_total",
-        "counter",
-        "",
-        "Flight-record lines skipped by the reader, by reason (torn, malformed, newer_schema, oversized).",
+    *_collector(
+        "self",
         ("reason",),
-        "self",
-    ),
-    Metric(
-        "rankscope_flight_fields_invalid_total",
-        "counter",
-        "",
-        "Flight-record values the reader nulled as impossible (a negative or absurd byte "
-        "count, a non-finite time), by field; the line itself was kept.",
-        ("field",),
-        "self",
+        (
+            "rankscope_flight_lines_skipped_total",
+            "Flight-record lines skipped by the reader, by reason (torn, malformed, newer_schema, "
+            "oversized).",
+        ),
+        (
+            "rankscope_flight_fields_invalid_total",
+            "Flight-record values the reader nulled as impossible (a negative or absurd byte "
+            "count, a non-finite time), by field; the line itself was kept.",
+            ("field",),
+        ),
     ),
 )
 

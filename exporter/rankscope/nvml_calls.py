@@ -1,11 +1,7 @@
-"""NVML's C functions called directly, for the reads rankscope makes many times: the daemon's
-free-memory sample and a mark's memory info and process list.
-
-pynvml's wrappers look each function up under a lock and build a printable struct per call;
-for a read of a few microseconds that costs about half as much again as the read. Here a
-function is looked up once and fills a struct kept by its caller. The daemon's sampler also
-keeps the GIL through the call (:func:`hold_gil`); the probe, in the host's process, never
-does. Imports nothing beyond ctypes and threading: the probe and the daemon both use it.
+"""NVML's C functions called directly, for the reads made many times (the daemon's sample,
+a mark's memory info and process list): pynvml looks each function up under a lock and
+builds a struct per call, half as much again as the read itself. Here a function is looked
+up once and fills a struct its caller keeps. Only ctypes: the probe and the daemon share it.
 """
 
 from __future__ import annotations
@@ -29,15 +25,10 @@ class Memory(ctypes.Structure):
 
 def hold_gil(fn: Any) -> Any:
     """The same C function, called without releasing the GIL (a ctypes.PYFUNCTYPE on its
-    address); anything that is not a ctypes function pointer is returned as it is.
-
-    A call through ctypes.CDLL releases the GIL and must take it back on return; while
-    another thread runs Python, that wait lasts up to the interpreter's switch interval
-    (5 ms), and in the daemon it lands in the sampler's own timing (the `gil` part of
-    bench/bench_sampler.py shows it with a stand-in call). An NVML read is tens of
-    microseconds, so holding the GIL through it costs the daemon's other threads nothing
-    they would notice (docs/corridor.md, "The sampler's own cost"). Not for a host's process:
-    an NVML call the driver stalls would stop every thread of the host."""
+    address); anything else is returned as it is. Taking the GIL back after a ctypes call
+    can wait the switch interval (5 ms) while another thread runs, which would land in the
+    daemon sampler's timing; an NVML read is tens of microseconds (docs/corridor.md, "The
+    sampler's own cost"). Never in a host's process: a stalled call would stop every thread."""
     if not isinstance(fn, CFuncPtr):  # a stand-in in tests
         return fn
     address = ctypes.cast(fn, ctypes.c_void_p).value
@@ -51,9 +42,8 @@ def hold_gil(fn: Any) -> Any:
 
 
 def c_function(nvml: Any, name: str, *, keep_gil: bool) -> Any | None:
-    """NVML's C function ``name`` from the binding's own lookup, GIL held through each call
-    where ``keep_gil`` (:func:`hold_gil`); None where the binding exposes no lookup (a
-    stand-in) or the library lacks the function."""
+    """NVML's C function ``name`` from the binding's own lookup (GIL held through each call
+    where ``keep_gil``); None where the binding has no lookup or the library lacks it."""
     lookup = getattr(nvml, "_nvmlGetFunctionPointer", None)
     if lookup is None:
         return None
@@ -61,16 +51,13 @@ def c_function(nvml: Any, name: str, *, keep_gil: bool) -> Any | None:
         fn = lookup(name)
     except Exception:
         return None
-    if fn is None:
-        return None
-    return hold_gil(fn) if keep_gil else fn
+    return hold_gil(fn) if keep_gil and fn is not None else fn
 
 
 def memory_reader(nvml: Any, *, keep_gil: bool) -> Callable[[Any], tuple[int, int]] | None:
     """(free, total) bytes of a card by one nvmlDeviceGetMemoryInfo into a struct kept per
-    thread (threads that read at once never share one); NVML's error raised as the binding's
-    NVMLError. None where :func:`c_function` finds no function (the caller then uses
-    pynvml's wrapper)."""
+    thread, raising the binding's NVMLError; None where :func:`c_function` finds none (the
+    caller then uses pynvml's wrapper)."""
     fn = c_function(nvml, "nvmlDeviceGetMemoryInfo", keep_gil=keep_gil)
     if fn is None:
         return None

@@ -1,14 +1,11 @@
-"""Every /proc read of rankscope, behind one injectable root (``proc``, default "/proc";
-the daemon's --path.procfs, as node_exporter's), with the parse functions apart so they are
-tested on fixture trees, and the one rank matcher (:class:`RankIndex`).
-
-Used in the rank (its own identity: /proc/self) and in the daemon (every host pid's
-identity and name, to tell ranks from foreign holders). A read that fails (the process
-exited, or it is outside the reader's PID view) is None, never an exception.
-"""
+"""Every /proc read of rankscope, behind one root (``proc``: the daemon's --path.procfs),
+and the one rank matcher (:class:`RankIndex`). The rank reads its own identity
+(/proc/self); the daemon every host pid's, to tell ranks from foreign holders. A read that
+fails (the process exited, or is outside the reader's PID view) is None, never raises."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,17 +15,10 @@ DEFAULT_ROOT = "/proc"
 
 
 def read_start_ticks(pid: int | str = "self", proc: str = DEFAULT_ROOT) -> int | None:
-    """Start time of a process in clock ticks since host boot (field 22 of /proc/PID/stat).
-
-    The same number whichever PID namespace reads it, which is what lets a daemon with the
-    host's view match a containerised rank's record to NVML's host pid.
-    """
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            raw = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return parse_stat_start_ticks(raw)
+    """Start time of a process in clock ticks since host boot (field 22 of /proc/PID/stat):
+    the same whichever PID namespace reads it, so a daemon with the host's view can match a
+    containerised rank's record to NVML's host pid."""
+    return read_stat(pid, proc)[0]
 
 
 def parse_stat_start_ticks(stat_line: str) -> int | None:
@@ -94,27 +84,9 @@ class ProcInfo:
     pidns: int | None
 
 
-def parse_comm(raw: str) -> str:
-    """/proc/PID/comm -> the process name (at most 15 bytes, a trailing newline)."""
-    return raw.rstrip("\n")
-
-
-def read_comm(pid: int, proc: str = DEFAULT_ROOT) -> str | None:
-    try:
-        with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return parse_comm(f.read())
-    except OSError:
-        return None
-
-
 def read_proc_info(pid: int, proc: str = DEFAULT_ROOT) -> ProcInfo:
-    return ProcInfo(
-        pid=pid,
-        comm=read_comm(pid, proc),
-        start_ticks=read_start_ticks(pid, proc),
-        nspid=read_nspid(pid, proc),
-        pidns=read_pidns_inode(pid, proc),
-    )
+    start_ticks, comm = read_stat(pid, proc)
+    return ProcInfo(pid, comm, start_ticks, read_nspid(pid, proc), read_pidns_inode(pid, proc))
 
 
 def parse_stat_comm(stat_line: str) -> str | None:
@@ -124,7 +96,7 @@ def parse_stat_comm(stat_line: str) -> str | None:
     return stat_line[start + 1 : end] if 0 <= start < end else None
 
 
-def read_stat(pid: int, proc: str = DEFAULT_ROOT) -> tuple[int | None, str | None]:
+def read_stat(pid: int | str, proc: str = DEFAULT_ROOT) -> tuple[int | None, str | None]:
     """(start ticks, comm) from one read of /proc/PID/stat; (None, None) when it is gone."""
     try:
         with open(f"{proc}/{pid}/stat", "rb") as f:
@@ -135,9 +107,8 @@ def read_stat(pid: int, proc: str = DEFAULT_ROOT) -> tuple[int | None, str | Non
 
 
 class ProcCache:
-    """ProcInfo per host pid. A pid seen before costs one read of /proc/P/stat per holdings
-    read (start ticks and comm); the NSpid chain and the namespace are read again only when
-    the start ticks change, i.e. the pid was recycled."""
+    """ProcInfo per host pid: a pid seen before costs one read of /proc/P/stat; its NSpid
+    chain and namespace are read again only when its start ticks change (recycled)."""
 
     def __init__(self, proc: str = DEFAULT_ROOT) -> None:
         self.proc = proc
@@ -150,7 +121,7 @@ class ProcCache:
             start, comm = read_stat(pid, self.proc) if cached is not None else (None, None)
             if cached is not None and start is not None and cached.start_ticks == start:
                 # A process may rename itself (prctl PR_SET_NAME).
-                info = cached if comm == cached.comm else _with_comm(cached, comm)
+                info = cached if comm == cached.comm else dataclasses.replace(cached, comm=comm)
             else:
                 info = read_proc_info(pid, self.proc)
             fresh[pid] = info
@@ -158,13 +129,8 @@ class ProcCache:
         return fresh
 
 
-def _with_comm(info: ProcInfo, comm: str | None) -> ProcInfo:
-    return ProcInfo(info.pid, comm, info.start_ticks, info.nspid, info.pidns)
-
-
 class RankIdentityLike(Protocol):
-    """What a record says of the process that wrote it (rankscope.daemon.flightstate's
-    RankProcess): its pid as it saw it, its start ticks, its PID namespace."""
+    """What a record says of the process that wrote it (the daemon's RankProcess)."""
 
     @property
     def pid(self) -> int: ...
@@ -180,10 +146,9 @@ R = TypeVar("R", bound=RankIdentityLike)
 
 
 class RankIndex(Generic[R]):
-    """The one rank matcher: the rank processes, indexed by (pid as the rank saw it, start
-    ticks), matched against what /proc says of a host pid (docs/architecture.md, "The
-    record"). The holdings ask it which rank a card's pid is; the flight state asks it which
-    host pid a namespaced rank is."""
+    """The rank processes by (pid as the rank saw it, start ticks), matched against what
+    /proc says of a host pid (docs/architecture.md, "The record"): which rank a card's pid
+    is, and which host pid a namespaced rank is."""
 
     def __init__(self, ranks: Iterable[R]) -> None:
         self._by_key: dict[tuple[int, int], list[R]] = {}

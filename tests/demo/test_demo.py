@@ -29,6 +29,7 @@ from rankscope.demo.cards import (
     DRIVER_RESERVED,
     FLOOR,
     FOREIGN_BYTES,
+    TROUGH_BELOW_FLOOR,
     SimulatedCards,
     rank_bytes,
 )
@@ -210,7 +211,7 @@ def test_simulated_cards_are_what_the_daemon_reads(tmp_path: Path) -> None:
     assert [c.identity.index for c in parsed] == [0, 1]
     assert parsed[0].processes == {101: 10 * 1024**3}
     assert parsed[0].free == CARD_TOTAL - DRIVER_RESERVED - 10 * 1024**3
-    take = cards.trough_bytes(0)
+    take = cards.bytes_to_leave(0, FLOOR - TROUGH_BELOW_FLOOR)
     cards.set_holder(0, 103, take)
     assert cards.free(0) < FLOOR  # the trough really goes below the floor
     cards.drop_holder(103)
@@ -218,7 +219,7 @@ def test_simulated_cards_are_what_the_daemon_reads(tmp_path: Path) -> None:
 
 
 def _page(name: str) -> Page:
-    return Page(0.0, "rankscope-pager", "firing", name, {"alertname": name}, {}, "t", name)
+    return Page("rankscope-pager", "firing", name, {"alertname": name}, {}, "t", name)
 
 
 def test_verdict_passes_only_exact_pages() -> None:

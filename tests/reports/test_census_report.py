@@ -14,10 +14,11 @@ import pytest
 
 from rankscope.cli import build_parser
 from rankscope.cli.census import main as census_main
+from rankscope.cli.census import render_text
 from rankscope.rank.writer import ProcessIdentity, RankIdentity, Recorder
 from rankscope.record import SCHEMA_VERSION, Census, Header, Line, Mark
 from rankscope.record.reader import read_flight
-from rankscope.reports.census import build_report, census_document, render_text
+from rankscope.reports.census import build_report, census_document
 
 CountsAt = Callable[[int, int], dict[tuple[str, str], int]]  # (rank, round) -> counts
 
@@ -260,7 +261,7 @@ def test_the_daemon_reads_census_records_without_loading_torch_or_the_patching_c
     loaded = loaded_after(
         "import rankscope.daemon.app, rankscope.daemon.cli\n"
         "from rankscope import census\n"
-        "from rankscope.reports.census import census_document, render_text\n"
+        "from rankscope.reports.census import census_document\n"
         "from rankscope.cli.census import main"
     )
     assert "torch" not in loaded

@@ -14,7 +14,7 @@ import sys
 
 # name -> (module, one-line help). Each module has configure_parser(p) and main(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "boots": ("rankscope.cli.phases", "list the boots recorded in a flight directory"),
+    "boots": ("rankscope.cli.boots", "list the boots recorded in a flight directory"),
     "phases": ("rankscope.cli.phases", "per-process posts between boot phases, per card"),
     "census": ("rankscope.cli.census", "per-rank collective counts and their divergence"),
     "oom": ("rankscope.cli.oom", "every OOM instant: who failed, and who held the card"),

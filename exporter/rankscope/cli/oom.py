@@ -14,9 +14,8 @@ import json
 import sys
 from typing import TextIO
 
-from rankscope.cli.phases import NA, when
+from rankscope.cli.common import NA, add_boot, open_flight, print_json, when
 from rankscope.daemon.paging import MAX_LIMIT
-from rankscope.record.reader import BootNotFoundError, read_flight
 from rankscope.reports.oom import (
     OomEvent,
     OomHolder,
@@ -31,7 +30,8 @@ GiB = 1 << 30
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("flight_dir", metavar="DIR", help="the flight directory (RANKSCOPE_DIR)")
-    parser.add_argument("--boot", metavar="ID", help="the boot to show (default: the latest)")
+    parser.set_defaults(_command=name)
+    add_boot(parser)
     parser.add_argument("--json", action="store_true", help="print JSON (bytes) instead of lines")
     parser.add_argument(
         "--daemon",
@@ -42,23 +42,19 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        every = read_flight(args.flight_dir, all_boots=True)
-        chosen = read_flight(args.flight_dir, boot=args.boot)
-    except (OSError, BootNotFoundError) as exc:
-        print(f"rankscope oom: {exc}", file=sys.stderr)
+    every = open_flight(args, all_boots=True)
+    chosen = None if every is None else open_flight(args, boot=args.boot)
+    if every is None or chosen is None:
         return 2
     # Holders are named against every boot's records: a rank of an older boot that still
     # holds the card is no stranger.
     events = oom_events(chosen.records, every.records)
     sampled: list[SamplerOom] | None = None
-    status = 0
     if args.daemon:
         try:
             held, skipped = fetch_sampler_ooms(args.daemon)
         except (OSError, ValueError) as exc:  # unreachable, not a daemon: what DIR holds still
             print(f"rankscope oom: daemon {args.daemon}: {exc}", file=sys.stderr)
-            status = 1
         else:
             sampled = sampler_ooms_of_boot(held, chosen.boots, chosen.boot)
             if skipped:
@@ -71,11 +67,10 @@ def main(args: argparse.Namespace) -> int:
         doc = {"boot": chosen.boot, "ooms": [e.as_json() for e in events]}
         if sampled is not None:
             doc["sampler"] = [o.as_json() for o in sampled]
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(doc, sys.stdout)
     else:
         print_events(events, sampled or [], chosen.boot, sys.stdout)
-    return status
+    return 1 if args.daemon and sampled is None else 0
 
 
 def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOom], list[str]]:
@@ -124,20 +119,22 @@ def gib(value: int | None) -> str:
     return NA if value is None else f"{value / GiB:.2f} GiB"
 
 
-def role(h: OomHolder) -> str:
-    if h.role == "rank":
-        return f"rank {h.rank if h.rank is not None else '?'} of boot {h.boot}"
-    return "foreign"
+def held(h: OomHolder) -> str:
+    role = f"rank {h.rank if h.rank is not None else '?'} of boot {h.boot}"
+    return f"{h.pid} {h.comm or '?'} {role if h.role == 'rank' else 'foreign'} {gib(h.bytes)}"
+
+
+def _card(gpu: int | None, uuid: str | None) -> str:
+    return f"gpu {gpu if gpu is not None else NA} ({uuid or 'uuid unknown'})"
 
 
 def line(e: OomEvent) -> str:
-    card = f"gpu {e.gpu if e.gpu is not None else NA} ({e.uuid or 'uuid unknown'})"
     who = f"rank {e.rank if e.rank is not None else NA} pid {e.host_pid or e.pid}"
     phase = e.phase or "no mark"
     if e.capturing:
         phase += ", in CUDA graph capture"
     head = (
-        f"{when(e.wall)}  {card}  {who} ({phase}) asked {gib(e.requested)}, "
+        f"{when(e.wall)}  {_card(e.gpu, e.uuid)}  {who} ({phase}) asked {gib(e.requested)}, "
         f"free {gib(e.free)} of {gib(e.total)}"
     )
     if not e.holders:
@@ -146,18 +143,13 @@ def line(e: OomEvent) -> str:
 
 
 def sampler_line(o: SamplerOom) -> str:
-    card = f"gpu {o.gpu if o.gpu is not None else NA} ({o.uuid or 'uuid unknown'})"
-    head = f"{when(o.wall)}  {card}  seen by the daemon's sampler (no rank's record): "
-    head += f"free {gib(o.free)} at worst"
+    head = f"{when(o.wall)}  {_card(o.gpu, o.uuid)}  seen by the daemon's sampler (no rank's "
+    head += f"record): free {gib(o.free)} at worst"
     if o.onset_wall is not None:
         head += f", {gib(o.onset_free)} at the onset {when(o.onset_wall)}"
     if o.holders is None:
         return head + "  holders: unknown (" + "; ".join(o.why or ("not read",)) + ")"
     return head + "  holders: " + ("; ".join(held(h) for h in o.holders) or "none")
-
-
-def held(h: OomHolder) -> str:
-    return f"{h.pid} {h.comm or '?'} {role(h)} {gib(h.bytes)}"
 
 
 def print_events(

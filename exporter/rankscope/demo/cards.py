@@ -37,7 +37,7 @@ RANK_BYTES_BY_PHASE: dict[str, int] = {
     "kv_pool_sized": 512 * MiB + 12 * GiB + 20 * GiB,
 }
 FOREIGN_BYTES = 4608 * MiB  # "Process 1920108 has 4.29 GiB in use" was 4.5 GiB
-# The trough takes the card this far below its floor.
+# The trough takes the card this far below its floor (on a real GPU too).
 TROUGH_BELOW_FLOOR = 2 * GiB
 
 
@@ -84,9 +84,9 @@ class SimulatedCards:
     def free(self, card: int) -> int:
         return max(CARD_TOTAL - DRIVER_RESERVED - sum(self.holders[card].values()), 0)
 
-    def trough_bytes(self, card: int) -> int:
-        """What a process must take to leave the card TROUGH_BELOW_FLOOR under its floor."""
-        return max(self.free(card) - FLOOR + TROUGH_BELOW_FLOOR, 0)
+    def bytes_to_leave(self, card: int, free: int) -> int:
+        """What a process must take to leave ``free`` bytes free on the card."""
+        return max(self.free(card) - free, 0)
 
     def document(self) -> dict[str, object]:
         return {

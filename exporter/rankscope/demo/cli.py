@@ -29,6 +29,7 @@ GiB = 1024**3
 GPU_FLOOR = 8 * GiB
 DEFAULT_PORT = 19400  # the daemon's own default, so the status page is where a user expects
 MAX_RANKS = 8  # one host's cards
+JUDGED_BY_API = "The scenarios run, and each is judged by what the daemon's API shows instead"
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
@@ -164,58 +165,10 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
             "holder and every pid on the cards are real processes, only their byte counts "
             f"are scripted; floor {gib(floor)} per card"
         )
-
-    prometheus_bin = services.find_binary(services.PROMETHEUS_NAMES)
-    alertmanager_bin = services.find_binary(services.ALERTMANAGER_NAMES)
     with contextlib.ExitStack() as stack:
         daemon = stack.enter_context(services.daemon(workdir, flight_dir, port, daemon_args))
         view.line(f"daemon: {daemon.url}/metrics; watch the status page at {daemon.url}/")
-        receiver = None
-        routing = why_not = None
-        if not (prometheus_bin and alertmanager_bin):
-            why_not = (
-                "prometheus and prometheus-alertmanager are not both installed "
-                "(scripts/demo.sh installs them)"
-            )
-        else:
-            try:
-                routing = alerting.example_routing()
-            except FileNotFoundError as exc:
-                why_not = str(exc)
-        if prometheus_bin and alertmanager_bin and routing is not None:
-            rules_text = alerting.rules_text()
-            alerting.check_expected(
-                rules_text, set().union(*(SCENARIOS[n].expected for n in names))
-            )
-            rule_file = workdir / "rankscope.rules.yml"
-            rule_file.write_text(rules_text)
-            example, origin = routing
-            receiver = stack.enter_context(services.webhook_receiver())
-            am_url = stack.enter_context(
-                services.alertmanager(
-                    alertmanager_bin,
-                    workdir / "alertmanager",
-                    alerting.demo_routing(example, receiver.url),
-                )
-            ).url
-            prom = stack.enter_context(
-                services.prometheus(
-                    prometheus_bin,
-                    workdir / "prometheus",
-                    scrape_targets=[f"127.0.0.1:{port}"],
-                    rule_files=[rule_file],
-                    alertmanager_url=am_url,
-                )
-            )
-            view.line(
-                f"prometheus: {prom.url} (the shipped rules, `for:` shortened for the demo); "
-                f"alertmanager: {am_url} (routing from {origin}); pages arrive at {receiver.url}"
-            )
-        else:
-            view.line(
-                f"no pages: {why_not}. The scenarios run, and each is judged by what the "
-                "daemon's API shows instead"
-            )
+        receiver = start_alerting(stack, workdir, port, names, view)
         options = Options(
             ranks=args.ranks, duration=args.duration, step_interval=0.05, gpu=gpu, floor=floor
         )
@@ -223,6 +176,51 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
         for name in names:
             ScenarioRun(shared, SCENARIOS[name]).run()
         return [shared.result(SCENARIOS[name]) for name in names]
+
+
+def start_alerting(
+    stack: contextlib.ExitStack, workdir: Path, port: int, names: list[str], view: View
+) -> services.WebhookReceiver | None:
+    """Prometheus with the shipped rules scraping the daemon on ``port``, Alertmanager with
+    the example routing, and the receiver the pages arrive at; None where the binaries or
+    the routing are missing (the scenarios are then judged by the daemon's API)."""
+    prometheus_bin = services.find_binary(services.PROMETHEUS_NAMES)
+    alertmanager_bin = services.find_binary(services.ALERTMANAGER_NAMES)
+    if not (prometheus_bin and alertmanager_bin):
+        why_not = (
+            "prometheus and prometheus-alertmanager are not both installed "
+            "(scripts/demo.sh installs them)"
+        )
+        view.line(f"no pages: {why_not}. {JUDGED_BY_API}")
+        return None
+    try:
+        example, origin = alerting.example_routing()
+    except FileNotFoundError as exc:
+        view.line(f"no pages: {exc}. {JUDGED_BY_API}")
+        return None
+    rules_text = alerting.rules_text()
+    alerting.check_expected(rules_text, set().union(*(SCENARIOS[n].expected for n in names)))
+    rule_file = workdir / "rankscope.rules.yml"
+    rule_file.write_text(rules_text)
+    receiver = stack.enter_context(services.webhook_receiver())
+    routing = alerting.demo_routing(example, receiver.url)
+    am = stack.enter_context(
+        services.alertmanager(alertmanager_bin, workdir / "alertmanager", routing)
+    )
+    prom = stack.enter_context(
+        services.prometheus(
+            prometheus_bin,
+            workdir / "prometheus",
+            scrape_targets=[f"127.0.0.1:{port}"],
+            rule_files=[rule_file],
+            alertmanager_url=am.url,
+        )
+    )
+    view.line(
+        f"prometheus: {prom.url} (the shipped rules, `for:` shortened for the demo); "
+        f"alertmanager: {am.url} (routing from {origin}); pages arrive at {receiver.url}"
+    )
+    return receiver
 
 
 def verdict(results: list[Result], view: View) -> int:

@@ -20,14 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.demo import alerting
-from rankscope.demo.cards import FOREIGN_BYTES, SimulatedCards, rank_bytes
-from rankscope.demo.services import Daemon, Page, WebhookReceiver, free_port, start, stop
+from rankscope.demo.cards import FOREIGN_BYTES, TROUGH_BELOW_FLOOR, SimulatedCards, rank_bytes
+from rankscope.demo.services import DaemonProcess, Page, WebhookReceiver, free_port, start, stop
 from rankscope.demo.view import View, card_lines, gib
 from rankscope.demo.workload import COLLECTIVE_FAILED
 from rankscope.record import Census, Mark
 from rankscope.record.reader import FlightReader
-
-GiB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -70,6 +68,8 @@ TROUGH_SECONDS = 0.4
 # foreign-holder rule's `for:`, so the OOM page is the one page).
 EXHAUST_LEAVE_FREE = 128 * 1024**2
 EXHAUST_SECONDS = 1.5
+# The trough and the exhaustion start this far into serving.
+SQUEEZE_AFTER = 0.3
 # Seconds the demo waits after serving for pages still on their way (rule `for:`, scrape
 # and evaluation intervals, Alertmanager's group_wait).
 SETTLE_SECONDS = 25.0
@@ -98,7 +98,7 @@ class Stack:
 
     workdir: Path
     flight_dir: Path
-    daemon: Daemon
+    daemon: DaemonProcess
     receiver: WebhookReceiver | None
     cards: SimulatedCards | None
     view: View
@@ -107,7 +107,6 @@ class Stack:
     boots: dict[str, str] = field(default_factory=dict)  # boot id -> scenario name
     pages: dict[str, list[Page]] = field(default_factory=dict)  # scenario name -> its pages
     notes: dict[str, list[str]] = field(default_factory=dict)
-
     shown: dict[str, set[str]] = field(default_factory=dict)
 
     def result(self, scenario: Scenario) -> Result:
@@ -151,6 +150,7 @@ class ScenarioRun:
         self.tp = o.ranks // 2
         self.steps = max(math.ceil(o.duration / o.step_interval), 10)
         self.boot = f"demo-{scenario.name}-{time.strftime('%H%M%S')}-{os.getpid()}"
+        stack.boots[self.boot] = scenario.name
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
         self.rank_of_pid: dict[int, int] = {}
         self.booted: set[int] = set()
@@ -158,7 +158,6 @@ class ScenarioRun:
         self.helpers: list[subprocess.Popen[bytes]] = []
         self.pages = stack.pages.setdefault(scenario.name, [])
         self.notes = stack.notes.setdefault(scenario.name, [])
-        stack.boots[self.boot] = scenario.name
         self.shown = stack.shown.setdefault(scenario.name, set())
         self.foreign_seen: dict[int, tuple[float, float]] = {}  # pid -> first, last seen
         self.breaches_before: dict[Any, int] | None = None
@@ -167,9 +166,7 @@ class ScenarioRun:
         self.worst_free: dict[str, int] = {}  # by card uuid, over this scenario's samples
         self.page_index = stack.receiver.count() if stack.receiver else 0
         self.serving_since: float | None = None
-        self.trough_done = False
-        self.foreign_started = False
-        self.exhaust_done = False
+        self.acted = False  # the scenario's own event (foreign holder, trough, OOM) is done
         self.started_wall = time.time()
 
     # --- launching ------------------------------------------------------------------------
@@ -177,10 +174,18 @@ class ScenarioRun:
     def launch(self) -> None:
         o = self.stack.options
         port = free_port()
-        skip = ["--skip-rank", str(o.ranks - 1), "--skip-step", str(max(self.steps // 4, 2))]
+        workload = ["--tp", str(self.tp), "--steps", str(self.steps)]
+        workload += ["--step-interval", str(o.step_interval)]
+        if self.scenario.name == "skip":
+            workload += [
+                "--skip-rank",
+                str(o.ranks - 1),
+                "--skip-step",
+                str(max(self.steps // 4, 2)),
+            ]
         for rank in range(o.ranks):
-            env = dict(os.environ)
-            env.update(
+            env = dict(
+                os.environ,
                 RANK=str(rank),
                 LOCAL_RANK=str(rank),
                 WORLD_SIZE=str(o.ranks),
@@ -195,128 +200,76 @@ class ScenarioRun:
             )
             # Each rank runs under `rankscope run`, as an operator would start a job: the
             # generic marks and the torch.distributed census need no code in the workload.
-            argv = [
-                sys.executable,
-                "-m",
-                "rankscope",
-                "run",
-                "--",
-                sys.executable,
-                "-m",
-                "rankscope.demo.workload",
-                "--tp",
-                str(self.tp),
-                "--steps",
-                str(self.steps),
-                "--step-interval",
-                str(o.step_interval),
-                *(skip if self.scenario.name == "skip" else []),
-            ]
-            log = self.stack.workdir / f"{self.scenario.name}-rank{rank}.log"
-            proc = start(argv, log, env=env)
+            argv = [sys.executable, "-m", "rankscope", "run", "--", sys.executable, "-m"]
+            argv += ["rankscope.demo.workload", *workload]
+            proc = start(argv, self.stack.workdir / f"{self.scenario.name}-rank{rank}.log", env=env)
             self.ranks[rank] = proc
             self.rank_of_pid[proc.pid] = rank
 
-    # --- the scenario's own events ----------------------------------------------------------
+    # --- the scenario's own event ---------------------------------------------------------
+
+    def act(self, now: float) -> None:
+        """Once serving: the foreign holder at once, the trough or the exhaustion a while in."""
+        if self.acted or self.serving_since is None:
+            return
+        name, o = self.scenario.name, self.stack.options
+        if name == "foreign":
+            self.start_foreign()
+        elif name in ("trough", "oom") and now - self.serving_since > SQUEEZE_AFTER * o.duration:
+            if name == "trough":
+                self.squeeze(max(o.floor - TROUGH_BELOW_FLOOR, 256 * 1024**2), TROUGH_SECONDS)
+            else:
+                # The sampler sees the card exhausted, reads its holders once, and counts an
+                # OOM instant no allocator reported.
+                self.squeeze(EXHAUST_LEAVE_FREE, EXHAUST_SECONDS)
+        else:
+            return
+        self.acted = True
 
     def start_foreign(self) -> None:
-        self.foreign_started = True
-        if self.stack.options.gpu:
-            proc = self._helper(
-                [sys.executable, "-m", "rankscope.demo.hog", "--gpu", "0", "--bytes", "2GiB"],
-                "foreign",
-            )
+        cards = self.stack.cards
+        if cards is None:
+            proc = self._hog("foreign", "--bytes", "2GiB")
             self.view.line(
                 f"foreign holder: pid {proc.pid} takes 2 GiB on GPU 0 (a real allocation)"
             )
-        else:
-            proc = self._helper(["sleep", "600"], "foreign")
-            assert self.stack.cards is not None
-            self.stack.cards.set_holder(0, proc.pid, FOREIGN_BYTES)
-            self.stack.cards.write()
-            self.view.line(
-                f"foreign holder: pid {proc.pid} (a real `sleep`) is scripted to hold "
-                f"{gib(FOREIGN_BYTES)} on simulated card 0"
-            )
+            return
+        proc = self._helper(["sleep", "600"], "foreign")
+        cards.set_holder(0, proc.pid, FOREIGN_BYTES)
+        cards.write()
+        self.view.line(
+            f"foreign holder: pid {proc.pid} (a real `sleep`) is scripted to hold "
+            f"{gib(FOREIGN_BYTES)} on simulated card 0"
+        )
 
-    def trough(self) -> None:
-        self.trough_done = True
-        o = self.stack.options
-        if o.gpu:
-            leave = max(o.floor - 2 * GiB, 256 * 1024**2)
-            proc = self._helper(
-                [
-                    sys.executable,
-                    "-m",
-                    "rankscope.demo.hog",
-                    "--gpu",
-                    "0",
-                    "--leave-free",
-                    str(leave),
-                    "--hold",
-                    str(TROUGH_SECONDS),
-                ],
-                "trough",
-            )
+    def squeeze(self, leave: int, seconds: float) -> None:
+        """A process takes all but ``leave`` bytes of card 0 for ``seconds``: a real
+        allocation on a GPU, else a real `sleep` scripted to hold them."""
+        what, cards = self.scenario.name, self.stack.cards
+        floor = gib(self.stack.options.floor)
+        if cards is None:
+            proc = self._hog(what, "--leave-free", str(leave), "--hold", str(seconds))
             self.view.line(
-                f"trough: pid {proc.pid} takes all but {gib(leave)} of GPU 0 for "
-                f"{TROUGH_SECONDS * 1000:.0f} ms (floor {gib(o.floor)})"
+                f"{what}: pid {proc.pid} takes all but {gib(leave)} of GPU 0 for {seconds:g} s "
+                f"(real allocations; floor {floor})"
             )
             return
-        cards = self.stack.cards
-        assert cards is not None
-        proc = self._helper(["sleep", "600"], "trough")
-        take = cards.trough_bytes(0)
+        proc = self._helper(["sleep", "600"], what)
+        take = cards.bytes_to_leave(0, leave)
         cards.set_holder(0, proc.pid, take)
         cards.write()
         self.view.line(
-            f"trough: pid {proc.pid} takes {gib(take)} on simulated card 0 for "
-            f"{TROUGH_SECONDS * 1000:.0f} ms, leaving {gib(cards.free(0))} free (floor {gib(o.floor)})"
+            f"{what}: pid {proc.pid} (a real `sleep`) is scripted to take {gib(take)} on "
+            f"simulated card 0 for {seconds:g} s, leaving {gib(cards.free(0))} free "
+            f"(floor {floor})"
         )
-        time.sleep(TROUGH_SECONDS)
+        time.sleep(seconds)
         cards.drop_holder(proc.pid)
         cards.write()
         stop(proc)
 
-    def exhaust(self) -> None:
-        """A real process takes all but EXHAUST_LEAVE_FREE of card 0 for EXHAUST_SECONDS:
-        the daemon's sampler sees the card exhausted, reads its holders once, and counts an
-        OOM instant no allocator reported."""
-        self.exhaust_done = True
-        if self.stack.options.gpu:
-            proc = self._helper(
-                [
-                    sys.executable,
-                    "-m",
-                    "rankscope.demo.hog",
-                    "--gpu",
-                    "0",
-                    "--leave-free",
-                    str(EXHAUST_LEAVE_FREE),
-                    "--hold",
-                    str(EXHAUST_SECONDS),
-                ],
-                "oom",
-            )
-            self.view.line(
-                f"oom: pid {proc.pid} takes all but {gib(EXHAUST_LEAVE_FREE)} of GPU 0 for "
-                f"{EXHAUST_SECONDS:.1f} s (real allocations)"
-            )
-            return
-        cards = self.stack.cards
-        assert cards is not None
-        proc = self._helper(["sleep", "600"], "oom")
-        take = max(cards.free(0) - EXHAUST_LEAVE_FREE, 0)
-        cards.set_holder(0, proc.pid, take)
-        cards.write()
-        self.view.line(
-            f"oom: pid {proc.pid} (a real `sleep`) is scripted to take {gib(take)} on simulated "
-            f"card 0 for {EXHAUST_SECONDS:.1f} s, leaving {gib(cards.free(0))} free"
-        )
-        time.sleep(EXHAUST_SECONDS)
-        cards.drop_holder(proc.pid)
-        cards.write()
-        stop(proc)
+    def _hog(self, what: str, *args: str) -> subprocess.Popen[bytes]:
+        return self._helper([sys.executable, "-m", "rankscope.demo.hog", "--gpu", "0", *args], what)
 
     def _helper(self, argv: list[str], what: str) -> subprocess.Popen[bytes]:
         proc = start(argv, self.stack.workdir / f"{self.scenario.name}-{what}.log")
@@ -326,6 +279,7 @@ class ScenarioRun:
     # --- following the run ------------------------------------------------------------------
 
     def follow(self, reader: FlightReader) -> None:
+        cards = self.stack.cards
         changed = False
         reached: dict[tuple[int, int], list[str]] = {}
         for rec in reader.poll():
@@ -334,25 +288,22 @@ class ScenarioRun:
             if h.boot != self.boot or rank is None:
                 continue
             if isinstance(body, Mark):
-                phase = body.phase
-                reached.setdefault((rank, h.pid), []).append(phase)
-                if phase == "boot_complete":
+                reached.setdefault((rank, h.pid), []).append(body.phase)
+                if body.phase == "boot_complete":
                     self.booted.add(rank)
-                if self.stack.cards is not None and h.pid in self.rank_of_pid:
-                    card = self.stack.cards.card_of_rank(rank)
-                    self.stack.cards.set_holder(card, h.pid, rank_bytes(phase))
+                if cards is not None and h.pid in self.rank_of_pid:
+                    cards.set_holder(cards.card_of_rank(rank), h.pid, rank_bytes(body.phase))
                     changed = True
             elif isinstance(body, Census):
                 self.rounds[rank] = body.round or 0
         for (rank, pid), phases in sorted(reached.items()):
             self.view.phases(rank, pid, phases)
-        cards = self.stack.cards
         for proc in self.ranks.values():
             if cards is not None and proc.poll() is not None and proc.pid in cards.pids():
                 cards.drop_holder(proc.pid)
                 changed = True
-        if changed and self.stack.cards is not None:
-            self.stack.cards.write()
+        if changed and cards is not None:
+            cards.write()
         if self.serving_since is None and len(self.booted) == len(self.ranks):
             self.serving_since = time.monotonic()
             self.view.line(f"all {len(self.ranks)} ranks booted; serving {self.steps} steps")
@@ -384,15 +335,15 @@ class ScenarioRun:
             self.view.line(f"the daemon did not answer ({exc})")
             return None
         now = time.monotonic()
-        breaches = {c.get("uuid"): c.get("breaches") or 0 for c in doc.get("cards", [])}
+        cards = doc.get("cards", [])
+        breaches = {c.get("uuid"): c.get("breaches") or 0 for c in cards}
         # An OOM of this scenario on a card: its page holds back that card's breach (the
         # shipped inhibition), so a breach there is not shown apart.
-        oomed = {
+        self.oomed |= {
             c.get("uuid")
-            for c in doc.get("cards", [])
+            for c in cards
             if (c.get("last_oom") or {}).get("wall", 0) >= self.started_wall
         }
-        self.oomed |= oomed
         if self.oomed:
             self.shown.add(alerting.OUT_OF_MEMORY)
         if self.breaches_before is None:
@@ -404,7 +355,7 @@ class ScenarioRun:
             self.shown.add(alerting.CORRIDOR_BREACH)
         else:
             self.shown.discard(alerting.CORRIDOR_BREACH)
-        for card in doc.get("cards", []):
+        for card in cards:
             free, uuid = card.get("free"), card.get("uuid")
             if isinstance(free, int) and isinstance(uuid, str):
                 self.worst_free[uuid] = min(self.worst_free.get(uuid, free), free)
@@ -444,50 +395,9 @@ class ScenarioRun:
             f"expecting {expect}"
         )
         reader = FlightReader(self.stack.flight_dir)
-        started = time.monotonic()
-        last_summary = last_observed = started
         try:
             self.launch()
-            first_done: float | None = None
-            stragglers: list[int] = []
-            while any(p.poll() is None for p in self.ranks.values()):
-                self.follow(reader)
-                now = time.monotonic()
-                if self.serving_since is None and now - started > BOOT_TIMEOUT:
-                    self.notes.append(f"the ranks did not boot within {BOOT_TIMEOUT:.0f}s")
-                    break
-                if first_done is None and any(p.poll() == 0 for p in self.ranks.values()):
-                    first_done = now
-                if first_done is not None and now - first_done > STRAGGLER_GRACE:
-                    # A rank still inside a collective its peer never issued (NCCL does not
-                    # notice a peer's exit the way gloo's socket does).
-                    stragglers = [r for r, p in self.ranks.items() if p.poll() is None]
-                    for rank in stragglers:
-                        stop(self.ranks[rank], grace=3.0)
-                    break
-                if self.serving_since is not None:
-                    if s.name == "foreign" and not self.foreign_started:
-                        self.start_foreign()
-                    if (
-                        s.name == "trough"
-                        and not self.trough_done
-                        and now - self.serving_since > 0.3 * o.duration
-                    ):
-                        self.trough()
-                    if (
-                        s.name == "oom"
-                        and not self.exhaust_done
-                        and now - self.serving_since > 0.3 * o.duration
-                    ):
-                        self.exhaust()
-                self.collect_pages()
-                if now - last_summary >= SUMMARY_EVERY:
-                    last_summary = last_observed = now
-                    self.summary()
-                elif now - last_observed >= OBSERVE_EVERY:
-                    last_observed = now
-                    self.observe()
-                time.sleep(0.1)
+            stragglers = self.serve(reader)
             self.follow(reader)
             self.summary()
             self.report_exits(stragglers)
@@ -498,6 +408,37 @@ class ScenarioRun:
             if self.stack.cards is not None:
                 self.stack.cards.clear()
                 self.stack.cards.write()
+
+    def serve(self, reader: FlightReader) -> list[int]:
+        """Follow the ranks until they all ended; the ranks the demo had to stop."""
+        started = time.monotonic()
+        last_summary = last_observed = started
+        first_done: float | None = None
+        while any(p.poll() is None for p in self.ranks.values()):
+            self.follow(reader)
+            now = time.monotonic()
+            if self.serving_since is None and now - started > BOOT_TIMEOUT:
+                self.notes.append(f"the ranks did not boot within {BOOT_TIMEOUT:.0f}s")
+                break
+            if first_done is None and any(p.poll() == 0 for p in self.ranks.values()):
+                first_done = now
+            if first_done is not None and now - first_done > STRAGGLER_GRACE:
+                # A rank still inside a collective its peer never issued (NCCL does not
+                # notice a peer's exit the way gloo's socket does).
+                stragglers = [r for r, p in self.ranks.items() if p.poll() is None]
+                for rank in stragglers:
+                    stop(self.ranks[rank], grace=3.0)
+                return stragglers
+            self.act(now)
+            self.collect_pages()
+            if now - last_summary >= SUMMARY_EVERY:
+                last_summary = last_observed = now
+                self.summary()
+            elif now - last_observed >= OBSERVE_EVERY:
+                last_observed = now
+                self.observe()
+            time.sleep(0.1)
+        return []
 
     def report_exits(self, stragglers: list[int]) -> None:
         """Say how each rank ended. In the skip scenario a peer of the skipping rank is

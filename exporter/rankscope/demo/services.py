@@ -1,7 +1,6 @@
-"""The demo's peers on loopback: the daemon, a real Prometheus, a real Alertmanager and the
-webhook receiver the pages arrive at. Each runs from the demo's temporary directory on a
-free port and is stopped by its context manager (Debian names the Alertmanager binary
-prometheus-alertmanager)."""
+"""The demo's peers on loopback, each from the demo's temporary directory on a free port and
+stopped by its context manager: the daemon, a real Prometheus, a real Alertmanager, and the
+webhook receiver the pages arrive at."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from typing import Any, TypeVar
 import yaml
 
 PROMETHEUS_NAMES = ("prometheus",)
-ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")
+ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")  # Debian's name first
 
 
 class ServiceError(RuntimeError):
@@ -49,11 +48,7 @@ def port_free(port: int) -> bool:
 
 
 def find_binary(names: Sequence[str]) -> str | None:
-    for name in names:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+    return next(filter(None, map(shutil.which, names)), None)
 
 
 def http_json(url: str, timeout: float = 3.0) -> Any:
@@ -150,7 +145,9 @@ def served(kind: type[S], argv: list[str], log: Path, port: int, ready_path: str
         stop(proc, grace=10)
 
 
-class Daemon(Service):
+class DaemonProcess(Service):
+    """`rankscope serve`, started by the demo as its own process."""
+
     def get(self, path: str) -> Any:
         return http_json(self.url + path)
 
@@ -158,20 +155,13 @@ class Daemon(Service):
 @contextlib.contextmanager
 def daemon(
     workdir: Path, flight_dir: Path, port: int, extra_args: Sequence[str] = ()
-) -> Iterator[Daemon]:
+) -> Iterator[DaemonProcess]:
     """`rankscope serve` over the demo's flight directory, as its own process (the same
     command a user runs)."""
     log = workdir / "daemon.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "rankscope",
-        "serve",
-        f"--web.listen-address=127.0.0.1:{port}",
-        f"--flight-dir={flight_dir}",
-        *extra_args,
-    ]
-    with served(Daemon, argv, log, port, "/api/v1/cards") as running:
+    argv = [sys.executable, "-m", "rankscope", "serve", f"--web.listen-address=127.0.0.1:{port}"]
+    argv += [f"--flight-dir={flight_dir}", *extra_args]
+    with served(DaemonProcess, argv, log, port, "/api/v1/cards") as running:
         yield running
 
 
@@ -248,7 +238,6 @@ def alertmanager(binary: str, workdir: Path, config_text: str) -> Iterator[Alert
 class Page:
     """One alert of one webhook notification, as Alertmanager delivered it."""
 
-    received: float  # time.monotonic() at the receiver
     receiver: str
     status: str  # firing | resolved
     alertname: str
@@ -258,25 +247,26 @@ class Page:
     fingerprint: str
 
     @classmethod
-    def from_notification(cls, body: dict[str, Any], received: float) -> list[Page]:
+    def from_notification(cls, body: dict[str, Any]) -> list[Page]:
         pages = []
         for alert in body.get("alerts", []):
-            labels = {str(k): str(v) for k, v in (alert.get("labels") or {}).items()}
+            labels = _strings(alert.get("labels"))
             pages.append(
                 cls(
-                    received=received,
                     receiver=str(body.get("receiver", "")),
                     status=str(alert.get("status", body.get("status", ""))),
                     alertname=labels.get("alertname", "?"),
                     labels=labels,
-                    annotations={
-                        str(k): str(v) for k, v in (alert.get("annotations") or {}).items()
-                    },
+                    annotations=_strings(alert.get("annotations")),
                     starts_at=str(alert.get("startsAt", "")),
                     fingerprint=str(alert.get("fingerprint", "")),
                 )
             )
         return pages
+
+
+def _strings(mapping: dict[Any, Any] | None) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (mapping or {}).items()}
 
 
 @dataclass
@@ -285,7 +275,6 @@ class WebhookReceiver:
 
     url: str
     pages: list[Page] = field(default_factory=list)
-    bad_posts: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def since(self, index: int) -> list[Page]:
@@ -306,10 +295,8 @@ def webhook_receiver() -> Iterator[WebhookReceiver]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
             try:
-                pages = Page.from_notification(json.loads(raw), time.monotonic())
+                pages = Page.from_notification(json.loads(raw))
             except (ValueError, AttributeError, TypeError):
-                with receiver.lock:
-                    receiver.bad_posts += 1
                 self.send_response(400)
                 self.end_headers()
                 return

@@ -1,18 +1,18 @@
-"""The census report: flight records -> what ``rankscope census --json`` prints (and the
-daemon serves at /api/v1/census). A pure function of the records.
+"""The census report: flight records -> what ``rankscope census --json`` prints and the
+daemon serves at /api/v1/census.
 
-Per group instance, the counts of its member ranks are compared at the latest round at
-which every member left a snapshot (ranks snapshot at the same rounds, since ``tick()`` is
-replicated; a rank killed with SIGKILL still counts with its last snapshot). Divergences at
-earlier rounds are listed in ``history`` with the rounds they spanned, even when the counts
-agree again later. Local dumps (taken at abort, not at a common round) are compared too, in
-their own section.
+Per group instance, its member ranks' counts are compared at the latest round at which
+every member left a snapshot (``tick()`` is replicated, so ranks snapshot at the same
+rounds; a rank killed with SIGKILL counts with its last one). Divergences at earlier rounds
+are listed in ``history`` with the rounds they spanned, even when the counts agree again
+later. Local dumps (taken at abort, not at a common round) are compared in their own section.
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rankscope.record import AnyLine, Census, CensusDump, Divergence, Line
@@ -28,19 +28,20 @@ CENSUS_KINDS = (Census, CensusDump, Divergence)
 Record = AnyLine
 
 
+@dataclass
 class _Rank:
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.process: tuple[Any, ...] | None = None
-        self.last_wall = float("-inf")
-        self.snapshots: dict[int, Census] = {}  # by round
-        self.snapshot_wall: dict[int, float] = {}
-        self.every: int | None = None
-        self.dump: dict[str, Any] | None = None
-        self.dump_counts: dict[str, dict[str, int]] = {}
+    """What one rank's newest process recorded."""
+
+    rank: int
+    process: tuple[Any, ...] | None = None  # host, pid, start ticks
+    snapshots: dict[int, Census] = field(default_factory=dict)  # by round
+    snapshot_wall: dict[int, float] = field(default_factory=dict)
+    every: int | None = None
+    dump: dict[str, Any] | None = None
+    dump_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def _select_processes(
+def _newest_processes(
     records: Iterable[Record], skipped: collections.Counter[str]
 ) -> dict[int, list[Record]]:
     """Census records per rank, from the newest process of each rank (a rank restarted
@@ -54,17 +55,14 @@ def _select_processes(
             skipped["no_rank"] += 1
             continue
         by_process[(h.rank, h.host, h.pid, h.start_ticks)].append(rec)
-    newest: dict[int, tuple[float, tuple[Any, ...]]] = {}
-    for key, recs in by_process.items():
-        last = max(r.header.wall for r in recs)
-        rank = key[0]
-        if rank not in newest or last > newest[rank][0]:
-            if rank in newest:
-                skipped["superseded_process"] += len(by_process[newest[rank][1]])
-            newest[rank] = (last, key)
-        else:
-            skipped["superseded_process"] += len(recs)
-    return {rank: by_process[key] for rank, (_, key) in newest.items()}
+    newest: dict[int, tuple[Any, ...]] = {}
+    last_wall = {key: max(r.header.wall for r in recs) for key, recs in by_process.items()}
+    for key in sorted(by_process, key=last_wall.__getitem__, reverse=True):
+        newest.setdefault(key[0], key)  # the first of equal walls, as read
+    superseded = sum(len(recs) for key, recs in by_process.items() if newest[key[0]] != key)
+    if superseded:
+        skipped["superseded_process"] += superseded
+    return {rank: by_process[key] for rank, key in newest.items()}
 
 
 def _load(
@@ -77,20 +75,16 @@ def _load(
         for rec in recs:
             h, body = rec.header, rec.body
             state.process = (h.host, h.pid, h.start_ticks)
-            state.last_wall = max(state.last_wall, h.wall)
             if isinstance(body, Divergence):
                 divergences.append(Line(h, body))
+            elif not isinstance(body, (Census, CensusDump)):
                 continue
-            if not isinstance(body, (Census, CensusDump)):
-                continue
-            if body.counts is None or body.round is None:
+            elif body.counts is None or body.round is None:
                 skipped["bad_census_line"] += 1
-                continue
-            if isinstance(body, Census):
+            elif isinstance(body, Census):
                 state.snapshots[body.round] = body
                 state.snapshot_wall[body.round] = h.wall
-                if body.every is not None:
-                    state.every = body.every
+                state.every = body.every if body.every is not None else state.every
             elif state.dump is None or h.wall >= state.dump["wall"]:
                 state.dump = {"reason": str(body.reason), "round": body.round, "wall": h.wall}
                 state.dump_counts = split_by_group(body.counts)
@@ -127,7 +121,7 @@ def build_report(
     """The census of one boot's records (pass the records of one boot: ``read_flight``
     scopes them). ``skipped`` carries the reader's own skip counts into the report."""
     skips: collections.Counter[str] = collections.Counter(skipped or {})
-    ranks, divergences = _load(_select_processes(records, skips), skips)
+    ranks, divergences = _load(_newest_processes(records, skips), skips)
     groups, entries, history = _snapshot_sections(ranks)
     everies = sorted({s.every for s in ranks.values() if s.every is not None})
     return {
@@ -248,103 +242,3 @@ def _rank_summary(state: _Rank) -> dict[str, Any]:
         else [],
         "dump": state.dump,
     }
-
-
-# --- text ---------------------------------------------------------------------------------
-
-
-def _counts_text(counts: Mapping[str, int]) -> str:
-    values = set(counts.values())
-    if len(values) == 1 and len(counts) > 2:
-        return f"all {len(counts)}: {next(iter(values))}"
-    return " ".join(f"{r}:{n}" for r, n in counts.items())
-
-
-def _status(entry: Entry) -> str:
-    if not entry["divergent"]:
-        return "ok"
-    return "DIVERGENT, lagging: " + ",".join(str(r) for r in entry["lagging"])
-
-
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-
-
-def render_text(report: Mapping[str, Any]) -> str:
-    ranks = report["ranks"]
-    if not ranks:
-        boot = report["boot"]
-        return "no census records" + (f" in boot {boot}" if boot else "") + "\n"
-    lines: list[str] = []
-    every = report["every"]
-    lines.append(
-        f"census of boot {report['boot']}: {len(ranks)} rank(s) with census records"
-        + (f", a snapshot every {every} ticks" if every else "")
-    )
-    if not report["entries"]:
-        lines.append("no group instance has two ranks with a snapshot at a common round")
-    else:
-        rows = [["GROUP", "OP", "ROUND", "COUNTS (rank:n)", "STATUS"]]
-        rows += [
-            [e["group"], e["op"], str(e["round"]), _counts_text(e["counts"]), _status(e)]
-            for e in report["entries"]
-        ]
-        lines.append("")
-        lines.extend(_table(rows))
-    lines.append("")
-    first = report["first_divergent_round"]
-    if first is None:
-        lines.append("no divergence at any compared round")
-    else:
-        lines.append(f"first divergence at round {first}")
-        lines.append("divergences by the rounds they spanned:")
-        for e in report["history"]:
-            span = e["rounds"]
-            rounds = f"round {span[0]}" if span[0] == span[1] else f"rounds {span[0]}-{span[1]}"
-            state = "resolved since" if e["resolved"] else "still at the latest common round"
-            lines.append(
-                f"  {e['group']} {e['op']}: {rounds}, first counts {_counts_text(e['counts'])}, "
-                f"lagging {','.join(map(str, e['lagging']))} ({state})"
-            )
-    if report["in_process"]:
-        lines.append("")
-        lines.append(
-            f"in-process comparison ({report['in_process_lines']} divergence line(s)), "
-            "latest per op:"
-        )
-        for d in report["in_process"]:
-            counts = d["counts"] if isinstance(d["counts"], dict) else {}
-            lagging = d["lagging"] or []
-            state = f"lagging {','.join(map(str, lagging))}" if lagging else "agree again"
-            lines.append(
-                f"  round {d['round']}: {d['group']} {d['op']} {_counts_text(counts)}, {state}"
-            )
-    dumps = report["dumps"]
-    if dumps["ranks"]:
-        lines.append("")
-        lines.append("local dumps (taken at abort or exit, not at a common round):")
-        for d in dumps["ranks"]:
-            lines.append(f"  rank {d['rank']}: {d['reason']} at round {d['round']}")
-        if dumps["entries"]:
-            rows = [["GROUP", "OP", "COUNTS AT DUMP", "STATUS"]]
-            rows += [
-                [e["group"], e["op"], _counts_text(e["counts"]), _status(e)]
-                for e in dumps["entries"]
-            ]
-            lines.extend("  " + row for row in _table(rows))
-    lines.append("")
-    lines.append("ranks:")
-    for r in ranks:
-        last = r["last_round"]
-        lines.append(
-            f"  rank {r['rank']}: pid {r['pid']} on {r['host']}, {r['snapshots']} snapshot(s)"
-            + (f", last at round {last}" if last is not None else "")
-        )
-    if report["skipped"]:
-        lines.append("")
-        lines.append("skipped: " + ", ".join(f"{k} {v}" for k, v in report["skipped"].items()))
-    return "\n".join(lines) + "\n"

@@ -1,18 +1,12 @@
 """The ledger: where each process's VRAM went between its marks, and each card's identity.
+Pure functions over flight records, for `rankscope phases`, /api/v1/phases and the status
+page. Bytes are integers; an unmeasured quantity is None, never 0.
 
-Pure functions over flight records (rankscope.record.reader), shared by `rankscope phases`, the
-daemon's /api/v1/phases and the status page:
-
-- posts: the signed change between consecutive marks of one process and runner, per view
-  (allocator reserved, allocator allocated, the card's used memory from the driver, this
-  process's NVML bytes, the non-torch residue). Never across a boot seam or a change of
-  card; a phase that target and draft both run is kept apart by runner.
-- card identity at each mark: total = rank_resident + foreign + free + unattributed, where
-  rank_resident is the NVML bytes of the boot's processes on the card, foreign the bytes of
-  every other pid in the mark's pid map, and unattributed the signed remainder; its drift
-  (the change of unattributed since the card's first mark in the boot) is reported.
-
-Bytes are integers; an unmeasured quantity is None, never 0.
+- posts: the signed change between consecutive marks of one (boot, process, runner), per
+  view (VIEWS). Never across a boot seam or a change of card.
+- card identity at each mark: total = rank_resident + foreign + free + unattributed
+  (rank_resident: the boot's processes' NVML bytes on the card; foreign: every other pid's;
+  unattributed: the signed remainder, with its drift since the card's first mark).
 """
 
 from __future__ import annotations
@@ -28,7 +22,8 @@ MiB = 1 << 20
 
 MarkLine = Line[Mark]
 
-# view name -> how to read it from a mark
+# view name -> how to read it from a mark: allocator reserved and allocated bytes, the
+# card's used memory from the driver, this process's NVML bytes, the non-torch residue
 VIEWS: dict[str, Callable[[Mark], int | None]] = {
     "allocator": lambda m: m.torch.reserved,
     "allocated": lambda m: m.torch.allocated,
@@ -44,11 +39,14 @@ def _delta(before: int | None, after: int | None) -> int | None:
     return after - before if before is not None and after is not None else None
 
 
+def _sum(sizes: Iterable[int | None]) -> int | None:
+    """The sum, unknown when any part is."""
+    parts = list(sizes)
+    return None if None in parts else sum(p for p in parts if p is not None)
+
+
 def marks_of(records: Iterable[Record]) -> list[MarkLine]:
     return of_kind(records, Mark)
-
-
-# --- posts ----------------------------------------------------------------------------------
 
 
 def posts(records: Iterable[Record]) -> list[dict[str, Any]]:
@@ -89,9 +87,6 @@ def posts(records: Iterable[Record]) -> list[dict[str, Any]]:
     return out
 
 
-# --- per-card identity ----------------------------------------------------------------------
-
-
 def card_identities(
     records: Iterable[Record], resolve_host_pid: HostPid = host_pid
 ) -> list[dict[str, Any]]:
@@ -118,22 +113,12 @@ def card_identities(
         free, total, procs = mark.driver.free, mark.driver.total, mark.nvml.procs
         if card is None or free is None or total is None or procs is None:
             continue
-        rank_resident: int | None = 0
-        foreign: int | None = 0
-        foreign_pids: dict[str, int | None] = {}
-        for pid, size in procs.items():
-            if pid in boot_pids:
-                rank_resident = (
-                    None if rank_resident is None or size is None else rank_resident + size
-                )
-            else:
-                foreign_pids[str(pid)] = size
-                foreign = None if foreign is None or size is None else foreign + size
-        unattributed = (
-            total - rank_resident - foreign - free
-            if rank_resident is not None and foreign is not None
-            else None
-        )
+        foreign_pids = {str(pid): size for pid, size in procs.items() if pid not in boot_pids}
+        rank_resident = _sum(size for pid, size in procs.items() if pid in boot_pids)
+        foreign = _sum(foreign_pids.values())
+        unattributed = None
+        if rank_resident is not None and foreign is not None:
+            unattributed = total - rank_resident - foreign - free
         if unattributed is not None:
             baseline.setdefault(card, unattributed)
         by_card[card].append(
@@ -158,9 +143,6 @@ def card_identities(
         {"uuid": card, "gpu": rows[-1]["gpu"], "identities": rows} for card, rows in by_card.items()
     ]
     return sorted(cards, key=lambda c: (c["gpu"] is None, c["gpu"] or 0, c["uuid"]))
-
-
-# --- the phases document (rankscope phases --json, GET /api/v1/phases) -----------------------
 
 
 def _mark_row(line: MarkLine) -> dict[str, Any]:

@@ -1,12 +1,11 @@
-"""Reading ``oom`` lines: the OOM instants the probe's observer recorded (rankscope.rank.probe.oom),
-parsed once into :class:`OomEvent`, with every holder of the card named: a rank of a boot
-(matched by pid and start ticks against the records of every process in the flight
-directory) or foreign.
+"""The OOM report: each ``oom`` line the probe recorded, as an :class:`OomEvent` with every
+holder of the card named: a rank of a boot (matched by pid and start ticks against the
+records of every process in the flight directory) or foreign. Used by ``rankscope oom`` and
+the daemon (/api/v1/oom, rankscope_oom_events_total).
 
-Used by ``rankscope oom DIR`` and by the daemon (/api/v1/oom, rankscope_oom_events_total).
-:class:`SamplerOom` is the reading side of the daemon's other source, the OOM instants its
-sampler saw (/api/v1/oom's ``source: "sampler"`` entries), which live in the daemon, not in
-the flight directory (docs/architecture.md, "Sampler-seen OOMs").
+:class:`SamplerOom` reads the daemon's other source back: the OOM instants its sampler saw
+(/api/v1/oom's ``source: "sampler"`` entries), which live in the daemon, not in the flight
+directory (docs/architecture.md, "Sampler-seen OOMs").
 """
 
 from __future__ import annotations
@@ -22,16 +21,19 @@ ROLE_RANK = "rank"
 ROLE_FOREIGN = "foreign"
 T = TypeVar("T")
 
+RankNamer = Callable[[int, int | None], tuple[str, int | None] | None]
+HostPid = Callable[[Record], int | None]
+
 
 @dataclass(frozen=True)
 class OomHolder:
-    """One process on the card at the OOM instant, largest first in an event."""
+    """One process on the card at the OOM instant, named a rank of a boot or foreign."""
 
     pid: int
     bytes: int | None
     comm: str | None
     start_ticks: int | None
-    role: str  # rank or foreign
+    role: str  # ROLE_RANK or ROLE_FOREIGN
     boot: str | None
     rank: int | None
 
@@ -57,7 +59,7 @@ class OomEvent:
     pools: dict[str, dict[str, int | None]] | None
     phase: str | None
     capturing: bool | None
-    holders: tuple[OomHolder, ...]
+    holders: tuple[OomHolder, ...]  # largest first
     why: tuple[str, ...]  # every read that failed, and why
 
     def as_json(self) -> dict[str, Any]:
@@ -65,10 +67,6 @@ class OomEvent:
         doc["holders"] = [asdict(h) for h in self.holders]
         doc["why"] = list(self.why)
         return doc
-
-
-RankNamer = Callable[[int, int | None], tuple[str, int | None] | None]
-HostPid = Callable[[Record], int | None]
 
 
 def rank_namer(records: Iterable[Record], resolve: HostPid = host_pid) -> RankNamer:
@@ -98,25 +96,15 @@ def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> 
         "phase": body.phase_why,
         "measure": body.why,
     }
-    whys = tuple(f"{what}: {why}" for what, why in parts.items() if why is not None)
     holders = []
     for held in body.holders or ():
         named = name(held.pid, held.start_ticks)
+        role = ROLE_RANK if named else ROLE_FOREIGN
+        boot, rank = named or (None, None)
         holders.append(
-            OomHolder(
-                pid=held.pid,
-                bytes=held.bytes,
-                comm=held.comm,
-                start_ticks=held.start_ticks,
-                role=ROLE_RANK if named else ROLE_FOREIGN,
-                boot=named[0] if named else None,
-                rank=named[1] if named else None,
-            )
+            OomHolder(held.pid, held.bytes, held.comm, held.start_ticks, role, boot, rank)
         )
     holders.sort(key=lambda x: (x.bytes is None, -(x.bytes or 0), x.pid))
-    pools = None
-    if body.pools is not None:
-        pools = {n: p.to_json() for n, p in body.pools.items()}
     return OomEvent(
         wall=h.wall,
         boot=h.boot,
@@ -132,11 +120,11 @@ def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> 
         reserved=body.allocator.reserved,
         allocated=body.allocator.allocated,
         largest_free_block=body.largest_free_block,
-        pools=pools,
+        pools=None if body.pools is None else {n: p.to_json() for n, p in body.pools.items()},
         phase=body.phase,
         capturing=body.capturing,
         holders=tuple(holders),
-        why=whys,
+        why=tuple(f"{what}: {why}" for what, why in parts.items() if why is not None),
     )
 
 
@@ -147,12 +135,11 @@ def oom_events(
     namer: RankNamer | None = None,
 ) -> list[OomEvent]:
     """The OOM events among ``records``, oldest first; holders named by ``namer``, else
-    against ``every_record`` (default: ``records`` themselves), host pids found by
-    ``resolve``."""
+    against ``every_record`` (default: ``records`` themselves)."""
     name = namer or rank_namer(records if every_record is None else every_record, resolve)
-    events = [parse_oom(line, name, resolve) for line in of_kind(records, Oom)]
-    events.sort(key=lambda e: e.wall)
-    return events
+    return sorted(
+        (parse_oom(line, name, resolve) for line in of_kind(records, Oom)), key=lambda e: e.wall
+    )
 
 
 def holding_entry(
@@ -187,10 +174,7 @@ def sampler_entry(
         "wall": wall,
         "gpu": gpu,
         "uuid": uuid,
-        "boot": None,
-        "rank": None,
-        "pid": None,
-        "requested": None,
+        **dict.fromkeys(("boot", "rank", "pid", "requested")),
         "free": free,
         "onset_wall": onset_wall,
         "onset_free": onset_free,
@@ -201,9 +185,8 @@ def sampler_entry(
 
 @dataclass(frozen=True)
 class SamplerOom:
-    """An OOM instant the daemon's corridor sampler saw (the card's free memory at or below
-    --oom.free-below) where no rank's allocator reported one: an entry of /api/v1/oom with
-    ``source: "sampler"``, as rankscope.daemon.oom.Exhaustion.as_json writes it."""
+    """An OOM instant the daemon's sampler saw (the card's free memory at or below
+    --oom.free-below) where no rank's allocator reported one."""
 
     wall: float  # the worst instant of the exhaustion
     gpu: int | None
@@ -215,9 +198,12 @@ class SamplerOom:
     why: tuple[str, ...]
 
     def as_json(self) -> dict[str, Any]:
-        """The entry as the daemon serves it: `rankscope oom --json` prints the API's own
-        form, not a second one."""
-        holders = self.holders
+        """The entry as the daemon serves it: `rankscope oom --json` prints the API's form."""
+        holders = None
+        if self.holders is not None:
+            holders = [
+                holding_entry(h.pid, h.comm, h.bytes, h.role, h.boot, h.rank) for h in self.holders
+            ]
         return sampler_entry(
             wall=self.wall,
             gpu=self.gpu,
@@ -225,33 +211,29 @@ class SamplerOom:
             free=self.free,
             onset_wall=self.onset_wall,
             onset_free=self.onset_free,
-            holders=None
-            if holders is None
-            else [holding_entry(h.pid, h.comm, h.bytes, h.role, h.boot, h.rank) for h in holders],
+            holders=holders,
             why=list(self.why),
         )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> SamplerOom:
         """One API entry -> the instant; ValueError naming the first field that is wrong."""
-        raw_holders = obj.get("holders")
-        holders = None
-        if raw_holders is not None:
-            holders = tuple(_sampler_holder(h) for h in _of(raw_holders, list, "holders"))
-        why = _of(obj.get("why") or [], list, "why")
+        raw = obj.get("holders")
         return cls(
             wall=_number(obj.get("wall"), "wall"),
             gpu=_opt(obj.get("gpu"), int, "gpu"),
             uuid=_opt(obj.get("uuid"), str, "uuid"),
             free=_opt(obj.get("free"), int, "free"),
-            onset_wall=_opt_number(obj.get("onset_wall"), "onset_wall"),
+            onset_wall=None
+            if obj.get("onset_wall") is None
+            else _number(obj["onset_wall"], "onset_wall"),
             onset_free=_opt(obj.get("onset_free"), int, "onset_free"),
-            holders=holders,
-            why=tuple(_of(w, str, "why") for w in why),
+            holders=None if raw is None else tuple(_holder(h) for h in _of(raw, list, "holders")),
+            why=tuple(_of(w, str, "why") for w in _of(obj.get("why") or [], list, "why")),
         )
 
 
-def _sampler_holder(obj: Any) -> OomHolder:
+def _holder(obj: Any) -> OomHolder:
     h = _of(obj, dict, "holders")
     role = _of(h.get("role"), str, "holders.role")
     if role not in (ROLE_RANK, ROLE_FOREIGN):
@@ -281,10 +263,6 @@ def _number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name}: {value!r}")
     return float(value)
-
-
-def _opt_number(value: Any, name: str) -> float | None:
-    return None if value is None else _number(value, name)
 
 
 def sampler_ooms_of_boot(

@@ -1,0 +1,100 @@
+"""What the reader commands share: the DIR argument, reading the flight, and the text
+formatting (tables in MiB for people; --json prints bytes)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from rankscope.record import ENV_DIR
+from rankscope.record.reader import BootNotFoundError, Flight, read_flight
+from rankscope.reports.ledger import MiB
+
+NA = "n/a"
+
+
+def add_flight_dir(parser: argparse.ArgumentParser, name: str) -> None:
+    """DIR, or $RANKSCOPE_DIR when it is left out."""
+    parser.add_argument(
+        "flight_dir",
+        metavar="DIR",
+        nargs="?",
+        default=os.environ.get(ENV_DIR),
+        help=f"the flight directory the probes write (default ${ENV_DIR})",
+    )
+    parser.set_defaults(_command=name)
+
+
+def add_boot(parser: argparse.ArgumentParser, verb: str = "show") -> None:
+    parser.add_argument("--boot", metavar="ID", help=f"the boot to {verb} (default: the latest)")
+
+
+def open_flight(args: argparse.Namespace, **scope: Any) -> Flight | None:
+    """The flight in DIR (``scope`` as read_flight takes it), or None once the reason it
+    cannot be read is on stderr (the command then exits 2)."""
+    command = f"rankscope {args._command}"
+    if not args.flight_dir:
+        print(f"{command}: give DIR or set {ENV_DIR}", file=sys.stderr)
+        return None
+    try:
+        return read_flight(args.flight_dir, **scope)
+    except (OSError, BootNotFoundError) as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return None
+
+
+def no_boots_hint(flight_dir: str) -> str:
+    """What to try when a directory holds no boots: its flight/ subdirectory, if it has one."""
+    nested = Path(flight_dir) / "flight"
+    if nested.is_dir():
+        return f"no boots recorded in {flight_dir}; it holds {nested}: try that directory\n"
+    return f"no boots recorded in {flight_dir} (the directory the probes write, {ENV_DIR})\n"
+
+
+def print_json(document: Any, out: TextIO) -> None:
+    json.dump(document, out, indent=2)
+    out.write("\n")
+
+
+def mib(value: int | None, *, signed: bool = False) -> str:
+    if value is None:
+        return NA
+    return f"{value / MiB:+.1f}" if signed else f"{value / MiB:.1f}"
+
+
+def when(wall: float) -> str:
+    return datetime.datetime.fromtimestamp(wall, datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S"
+    )
+
+
+def table(
+    rows: Sequence[Sequence[str]], *, numbers_right: bool = True, indent: str = ""
+) -> list[str]:
+    """The rows in columns two spaces apart: the first left-aligned, the others right-aligned
+    (numbers) unless ``numbers_right`` is false."""
+    widths = [max(len(str(c)) for c in col) for col in zip(*rows, strict=True)]
+    return [
+        indent
+        + "  ".join(
+            str(c).rjust(w) if i and numbers_right else str(c).ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def skipped_note(skipped: dict[str, int]) -> str | None:
+    parts = [f"{n} {reason.replace('_', ' ')}" for reason, n in skipped.items() if n]
+    if not parts:
+        return None
+    note = "skipped lines: " + ", ".join(parts)
+    if skipped.get("newer_schema"):
+        note += " (written by a newer rankscope: upgrade to read them)"
+    return note
