@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,15 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from rankscope import catalog
-from rankscope.daemon.cards import CardMonitor, add_arguments
-from rankscope.daemon.devices import NvmlSource, ScriptedSource, write_script
+from rankscope.daemon import cli
+from rankscope.daemon.app import cards_document
+from rankscope.daemon.collectors import COLLECTORS
+from rankscope.daemon.config import CardsSection, DaemonConfig, FlightSection
+from rankscope.daemon.devices import DeviceSource, NvmlSource, ScriptedSource, write_script
 from rankscope.daemon.flags import parse_duration
-from rankscope.daemon.flightstate import FlightState
-from rankscope.daemon.registry import TimedCollectors
-from rankscope.daemon.sampler import parse_floors
+from rankscope.daemon.registry import Collector, TimedCollectors
+from rankscope.daemon.sampler import Sampler, parse_floors
+from rankscope.daemon.sources import Sources
 from support.waiting import wait_for
 
 GiB = 1 << 30
@@ -42,9 +46,50 @@ def card(index: int = 0, free: int = 40 * GiB, **extra: Any) -> dict[str, Any]:
             "total": 80 * GiB, "free": free, **extra}  # fmt: skip
 
 
-def scrape(monitor: CardMonitor) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+@dataclass
+class CardSide:
+    """The card side of a daemon over one device source: its sources, and the collectors
+    the daemon builds on them (cards and holdings by default)."""
+
+    sources: Sources
+    collectors: list[Collector]
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.sources.sampler()
+
+    def ready(self) -> bool:
+        return self.sampler.tried.is_set()
+
+    def cards_json(self) -> dict[str, Any]:
+        return cards_document(self.sampler)
+
+    def up(self) -> dict[str, bool]:
+        return self.sources.up()
+
+    def start(self) -> None:
+        self.sources.start()
+
+    def stop(self) -> None:
+        self.sources.stop()
+
+
+def card_side(
+    device: DeviceSource,
+    flight_dir: Path | None = None,
+    names: tuple[str, ...] = ("cards", "holdings"),
+    **cards: Any,
+) -> CardSide:
+    """``cards``: CardsSection's fields; the ranks are those of ``flight_dir`` (none without)."""
+    flight = FlightSection(flight_dir or Path("/nonexistent/flight"))
+    config = DaemonConfig(flight, cards=CardsSection(**cards))
+    sources = Sources(config, device)
+    return CardSide(sources, [m.build(config, sources) for m in COLLECTORS if m.NAME in names])
+
+
+def scrape(side: CardSide) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """Collector read -> {sample name: {sorted labels: value}}, through the text format."""
-    text = generate_latest(TimedCollectors(monitor.collectors()).registry()).decode()
+    text = generate_latest(TimedCollectors(side.collectors).registry()).decode()
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -58,11 +103,11 @@ def one(samples: dict[str, dict[Any, float]], name: str, gpu: str = "0") -> floa
 
 
 @pytest.fixture
-def running() -> Iterator[Callable[..., CardMonitor]]:
-    started: list[CardMonitor] = []
+def running() -> Iterator[Callable[..., CardSide]]:
+    started: list[CardSide] = []
 
-    def start(*args: Any, **kw: Any) -> CardMonitor:
-        m = CardMonitor(*args, **kw)
+    def start(*args: Any, **kw: Any) -> CardSide:
+        m = card_side(*args, **kw)
         m.start()
         started.append(m)
         return m
@@ -73,11 +118,11 @@ def running() -> Iterator[Callable[..., CardMonitor]]:
 
 
 def test_a_300ms_trough_between_two_reads_shows_in_free_min_and_the_breach_counter(
-    tmp_path: Path, running: Callable[..., CardMonitor]
+    tmp_path: Path, running: Callable[..., CardSide]
 ) -> None:
     script = tmp_path / "cards.json"
     write_script(script, [card(0, free=40 * GiB), card(1, free=50 * GiB)])
-    m = running(ScriptedSource(script), list, floors=parse_floors("10GiB"), interval=0.1)
+    m = running(ScriptedSource(script), None, floors=parse_floors("10GiB"), interval=0.1)
     wait_for(m.ready)
     before = wait_for(lambda: (s := scrape(m)).get("rankscope_gpu_free_bytes") and s)
     assert one(before, "rankscope_gpu_free_min_bytes") == 40 * GiB
@@ -101,17 +146,17 @@ def test_a_300ms_trough_between_two_reads_shows_in_free_min_and_the_breach_count
 
 
 def test_exposition_passes_promtool_and_matches_the_catalog(
-    tmp_path: Path, running: Callable[..., CardMonitor]
+    tmp_path: Path, running: Callable[..., CardSide]
 ) -> None:
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         procs = {str(sleeper.pid): 2 * GiB, **{str(4_000_000 + i): i * MiB for i in range(1, 40)}}
         script = tmp_path / "cards.json"
         write_script(script, [card(0, processes=procs), card(1, fail="GPU is lost")])
-        m = running(ScriptedSource(script), list, floors=parse_floors("1GiB"), max_per_card=8,
+        m = running(ScriptedSource(script), None, floors=parse_floors("1GiB"), max_per_card=8,
                     holdings_interval=0.05)  # fmt: skip
         wait_for(lambda: m.cards_json()["cards"] and m.cards_json()["cards"][0]["processes"])
-        registry = TimedCollectors(m.collectors()).registry()
+        registry = TimedCollectors(m.collectors).registry()
         text = generate_latest(registry).decode()
     finally:
         sleeper.kill()
@@ -163,16 +208,18 @@ def test_exposition_passes_promtool_and_matches_the_catalog(
 
 
 def test_cards_json_has_the_documented_shape(
-    tmp_path: Path, running: Callable[..., CardMonitor]
+    tmp_path: Path, running: Callable[..., CardSide]
 ) -> None:
     script = tmp_path / "cards.json"
     write_script(script, [card(0, free=30 * GiB, processes={str(os.getpid()): GiB})])
-    m = running(ScriptedSource(script), list, holdings_interval=0.05)
+    m = running(ScriptedSource(script), None, holdings_interval=0.05)
     [c] = wait_for(lambda: (cs := m.cards_json()["cards"]) and cs[0]["processes"] and cs)
     assert set(c) == {
         "gpu", "uuid", "model", "source", "total", "free", "free_min", "floor", "margin",
         "breach_seconds", "breaches", "rank_resident", "foreign", "unattributed", "processes",
+        "last_oom",
     }  # fmt: skip
+    assert c["last_oom"] is None  # no OOM book here
     assert (c["gpu"], c["uuid"], c["source"], c["total"]) == (0, "GPU-sim-0", "simulated", 80 * GiB)
     assert c["floor"] is None and c["margin"] is None and c["breaches"] is None  # no floor
     assert c["processes"] == [
@@ -192,7 +239,7 @@ def test_without_nvml_the_source_is_down_and_the_collectors_still_answer() -> No
         pytest.skip("NVML works on this machine; this test is for machines without it")
     except Exception:
         pass
-    m = CardMonitor(NvmlSource(), list, interval=0.05)
+    m = card_side(NvmlSource(), interval=0.05)
     m.start()
     try:
         wait_for(m.ready)
@@ -210,8 +257,12 @@ def test_without_nvml_the_source_is_down_and_the_collectors_still_answer() -> No
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rankscope serve")
-    add_arguments(p)
-    return p.parse_args(argv)
+    cli.configure_parser(p, "serve")
+    return p.parse_args(["--flight.dir=/nonexistent/flight", *argv])
+
+
+def sampler_of(args: argparse.Namespace) -> Sampler:
+    return Sources(cli.config_from_args(args)).sampler()
 
 
 def test_flags(tmp_path: Path) -> None:
@@ -221,18 +272,19 @@ def test_flags(tmp_path: Path) -> None:
     args = parse(["--corridor.floor=2GiB", "--corridor.floor=0=3GiB,GPU-x=5%",
                   "--sampler.interval=250ms", "--sampler.window=1m30s",
                   f"--device.script={tmp_path / 'c.json'}"])  # fmt: skip
-    m = CardMonitor.from_args(args, list)
-    assert isinstance(m.sampler.source, ScriptedSource)
-    assert (m.sampler.interval, m.sampler.window) == (0.25, 90.0)
-    floors = m.sampler.floors
+    sampler = sampler_of(args)
+    assert isinstance(sampler.source, ScriptedSource)
+    assert (sampler.interval, sampler.window) == (0.25, 90.0)
+    floors = sampler.floors
     assert floors.default is not None and floors.default.bytes == 2 * GiB
     assert floors.by_index[0].bytes == 3 * GiB and floors.by_uuid["GPU-x"].fraction == 0.05
-    assert isinstance(CardMonitor.from_args(parse([]), list).sampler.source, NvmlSource)
+    assert isinstance(sampler_of(parse([])).source, NvmlSource)
     with pytest.raises(ValueError, match=r"--device\.script"):
-        CardMonitor.from_args(parse(["--device.source=script"]), list)
-    off = parse([])
-    off.collector_holdings = False
-    assert [c.name for c in CardMonitor.from_args(off, list).collectors()] == ["cards"]
+        sampler_of(parse(["--device.source=script"]))
+    daemon = cli.build(parse(["--no-collector.holdings"]))
+    assert "cards" in {c.name for c in daemon.collectors.collectors}
+    assert "holdings" not in {c.name for c in daemon.collectors.collectors}
+    assert daemon.sources.holdings_reader is None
 
 
 @pytest.mark.parametrize(
@@ -338,7 +390,7 @@ def test_gpu_free_and_per_pid_bytes_agree_with_nvidia_smi(flight_dir: Path) -> N
     rank_proc = start_holder("rs-rank", flight_dir, 2 * GiB)
     other = start_holder("rs-other", None, 1 * GiB)
     require_host_pid_view(rank_proc.pid, other.pid)
-    m = CardMonitor(NvmlSource(), FlightState(flight_dir).rank_processes, holdings_interval=0.2)
+    m = card_side(NvmlSource(), flight_dir, holdings_interval=0.2)
     m.start()
     try:
         [c] = wait_for(
@@ -374,7 +426,7 @@ def test_gpu_300ms_spike_by_another_process_shows_in_free_min_and_breaches() -> 
     try:
         free = nvml_free()
         floor = free - spike // 2  # the spike crosses it, the idle card does not
-        m = CardMonitor(NvmlSource(), list, floors=parse_floors(str(floor)), interval=0.1,
+        m = card_side(NvmlSource(), floors=parse_floors(str(floor)), interval=0.1,
                         holdings_interval=0.2)  # fmt: skip
         m.start()
         try:

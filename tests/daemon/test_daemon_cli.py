@@ -22,9 +22,10 @@ from tests.daemon.test_daemon_flightstate import GiB, census, mark, rank_recorde
 from rankscope import catalog
 from rankscope.daemon import app as app_module
 from rankscope.daemon import cli, flightstate
-from rankscope.daemon.app import LINKS, Daemon, create_app, escape, landing_page, with_links
+from rankscope.daemon.app import LINKS, create_app, escape, landing_page, with_links
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
+from rankscope.daemon.server import Daemon
 from rankscope.procfs import read_nspid, read_pidns_inode, read_start_ticks
 from rankscope.rank.writer import ProcessIdentity, RankIdentity, Recorder
 from rankscope.record import MarkArena, MarkNvml
@@ -123,8 +124,8 @@ def test_each_collector_exposes_what_the_catalog_assigns_it(
             "--collector.nccl-ras",  # built, never started: its families are empty
         )
     )
-    assert daemon.monitor is not None
-    daemon.monitor.start()
+    assert daemon.sources.card_sampler is not None
+    daemon.sources.start()
     try:
         deadline = time.monotonic() + 10
         while "rankscope_gpu_process_bytes" not in _families(daemon).get("holdings", set()):
@@ -132,7 +133,7 @@ def test_each_collector_exposes_what_the_catalog_assigns_it(
             time.sleep(0.05)
         families = _families(daemon)
     finally:
-        daemon.monitor.stop()
+        daemon.sources.stop()
     assert set(families) == {
         "self",
         "phases",
@@ -161,7 +162,7 @@ def test_collector_switches_turn_collectors_off(flight_dir: Path, serve_app: Ser
             "--no-collector.oom",
         )
     )
-    assert daemon.monitor is None
+    assert daemon.sources.card_sampler is None and daemon.sources.oom_book is None
     assert {c.name for c in daemon.collectors.collectors} == {"self", "phases", "arenas"}
     text = serve_app(daemon.app).get("/metrics").text
     names = {f.name for f in text_string_to_metric_families(text)}

@@ -13,7 +13,7 @@ from tests.daemon.test_daemon_flightstate import GiB, MiB, census, mark, rank_re
 from rankscope.daemon.collectors.arenas import ArenasCollector
 from rankscope.daemon.collectors.census import CensusCollector, host_summaries
 from rankscope.daemon.collectors.phases import PhasesCollector
-from rankscope.daemon.collectors.self import SelfCollector
+from rankscope.daemon.collectors.self_ import SelfCollector
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import Collector, TimedCollectors
 from rankscope.record import Census, CensusDump, Divergence, MarkArena

@@ -1,18 +1,12 @@
 """The /metrics encoders (rankscope.daemon.exposition) held to client_python's own: the text
 format byte for byte for every kind of family and for the daemon's real registry, the same
-format chosen for each Accept header, and the catalog's names legal without any escaping.
-And prometheus_client loaded by parts by the serve command (rankscope.daemon.cli): the daemon
-never imports its exposition module (http.server, urllib.request, ssl), a later user of the
-whole package still gets all of it, and other importers of rankscope.daemon get the package
-as every user does."""
+format chosen for each Accept header, and the catalog's names legal without any escaping."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -178,45 +172,3 @@ def test_every_catalog_name_is_legal_without_escaping() -> None:
             assert LEGACY_METRIC.fullmatch(name), name
         for label in m.labels:
             assert LEGACY_LABEL.fullmatch(label) and not label.startswith("__"), (m.name, label)
-
-
-BY_PARTS = """
-import json, sys
-import rankscope.daemon.cli
-before = sorted(m for m in sys.modules if m.startswith("prometheus_client"))
-from prometheus_client import REGISTRY, Counter, generate_latest
-Counter("late_user", "a user of the whole package", registry=REGISTRY).inc()
-import prometheus_client
-print(json.dumps({"before": before, "late": generate_latest(prometheus_client.REGISTRY).decode(),
-                  "exposition": "prometheus_client.exposition" in sys.modules}))
-"""
-
-
-def test_the_daemon_loads_prometheus_client_by_parts_and_a_later_user_gets_it_whole() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", BY_PARTS], capture_output=True, text=True, timeout=60, check=True
-    )
-    seen = json.loads(out.stdout)
-    assert "prometheus_client.registry" in seen["before"]
-    assert "prometheus_client.exposition" not in seen["before"]
-    assert "prometheus_client.metrics" not in seen["before"]
-    assert "late_user_total 1.0" in seen["late"] and seen["exposition"]
-
-
-NOT_SERVING = """
-import json, sys
-import rankscope.daemon.app, rankscope.daemon.collectors.oom, rankscope.daemon.oom
-package = sys.modules["prometheus_client"]
-print(json.dumps({"parts": "rankscope.daemon.prometheus_parts" in sys.modules,
-                  "lazy": "__getattr__" in vars(package),
-                  "exposition": "prometheus_client.exposition" in sys.modules}))
-"""
-
-
-def test_only_the_serve_command_loads_prometheus_client_by_parts() -> None:
-    """A library or another command importing the daemon's modules gets prometheus_client
-    whole, run by its own ``__init__``, and never the by-parts registration."""
-    out = subprocess.run(
-        [sys.executable, "-c", NOT_SERVING], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert json.loads(out.stdout) == {"parts": False, "lazy": False, "exposition": True}

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.daemon.test_daemon_cards import CardSide, card_side
 
-from rankscope.daemon.cards import CardMonitor
 from rankscope.daemon.devices import ScriptedSource, write_script
-from rankscope.daemon.flightstate import FlightState, RankProcess
+from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.holdings import Holding, attribute, cap, summarize
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.procfs import ProcCache, ProcInfo, RankIndex, parse_stat_comm, read_proc_info
@@ -185,8 +185,8 @@ def namespaced_rank(flight_dir: Path) -> Iterator[tuple[int, int]]:
         proc.wait(timeout=10)
 
 
-def exposition(monitor: CardMonitor) -> dict[tuple[str, ...], float]:
-    text = generate_latest(TimedCollectors(monitor.collectors()).registry()).decode()
+def exposition(monitor: CardSide) -> dict[tuple[str, ...], float]:
+    text = generate_latest(TimedCollectors(monitor.collectors).registry()).decode()
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -214,8 +214,7 @@ def test_a_rank_in_another_pid_namespace_is_recognised(
             [{"index": 0, "uuid": "GPU-sim-0", "total": 80 * GiB, "free": 60 * GiB,
               "processes": {str(host_pid): 12 * GiB, str(sleeper.pid): 3 * GiB}}],
         )  # fmt: skip
-        state = FlightState(flight_dir)
-        monitor = CardMonitor(ScriptedSource(script), state.rank_processes, holdings_interval=0.1)
+        monitor = card_side(ScriptedSource(script), flight_dir, holdings_interval=0.1)
         monitor.start()
         try:
             got = wait_for(lambda: exposition(monitor))

@@ -9,7 +9,6 @@ import http.client
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -22,7 +21,7 @@ from typing import Any
 import bcrypt
 import httpx
 import pytest
-from tests.daemon.test_daemon_flightstate import census, mark, rank_recorder
+from tests.daemon.test_daemon_flightstate import mark, rank_recorder
 
 from rankscope.daemon import httpserver
 from rankscope.daemon.app import create_app
@@ -336,10 +335,6 @@ print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} | set(sys.modules
 ASGI_STACK = {"fastapi", "starlette", "pydantic", "pydantic_core", "uvicorn", "anyio", "h11"}
 # Loaded only by the run that needs them: OTLP, a web config, basic auth.
 ON_DEMAND = {"opentelemetry", "yaml", "bcrypt", "google"}
-# OpenSSL (ssl, and hashlib's _hashlib) loads with a web config only; http.client and email
-# came with http.server and prometheus_client's exposition, html with the landing page
-# (docs/architecture.md, "What the daemon imports").
-NOT_IMPORTED = {"ssl", "_ssl", "hashlib", "_hashlib", "email", "urllib.request", "html"}
 
 
 def test_a_plain_serve_loads_no_asgi_stack_nor_on_demand_packages(
@@ -357,36 +352,3 @@ def test_a_plain_serve_loads_no_asgi_stack_nor_on_demand_packages(
     assert "rankscope" in loaded and "prometheus_client" in loaded  # the check sees imports
     assert loaded.isdisjoint(ASGI_STACK), sorted(loaded & ASGI_STACK)
     assert loaded.isdisjoint(ON_DEMAND), sorted(loaded & ON_DEMAND)
-    assert "http.client" not in loaded and "prometheus_client.exposition" not in loaded
-    assert loaded.isdisjoint(NOT_IMPORTED), sorted(loaded & NOT_IMPORTED)
-
-
-def openssl_mapped(pid: int) -> set[str]:
-    """The OpenSSL libraries (libcrypto, libssl) process ``pid`` has mapped."""
-    maps = Path(f"/proc/{pid}/maps").read_text().split()
-    return {Path(p).name.split(".so")[0] for p in maps if re.search(r"/lib(crypto|ssl)\.so", p)}
-
-
-def test_a_serving_daemon_maps_no_openssl_until_its_web_config_asks_for_tls(
-    flight_dir: Path, tmp_path: Path
-) -> None:
-    script = tmp_path / "cards.json"
-    script.write_text(json.dumps({"cards": [{"total": "8GiB", "free": "4GiB"}]}))
-    rank_recorder(flight_dir, "boot-1", 0).write_record(census(1, [["tp:0-1", "all_reduce", 3]]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rankscope", "serve", f"--flight-dir={flight_dir}",
-         "--web.listen-address=127.0.0.1:0", "--device.source=script",
-         f"--device.script={script}"],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        url = _started(proc).split("serving on ")[1].split("/metrics")[0]
-        for accept in ("", "application/openmetrics-text"):
-            scrape = httpx.get(url + "/metrics", headers={"Accept": accept})
-            assert scrape.status_code == 200 and b"rankscope_census_group_digest{" in scrape.content
-        assert httpx.get(url + "/api/v1/census").status_code == 200
-        assert openssl_mapped(proc.pid) == set()
-        assert openssl_mapped(os.getpid()) == {"libcrypto", "libssl"}  # the check sees them
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)

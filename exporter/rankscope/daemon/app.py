@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import gzip
-import logging
-import signal
-import socket
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -19,31 +13,27 @@ from rankscope import __version__
 from rankscope.daemon.exposition import choose_encoder
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.httpserver import (
-    App,
+    Handler,
     HTTPError,
     Request,
     Response,
     Router,
-    Server,
     json_response,
-    listen,
     query_int,
     static_files,
     text,
 )
+from rankscope.daemon.oom import OomBook
 from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, paginate
-from rankscope.daemon.registry import TimedCollectors
+from rankscope.daemon.sampler import CardView, Sampler
+from rankscope.daemon.sources import FLIGHT_REFRESH_S
 from rankscope.record.reader import BootNotFoundError, Flight
-
-if TYPE_CHECKING:  # ssl and the web config load only when a web config is given
-    import ssl
-
-    from rankscope.daemon.webconfig import TLSConfig
-
-log = logging.getLogger("rankscope.daemon")
 
 # Prometheus's default scrape timeout: a collection running longer is stuck, not slow.
 STUCK_SCRAPE_SECONDS = 10.0
+# The API answers from the flight state the refresher keeps, refreshing it itself only when
+# it is older than this (no refresher running, as in an app built without the daemon).
+API_REFRESH_S = 2 * FLIGHT_REFRESH_S
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -59,32 +49,8 @@ LINKS = (
 )
 
 
-class CardSource(Protocol):
-    """What the app needs of the card monitor (rankscope.daemon.cards.CardMonitor)."""
-
-    def cards_json(self) -> dict[str, Any]: ...
-
-    def up(self) -> dict[str, bool]: ...
-
-    def ready(self) -> bool: ...
-
-
-class OomSource(Protocol):
-    """What the app needs of the OOM book (rankscope.daemon.oom.OomBook)."""
-
-    def documents(self) -> list[dict[str, Any]]: ...
-
-    def latest_by_uuid(self) -> dict[str, dict[str, Any]]: ...
-
-
 # A report function turns the records of one boot into what the CLI's --json prints.
 Report = Callable[[Flight], dict[str, Any]]
-
-# The daemon's refresher tails the flight directory every FLIGHT_REFRESH_S; the API answers
-# from that state, and refreshes it itself only when it is older than API_REFRESH_S (no
-# refresher running, as in an app built without the daemon).
-FLIGHT_REFRESH_S = 1.0
-API_REFRESH_S = 2 * FLIGHT_REFRESH_S
 
 
 def create_app(
@@ -93,17 +59,33 @@ def create_app(
     state: FlightState,
     phases_report: Report,
     census_report: Report,
-    cards: CardSource | None = None,
-    ooms: OomSource | None = None,
+    cards: Sampler | None = None,
+    ooms: OomBook | None = None,
     static_dir: Path = STATIC_DIR,
     collecting: Callable[[], float | None] | None = None,
 ) -> Router:
     app = Router()
+    app.get("/metrics")(_metrics(registry))
+    app.get("/healthz")(lambda request: text("ok\n"))
+    app.get("/readyz")(_readiness(state, cards, collecting))
+    app.get("/api/v1/boots")(lambda request: _boots(state))
+    app.get("/api/v1/phases")(
+        _paged(lambda request: phases_report(_flight(state, request)), PHASES_LISTS)
+    )
+    app.get("/api/v1/census")(
+        _paged(lambda request: census_report(_flight(state, request)), CENSUS_LISTS)
+    )
+    app.get("/api/v1/cards")(lambda request: json_response(cards_document(cards, ooms)))
+    app.get("/api/v1/oom")(_paged(lambda request: _oom_document(ooms), ("ooms",)))
+    if static_dir.is_dir():
+        app.mount("/static", static_files(static_dir, "/static"))
+    app.get("/")(_landing(static_dir / "index.html"))
+    return app
 
-    @app.get("/metrics")
+
+def _metrics(registry: CollectorRegistry) -> Handler:
     def metrics(request: Request) -> Response:
         # Each request has its own thread, so a slow collector holds up no other request.
-        # The encoders: client_python's OpenMetrics, its text format (rankscope.daemon.exposition).
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         body = encoder(registry)
         headers = {"Vary": "Accept, Accept-Encoding"}
@@ -112,11 +94,12 @@ def create_app(
             headers["Content-Encoding"] = "gzip"
         return Response(200, body, content_type, headers)
 
-    @app.get("/healthz")
-    def healthz(request: Request) -> Response:
-        return text("ok\n")
+    return metrics
 
-    @app.get("/readyz")
+
+def _readiness(
+    state: FlightState, cards: Sampler | None, collecting: Callable[[], float | None] | None
+) -> Handler:
     def readyz(request: Request) -> Response:
         problems: list[str] = []
         if state.up is None:
@@ -128,7 +111,7 @@ def create_app(
                 f"catching up: {state.backlog / 2**20:.1f} MiB of flight directory "
                 f"{state.flight_dir} left to read"
             )
-        if cards is not None and not cards.ready():
+        if cards is not None and not cards.tried.is_set():
             problems.append("the device source has not been tried yet")
         running = collecting() if collecting is not None else None
         if running is not None and running > STUCK_SCRAPE_SECONDS:
@@ -136,54 +119,74 @@ def create_app(
         body = {"ready": not problems, "problems": problems}
         return json_response(body, status=200 if not problems else 503)
 
-    @app.get("/api/v1/boots")
-    def boots(request: Request) -> Response:
-        _fresh(state)
-        return json_response({"boots": [b.as_json() for b in state.boots()]})
+    return readyz
 
-    @app.get("/api/v1/phases")
-    def phases(request: Request) -> Response:
-        offset, limit = _page(request)
-        doc = phases_report(_flight(state, request.args().get("boot")))
-        return json_response(paginate(doc, PHASES_LISTS, offset, limit, _next_page(request, limit)))
 
-    @app.get("/api/v1/census")
-    def census(request: Request) -> Response:
-        offset, limit = _page(request)
-        doc = census_report(_flight(state, request.args().get("boot")))
-        return json_response(paginate(doc, CENSUS_LISTS, offset, limit, _next_page(request, limit)))
+def _boots(state: FlightState) -> Response:
+    _fresh(state)
+    return json_response({"boots": [b.as_json() for b in state.boots()]})
 
-    @app.get("/api/v1/cards")
-    def cards_api(request: Request) -> Response:
-        if cards is None:
-            return json_response({"cards": [], "why": "the card monitor is not running"})
-        body = cards.cards_json()
-        latest = ooms.latest_by_uuid() if ooms is not None else {}
-        for card in body["cards"]:
-            card["last_oom"] = latest.get(card["uuid"])
-        return json_response(body)
 
-    @app.get("/api/v1/oom")
-    def oom_api(request: Request) -> Response:
-        offset, limit = _page(request)
-        doc: dict[str, Any] = (
-            {"ooms": ooms.documents()}
-            if ooms is not None
-            else {"ooms": [], "why": "the oom collector is off"}
-        )
-        return json_response(paginate(doc, ("ooms",), offset, limit, _next_page(request, limit)))
+def _paged(document: Callable[[Request], dict[str, Any]], lists: tuple[str, ...]) -> Handler:
+    """A route answering ``document`` with its ``lists`` paged by ?offset= and ?limit=."""
 
-    index = static_dir / "index.html"
-    if static_dir.is_dir():
-        app.mount("/static", static_files(static_dir, "/static"))
+    def answer(request: Request) -> Response:
+        offset, limit = _page(request)  # a bad page is a 422 before anything is read
+        doc = document(request)
+        return json_response(paginate(doc, lists, offset, limit, _next_page(request, limit)))
 
-    @app.get("/")
+    return answer
+
+
+def cards_document(cards: Sampler | None, ooms: OomBook | None = None) -> dict[str, Any]:
+    """The body of GET /api/v1/cards (docs/architecture.md): bytes as integers, unmeasured
+    values null, every process listed (the metric is capped, this is not), and each card's
+    latest OOM."""
+    if cards is None:
+        return {"cards": [], "why": "the card monitor is not running"}
+    failing = cards.source_failing
+    why = f"device source {cards.source.name} is down: {failing}" if failing else None
+    if why is None and not cards.tried.is_set():
+        why = "the device source has not been tried yet"
+    latest = ooms.latest_by_uuid() if ooms is not None else {}
+    body = [{**_card(v), "last_oom": latest.get(v.identity.uuid)} for v in cards.views()]
+    return {"cards": body, "why": why}
+
+
+def _card(v: CardView) -> dict[str, Any]:
+    held = v.holdings
+    return {
+        "gpu": v.identity.index,
+        "uuid": v.identity.uuid,
+        "model": v.identity.model,
+        "source": v.source,
+        "total": v.identity.total,
+        "free": v.free,
+        "free_min": v.free_min,
+        "floor": v.floor,
+        "margin": v.margin,
+        "breach_seconds": v.breach_seconds,
+        "breaches": v.breaches,
+        "rank_resident": held.rank_resident if held else None,
+        "foreign": held.foreign if held else None,
+        "unattributed": held.unattributed if held else None,
+        "processes": [h.to_json() for h in (held.processes if held else ())],
+    }
+
+
+def _oom_document(ooms: OomBook | None) -> dict[str, Any]:
+    if ooms is None:
+        return {"ooms": [], "why": "the oom collector is off"}
+    return {"ooms": ooms.documents()}
+
+
+def _landing(index: Path) -> Handler:
     def landing(request: Request) -> Response:
         if index.is_file():
             return text(with_links(index.read_text(encoding="utf-8")), content_type="text/html")
         return text(landing_page(), content_type="text/html")
 
-    return app
+    return landing
 
 
 # The long lists of each answer, paged by ?offset= and ?limit= (docs/architecture.md, API).
@@ -213,10 +216,11 @@ def _fresh(state: FlightState) -> None:
         raise HTTPError(503, f"flight directory {state.flight_dir}: {state.error}")
 
 
-def _flight(state: FlightState, boot: str | None) -> Flight:
+def _flight(state: FlightState, request: Request) -> Flight:
+    """The boot ?boot= names (the latest by default); 404 for one the state lacks."""
     _fresh(state)
     try:
-        return state.flight(boot)
+        return state.flight(request.args().get("boot"))
     except BootNotFoundError as exc:
         raise HTTPError(404, str(exc)) from exc
 
@@ -264,108 +268,3 @@ def landing_page() -> str:
         f"<body>\n  <h1>rankscope {escape(__version__)}</h1>\n  <ul>\n{items}\n  </ul>\n"
         "</body></html>\n"
     )
-
-
-class Monitor(CardSource, Protocol):
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-
-class Pusher(Protocol):
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-
-@dataclass
-class Daemon:
-    """The assembled daemon: the app on the standard library's HTTP server, plus the card
-    monitor, the refresher and the pushers it starts before serving and stops after."""
-
-    app: App
-    host: str
-    port: int
-    collectors: TimedCollectors
-    tls: TLSConfig | None = None
-    monitor: Monitor | None = None
-    otlp: Pusher | None = None
-    refresher: Pusher | None = None  # keeps the flight state current for the API
-    background: tuple[Pusher, ...] = ()  # pollers with their own threads (nccl-ras)
-
-    def tls_context(self) -> ssl.SSLContext | None:
-        """The TLS context of the web config, None without TLS; TLSError naming the files
-        for a certificate and key that cannot be loaded together (a key not matching its
-        certificate, say)."""
-        if self.tls is None:
-            return None
-        import ssl
-
-        try:
-            context = self.tls.context()
-        except ssl.SSLError as exc:
-            raise TLSError(
-                f"TLS: cannot use certificate {self.tls.cert_file} with key "
-                f"{self.tls.key_file}: {exc.reason or exc}"
-            ) from None
-        expired = self.tls.expired(time.time())
-        if expired:
-            log.warning(
-                "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
-                self.tls.cert_file,
-                expired,
-            )
-        return context
-
-    def bind(self) -> socket.socket:
-        """The listening socket, bound before anything says it serves: a taken port is an
-        OSError here, at start-up, not after the log line."""
-        return listen(self.host, self.port)
-
-    def run(self, tls: ssl.SSLContext | None, sock: socket.socket) -> int:
-        """Serve until SIGTERM or SIGINT; then stop serving, stop the threads, and end by
-        the signal as a process without handlers would (SIGINT: KeyboardInterrupt)."""
-        stop = threading.Event()
-        caught: list[int] = []
-
-        def on_signal(signum: int, _frame: Any) -> None:
-            caught.append(signum)
-            stop.set()
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        if self.refresher is not None:
-            self.refresher.start()
-        if self.monitor is not None:
-            self.monitor.start()
-        try:
-            if self.otlp is not None:
-                self.otlp.start()
-            for poller in self.background:
-                poller.start()
-            server = Server(sock, self.app, tls)
-            server.start()
-            try:
-                log.info("rankscope serving on %s/metrics", server.url)
-                while not stop.wait(1.0):
-                    pass
-            finally:
-                server.stop()
-        finally:
-            for poller in self.background:
-                poller.stop()
-            sock.close()
-            if self.otlp is not None:
-                self.otlp.stop()
-            if self.monitor is not None:
-                self.monitor.stop()
-            if self.refresher is not None:
-                self.refresher.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        for signum in caught[:1]:
-            signal.raise_signal(signum)
-        return 0
-
-
-class TLSError(ValueError):
-    """A certificate and key that cannot serve together."""

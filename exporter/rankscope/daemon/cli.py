@@ -1,4 +1,5 @@
-"""`rankscope serve`: the per-host daemon.
+"""`rankscope serve`: the per-host daemon's flags, parsed once into a DaemonConfig (the
+only daemon module that reads argparse's namespace).
 
 Flags follow the exporter convention (--web.listen-address, --web.config.file,
 --collector.<name> / --no-collector.<name>). The default port, 19400, sits outside the
@@ -9,159 +10,117 @@ with none of them; it is dcgm-exporter's 9400 with a leading 1, for memory.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-# First, before anything below imports a part of prometheus_client: the serve command
-# loads it by parts (no ssl, http.server, urllib.request in the daemon).
-import rankscope.daemon.prometheus_parts  # noqa: F401
-from rankscope.daemon import cards
-from rankscope.daemon.collectors import table
-from rankscope.daemon.flags import argtype, parse_bytes, parse_duration
+from rankscope.daemon import collectors
+from rankscope.daemon.config import (
+    DEFAULT_PORT,
+    CardsSection,
+    DaemonConfig,
+    FlightSection,
+    OtlpSection,
+    WebSection,
+)
+from rankscope.daemon.flags import argtype, parse_bytes, parse_duration, positive_int
+from rankscope.daemon.oom import DEFAULT_EXHAUSTED_BELOW
+from rankscope.daemon.sampler import Floors, parse_floor_value, parse_floors
 from rankscope.record import ENV_DIR
 
 if TYPE_CHECKING:
-    from rankscope.daemon.app import Daemon
-    from rankscope.daemon.httpserver import App
+    from rankscope.daemon.server import Daemon
 
-log = logging.getLogger("rankscope.daemon")
-
-DEFAULT_PORT = 19400
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
-# Every collector that can be switched off (rankscope.daemon.collectors.table).
-FLIGHT_COLLECTORS = tuple(e.name for e in table.TABLE if e.switchable and not e.reads_cards)
-CARD_COLLECTORS = tuple(e.name for e in table.TABLE if e.switchable and e.reads_cards)
+# Every --collector.NAME switch (tests/mixin/test_helm.py reads the two old names).
+SWITCHES = tuple(m.NAME for m in collectors.COLLECTORS if m.DEFAULT is not None)
+FLIGHT_COLLECTORS, CARD_COLLECTORS = SWITCHES, ()
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument(
-        "--web.listen-address",
-        dest="listen_address",
-        default=DEFAULT_LISTEN,
+    add = parser.add_argument
+    add("--web.listen-address", dest="listen_address", default=DEFAULT_LISTEN,
         metavar="HOST:PORT",
         help=f"address to serve on (default {DEFAULT_LISTEN}; ':PORT' for every IPv4 "
-        "interface, '[::]:PORT' for IPv6)",
-    )
-    parser.add_argument(
-        "--web.config.file",
-        dest="web_config_file",
-        default=None,
-        metavar="FILE",
-        help="exporter-toolkit web config: TLS, basic auth (bcrypt), response headers",
-    )
+        "interface, '[::]:PORT' for IPv6)")  # fmt: skip
+    add("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
+        help="exporter-toolkit web config: TLS, basic auth (bcrypt), response headers")  # fmt: skip
     # A value like '-2GiB' is a value (refused by its own parser with a reason), not a flag.
     parser._negative_number_matcher = re.compile(r"^-\d+(\.\d+)?[A-Za-z%]*$")
-    parser.add_argument(
-        "--flight.dir",
-        "--flight-dir",
-        dest="flight_dir",
-        default=os.environ.get(ENV_DIR),
-        metavar="DIR",
-        help=f"flight directory the probes write (default ${ENV_DIR})",
-    )
-    parser.add_argument(
-        "--flight.exited-grace",
-        dest="exited_grace",
-        type=argtype(parse_duration),
-        default=None,
-        metavar="DURATION",
+    add("--flight.dir", "--flight-dir", dest="flight_dir", default=os.environ.get(ENV_DIR),
+        metavar="DIR", help=f"flight directory the probes write (default ${ENV_DIR})")  # fmt: skip
+    add("--flight.exited-grace", dest="exited_grace", type=argtype(parse_duration),
+        default=None, metavar="DURATION",
         help="how long the series of a process that exited stay published (default 5m; "
-        "its record file stays, and the API and CLI still show it)",
-    )
-    parser.add_argument(
-        "--flight.read-budget",
-        dest="read_budget",
-        type=argtype(parse_bytes),
-        default=None,
+        "its record file stays, and the API and CLI still show it)")  # fmt: skip
+    add("--flight.read-budget", dest="read_budget", type=argtype(parse_bytes), default=None,
         metavar="BYTES",
         help="read at most this much of the flight directory per refresh (default 4MiB): "
-        "a large directory is read over several refreshes, /readyz says 503 until then",
-    )
-    parser.add_argument(
-        "--phases.boots",
-        dest="phase_boots",
-        type=int,
-        default=1,
-        metavar="N",
-        help="publish phase series of the N newest boots (default 1; 0 for every boot)",
-    )
-    parser.add_argument(
-        "--otlp.endpoint",
-        dest="otlp_endpoint",
-        default=None,
-        metavar="URL",
+        "a large directory is read over several refreshes, /readyz says 503 until then")  # fmt: skip
+    add("--otlp.endpoint", dest="otlp_endpoint", default=None, metavar="URL",
         help="push the metrics by OTLP/HTTP to this base URL (/v1/metrics is appended); "
-        "also on when OTEL_EXPORTER_OTLP_ENDPOINT is set",
-    )
-    parser.add_argument(
-        "--otlp.interval",
-        dest="otlp_interval",
-        type=argtype(parse_duration),
-        default=None,
+        "also on when OTEL_EXPORTER_OTLP_ENDPOINT is set")  # fmt: skip
+    add("--otlp.interval", dest="otlp_interval", type=argtype(parse_duration), default=None,
         metavar="DURATION",
-        help="time between OTLP pushes (default OTEL_METRIC_EXPORT_INTERVAL, else 15s)",
-    )
-    parser.add_argument(
-        "--log.level",
-        dest="log_level",
-        default="info",
+        help="time between OTLP pushes (default OTEL_METRIC_EXPORT_INTERVAL, else 15s)")  # fmt: skip
+    add("--log.level", dest="log_level", default="info",
         choices=("debug", "info", "warning", "error"),
-        help="log only messages at this level or above (default info)",
-    )
-    table.add_switches(parser)
-    cards.add_arguments(parser)
-    _add_nccl_ras_arguments(parser)
+        help="log only messages at this level or above (default info)")  # fmt: skip
+    for module in collectors.COLLECTORS:
+        if module.DEFAULT is not None:
+            add(f"--collector.{module.NAME}", dest=_switch(module.NAME),
+                action=argparse.BooleanOptionalAction, default=module.DEFAULT,
+                help=f"the {module.NAME} collector: {module.HELP} "
+                f"(default {'on' if module.DEFAULT else 'off'})")  # fmt: skip
+    _add_card_flags(parser)
+    for module in collectors.COLLECTORS:
+        add_flags = getattr(module, "add_flags", None)
+        if add_flags is not None:
+            add_flags(parser)
 
 
-def _add_nccl_ras_arguments(parser: argparse.ArgumentParser) -> None:
-    from rankscope.daemon import nccl_ras
+def _add_card_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument_group("cards (corridor sampler and per-pid holdings)").add_argument
+    add("--corridor.floor", dest="corridor_floor", action="append",
+        type=argtype(parse_floors), metavar="SPEC",
+        help="free-memory floor: '2GiB' for every card, '0=2GiB,GPU-abc=3GiB' per card "
+        "index or uuid, '5%%' of the card's total; repeatable. No floor: no breach counting")  # fmt: skip
+    add("--sampler.interval", dest="sampler_interval", type=argtype(parse_duration),
+        default=CardsSection.interval, metavar="DURATION",
+        help="corridor sample interval (default 100ms; 20ms or 10ms for a faster corridor, "
+        "docs/corridor.md)")  # fmt: skip
+    add("--sampler.window", dest="sampler_window", type=argtype(parse_duration),
+        default=CardsSection.window, metavar="DURATION",
+        help="trailing window of rankscope_gpu_free_min_bytes (default 15s)")  # fmt: skip
+    add("--device.source", dest="device_source", choices=("auto", "nvml", "script"),
+        default="auto",
+        help="where cards are read: nvml, or a simulated script; auto = the script when "
+        "--device.script is given, else nvml (default auto)")  # fmt: skip
+    add("--device.script", dest="device_script", metavar="FILE",
+        help="JSON file of SIMULATED cards for tests and demos (docs/corridor.md)")  # fmt: skip
+    add("--holdings.interval", dest="holdings_interval", type=argtype(parse_duration),
+        default=CardsSection.holdings_interval, metavar="DURATION",
+        help="how often the per-card process lists are read (default 1s)")  # fmt: skip
+    add("--holdings.max-per-card", dest="holdings_max_per_card", type=argtype(positive_int),
+        default=CardsSection.max_per_card, metavar="N",
+        help="most rankscope_gpu_process_bytes series per card, one of them the overflow "
+        "series summing the smallest holders (default 32)")  # fmt: skip
+    add("--oom.free-below", dest="oom_free_below", type=argtype(parse_floor_value),
+        default=CardsSection.oom_free_below, metavar="SIZE",
+        help="a card whose free memory falls to this or less is exhausted: an OOM instant "
+        "even where no allocator reports one; its holders are read once at the onset "
+        f"('256MiB', or '0.5%%' of the card's total; default {DEFAULT_EXHAUSTED_BELOW})")  # fmt: skip
+    add("--path.procfs", dest="path_procfs", default="/proc", metavar="PATH",
+        help="procfs mount point with the host's PID view, for matching NVML's pids to "
+        "ranks (default /proc)")  # fmt: skip
 
-    g = parser.add_argument_group("nccl-ras (NCCL's RAS status reports, docs/census.md)")
-    g.add_argument(
-        "--collector.nccl-ras.address",
-        dest="nccl_ras_address",
-        action="append",
-        metavar="HOST:PORT",
-        help=f"RAS endpoint (NCCL_RAS_ADDR of a job); repeatable, one per job: jobs that "
-        f"share the default port answer in turn (SO_REUSEPORT). Default {nccl_ras.DEFAULT_ADDRESS}",
-    )
-    g.add_argument(
-        "--collector.nccl-ras.interval",
-        dest="nccl_ras_interval",
-        type=argtype(parse_duration),
-        default=15.0,
-        metavar="DURATION",
-        help="time between polls of every endpoint (default 15s)",
-    )
-    g.add_argument(
-        "--collector.nccl-ras.persist-polls",
-        dest="nccl_ras_persist_polls",
-        type=int,
-        default=nccl_ras.DEFAULT_PERSIST_POLLS,
-        metavar="N",
-        help="successive polls a count mismatch must hold with its lowest count unchanged "
-        f"before it is reported (default {nccl_ras.DEFAULT_PERSIST_POLLS})",
-    )
-    g.add_argument(
-        "--collector.nccl-ras.timeout",
-        dest="nccl_ras_timeout",
-        type=argtype(parse_duration),
-        default=nccl_ras.REPORT_TIMEOUT_S,
-        metavar="DURATION",
-        help=f"deadline for one report after STATUS (default {nccl_ras.REPORT_TIMEOUT_S:g}s)",
-    )
-    g.add_argument(
-        "--collector.nccl-ras.max-bytes",
-        dest="nccl_ras_max_bytes",
-        type=int,
-        default=nccl_ras.DEFAULT_MAX_BYTES,
-        metavar="BYTES",
-        help=f"largest report read (default {nccl_ras.DEFAULT_MAX_BYTES})",
-    )
+
+def _switch(name: str) -> str:
+    return f"collector_{name.replace('-', '_')}"
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:
@@ -182,11 +141,72 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host or "0.0.0.0", port
 
 
+def config_from_args(args: argparse.Namespace) -> DaemonConfig:
+    """The parsed flags as the daemon's config; ValueError/OSError for a flag that cannot
+    work."""
+    if not args.flight_dir:
+        raise ValueError(f"no flight directory: pass --flight-dir or set {ENV_DIR}")
+    flight_dir = Path(args.flight_dir)
+    if flight_dir.exists() and not flight_dir.is_dir():
+        raise NotADirectoryError(f"--flight-dir {flight_dir} is not a directory")
+    floors = Floors()
+    for spec in args.corridor_floor or ():
+        floors = floors.merged(spec)
+    return DaemonConfig(
+        flight=FlightSection(
+            flight_dir,
+            exited_grace=args.exited_grace or FlightSection.exited_grace,
+            read_budget=args.read_budget or FlightSection.read_budget,
+        ),
+        web=WebSection(
+            *parse_listen_address(args.listen_address),
+            config_file=Path(args.web_config_file) if args.web_config_file else None,
+        ),
+        cards=CardsSection(
+            floors=floors,
+            interval=args.sampler_interval,
+            window=args.sampler_window,
+            device_source=args.device_source,
+            device_script=args.device_script,
+            holdings_interval=args.holdings_interval,
+            max_per_card=args.holdings_max_per_card,
+            oom_free_below=args.oom_free_below,
+        ),
+        otlp=OtlpSection(args.otlp_endpoint, args.otlp_interval),
+        procfs=args.path_procfs,
+        log_level=args.log_level,
+        collectors=frozenset(
+            m.NAME for m in collectors.COLLECTORS if getattr(args, _switch(m.NAME), True)
+        ),
+        options=_options(args),
+    )
+
+
+def _options(args: argparse.Namespace) -> dict[type[Any], Any]:
+    """Each collector's Options from its flags (a repeated flag's list as a tuple)."""
+    out: dict[type[Any], Any] = {}
+    for module in collectors.COLLECTORS:
+        kind = getattr(module, "Options", None)
+        if kind is not None:
+            values = {f.name: getattr(args, f.name) for f in dataclasses.fields(kind)}
+            out[kind] = kind(
+                **{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+            )
+    return out
+
+
+def build(args: argparse.Namespace) -> Daemon:
+    """The daemon assembled from its flags."""
+    from rankscope.daemon.server import build as build_daemon
+
+    return build_daemon(config_from_args(args))
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from rankscope.daemon.app import TLSError
+    from rankscope.daemon.server import TLSError
 
     try:
         daemon = build(args)
@@ -199,98 +219,3 @@ def main(args: argparse.Namespace) -> int:
         print(f"rankscope serve: {exc}", file=sys.stderr)
         return 2
     return daemon.run(tls, sock)
-
-
-def build(args: argparse.Namespace) -> Daemon:
-    """Assemble the daemon from its flags; ValueError/OSError for a flag that cannot work."""
-    from rankscope.daemon.app import FLIGHT_REFRESH_S, Daemon, create_app
-    from rankscope.daemon.flightstate import EXITED_GRACE_S, READ_BUDGET_BYTES, FlightState
-    from rankscope.daemon.nccl_ras import DEFAULT_ADDRESS, Endpoint, RasPoller
-    from rankscope.daemon.oom import OomBook
-    from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
-    from rankscope.daemon.registry import TimedCollectors
-    from rankscope.daemon.sampler import Periodic
-    from rankscope.reports.census import census_document
-    from rankscope.reports.ledger import phases_document
-
-    if not args.flight_dir:
-        raise ValueError(f"no flight directory: pass --flight-dir or set {ENV_DIR}")
-    flight_dir = Path(args.flight_dir)
-    if flight_dir.exists() and not flight_dir.is_dir():
-        raise NotADirectoryError(f"--flight-dir {flight_dir} is not a directory")
-    if args.phase_boots < 0:
-        raise ValueError("--phases.boots must be 0 (every boot) or more")
-    host, port = parse_listen_address(args.listen_address)
-    web = None
-    if args.web_config_file:  # the web config, and with it ssl (OpenSSL), only when given
-        from rankscope.daemon.webconfig import load_web_config
-
-        web = load_web_config(args.web_config_file)
-
-    state = FlightState(
-        flight_dir,
-        exited_grace=args.exited_grace or EXITED_GRACE_S,
-        proc=getattr(args, "path_procfs", "/proc"),
-        read_budget=args.read_budget or READ_BUDGET_BYTES,
-    )
-    monitor = None
-    if table.needs_monitor(args):
-        monitor = cards.CardMonitor.from_args(args, rank_processes=state.rank_processes)
-    ooms = None
-    if table.enabled(args, "oom"):
-        watch = monitor.exhaustion if monitor is not None else None
-        ooms = OomBook(state, watch, getattr(args, "path_procfs", "/proc"))
-    background: list[RasPoller] = []
-    ras = None
-    if table.enabled(args, "nccl-ras"):
-        if args.nccl_ras_persist_polls < 1:
-            raise ValueError("--collector.nccl-ras.persist-polls must be 1 or more")
-        endpoints = [
-            Endpoint(
-                address,
-                persist_polls=args.nccl_ras_persist_polls,
-                max_bytes=args.nccl_ras_max_bytes,
-                report_timeout=args.nccl_ras_timeout,
-            )
-            for address in dict.fromkeys(args.nccl_ras_address or [DEFAULT_ADDRESS])
-        ]
-        ras = RasPoller(endpoints, args.nccl_ras_interval)
-        background.append(ras)
-    timed = TimedCollectors(
-        table.build(table.Inputs(args, state, monitor, ooms, ras)), refresh=state.refresh
-    )
-
-    app: App = create_app(
-        registry=timed.registry(),
-        state=state,
-        cards=monitor,
-        phases_report=lambda flight: phases_document(flight, state.host_pid),
-        census_report=census_document,
-        ooms=ooms,
-        collecting=timed.running_for,
-    )
-    if web is not None and (web.users or web.headers):
-        from rankscope.daemon.webconfig import ReloadingAuth, WebConfigMiddleware
-
-        auth = ReloadingAuth(Path(args.web_config_file), web) if web.users else None
-        app = WebConfigMiddleware(app, auth, web.headers)
-
-    otlp = None
-    if otlp_configured(args.otlp_endpoint):
-        otlp = OtlpPusher(
-            timed,
-            state.latest_boot,
-            endpoint=args.otlp_endpoint,
-            interval=args.otlp_interval or default_interval(),
-        )
-    return Daemon(
-        app=app,
-        host=host,
-        port=port,
-        collectors=timed,
-        tls=web.tls if web is not None else None,
-        monitor=monitor,
-        otlp=otlp,
-        refresher=Periodic("rankscope-flight", FLIGHT_REFRESH_S, state.refresh),
-        background=tuple(background),
-    )

@@ -1,31 +1,18 @@
 """Per-pid holdings: who holds each card's memory, and which of them are ranks.
 
-NVML (or the scripted source) lists host pids and their bytes per card. Each host pid P is
-matched to a rank's record through /proc, so a rank inside a container or another PID
-namespace is recognised as itself (docs/architecture.md, "The record"): the last entry of
-the NSpid chain of /proc/P/status equals the record's ``pid``, the start ticks of
-/proc/P/stat equal its ``start_ticks``, and, when both are known, the inode of
-/proc/P/ns/pid equals its ``pidns``. Everything else is foreign, named by its pid and its
-comm (/proc/P/comm, never the command line: command lines carry secrets).
-
-The proc root is injectable, so the parse and match functions are tested on fixture trees
-and the daemon can read a host /proc mounted elsewhere (--path.procfs).
+NVML (or the scripted source) lists host pids and their bytes per card; each is matched to
+a rank's record through /proc (rankscope.procfs.RankIndex: NSpid, start ticks, PID
+namespace), so a rank in a container is recognised as itself. Everything else is foreign,
+named by its pid and comm (never the command line: command lines carry secrets).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.daemon.devices import DeviceError
-from rankscope.daemon.flightstate import RankProcess
-from rankscope.daemon.sampler import CardState, Periodic, Sampler
-from rankscope.procfs import ProcCache, ProcInfo, RankIndex
+from rankscope.procfs import ProcInfo, RankIndex
 from rankscope.reports.oom import holding_entry
-
-log = logging.getLogger("rankscope.daemon")
 
 ROLE_RANK = "rank"
 ROLE_FOREIGN = "foreign"
@@ -100,62 +87,3 @@ def summarize(holdings: list[Holding], total: int, free: int) -> CardHoldings:
         foreign=foreign,
         unattributed=total - free - rank_resident - foreign,
     )
-
-
-class HoldingsReader:
-    """Reads every card's process list at its own cadence (1 s by default, on its own
-    thread, so a slow process query never delays a corridor sample) and publishes the
-    attributed holdings on the sampler's card state."""
-
-    def __init__(
-        self,
-        sampler: Sampler,
-        rank_processes: Callable[[], list[RankProcess]],
-        *,
-        interval: float = 1.0,
-        proc: str = "/proc",
-    ) -> None:
-        self.sampler = sampler
-        self.rank_processes = rank_processes
-        self.interval = interval
-        self.cache = ProcCache(proc)
-        self._warned: set[str] = set()
-        self._runner = Periodic("rankscope-holdings", interval, self.read)
-
-    def read(self) -> None:
-        try:
-            index = RankIndex(self.rank_processes())
-        except Exception as exc:  # the flight side failing must not stop the holdings
-            self._warn("rank processes", exc)
-            index = RankIndex(())
-        per_card: list[tuple[CardState, dict[int, int | None], int]] = []
-        with self.sampler.open_cards() as cards:
-            source = self.sampler.source
-            for card in cards:
-                slot = card.identity.slot
-                try:
-                    held = source.read_processes(slot)
-                    free = source.read_free(slot)
-                except DeviceError as exc:
-                    self.sampler.count_error(card)
-                    self.sampler.set_holdings(card, None)
-                    self._warn(f"card {card.identity.index}", exc)
-                    continue
-                per_card.append((card, held, free))
-        # /proc is read with the source released: a reopen need not wait for it.
-        infos = self.cache.lookup({pid for _, held, _ in per_card for pid in held})
-        for card, held, free in per_card:
-            holdings = attribute(held, infos, index)
-            self.sampler.set_holdings(card, summarize(holdings, card.identity.total, free))
-
-    def _warn(self, what: str, exc: Exception) -> None:
-        key = f"{what}: {exc}"
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning("holdings: reading %s failed: %s; retrying each read", what, exc)
-
-    def start(self) -> None:
-        self._runner.start()
-
-    def stop(self) -> None:
-        self._runner.stop()

@@ -22,13 +22,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from rankscope.daemon.devices import CardIdentity, DeviceError, DeviceSource
 from rankscope.daemon.flags import parse_bytes
-
-if TYPE_CHECKING:
-    from rankscope.daemon.holdings import CardHoldings
+from rankscope.daemon.holdings import CardHoldings
 
 log = logging.getLogger("rankscope.daemon")
 

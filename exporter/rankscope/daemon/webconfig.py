@@ -360,3 +360,13 @@ class WebConfigMiddleware:
             response = exc.response()
         response.headers.update(self.headers)
         return response
+
+
+def with_web_config(app: App, path: Path) -> tuple[App, TLSConfig | None]:
+    """``app`` behind the web config at ``path`` (basic auth read again when the file
+    changes, the response headers), and the TLS settings to serve it with."""
+    web = load_web_config(path)
+    if web.users or web.headers:
+        auth = ReloadingAuth(path, web) if web.users else None
+        app = WebConfigMiddleware(app, auth, web.headers)
+    return app, web.tls

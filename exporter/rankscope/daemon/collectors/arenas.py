@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
@@ -12,6 +13,19 @@ from rankscope.daemon.collectors.phases import number
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import add, gauge
 from rankscope.record import MarkArena
+
+if TYPE_CHECKING:
+    from rankscope.daemon.config import DaemonConfig
+    from rankscope.daemon.sources import Sources
+
+NAME = "arenas"
+HELP = "KV arena bytes"
+DEFAULT = True
+
+
+def build(config: DaemonConfig, sources: Sources) -> ArenasCollector:
+    return ArenasCollector(sources.flight)
+
 
 ARENA_VALUES: dict[str, Callable[[MarkArena], int | None]] = {
     "rankscope_arena_reserved_bytes": lambda a: a.reserved,
@@ -23,7 +37,7 @@ ARENA_VALUES: dict[str, Callable[[MarkArena], int | None]] = {
 @dataclass
 class ArenasCollector:
     state: FlightState
-    name: str = field(default="arenas", init=False)
+    name: str = field(default=NAME, init=False)
 
     def collect(self) -> Iterator[Metric]:
         view = self.state.view()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import Metric
 
@@ -16,6 +16,18 @@ from rankscope.daemon.registry import add, counter, gauge
 from rankscope.record import Census, CensusDump, Divergence, Line
 from rankscope.record.compare import digest
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
+
+if TYPE_CHECKING:
+    from rankscope.daemon.config import DaemonConfig
+    from rankscope.daemon.sources import Sources
+
+NAME = "census"
+HELP = "collective counts, rounds, divergences"
+DEFAULT = True
+
+
+def build(config: DaemonConfig, sources: Sources) -> CensusCollector:
+    return CensusCollector(sources.flight)
 
 
 def census_counts(body: Census | CensusDump) -> Iterable[tuple[str, str, float]]:
@@ -114,7 +126,7 @@ def latest_snapshots(
 @dataclass
 class CensusCollector:
     state: FlightState
-    name: str = field(default="census", init=False)
+    name: str = field(default=NAME, init=False)
 
     def collect(self) -> Iterator[Metric]:
         view = self.state.view()

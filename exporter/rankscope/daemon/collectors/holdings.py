@@ -7,6 +7,7 @@ processes vanish with the next process-list read."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
@@ -14,9 +15,22 @@ from rankscope.daemon.holdings import ROLE_FOREIGN, cap
 from rankscope.daemon.registry import add, gauge
 from rankscope.daemon.sampler import Sampler
 
+if TYPE_CHECKING:
+    from rankscope.daemon.config import DaemonConfig
+    from rankscope.daemon.sources import Sources
+
+NAME = "holdings"
+HELP = "per-process bytes on each card"
+DEFAULT = True
+
+
+def build(config: DaemonConfig, sources: Sources) -> HoldingsCollector:
+    sources.holdings()  # the reader that fills the sampler's holdings
+    return HoldingsCollector(sources.sampler(), config.cards.max_per_card)
+
 
 class HoldingsCollector:
-    name = "holdings"
+    name = NAME
 
     def __init__(self, sampler: Sampler, max_per_card: int = 32) -> None:
         if max_per_card < 1:

@@ -13,6 +13,8 @@ not one process). A communicator gets a boot when its mapped ranks all share one
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -21,12 +23,100 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from rankscope.daemon import nccl_ras
+from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.daemon.flightstate import FlightState, FlightView
-from rankscope.daemon.nccl_ras import EndpointView, RasPoller
+from rankscope.daemon.nccl_ras import Endpoint, EndpointView, RasPoller
 from rankscope.daemon.nccl_ras_report import ERROR_REASONS, Communicator
 from rankscope.daemon.registry import add, counter, gauge, info, label_values
 
+if TYPE_CHECKING:
+    import argparse
+
+    from rankscope.daemon.config import DaemonConfig
+    from rankscope.daemon.sources import Sources
+
+NAME = "nccl-ras"
+HELP = (
+    "NCCL's RAS status reports: communicators, per-rank counts, mismatches, dead peers "
+    "(docs/census.md; off until proven on your NCCL)"
+)
+DEFAULT = False
+
 Identity = tuple[str, int | None]  # (boot, rankscope rank)
+
+
+@dataclass(frozen=True)
+class Options:
+    nccl_ras_address: tuple[str, ...] | None = None
+    nccl_ras_interval: float = 15.0
+    nccl_ras_persist_polls: int = nccl_ras.DEFAULT_PERSIST_POLLS
+    nccl_ras_timeout: float = nccl_ras.REPORT_TIMEOUT_S
+    nccl_ras_max_bytes: int = nccl_ras.DEFAULT_MAX_BYTES
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("nccl-ras (NCCL's RAS status reports, docs/census.md)")
+    g.add_argument(
+        "--collector.nccl-ras.address",
+        dest="nccl_ras_address",
+        action="append",
+        metavar="HOST:PORT",
+        help=f"RAS endpoint (NCCL_RAS_ADDR of a job); repeatable, one per job: jobs that "
+        f"share the default port answer in turn (SO_REUSEPORT). Default {nccl_ras.DEFAULT_ADDRESS}",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.interval",
+        dest="nccl_ras_interval",
+        type=argtype(parse_duration),
+        default=Options.nccl_ras_interval,
+        metavar="DURATION",
+        help="time between polls of every endpoint (default 15s)",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.persist-polls",
+        dest="nccl_ras_persist_polls",
+        type=int,
+        default=Options.nccl_ras_persist_polls,
+        metavar="N",
+        help="successive polls a count mismatch must hold with its lowest count unchanged "
+        f"before it is reported (default {nccl_ras.DEFAULT_PERSIST_POLLS})",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.timeout",
+        dest="nccl_ras_timeout",
+        type=argtype(parse_duration),
+        default=Options.nccl_ras_timeout,
+        metavar="DURATION",
+        help=f"deadline for one report after STATUS (default {nccl_ras.REPORT_TIMEOUT_S:g}s)",
+    )
+    g.add_argument(
+        "--collector.nccl-ras.max-bytes",
+        dest="nccl_ras_max_bytes",
+        type=int,
+        default=Options.nccl_ras_max_bytes,
+        metavar="BYTES",
+        help=f"largest report read (default {nccl_ras.DEFAULT_MAX_BYTES})",
+    )
+
+
+def build(config: DaemonConfig, sources: Sources) -> NcclRasCollector:
+    """One endpoint per distinct address, polled by a poller the daemon runs."""
+    o = config.options_of(Options)
+    if o.nccl_ras_persist_polls < 1:
+        raise ValueError("--collector.nccl-ras.persist-polls must be 1 or more")
+    endpoints = [
+        Endpoint(
+            address,
+            persist_polls=o.nccl_ras_persist_polls,
+            max_bytes=o.nccl_ras_max_bytes,
+            report_timeout=o.nccl_ras_timeout,
+        )
+        for address in dict.fromkeys(o.nccl_ras_address or [nccl_ras.DEFAULT_ADDRESS])
+    ]
+    poller = RasPoller(endpoints, o.nccl_ras_interval)
+    sources.run(poller)
+    return NcclRasCollector(poller, sources.flight)
 
 
 def pid_identities(view: FlightView) -> dict[int, Identity | None]:
@@ -68,7 +158,7 @@ def comm_boot(comm: Communicator, mapped: dict[tuple[str, int], Identity]) -> st
 
 
 class NcclRasCollector:
-    name = "nccl-ras"  # the --collector.nccl-ras switch
+    name = NAME
 
     def __init__(self, poller: RasPoller, state: FlightState) -> None:
         self.poller = poller

@@ -4,6 +4,7 @@ or per card alone (sampler exhaustions), and the holders of each card at its lat
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
@@ -11,9 +12,21 @@ from rankscope.daemon.holdings import cap
 from rankscope.daemon.oom import OomBook, as_line
 from rankscope.daemon.registry import add, counter, gauge
 
+if TYPE_CHECKING:
+    from rankscope.daemon.config import DaemonConfig
+    from rankscope.daemon.sources import Sources
+
+NAME = "oom"
+HELP = "OOM events (the probe's and the sampler's) and the holders at each"
+DEFAULT = True
+
+
+def build(config: DaemonConfig, sources: Sources) -> OomCollector:
+    return OomCollector(sources.ooms(), config.cards.max_per_card)
+
 
 class OomCollector:
-    name = "oom"
+    name = NAME
 
     def __init__(self, book: OomBook, max_per_card: int = 32) -> None:
         self.book = book

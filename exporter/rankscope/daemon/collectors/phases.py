@@ -1,18 +1,55 @@
 """Phase marks: the allocator, driver and NVML views at each named boot boundary, and the
-posts between consecutive marks (as rankscope.reports.ledger computes them), for the newest boot(s)
-only (``--phases.boots``)."""
+posts between consecutive marks (as rankscope.reports.ledger computes them), for the newest
+boot(s) only (``--phases.boots``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import Metric
 
+from rankscope.catalog import POST_LABELS
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, gauge
 from rankscope.record import Mark
 from rankscope.reports.ledger import MarkLine, posts
+
+if TYPE_CHECKING:
+    import argparse
+
+    from rankscope.daemon.config import DaemonConfig
+    from rankscope.daemon.sources import Sources
+
+NAME = "phases"
+HELP = "phase marks and the posts between them"
+DEFAULT = True
+
+
+@dataclass(frozen=True)
+class Options:
+    phase_boots: int = 1
+
+    def __post_init__(self) -> None:
+        if self.phase_boots < 0:
+            raise ValueError("--phases.boots must be 0 (every boot) or more")
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--phases.boots",
+        dest="phase_boots",
+        type=int,
+        default=Options.phase_boots,
+        metavar="N",
+        help="publish phase series of the N newest boots (default 1; 0 for every boot)",
+    )
+
+
+def build(config: DaemonConfig, sources: Sources) -> PhasesCollector:
+    return PhasesCollector(sources.flight, config.options_of(Options).phase_boots)
+
 
 # catalog name -> how to read the value from a mark
 PHASE_VALUES: dict[str, Callable[[Mark], int | None]] = {
@@ -52,7 +89,7 @@ def non_torch(mark: Mark) -> float | None:
 
 
 class PhasesCollector:
-    name = "phases"
+    name = NAME
 
     def __init__(self, state: FlightState, boots: int = 1) -> None:
         self.state = state
@@ -85,18 +122,7 @@ class PhasesCollector:
         latest_posts: dict[tuple[Any, ...], float | None] = {}
         for row in posts(rec for st in view.streams if st.boot in wanted for rec in st.marks):
             for view_name, value in row["views"].items():
-                labels = (
-                    row["boot"],
-                    row["rank"],
-                    row["tp_rank"],
-                    row["pp_rank"],
-                    row["runner"],
-                    row["pid"],
-                    row["post"],
-                    view_name,
-                    row["gpu"],
-                    row["uuid"],
-                )
+                labels = tuple(view_name if k == "view" else row[k] for k in POST_LABELS)
                 latest_posts[labels] = number(value)
         for labels, value in latest_posts.items():
             add(post_bytes, labels, value)

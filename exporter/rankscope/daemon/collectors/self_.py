@@ -1,10 +1,10 @@
 """The instrument itself: build info, whether each source answers, and the flight lines
-the reader had to skip or nulled. It reads the flight state as the scrape's refresh step
-left it (rankscope.daemon.collectors.table)."""
+the reader had to skip or nulled (as the scrape's refresh step left the flight state)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
@@ -13,9 +13,21 @@ from rankscope import __version__
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import add, counter, gauge, info
 
+if TYPE_CHECKING:
+    from rankscope.daemon.config import DaemonConfig
+    from rankscope.daemon.sources import Sources
+
+NAME = "self"
+HELP = "build info, source health, skipped flight lines"
+DEFAULT = None  # always on
+
+
+def build(config: DaemonConfig, sources: Sources) -> SelfCollector:
+    return SelfCollector(sources.flight, sources.up)
+
 
 class SelfCollector:
-    name = "self"
+    name = NAME
 
     def __init__(
         self, state: FlightState, sources_up: Callable[[], dict[str, bool]] | None = None
@@ -25,8 +37,8 @@ class SelfCollector:
         self.start_time = process_start_time()
 
     def collect(self) -> Iterator[Metric]:
-        build = info("rankscope_build_info")
-        build.add_metric([__version__], {})
+        build_info = info("rankscope_build_info")
+        build_info.add_metric([__version__], {})
         started = gauge("process_start_time_seconds")
         add(started, (), self.start_time)
         up = gauge("rankscope_up")
@@ -41,7 +53,7 @@ class SelfCollector:
         invalid = counter("rankscope_flight_fields_invalid_total")
         for name, n in sorted(view.invalid.items()):
             add(invalid, (name,), n)
-        yield from (build, started, up, skipped, invalid)
+        yield from (build_info, started, up, skipped, invalid)
 
 
 def process_start_time() -> float | None:
