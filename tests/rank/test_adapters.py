@@ -8,22 +8,39 @@ that only boot a toy job. The version under test comes from a generated dist-inf
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.support.services import free_port
 
 from rankscope.rank.adapters import ADAPTERS
-from rankscope.rank.adapters.manifest import check_point, extract, module_path, wanted
+from rankscope.rank.adapters.manifest import check_point
 from rankscope.record import AdapterStatus, of_kind
 from rankscope.record.reader import read_flight
 from rankscope.reports.census import census_document
 from rankscope.reports.ledger import marks_of
+
+
+def _manifest_tool() -> Any:
+    """scripts/adapter-manifest.py, which extracts the manifest from a source (``extract``)."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "adapter-manifest.py"
+    spec = importlib.util.spec_from_file_location("adapter_manifest", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TOOL = _manifest_tool()
+extract, module_path, wanted = TOOL.extract, TOOL.module_path, TOOL.wanted
+
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = ROOT / "tests" / "standins" / "packages"

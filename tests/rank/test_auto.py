@@ -118,23 +118,9 @@ def test_a_pool_snapshot_that_fails_after_its_form_was_found_falls_back_to_the_w
     fields = auto.pool_fields(torch, Graph((1, 3)))
     assert fields.pool_bytes == 22 << 20
     assert "snapshot of pool (1, 3) failed (TypeError(" in str(fields.pool_why)
-    # the found form in the one-call path, once more in the general path (which says why),
-    # then the whole snapshot
-    assert allocator.calls == [3, 3, None]
+    # the found form once (it says why), then the whole snapshot
+    assert allocator.calls == [3, None]
     assert auto._pool_form == (False,)  # kept: the next capture tries it alone again
-
-
-def test_once_the_form_is_known_a_capture_takes_the_one_call_path(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    torch = stand_in_torch(StandInAllocator(takes=3))
-    assert auto.pool_fields(torch, Graph((1, 3))).pool_bytes == 22 << 20
-
-    def general(*args: Any) -> PoolFields:
-        raise AssertionError("the general path, for a usual capture")
-
-    monkeypatch.setattr(auto, "_general_fields", general)
-    assert auto.pool_fields(torch, Graph((1, 5))) == PoolFields((1, 5), 8 << 20, None)
 
 
 def test_a_snapshot_failing_in_any_way_after_the_form_was_found_keeps_the_mark() -> None:
@@ -275,7 +261,7 @@ TIMES = re.compile(rb',"mono":[^,]+,"wall":[^,]+')
 
 def test_the_hooks_write_the_line_the_keyword_mark_writes(flight_dir: Path) -> None:
     """nccl_init_end, capture_end and process_start hand their fields to the mark as typed
-    fields (probe.mark_fields, rankscope.record.schema.MarkFields): each line is the one
+    fields (probe.mark_fields, rankscope.record.MarkFields): each line is the one
     probe.mark(phase, **fields) writes, byte for byte but for its times, fields in the same
     order. Over a real one-rank gloo group."""
     import torch.distributed as dist

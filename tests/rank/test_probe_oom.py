@@ -270,7 +270,7 @@ def test_attach_is_immediate_once_cuda_is_initialised(
 ) -> None:
     monkeypatch.setattr(oom, "STATE", oom.OomState())
     stand_in.cuda.initialized = True
-    assert oom.on_cuda_init() and stand_in.allocator.observers == [oom.observe]
+    assert oom.install() and stand_in.allocator.observers == [oom.observe]
     assert oom.install() and len(stand_in.allocator.observers) == 1
 
 
@@ -296,7 +296,8 @@ def test_real_cpu_torch_has_no_observer_to_attach_and_says_so(flight_dir: Path) 
         print("before torch", oom.STATE.why == oom.NOT_IMPORTED, "torch" in sys.modules)
         import torch  # the import watch runs install() here, with no mark
         print("after import", oom.STATE.settled, oom.STATE.why == oom.NO_CUDA_ALLOCATOR)
-        print("watch gone", oom._WATCH not in sys.meta_path, torch.cuda.__spec__.name)
+        from rankscope.rank.imports import FINDER
+        print("watch gone", "torch.cuda" not in FINDER.watch, torch.cuda.__spec__.name)
         probe.mark("start")
         oom.observe(0, 1 << 30, 80 << 30, 5 << 20)  # what torch would pass, called directly
         sys.exit(7)

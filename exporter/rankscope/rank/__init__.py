@@ -1,3 +1,46 @@
 """What runs inside a host program: the probe, the census, the adapters, the arming and the
 writer. Nothing here raises into the host or blocks it. The daemon and the readers never
 import this package (tests/test_layout.py checks it in a fresh interpreter)."""
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
+
+
+def env_number(
+    name: str, default: N, convert: Callable[[str], N], least: N, environ: Mapping[str, str] | None
+) -> N:
+    """The number in environment variable ``name`` (``default`` when unset); a value that is
+    not a finite number >= ``least`` costs a log line and gives the default."""
+    raw = str((os.environ if environ is None else environ).get(name, "")).strip()
+    if not raw:
+        return default
+    try:
+        value = convert(raw)
+    except ValueError:
+        value = None
+    if value is None or not least <= value < float("inf"):  # NaN too
+        logging.getLogger("rankscope").warning(
+            "rankscope: %s=%r is not a number >= %s; using %s", name, raw, least, default
+        )
+        return default
+    return value
+
+
+def stop_before_teardown(stop: Callable[[], None]) -> bool:
+    """Run ``stop`` when the main thread finishes, ahead of atexit and of the interpreter's
+    teardown: a thread of ours still running while torch tears down aborts the process
+    ("terminate called without an active exception"). concurrent.futures uses the same
+    hook. False when the interpreter is already shutting down (or lacks the hook)."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return False
+    try:
+        register(stop)
+    except RuntimeError:  # shutting down already
+        return False
+    return True

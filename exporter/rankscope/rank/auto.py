@@ -1,24 +1,14 @@
 """Arming a Python process with no code change: the one entry point of ``rankscope-auto.pth``.
 
 site.py runs the .pth line at every interpreter start; it calls :func:`arm` only when
-RANKSCOPE_AUTO is set (``rankscope run`` sets it, or a pod spec / Slurm script does, with
-RANKSCOPE_DIR). Armed, a process records the generic marks (docs/probe.md, "Generic marks"):
-
-- ``process_start`` now, and ``process_exit`` at a normal exit;
-- when the program imports torch (a one-shot meta-path hook: a program that never imports
-  torch pays nothing, and rankscope never imports it itself): ``cuda_init`` at the first CUDA
-  initialisation, ``nccl_init_begin`` / ``nccl_init_end`` around every process group
-  creation, ``capture_begin`` / ``capture_end`` around every CUDA graph capture; the census
-  counts torch.distributed and CUDA graph replays, with the automatic cadence
-  (docs/census.md) and, with RANKSCOPE_COMPARE=1, the in-process comparison;
-- serving samples (``rankscope.rank.probe.samples``).
-
-Then the optional parts other modules provide, each guarded so a missing or failing one
-costs one log line: the OOM observer (``rankscope.rank.probe.oom.install``) and the framework
-adapters' import hooks (``rankscope.rank.adapters.install_import_hooks``).
-
-Nothing here raises into the host program: every hook catches and logs, and the wrapped
-torch functions return, raise and take arguments exactly as before.
+RANKSCOPE_AUTO is set (``rankscope run`` sets it, or a pod spec does, with RANKSCOPE_DIR).
+Armed, a process records the generic marks (docs/probe.md, "Generic marks"): process start
+and exit; once the program imports torch (rankscope never imports it), ``cuda_init``,
+``nccl_init_begin`` / ``nccl_init_end`` around every process group creation,
+``capture_begin`` / ``capture_end`` around every CUDA graph capture, the census with the
+automatic cadence (and with RANKSCOPE_COMPARE=1 the comparison), and serving samples. Then
+the OOM observer and the adapters' import hooks, each costing one log line if it fails.
+Every hook catches and logs: the wrapped torch functions behave exactly as before.
 """
 
 from __future__ import annotations
@@ -27,8 +17,6 @@ import atexit
 import contextlib
 import functools
 import importlib
-import importlib.abc
-import importlib.util
 import logging
 import os
 import sys
@@ -38,7 +26,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-# loaded by rankscope.rank.writer when armed: RANKSCOPE_AUTO=0 imports only this module
+# rankscope.record loads only once armed: RANKSCOPE_AUTO=0 imports this module alone
 if TYPE_CHECKING:
     from rankscope.record import GroupFields, MarkFields, PoolFields
 
@@ -103,7 +91,9 @@ def _arm() -> bool:
     if "torch" in sys.modules:
         _on_torch(sys.modules["torch"])
     else:
-        sys.meta_path.insert(0, _TorchFinder())
+        from rankscope.rank.imports import after_import
+
+        after_import("torch", _on_torch)
     for module, attr in OPTIONAL_INSTALLS:
         _optional(module, attr)
     return True
@@ -119,36 +109,20 @@ def _optional(module: str, attr: str) -> None:
         log.warning("rankscope: %s.%s() failed: %r", module, attr, exc)
 
 
-def _loaded(name: str) -> Any:
-    """Module ``name``, imported at the first call. A ``from rankscope import x`` statement
-    in a hook costs microseconds at every call (importlib's fromlist handling, in Python).
-    The generic marks' hooks inline the common case (``_modules.get(name) or
-    _loaded(name)``): one Python call fewer at every mark."""
-    return sys.modules.get(name) or importlib.import_module(name)
-
-
-_modules = sys.modules
-PROBE, TORCH_PATCH, SCHEMA = (
-    "rankscope.rank.probe",
-    "rankscope.rank.census.torch_patch",
-    "rankscope.record.schema",
-)
-
-
 def _mark(phase: str, **extra: Any) -> None:
     _mark_fields(phase, extra)
 
 
 def _mark_fields(phase: str, extra: dict[str, Any] | MarkFields) -> None:
-    """``_mark`` for a hook with typed fields (rankscope.record.schema.MarkFields): they are the
-    mark's extra, not repacked as keywords on the way, and encode without the generic JSON
-    encoder (a generic mark's share was mostly such work)."""
-    (_modules.get(PROBE) or _loaded(PROBE)).mark_fields(phase, extra)
+    from rankscope.rank import probe
+
+    probe.mark_fields(phase, extra)
 
 
 def _mark_process_start() -> None:
-    schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
-    _mark_fields("process_start", schema.ProcessStartFields(sys.version.partition(" ")[0]))
+    from rankscope.record import ProcessStartFields
+
+    _mark_fields("process_start", ProcessStartFields(sys.version.partition(" ")[0]))
 
 
 def _process_exit() -> None:
@@ -160,37 +134,12 @@ def _forked() -> None:
     # A fork (a forkserver's or a fork-method child) is a new process: its own file and
     # its own start mark, in the same boot.
     with contextlib.suppress(Exception):
-        forked = (_modules.get(SCHEMA) or _loaded(SCHEMA)).ProcessStartFields(forked=True)
-        _mark_fields("process_start", forked)
+        from rankscope.record import ProcessStartFields
+
+        _mark_fields("process_start", ProcessStartFields(forked=True))
 
 
 # --- torch, hooked when the program imports it ----------------------------------------------
-
-
-class _TorchFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: on the import of ``torch`` it asks the other finders, and has
-    the module's loader call the hooks once torch is fully imported. Leaves sys.meta_path
-    at the first torch import."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> Any:
-        if fullname != "torch":
-            return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        loader = getattr(spec, "loader", None)
-        exec_module = getattr(loader, "exec_module", None)
-        if spec is None or exec_module is None:
-            return spec
-
-        def exec_then_hook(module: ModuleType) -> None:
-            exec_module(module)
-            _on_torch(module)
-
-        loader.exec_module = exec_then_hook  # type: ignore[union-attr]  # this spec's own loader
-        return spec
 
 
 def _on_torch(torch: ModuleType) -> None:
@@ -266,26 +215,19 @@ def _backend_name(backend: Any) -> str | None:
 
 def _group_fields(dist: Any, group: Any, seconds: float) -> GroupFields:
     """nccl_init_end's fields: the creation's seconds, the group's instance name (as the
-    census names it), ranks and backend; fields that cannot be read are null. These three
-    queries are the mark's raw reads beyond a plain mark's (bench/bench_startup.py times
-    them alone)."""
-    torch_patch = _modules.get(TORCH_PATCH) or _loaded(TORCH_PATCH)
-    # try/except, not contextlib.suppress: a context manager costs a microsecond a block.
-    try:
-        name = torch_patch._instance_of(dist, group)
-    except Exception:
-        name = None
-    try:
+    census names it), ranks and backend; null where unreadable."""
+    from rankscope.rank.census.torch_patch import _instance_of
+    from rankscope.record import GroupFields
+
+    name = ranks = backend = None
+    with contextlib.suppress(Exception):
+        name = _instance_of(dist, group)
+    with contextlib.suppress(Exception):
         pg = group if group is not None else dist.GroupMember.WORLD
         ranks = list(dist.get_process_group_ranks(pg))
-    except Exception:
-        ranks = None
-    try:
+    with contextlib.suppress(Exception):
         backend = str(dist.get_backend(group))
-    except Exception:
-        backend = None
-    schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
-    return schema.GroupFields(seconds, name, ranks, backend)
+    return GroupFields(seconds, name, ranks, backend)
 
 
 def _wrap_init_process_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -356,8 +298,9 @@ def _after_group(dist: Any, group: Any, ranks: Any, seconds: float) -> None:
     if isinstance(group, dist.ProcessGroup):
         fields = _group_fields(dist, group, seconds)
     else:  # this rank is no member: torch returns a placeholder
-        schema = _modules.get(SCHEMA) or _loaded(SCHEMA)
-        fields = schema.GroupFields(seconds, None, _plain_ranks(ranks), None, member=False)
+        from rankscope.record import GroupFields
+
+        fields = GroupFields(seconds, None, _plain_ranks(ranks), None, member=False)
     _mark_fields("nccl_init_end", fields)
 
 
@@ -413,38 +356,12 @@ def pool_fields(torch: Any, graph: Any) -> PoolFields:
     """The captured graph's memory pool and the bytes the allocator holds in it (null, with
     a why, where unreadable). Graphs may share one pool (frameworks capture every batch size
     into one): the bytes are the pool's, not this graph's alone."""
-    fields = (_modules.get(SCHEMA) or _loaded(SCHEMA)).PoolFields
-    try:
-        pool_id = graph.pool()
-    except Exception as exc:
-        return fields(None, None, f"pool unreadable: {exc!r}")
-    form = _pool_form
-    # Once the form is known (the first capture finds it), a capture whose id is torch's
-    # tuple makes one call and a plain loop: checking and summing each segment here, not
-    # through the general path, cut capture_end's own instructions to a third (callgrind,
-    # bench/bench_mark_instructions.py).
-    if type(form) is tuple and type(pool_id) is tuple:
-        try:
-            held = 0
-            for segment in torch._C._cuda_memorySnapshot(pool_id + form)["segments"]:
-                if segment["segment_pool_id"] != pool_id:
-                    break  # not one pool's segments alone: the general path sorts them
-                held += segment["total_size"]
-            else:
-                if held and type(held) is int:
-                    return fields(pool_id, held, None)
-        except Exception:
-            pass  # the general path reads again and says what failed
-    return _general_fields(fields, torch, pool_id)
+    from rankscope.record import PoolFields
 
-
-def _general_fields(fields: type[PoolFields], torch: Any, raw_id: Any) -> PoolFields:
-    """pool_fields at the first capture (learning the form), in a torch that takes no pool,
-    and wherever the one-call path found anything unusual: the pool's bytes with a why."""
     try:
-        pool_id = tuple(map(int, raw_id))
+        pool_id = tuple(map(int, graph.pool()))
     except Exception as exc:
-        return fields(None, None, f"pool unreadable: {exc!r}")
+        return PoolFields(None, None, f"pool unreadable: {exc!r}")
     try:
         segments, why = pool_segments(torch, pool_id)
         held = pool_bytes(segments, pool_id)
@@ -454,19 +371,19 @@ def _general_fields(fields: type[PoolFields], torch: Any, raw_id: Any) -> PoolFi
             if held:
                 why = f"the snapshot of pool {pool_id} listed none of its segments: {WHOLE}"
     except Exception as exc:
-        return fields(pool_id, None, f"no snapshot: {exc!r}")
+        return PoolFields(pool_id, None, f"no snapshot: {exc!r}")
     if held == 0:  # say which pools do hold segments: the capture may have used another
         pools = sorted({tuple(s.get("segment_pool_id", ())) for s in segments})
         why = f"no allocator segment in pool {pool_id} at capture end; pools holding some: {pools}"
-    return fields(pool_id, held, why)
+    return PoolFields(pool_id, held, why)
 
 
 WHOLE = "bytes summed from the whole allocator's snapshot (every segment of the process)"
 
 # The argument forms torch._C._cuda_memorySnapshot takes for one memory pool, newest first,
-# as what follows the pool id's two numbers: (pool, include_traces) in recent torch
-# (torch.cuda.memory_snapshot(mempool_id, include_traces)), (pool) before it. The first
-# capture_end finds the one this torch takes.
+# as what follows the pool id's two numbers: (pool, include_traces), then (pool). The first
+# capture_end finds the one this torch takes; one pool's snapshot builds only its segments,
+# where the whole allocator's builds every segment of the process (hundreds in serving).
 POOL_SNAPSHOT_FORMS: tuple[tuple[Any, ...], ...] = ((False,), ())
 _UNTRIED = "untried"
 _pool_form: Any = _UNTRIED  # the form that worked, or None when none did
@@ -476,13 +393,10 @@ def pool_segments(
     torch: Any, pool_id: tuple[int, ...]
 ) -> tuple[Sequence[dict[str, Any]], str | None]:
     """(the allocator's segments holding pool ``pool_id``'s, why the read was the whole
-    allocator's instead). One pool's snapshot, as torch.cuda.MemPool.snapshot() takes it,
-    builds only that pool's segments; the whole allocator's builds every segment of the
-    process (a serving process holds hundreds). A torch that takes no pool gets the whole
-    snapshot, and the mark says so in its pool_why."""
+    allocator's instead)."""
     global _pool_form
     form = _pool_form
-    if type(form) is tuple:  # found at the first capture
+    if type(form) is tuple:
         try:
             return torch._C._cuda_memorySnapshot(pool_id + form)["segments"], None
         except (AttributeError, TypeError, RuntimeError, KeyError) as exc:
@@ -511,13 +425,12 @@ def _whole_snapshot(torch: Any) -> list[dict[str, Any]]:
 def pool_bytes(segments: Sequence[dict[str, Any]], pool_id: Sequence[int]) -> int:
     """Bytes of the allocator's segments that belong to memory pool ``pool_id`` (a pure
     function over torch.cuda.memory._snapshot()'s segments)."""
-    want = tuple(pool_id)  # a tuple itself, not a copy, where it is one
-    held = 0
-    for seg in segments:  # a loop, not sum() of a generator: a capture_end's own share
-        seg_pool = seg.get("segment_pool_id", ())
-        if seg_pool == want or (type(seg_pool) is not tuple and tuple(seg_pool) == want):
-            held += int(seg.get("total_size", 0))
-    return held
+    want = tuple(pool_id)
+    return sum(
+        int(seg.get("total_size", 0))
+        for seg in segments
+        if tuple(seg.get("segment_pool_id", ())) == want
+    )
 
 
 def _guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

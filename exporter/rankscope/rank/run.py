@@ -1,14 +1,8 @@
-"""`rankscope run [--dir DIR] [--boot-id ID] [--no-census] [--compare] -- COMMAND [ARGS...]`:
-run COMMAND with every Python process it starts armed (docs/architecture.md, "Zero-touch").
+"""`rankscope run [--dir DIR] [--boot-id ID] [--no-census] [--compare] -- COMMAND [ARGS...]`.
 
-It sets RANKSCOPE_AUTO=1, RANKSCOPE_DIR and one RANKSCOPE_BOOT_ID for the whole run, then
-replaces itself with COMMAND (execvpe): the pid, the exit status, stdout and stderr, the
-signals and the controlling terminal are COMMAND's own, as if rankscope were not there. The
-``rankscope-auto.pth`` that every install puts in site-packages arms each Python process
-that inherits the environment.
-
-Exit status: COMMAND's; 2 for a usage error or a flight directory that cannot be written,
-127 when COMMAND is not found, 126 when it cannot be executed.
+Sets RANKSCOPE_AUTO=1, RANKSCOPE_DIR and one RANKSCOPE_BOOT_ID for the whole run, then
+replaces itself with COMMAND (execve): pid, exit status, output, signals and terminal are
+COMMAND's own. ``rankscope-auto.pth`` arms each Python process inheriting the environment.
 """
 
 from __future__ import annotations

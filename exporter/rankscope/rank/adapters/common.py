@@ -1,5 +1,5 @@
 """What the SGLang and vLLM adapters do alike: count a GroupCoordinator-shaped class, read
-ranks from the framework's parallel_state, mark a runner's phases, hold KV arena views."""
+ranks from the framework's parallel_state, mark the end of the boot, hold KV arena views."""
 
 from __future__ import annotations
 
@@ -21,39 +21,43 @@ def group_of(coordinator: Any) -> str | None:
     return census.coordinator_group(coordinator)
 
 
-def count_methods(
-    module: Any, points: list[HookPoint], table: Mapping[str, str | OpNamer]
-) -> list[Undo]:
+def count_methods(module: Any, points: list[HookPoint], table: Mapping[str, Op]) -> list[Undo]:
     """Count the methods of ``points`` (all of one class) under the ops of ``table``. The
     census's shared guard counts a call that reaches another counted one once, under the
-    outermost name (a coordinator method calling its device communicator or
-    torch.distributed)."""
+    outermost name (a coordinator method calling its communicator or torch.distributed)."""
     if not points:
         return []
     owners = {resolve(module, p)[0] for p in points}
     if len(owners) != 1:
         raise AttachError(points[0].name, "count points span more than one class")
-    cls = owners.pop()
-    methods = {p.qualname.rsplit(".", 1)[1]: table[p.qualname.rsplit(".", 1)[1]] for p in points}
-    return [census.instrument_methods(cls, methods, group_of=group_of)]
+    namers = op_namers(table)
+    methods = {m: namers[m] for m in (p.qualname.rsplit(".", 1)[1] for p in points)}
+    return [census.instrument_methods(owners.pop(), methods, group_of=group_of)]
 
 
-def coordinator_points(
-    parallel_state: str, ops: Mapping[str, Any], p2p_params: Mapping[str, tuple[str, int]]
-) -> tuple[HookPoint, ...]:
-    """The hook points both frameworks' GroupCoordinator offers alike: its counted ops (with
-    the peer parameter a point-to-point op reads), the attributes that name its group and
-    ranks, and the module's group getters."""
+# A counted method's op: a collective's name, or a point-to-point op as (send or recv,
+# the peer's parameter, its position after self), the peer read from the call.
+Op = str | tuple[str, str, int]
+
+
+def op_namers(ops: Mapping[str, Op]) -> dict[str, str | OpNamer]:
+    """method -> what the census counts it under (rankscope.rank.census.coordinator_p2p)."""
+    return {m: op if isinstance(op, str) else census.coordinator_p2p(*op) for m, op in ops.items()}
+
+
+def count_points(module: str, cls: str, ops: Mapping[str, Op]) -> tuple[HookPoint, ...]:
+    """The count points of ``cls``'s methods, with the peer parameter a p2p op reads."""
+    return tuple(
+        HookPoint(module, f"{cls}.{m}", "count", () if isinstance(op, str) else (op[1:],))
+        for m, op in ops.items()
+    )
+
+
+def coordinator_points(parallel_state: str, ops: Mapping[str, Op]) -> tuple[HookPoint, ...]:
+    """The hook points both frameworks' GroupCoordinator offers alike: its counted ops, the
+    attributes that name its group and ranks, and the module's group getters."""
     return (
-        *(
-            HookPoint(
-                parallel_state,
-                f"GroupCoordinator.{m}",
-                "count",
-                (p2p_params[m],) if m in p2p_params else (),
-            )
-            for m in ops
-        ),
+        *count_points(parallel_state, "GroupCoordinator", ops),
         *(
             HookPoint(parallel_state, f"GroupCoordinator.{a}", "read")
             for a in ("unique_name", "ranks", "rank_in_group", "world_size", "rank", "local_rank")
@@ -66,7 +70,7 @@ def coordinator_points(
 
 
 def install_parallel_state(
-    adapter: Adapter, module: ModuleType, name: str, table: Mapping[str, str | OpNamer]
+    adapter: Adapter, module: ModuleType, name: str, table: Mapping[str, Op]
 ) -> list[Undo]:
     """The parallel-state module both frameworks share the shape of: resolve the functions
     the adapter calls (a missing one fails the attach here, not mid-boot), then count the
@@ -91,18 +95,12 @@ def configure_ranks(parallel_state: str, *, runner: str | None) -> None:
     )
 
 
-class Once:
-    """Remembers which events already happened in this process: first_forward is marked once
-    per runner."""
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-
-    def first(self, event: str) -> bool:
-        if event in self._seen:
-            return False
-        self._seen.add(event)
-        return True
+def first_forward(adapter: Adapter) -> None:
+    """``first_forward`` and ``boot_complete``, once per process, when the first step returns."""
+    if not adapter.booted:
+        adapter.booted = True
+        probe.mark("first_forward", runner="target")
+        probe.mark("boot_complete", runner="target")
 
 
 # KV arena views, held here: the arena registry holds views weakly, and a view holds its

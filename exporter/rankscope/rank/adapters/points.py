@@ -1,18 +1,11 @@
 """Hook points and the attach machinery shared by the framework adapters.
 
-An adapter declares every place it touches in a framework as a :class:`HookPoint` (module,
-qualified name, how it is used, the parameters it reads), which is what the committed
-manifest is checked against (rankscope.rank.adapters.manifest). At run time the adapter attaches
-module by module, as the import hook reports each of its modules imported:
-
-- first, the framework's installed version (from its distribution metadata, without
-  importing it) must be one the adapter was checked against;
-- then every hook point of that module is resolved before any is installed;
-- on any failure, everything already installed is undone, so the job runs untouched.
-
-Either way the process's record gets one ``adapter`` line (rankscope.record.schema.AdapterStatus) saying what
-attached, or which hook could not and why. Nothing here raises into the framework: a hook's
-own work runs inside a guard that costs a log line, and the framework's call always runs.
+An adapter declares every place it touches in a framework as a :class:`HookPoint`, which
+the committed manifest is checked against (rankscope.rank.adapters.manifest). At run time it
+attaches module by module as each is imported: the installed version must be a checked one,
+every hook point of the module is resolved before any is installed, and on any failure
+everything installed is undone, so the job runs untouched. Either way the process's record
+gets one ``adapter`` line saying what attached, or which hook could not and why.
 """
 
 from __future__ import annotations
@@ -41,10 +34,9 @@ Use = Literal["wrap", "count", "call", "read"]
 @dataclass(frozen=True)
 class HookPoint:
     """One place in the framework an adapter relies on. ``qualname`` is ``Class.member`` or a
-    module-level ``function``; ``params`` are the parameters the adapter reads, as (name,
-    position counted after self); a read attribute is any ``self.X`` assignment or class-level
-    name of the class. ``optional``: a read the adapter does with a fallback, so a checked
-    version may lack it (it must still be in at least one)."""
+    module-level ``function``; ``params``: the parameters the adapter reads, as (name,
+    position after self). ``optional``: a read with a fallback, which a checked version may
+    lack (at least one must have it)."""
 
     module: str
     qualname: str
@@ -99,8 +91,7 @@ def wrap_method(
     cls: type, name: str, *, before: Before | None = None, after: After | None = None
 ) -> Undo:
     """Replace ``cls.name`` by a wrapper that runs ``before`` and, when the call returns,
-    ``after``; each guarded so a failure of the adapter costs one log line, never the call.
-    Returns the undo, which restores the class exactly."""
+    ``after``, each costing a log line if it fails, never the call. Returns the undo."""
     original = cls.__dict__[name]
 
     @functools.wraps(original)
@@ -154,9 +145,8 @@ def is_checked(version: str | None, checked: tuple[str, ...]) -> bool:
 
 
 class Adapter:
-    """One framework's adapter: its checked versions, its hook points, one installer per
-    module. Subclasses fill the class attributes; ``installers`` maps each module to the
-    function that attaches its hooks."""
+    """One framework's adapter: subclasses give its checked versions, its hook points and
+    ``installers``, each module's function that attaches its hooks."""
 
     framework: str = ""
     distribution: str = ""
@@ -172,12 +162,12 @@ class Adapter:
         self._undo: list[Undo] = []
         self._done: set[str] = set()
         self.hooks: list[str] = []
+        self.booted = False  # first_forward marked
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
 
     def _after_fork_in_child(self) -> None:
-        """A forked child (vLLM's default worker start) inherits the hooks: it is a new
-        process with its own record files, so it gets its own line."""
+        # A forked child (vLLM's default worker start) inherits the hooks, and gets its line.
         self._lock = threading.RLock()
         if self.state == "attached":
             try:

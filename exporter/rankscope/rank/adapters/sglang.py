@@ -1,21 +1,9 @@
-"""The SGLang adapter: attaches when SGLang's own modules are imported (never imported here).
-
-- Marks, on ``ModelRunner`` (target and speculative draft runners alike, ``runner`` from its
-  ``is_draft_worker``): ``pre_weight_load`` / ``weights_loaded`` around ``load_model``,
-  ``kv_pool_sized`` after ``alloc_memory_pool``, ``capture_begin`` / ``capture_end`` around
-  ``init_cuda_graphs``; on ``Scheduler``: ``first_forward`` and ``boot_complete`` when the
-  first ``run_batch`` returns.
-- Ranks: after ``ModelRunner.init_torch_distributed``, from parallel_state's world, TP and PP
-  groups.
-- KV arena ``kv`` (``kv_draft`` for the draft runner): the runner's ``token_to_kv_pool``;
-  reserved = ``get_kv_size_bytes()`` (K + V; the VA upper bound of a post-capture VMM pool),
-  backed = its VMM owner's ``backed_bytes`` where it has one, else reserved (plain tensors
-  are committed when allocated), retained = unknown (SGLang parks no handles it reports).
-- Census: ``GroupCoordinator``'s public collectives and the private methods its custom ops
-  reach (custom all-reduce, pynccl, symmetric memory, mscclpp and torch.distributed all sit
-  below them), keyed by group instance; one count per call however many layers it crosses.
-- Ticks: once per scheduler loop iteration, at ``Scheduler.ingest_requests``, which every
-  event loop (normal, overlap, PP, disaggregation) calls once per iteration on every rank.
+"""The SGLang adapter (docs/integrations.md): marks on ``ModelRunner`` (target and draft
+runners alike) around loading, pool sizing and graph capture, and on ``Scheduler`` at the
+first batch; ranks from parallel_state; the KV pool as arena ``kv`` (``kv_draft``); the
+census at ``GroupCoordinator``'s public collectives and the private methods its custom ops
+reach; a tick per scheduler iteration at ``Scheduler.ingest_requests``, which every event
+loop calls once per iteration on every rank.
 """
 
 from __future__ import annotations
@@ -43,9 +31,8 @@ MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 VMM_BACKING = "sglang.srt.mem_cache.kv_vmm_backing"
 
 # GroupCoordinator method -> census op. The private methods are what SGLang's custom ops
-# (inplace_all_reduce, reg_all_gather_into_tensor, ...) call, so a torch.compile'd model
-# that never enters the public method is still counted.
-COORDINATOR_OPS: dict[str, Any] = {
+# call, so a torch.compile'd model that never enters the public method is still counted.
+COORDINATOR_OPS: dict[str, common.Op] = {
     "all_reduce": "all_reduce",
     "_all_reduce_in_place": "all_reduce",
     "_all_reduce_out_place": "all_reduce",
@@ -59,20 +46,14 @@ COORDINATOR_OPS: dict[str, Any] = {
     "broadcast": "broadcast",
     "gather": "gather",
     "barrier": "barrier",
-    "send": census.coordinator_p2p("send", "dst", 1),
-    "recv": census.coordinator_p2p("recv", "src", 2),
-    "send_object": census.coordinator_p2p("send", "dst", 1),
-    "recv_object": census.coordinator_p2p("recv", "src", 0),
-}
-P2P_PARAMS = {
-    "send": ("dst", 1),
-    "recv": ("src", 2),
-    "send_object": ("dst", 1),
-    "recv_object": ("src", 0),
+    "send": ("send", "dst", 1),
+    "recv": ("recv", "src", 2),
+    "send_object": ("send", "dst", 1),
+    "recv_object": ("recv", "src", 0),
 }
 
 POINTS: tuple[HookPoint, ...] = (
-    *common.coordinator_points(PARALLEL_STATE, COORDINATOR_OPS, P2P_PARAMS),
+    *common.coordinator_points(PARALLEL_STATE, COORDINATOR_OPS),
     HookPoint(MODEL_RUNNER, "ModelRunner.init_torch_distributed", "wrap"),
     HookPoint(MODEL_RUNNER, "ModelRunner.load_model", "wrap"),
     HookPoint(MODEL_RUNNER, "ModelRunner.alloc_memory_pool", "wrap"),
@@ -89,8 +70,9 @@ POINTS: tuple[HookPoint, ...] = (
 
 
 class KvPoolArena:
-    """SGLang's KV pool in the arena protocol (rankscope.rank.probe.arenas), read from the pool's
-    own accounting. Holds the pool weakly."""
+    """SGLang's KV pool in the arena protocol, held weakly: reserved = its K + V bytes (the
+    VA upper bound of a post-capture VMM pool); backed = its VMM owner's backed bytes where
+    it has one, else reserved (plain tensors are committed when allocated); retained unknown."""
 
     def __init__(self, pool: Any) -> None:
         self._pool = weakref.ref(pool)
@@ -125,10 +107,6 @@ class SGLangAdapter(Adapter):
     checked_versions = ("0.5.22", "0.5.23")
     points = POINTS
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.once = common.Once()
-
     def installers(self) -> dict[str, Installer]:
         return {
             PARALLEL_STATE: self._install_parallel_state,
@@ -140,13 +118,11 @@ class SGLangAdapter(Adapter):
         return common.install_parallel_state(self, module, PARALLEL_STATE, COORDINATOR_OPS)
 
     def _install_model_runner(self, module: ModuleType) -> list[Undo]:
-        wraps = points_of(self, MODEL_RUNNER, ("wrap",))
-        cls = {resolve(module, p)[0] for p in wraps}.pop()
+        cls = {resolve(module, p)[0] for p in points_of(self, MODEL_RUNNER, ("wrap",))}.pop()
 
         def ranks(runner: Any, args: Any, kwargs: Any) -> None:
-            common.configure_ranks(
-                PARALLEL_STATE, runner=None if _runner(runner) == "draft" else "target"
-            )
+            role = None if _runner(runner) == "draft" else "target"
+            common.configure_ranks(PARALLEL_STATE, runner=role)
 
         def mark(phase: str) -> Any:
             return lambda runner, args, kwargs: probe.mark(phase, runner=_runner(runner))
@@ -170,20 +146,10 @@ class SGLangAdapter(Adapter):
         ]
 
     def _install_scheduler(self, module: ModuleType) -> list[Undo]:
-        wraps = points_of(self, SCHEDULER, ("wrap",))
-        cls = {resolve(module, p)[0] for p in wraps}.pop()
-
-        def tick(scheduler: Any, args: Any, kwargs: Any) -> None:
-            census.tick()
-
-        def first_batch(scheduler: Any, args: Any, kwargs: Any) -> None:
-            if self.once.first("first_forward"):
-                probe.mark("first_forward", runner="target")
-                probe.mark("boot_complete", runner="target")
-
+        cls = {resolve(module, p)[0] for p in points_of(self, SCHEDULER, ("wrap",))}.pop()
         return [
-            wrap_method(cls, "ingest_requests", before=tick),
-            wrap_method(cls, "run_batch", after=first_batch),
+            wrap_method(cls, "ingest_requests", before=lambda *_: census.tick()),
+            wrap_method(cls, "run_batch", after=lambda *_: common.first_forward(self)),
         ]
 
 

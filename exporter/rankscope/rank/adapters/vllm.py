@@ -1,22 +1,9 @@
-"""The vLLM adapter (V1 engine): attaches when vLLM's own modules are imported (never
-imported here).
-
-- Marks, on the GPU ``Worker``: ``pre_weight_load`` / ``weights_loaded`` around
-  ``load_model``, ``kv_pool_sized`` after ``initialize_from_config`` (the KV cache tensors
-  exist then), ``capture_begin`` / ``capture_end`` around ``compile_or_warm_up_model``
-  (warm-up and CUDA graph capture), ``first_forward`` and ``boot_complete`` when the first
-  ``execute_model`` returns. vLLM runs a speculative drafter inside the same model runner,
-  so every mark is the ``target`` runner's.
-- Ranks: after ``Worker.init_device``, from parallel_state's world, TP and PP groups.
-- KV arena ``kv``: reserved = the bytes of the device-resident tensors of the
-  ``KVCacheConfig`` the worker was given; backed = the model runner's extensible KV cache's
-  ``physical_bytes`` where it has one (committed on demand), else reserved; retained =
-  unknown.
-- Census: ``GroupCoordinator``'s collectives at the methods both the eager path and the
-  custom ops (``torch.ops.vllm.all_reduce`` and friends) reach, and the device communicator
-  (``CudaCommunicator``: pynccl, custom all-reduce, symmetric memory) for calls that bypass
-  the coordinator; a coordinator call that reaches its communicator counts once.
-- Ticks: once per engine step, after ``Worker.execute_model``, on every worker.
+"""The vLLM adapter, V1 engine (docs/integrations.md): marks on the GPU ``Worker`` around
+loading, KV cache sizing, warm-up and capture, and at the first ``execute_model``, all the
+``target`` runner's (a speculative drafter runs inside the same model runner); ranks from
+parallel_state; the KV cache as arena ``kv``; the census at ``GroupCoordinator``'s methods
+both the eager path and the custom ops reach, and at the device communicator for calls that
+bypass it (one count where both are crossed); a tick per engine step.
 """
 
 from __future__ import annotations
@@ -47,7 +34,7 @@ EXTENSIBLE_KV = "vllm.v1.worker.extensible_kv_cache"
 
 # GroupCoordinator method -> census op. The private *_out_place methods are what both the
 # eager path and the custom ops' implementations call.
-COORDINATOR_OPS: dict[str, Any] = {
+COORDINATOR_OPS: dict[str, common.Op] = {
     "_all_reduce_out_place": "all_reduce",
     "_all_gather_out_place": "all_gather",
     "_reduce_scatter_out_place": "reduce_scatter",
@@ -58,46 +45,29 @@ COORDINATOR_OPS: dict[str, Any] = {
     "broadcast_object": "broadcast_object",
     "broadcast_tensor_dict": "broadcast_tensor_dict",
     "barrier": "barrier",
-    "send": census.coordinator_p2p("send", "dst", 1),
-    "recv": census.coordinator_p2p("recv", "src", 2),
-    "send_object": census.coordinator_p2p("send", "dst", 1),
-    "recv_object": census.coordinator_p2p("recv", "src", 0),
-    "send_tensor_dict": census.coordinator_p2p("send", "dst", 1),
-    "recv_tensor_dict": census.coordinator_p2p("recv", "src", 0),
+    "send": ("send", "dst", 1),
+    "recv": ("recv", "src", 2),
+    "send_object": ("send", "dst", 1),
+    "recv_object": ("recv", "src", 0),
+    "send_tensor_dict": ("send", "dst", 1),
+    "recv_tensor_dict": ("recv", "src", 0),
 }
-COORDINATOR_P2P = {
-    "send": ("dst", 1),
-    "recv": ("src", 2),
-    "send_object": ("dst", 1),
-    "recv_object": ("src", 0),
-    "send_tensor_dict": ("dst", 1),
-    "recv_tensor_dict": ("src", 0),
-}
-# CudaCommunicator method -> census op: the same op names as the coordinator's, so a call
-# counted at either layer lands on the same (group, op).
-COMMUNICATOR_OPS: dict[str, Any] = {
+# CudaCommunicator method -> census op: the coordinator's names, so a call counted at either
+# layer lands on the same (group, op).
+COMMUNICATOR_OPS: dict[str, common.Op] = {
     "all_reduce": "all_reduce",
     "all_gather": "all_gather",
     "reduce_scatter": "reduce_scatter",
     "all_gatherv": "all_gatherv",
     "reduce_scatterv": "reduce_scatterv",
     "broadcast": "broadcast",
-    "send": census.coordinator_p2p("send", "dst", 1),
-    "recv": census.coordinator_p2p("recv", "src", 2),
+    "send": ("send", "dst", 1),
+    "recv": ("recv", "src", 2),
 }
-COMMUNICATOR_P2P = {"send": ("dst", 1), "recv": ("src", 2)}
 
 POINTS: tuple[HookPoint, ...] = (
-    *common.coordinator_points(PARALLEL_STATE, COORDINATOR_OPS, COORDINATOR_P2P),
-    *(
-        HookPoint(
-            CUDA_COMMUNICATOR,
-            f"CudaCommunicator.{m}",
-            "count",
-            (COMMUNICATOR_P2P[m],) if m in COMMUNICATOR_P2P else (),
-        )
-        for m in COMMUNICATOR_OPS
-    ),
+    *common.coordinator_points(PARALLEL_STATE, COORDINATOR_OPS),
+    *common.count_points(CUDA_COMMUNICATOR, "CudaCommunicator", COMMUNICATOR_OPS),
     *(
         HookPoint(BASE_COMMUNICATOR, f"DeviceCommunicatorBase.{a}", "read")
         for a in ("unique_name", "ranks", "rank_in_group", "world_size")
@@ -115,8 +85,9 @@ POINTS: tuple[HookPoint, ...] = (
 
 
 class KvCacheArena:
-    """vLLM's KV cache in the arena protocol: the configured tensor bytes, and the committed
-    bytes of an extensible cache. Holds the model runner weakly."""
+    """vLLM's KV cache in the arena protocol: reserved = the configured device tensors'
+    bytes; backed = an extensible cache's committed bytes, else reserved; retained unknown.
+    Holds the model runner weakly."""
 
     def __init__(self, reserved: int, model_runner: Any) -> None:
         self._reserved = reserved
@@ -154,10 +125,6 @@ class VLLMAdapter(Adapter):
     # vLLM imports its device communicator inside GroupCoordinator.__init__, mid-boot.
     deferred = (CUDA_COMMUNICATOR,)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.once = common.Once()
-
     def installers(self) -> dict[str, Installer]:
         return {
             PARALLEL_STATE: self._install_parallel_state,
@@ -173,8 +140,7 @@ class VLLMAdapter(Adapter):
         return common.count_methods(module, counted, COMMUNICATOR_OPS)
 
     def _install_worker(self, module: ModuleType) -> list[Undo]:
-        wraps = points_of(self, GPU_WORKER, ("wrap",))
-        cls = {resolve(module, p)[0] for p in wraps}.pop()
+        cls = {resolve(module, p)[0] for p in points_of(self, GPU_WORKER, ("wrap",))}.pop()
 
         def ranks(worker: Any, args: Any, kwargs: Any) -> None:
             common.configure_ranks(PARALLEL_STATE, runner="target")
@@ -191,9 +157,7 @@ class VLLMAdapter(Adapter):
 
         def step_done(worker: Any, args: Any, kwargs: Any) -> None:
             census.tick()
-            if self.once.first("first_forward"):
-                probe.mark("first_forward", runner="target")
-                probe.mark("boot_complete", runner="target")
+            common.first_forward(self)
 
         return [
             wrap_method(cls, "init_device", after=ranks),

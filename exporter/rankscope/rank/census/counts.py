@@ -1,8 +1,5 @@
 """The census counters: one dict increment per collective, keyed by (group instance, op).
-
-RANKSCOPE_CENSUS is read once, at import: when it disarms the census, ``count`` is a
-function that does nothing, so the hot path never tests a flag. A group instance names its
-member ranks (``tp:0-3``), so only members of the same instance are ever compared.
+RANKSCOPE_CENSUS=0, read at import, makes ``count`` a function that does nothing.
 """
 
 from __future__ import annotations

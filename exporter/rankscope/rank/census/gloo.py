@@ -1,12 +1,8 @@
 """The optional in-process comparison: at each snapshot round the ranks gather their counts
-over a CPU (gloo) group, and a divergence is logged and recorded with the (group instance,
-op) that differs, each rank's count and the ranks that lag.
-
-It never uses the device group (a wedged device must not silence it) and runs on its own
-thread, so ``tick()`` never waits for it; a failed gather (a dead peer, the group's timeout)
-ends the comparison with one log line, never an exception. At the default cadence (every 50
-scheduler iterations, seconds) it runs far inside the NCCL watchdog's timeout (10 minutes by
-default in torch >= 2.2), so a divergence is named while the ranks are still healthy.
+over a CPU (gloo) group, never the device's (a wedged device must not silence it), on a
+thread of its own so ``tick()`` never waits; a divergence is logged and recorded with the
+(group instance, op) that differs, each rank's count and the ranks that lag. A failed
+gather (a dead peer, the group's timeout) ends the comparison with one log line.
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ import queue
 import threading
 from typing import Any
 
+from rankscope.rank import stop_before_teardown
 from rankscope.rank.census import counts as _counts
 from rankscope.rank.census import snapshots
 from rankscope.rank.census.wrap import GUARD
@@ -52,7 +49,7 @@ class Comparator:
         self.dist = dist
         self.group = group
         self.timeout_s = timeout_s  # the group's: how long one gather can wait for a peer
-        self.own_group = own_group  # created by enable_comparison: destroyed with the comparator
+        self.own_group = own_group  # enable_comparison's: destroyed with the comparator
         self.rank = rank
         self.compared = 0
         self.skipped = 0  # rounds the ranks did not agree on: counted, not compared
@@ -148,8 +145,7 @@ class Comparator:
 
 def gather_bytes(dist: Any, group: Any, data: bytes) -> list[bytes]:
     """Every member's ``data``, in group rank order: two all_gathers of CPU tensors (the
-    lengths, then the padded bytes). Not ``all_gather_object``: torch decodes its result
-    through ``Tensor.numpy()``, and a comparison must not fail where numpy is absent."""
+    lengths, then the padded bytes); all_gather_object would need numpy."""
     import torch
 
     world = dist.get_world_size(group)
@@ -164,18 +160,16 @@ def gather_bytes(dist: Any, group: Any, data: bytes) -> list[bytes]:
 
 
 _active: Comparator | None = None
+_registered = False
 
 
 def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Comparator | None:
-    """Compare counts across ranks at every snapshot round, over the CPU group ``group``,
-    which nothing else may use: the comparison gathers on its own thread, and two threads
-    issuing collectives on one group interleave differently on each rank.
-
-    Without ``group``, creates one with ``torch.distributed.new_group(backend="gloo",
-    timeout=timeout_s)``: new_group is itself a collective, so every rank must call this, in
-    the same order relative to its other new_group calls. Returns None (with a log line)
+    """Compare counts across ranks at every snapshot round over the gloo group ``group``,
+    which nothing else may use (two threads' collectives on one group interleave differently
+    on each rank). Without one, creates one (new_group is a collective: every rank must call
+    this in the same order relative to its other new_group calls). None, with a log line,
     when torch.distributed is not initialised or the census is disarmed; never raises."""
-    global _active
+    global _active, _registered
     if not _counts.ARMED:
         return None
     try:
@@ -202,7 +196,10 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
         disable_comparison()
         _active = Comparator(dist, group, rank, own_group=own, timeout_s=timeout_s)
         snapshots.STATE.on_snapshot = _active.submit
-        _stop_before_teardown()
+        if not _registered:
+            _registered = True
+            if not stop_before_teardown(_stop_at_exit):
+                atexit.register(_stop_at_exit)
         return _active
     except Exception as exc:
         log.warning("rankscope census: in-process comparison not enabled: %r", exc)
@@ -210,52 +207,45 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
 
 
 def disable_comparison(timeout: float = 5.0) -> None:
-    """Stop the comparison after the rounds already submitted."""
+    """Stop the comparison after the rounds already submitted. One still gathering after
+    ``timeout`` is left to finish, and the exit waits for it."""
     global _active
     comparator, _active = _active, None
     snapshots.STATE.on_snapshot = None
-    if comparator is not None and comparator.close(timeout) and comparator.own_group:
+    if comparator is not None:
+        _close(comparator, timeout)
+
+
+_unfinished: list[Comparator] = []  # closed, but their thread was still in a gather
+
+
+def _close(comparator: Comparator, timeout: float) -> bool:
+    if not comparator.close(timeout):
+        if comparator not in _unfinished:
+            _unfinished.append(comparator)
+        return False
+    if comparator in _unfinished:
+        _unfinished.remove(comparator)
+    if comparator.own_group:
         try:
             comparator.dist.destroy_process_group(comparator.group)
         except Exception as exc:
             log.info("rankscope census: the comparison group was not destroyed: %r", exc)
-
-
-_registered = False
-
-
-def _stop_before_teardown() -> None:
-    """Stop the comparison thread and destroy its group when the main thread finishes,
-    before any atexit handler runs: the thread and the gloo group must be gone before the
-    interpreter (and torch with it) tears down, or the process dies with SIGABRT
-    ("terminate called without an active exception"). ``threading._register_atexit`` is
-    what concurrent.futures uses for the same reason; it runs in ``threading._shutdown``,
-    ahead of atexit."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is None:
-            raise RuntimeError("threading._register_atexit is missing")
-        register(_stop_at_exit)
-    except RuntimeError:  # shutting down already, or an interpreter without the hook
-        atexit.register(_stop_at_exit)
+    return True
 
 
 def _stop_at_exit() -> None:
-    """At exit, wait for the rounds already submitted as long as one gather may take: the
-    peers are gathering the same rounds, so a live job finishes in milliseconds, and a
-    thread left inside a gloo call when torch tears down aborts the process (seen under
-    load with a 5 s wait). Only a dead peer makes this wait the group's timeout."""
-    comparator = _active
-    if comparator is None:
-        return
-    disable_comparison(timeout=comparator.timeout_s + 5.0)
-    if comparator._thread.is_alive():
-        log.warning(
-            "rankscope census: the comparison thread is still in a gather after %.0f s; "
-            "a peer is probably gone",
-            comparator.timeout_s + 5.0,
-        )
+    """Before torch tears down (a thread left inside a gloo call then aborts the process),
+    wait for every comparison's submitted rounds as long as one gather may take: the peers
+    gather the same rounds, so a live job finishes in milliseconds; only a dead peer makes
+    this wait the group's timeout."""
+    global _active
+    active, _active = _active, None
+    snapshots.STATE.on_snapshot = None
+    for comparator in [*([active] if active else []), *_unfinished]:
+        if not _close(comparator, comparator.timeout_s + 5.0):
+            log.warning(
+                "rankscope census: the comparison thread is still in a gather after %.0f s; "
+                "a peer is probably gone",
+                comparator.timeout_s + 5.0,
+            )

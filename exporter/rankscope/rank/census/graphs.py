@@ -9,36 +9,31 @@ default "global" capture mode forbids that thread's CUDA work anyway).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import weakref
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from rankscope.rank.census import counts as _counts
-from rankscope.record import schema
+from rankscope.record import GraphCounts
 from rankscope.record.naming import Key
 
 log = logging.getLogger("rankscope.census")
 
 
-@dataclass
-class GraphCounts:
-    name: str
-    delta: dict[Key, int] = field(default_factory=dict)  # collectives one replay issues
-    replays: int = 0
-
-
+# Per captured graph: its name, and what one replay counts with the replays so far.
+Captured = tuple[str, GraphCounts]
 # Graph objects are held weakly (a dropped graph must free its pool); plain keys (a batch
 # size, a name) strongly until forget().
-_weak: weakref.WeakKeyDictionary[Any, GraphCounts] = weakref.WeakKeyDictionary()
-_strong: dict[Hashable, GraphCounts] = {}
+_weak: weakref.WeakKeyDictionary[Any, Captured] = weakref.WeakKeyDictionary()
+_strong: dict[Hashable, Captured] = {}
 _open: dict[Hashable, tuple[str, dict[Key, int]]] = {}  # key -> (name, counts at begin)
 _captured = 0
 unknown_replays = 0
 
 
-def _lookup(key: Any) -> GraphCounts | None:
+def _lookup(key: Any) -> Captured | None:
     try:
         found = _weak.get(key)
     except TypeError:  # not weakly referenceable: a plain key
@@ -46,7 +41,7 @@ def _lookup(key: Any) -> GraphCounts | None:
     return found if found is not None else _strong.get(key)
 
 
-def _store(key: Any, entry: GraphCounts) -> None:
+def _store(key: Any, entry: Captured) -> None:
     try:
         _weak[key] = entry
     except TypeError:
@@ -77,8 +72,8 @@ def end_capture(key: Any) -> GraphCounts | None:
         name, before = opened
         now = _counts.snapshot()
         delta = {k: n - before.get(k, 0) for k, n in now.items() if n != before.get(k, 0)}
-        entry = GraphCounts(name=name, delta=delta)
-        _store(key, entry)
+        entry = GraphCounts(delta, 0)
+        _store(key, (name, entry))
         return entry
     except Exception as exc:
         log.warning("rankscope census: capture of %r not tracked: %r", key, exc)
@@ -109,14 +104,15 @@ def replay(key: Any, n: int = 1) -> None:
     if not _counts.ARMED:
         return
     try:
-        entry = _lookup(key)
-        if entry is None:
+        found = _lookup(key)
+        if found is None:
             unknown_replays += n
             return
+        entry = found[1]
         table = _counts.COUNTS
-        for k, per_replay in entry.delta.items():
+        for k, per_replay in entry.counts.items():
             table[k] += per_replay * n
-        entry.replays += n
+        entry.replays = (entry.replays or 0) + n
     except Exception as exc:
         log.warning("rankscope census: replay of %r not counted: %r", key, exc)
 
@@ -128,11 +124,11 @@ def forget(key: Any) -> None:
     _strong.pop(key, None)
 
 
-def graph_counts() -> dict[str, schema.GraphCounts]:
+def graph_counts() -> dict[str, GraphCounts]:
     """The ``graphs`` field of a census snapshot: per graph, what one replay counts and how
     many replays there were."""
-    entries = list(_weak.values()) + list(_strong.values())
-    return {e.name: schema.GraphCounts(dict(e.delta), e.replays) for e in entries}
+    entries = [*_weak.values(), *_strong.values()]
+    return {name: GraphCounts(dict(e.counts), e.replays) for name, e in entries}
 
 
 def reset() -> None:
@@ -180,13 +176,13 @@ def instrument_cuda_graphs() -> Callable[[], None]:
         replay(self)
         return result
 
-    for name, wrapper, original in (
-        ("capture_begin", capture_begin, begin),
-        ("capture_end", capture_end, end),
-        ("replay", replay_method, replay_graph),
+    for name, wrapper, original in zip(
+        _GRAPH_METHODS,
+        (capture_begin, capture_end, replay_method),
+        (begin, end, replay_graph),
+        strict=True,
     ):
-        wrapper.__name__ = name
-        wrapper.__doc__ = original.__doc__
+        functools.update_wrapper(wrapper, original)
         wrapper.__rankscope_census__ = True  # type: ignore[attr-defined]
         setattr(cls, name, wrapper)
 

@@ -1,15 +1,11 @@
 """Rounds, snapshots and local dumps.
 
-``tick()`` is called once per scheduler iteration, a replicated point, so its round counter
-agrees across ranks; every N rounds (RANKSCOPE_CENSUS_EVERY, default 50) the rank appends a
-``census`` line (round, counts, graphs) to the flight directory, and hands the same counts
-to the in-process comparison when one is enabled. Snapshots are written only when the
-recorder is armed (RANKSCOPE_DIR or ``configure(flight_dir=...)``).
-
-``dump_local()`` and the SIGTERM / SIGABRT / atexit handlers write the local counts with no
-collective at all: by then a peer is probably dead. A Python signal handler runs when the
-main thread next executes Python, so a rank blocked inside a hung collective dumps only once
-that call returns; its last snapshot is on disk either way.
+``tick()`` runs once per scheduler iteration, a replicated point, so its round agrees across
+ranks; every N rounds (RANKSCOPE_CENSUS_EVERY, default 50) the rank appends a ``census`` line
+(round, counts, graphs), when the recorder is armed, and hands the counts to the in-process
+comparison. ``dump_local()`` and the SIGTERM / SIGABRT / exit handlers write the local counts
+with no collective (a peer is probably dead by then); a rank blocked in a hung collective
+dumps once that call returns, its last snapshot on disk either way.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from rankscope.rank import env_number
 from rankscope.rank.census import counts as _counts
 from rankscope.rank.census import graphs as _graphs
 from rankscope.rank.writer import RECORDER
@@ -37,22 +34,7 @@ STREAM = Census.STREAM
 
 
 def every_from_env(environ: dict[str, str] | None = None) -> int:
-    raw = (os.environ if environ is None else environ).get(ENV_EVERY, "").strip()
-    if not raw:
-        return DEFAULT_EVERY
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        log.warning(
-            "rankscope census: %s=%r is not a positive integer; using %d",
-            ENV_EVERY,
-            raw,
-            DEFAULT_EVERY,
-        )
-        return DEFAULT_EVERY
-    return value
+    return env_number(ENV_EVERY, DEFAULT_EVERY, int, 1, environ)
 
 
 class _State:
@@ -102,9 +84,8 @@ def tick() -> None:
 
 
 def auto_tick() -> None:
-    """The cadence ``rankscope run`` drives without a scheduler hook: called on every
-    collective of the world group (which every rank issues in the same order), until the
-    program calls tick() itself (docs/census.md, "Automatic cadence")."""
+    """``rankscope run``'s cadence: called on every collective of the world group (every
+    rank issues them in the same order) until the program calls tick() itself."""
     if not STATE.explicit:
         _advance()
 
@@ -148,8 +129,7 @@ def dump_local(reason: str = "manual") -> bool:
 
 
 def _dump_from_signal(reason: str) -> bool:
-    """dump_local for a signal handler: the interrupted code may hold the recorder's lock."""
-    return _dump(reason, RECORDER.write_record_detached)
+    return _dump(reason, RECORDER.write_record_detached)  # the recorder's lock may be held
 
 
 def _dump(reason: str, write: Callable[[CensusDump], bool]) -> bool:
@@ -187,10 +167,10 @@ def _at_exit() -> None:
 
 
 def install_abort_handlers() -> bool:
-    """Dump the local counts on SIGTERM, SIGABRT (one delivered to the process; an abort()
-    inside C++ ends it before Python runs) and at exit. A handler the program installed
-    before is called after the dump; an ignored signal stays ignored. Signal handlers need
-    the main thread: elsewhere only the exit dump is installed (returns False)."""
+    """Dump the local counts on SIGTERM, SIGABRT (a delivered one: abort() in C++ ends the
+    process before Python runs) and at exit; a handler the program installed before runs
+    after the dump, an ignored signal stays ignored. Off the main thread only the exit dump
+    is installed (returns False)."""
     if STATE.handlers_installed:
         return True
     STATE.handlers_installed = True

@@ -4,8 +4,8 @@ Each listed function is replaced, in ``torch.distributed`` and in the module tha
 (so torch's own internal calls and ``P2POp``'s checks see the same object), by a wrapper
 that counts the call once and calls the original. The group instance is read from the
 process group: a name given with :func:`name_group`, else its ``group_desc``, else its pg
-name, over its member ranks (``torch.distributed.get_process_group_ranks``), cached per
-group object and dropped with it. The undo restores every original exactly.
+name, over its member ranks, cached per group object and dropped with it. The undo restores
+every original exactly.
 
 A ``P2POp`` built while instrumented and passed to ``batch_isend_irecv`` after the undo is
 rejected by torch (it holds the wrapper, not torch's isend): build P2POps after the undo.
@@ -48,9 +48,8 @@ COLLECTIVES = (
 P2P = {"send": SEND, "isend": SEND, "recv": RECV, "irecv": RECV}
 BATCH = "batch_isend_irecv"
 # Functions whose torch implementation calls another function listed here: they hold the
-# guard so the inner call is not counted again. The others only read it (they run on every
-# collective, and a thread-local write costs more than the rest of the wrapper); the ops test
-# proves the split for the installed torch by counting each op exactly once.
+# guard so the inner call is not counted again (the ops test proves the split for the
+# installed torch by counting each op exactly once).
 NESTING = frozenset(
     {
         "send",  # torch's send is isend(...).wait()
@@ -66,7 +65,8 @@ NESTING = frozenset(
 _lock = threading.Lock()
 _undo: Callable[[], None] | None = None
 
-# id(process group) -> group instance name; entries leave with their group.
+# id(process group) -> group instance name ('' for a group this rank is no member of);
+# entries leave with their group.
 _names: dict[int, str] = {}
 _given: dict[int, str] = {}
 
@@ -79,16 +79,9 @@ def name_group(group: Any, name: str) -> None:
         weakref.finalize(group, _forget, id(group))
 
 
-# Per wrapper: id(process group) -> the (instance, op) key it counts under, so the hot path
-# builds no tuple; emptied with _names.
-_keys: list[dict[int, tuple[str, str]]] = []
-
-
 def _forget(key: int) -> None:
     _names.pop(key, None)
     _given.pop(key, None)
-    for keys in _keys:
-        keys.pop(key, None)
 
 
 def _instance_of(dist: Any, group: Any) -> str | None:
@@ -105,17 +98,13 @@ def _instance_of(dist: Any, group: Any) -> str | None:
 
 
 def _resolve(dist: Any, group: Any) -> str:
-    """Name ``group`` once and cache it for its lifetime; '' for a group this rank is no
-    member of (cached too: such calls are frequent where they happen)."""
+    """Name ``group`` and cache it for its lifetime ('' when this rank is no member)."""
     ranks = None
     if isinstance(group, dist.ProcessGroup):  # not GroupMember.NON_GROUP_MEMBER (an int)
-        try:
+        with contextlib.suppress(Exception):  # not a member
             ranks = dist.get_process_group_ranks(group)
-        except Exception:  # not a member
-            ranks = None
-    if ranks is None:
-        name = ""
-    else:
+    name = ""
+    if ranks is not None:
         base = _given.get(id(group))
         if base is None:
             if group is dist.GroupMember.WORLD:
@@ -142,144 +131,37 @@ def _peer(dist: Any, group: Any, peer: Any, group_peer: Any) -> int | None:
     )
 
 
-ALL_REDUCE_PARAMS = ["tensor", "op", "group", "async_op"]
+def _position(fn: Callable[..., Any], param: str) -> int | None:
+    params = list(inspect.signature(fn).parameters)
+    return params.index(param) if param in params else None
 
 
-def _collective_wrapper(
-    dist: Any, name: str, original: Callable[..., Any], on_world: Callable[[], None] | None = None
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, at: int | None) -> Any:
+    value = kwargs.get(name) if kwargs else None
+    if value is None and at is not None and len(args) > at:
+        value = args[at]
+    return value
+
+
+def _counting(
+    name: str,
+    original: Callable[..., Any],
+    count: Callable[[tuple[Any, ...], dict[str, Any]], None],
 ) -> Callable[..., Any]:
-    """``on_world`` (the automatic census cadence) is called after counting each call on the
-    default group; None costs the hot path one test."""
-    if name in P2P:
-        return _p2p_wrapper(dist, name, original)
-    params = list(inspect.signature(original).parameters)
-    group_at = params.index("group") if "group" in params else len(params)
-    # Bound once: this wrapper runs on every collective, so it reads no module globals and
-    # makes no call of its own on the common path (the group's name is cached by id).
-    keys: dict[int, tuple[str, str]] = {}
-    _keys.append(keys)
-    guard, table, cached = GUARD, _counts.COUNTS, keys.get
-    world = dist.distributed_c10d._world
-    # The default group, read without the property's call where this torch has the field.
-    default_attr = "_default_pg" if hasattr(world, "_default_pg") else "default_pg"
-
-    def count_slow(group: Any) -> None:
-        try:
-            if group is None:
-                group = getattr(world, default_attr)
-            instance = _instance_of(dist, group)
-            if instance:
-                key = (instance, name)
-                if id(group) in _names:  # cached for the group's lifetime: so is its key
-                    keys[id(group)] = key
-                table[key] += 1
-        except Exception as exc:
-            _counts._count_failed(name, "", exc)
-
-    if name in NESTING:
-
-        @functools.wraps(original)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if guard.depth:
-                return original(*args, **kwargs)
-            group = kwargs.get("group") if kwargs else None
-            if group is None and len(args) > group_at:
-                group = args[group_at]
-            count_slow(group)
-            if on_world is not None and (group is None or group is getattr(world, default_attr)):
-                on_world()
-            guard.depth = 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                guard.depth = 0
-
-    elif default_attr == "_default_pg" and params == ALL_REDUCE_PARAMS:
-        # The hottest collective, with its exact signature: no argument packing.
-        op_default = inspect.signature(original).parameters["op"].default
-
-        @functools.wraps(original)
-        def wrapper(
-            tensor: Any, op: Any = op_default, group: Any = None, async_op: bool = False
-        ) -> Any:
-            if not guard.depth:
-                pg = world._default_pg if group is None else group
-                key = cached(id(pg))
-                if key is None:
-                    count_slow(pg)  # first call on this group, or not a member
-                else:
-                    table[key] += 1
-                if on_world is not None and pg is world._default_pg:
-                    on_world()
-            return original(tensor, op, group, async_op)
-
-    elif default_attr == "_default_pg":
-
-        @functools.wraps(original)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not guard.depth:
-                group = kwargs.get("group") if kwargs else None
-                if group is None:
-                    group = args[group_at] if len(args) > group_at else None
-                    if group is None:
-                        group = world._default_pg
-                key = cached(id(group))
-                if key is None:
-                    count_slow(group)  # first call on this group, or not a member
-                else:
-                    table[key] += 1
-                if on_world is not None and group is world._default_pg:
-                    on_world()
-            return original(*args, **kwargs)
-
-    else:
-
-        @functools.wraps(original)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not guard.depth:
-                group = kwargs.get("group") if kwargs else None
-                if group is None and len(args) > group_at:
-                    group = args[group_at]
-                count_slow(group)
-                if on_world is not None and (
-                    group is None or group is getattr(world, default_attr)
-                ):
-                    on_world()
-            return original(*args, **kwargs)
-
-    setattr(wrapper, MARK, True)
-    return wrapper
-
-
-def _p2p_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    params = list(inspect.signature(original).parameters)
-    group_at = params.index("group") if "group" in params else None
-    kind = P2P[name]
-    peer_param = "dst" if kind == SEND else "src"
-    peer_at = params.index(peer_param) if peer_param in params else None
-
-    def counted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        group = kwargs.get("group")
-        if group is None and group_at is not None and len(args) > group_at:
-            group = args[group_at]
-        instance = _instance_of(dist, group)
-        if instance is None:
-            return
-        peer = kwargs.get(peer_param)
-        if peer is None and peer_at is not None and len(args) > peer_at:
-            peer = args[peer_at]
-        group_peer = kwargs.get("group_" + peer_param)
-        _counts.count(instance, p2p_name(kind, _peer(dist, group, peer, group_peer)))
+    """The wrapper: ``count`` the call unless an outer counted call holds the guard (a
+    failure costs a count, never the call), then the original, holding the guard for the
+    functions that nest."""
+    nests = name in NESTING
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if GUARD.depth:
             return original(*args, **kwargs)
         try:
-            counted(args, kwargs)
+            count(args, kwargs)
         except Exception as exc:
             _counts._count_failed(name, "", exc)
-        if name not in NESTING:
+        if not nests:
             return original(*args, **kwargs)
         GUARD.depth = 1
         try:
@@ -289,6 +171,46 @@ def _p2p_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> Callable
 
     setattr(wrapper, MARK, True)
     return wrapper
+
+
+def _collective_wrapper(
+    dist: Any, name: str, original: Callable[..., Any], on_world: Callable[[], None] | None = None
+) -> Callable[..., Any]:
+    """``on_world`` (the automatic census cadence) is called after counting each call on the
+    default group."""
+    if name in P2P:
+        return _p2p_wrapper(dist, name, original)
+    group_at = _position(original, "group")
+    world, table = dist.distributed_c10d._world, _counts.COUNTS
+
+    def count(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        default = world.default_pg
+        group = _arg(args, kwargs, "group", group_at)
+        if group is None:
+            group = default
+        instance = _instance_of(dist, group)
+        if instance:
+            table[instance, name] += 1
+        if on_world is not None and group is default:
+            on_world()
+
+    return _counting(name, original, count)
+
+
+def _p2p_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    kind = P2P[name]
+    peer_param = "dst" if kind == SEND else "src"
+    group_at, peer_at = _position(original, "group"), _position(original, peer_param)
+
+    def count(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        group = _arg(args, kwargs, "group", group_at)
+        instance = _instance_of(dist, group)
+        if instance is not None:
+            peer = _arg(args, kwargs, peer_param, peer_at)
+            group_peer = kwargs.get("group_" + peer_param)
+            _counts.count(instance, p2p_name(kind, _peer(dist, group, peer, group_peer)))
+
+    return _counting(name, original, count)
 
 
 def _batch_wrapper(
@@ -386,7 +308,6 @@ def instrument_torch_distributed(
                         dist.__dict__.pop(n, None)
                     else:
                         setattr(dist, n, saved_dist[n])
-                _keys.clear()
                 _undo = None
 
         _undo = undo

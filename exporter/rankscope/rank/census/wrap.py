@@ -1,9 +1,7 @@
 """Counting named methods of a framework's coordinator class (SGLang's or vLLM's
-GroupCoordinator, say), given how to read the group instance from ``self``.
-
-One thread-local guard is shared with the torch.distributed patch: a counted call that
-reaches another counted call on the same thread (a coordinator's all_reduce falling back to
-torch.distributed.all_reduce) counts once, under the outermost name.
+GroupCoordinator), given how to read the group instance from ``self``. The thread-local
+guard is shared with the torch.distributed patch: a counted call reaching another counted
+call on the same thread counts once, under the outermost name.
 """
 
 from __future__ import annotations
@@ -109,10 +107,9 @@ def instrument_methods(
     group_of: GroupOf = coordinator_group,
 ) -> Callable[[], None]:
     """Count each call of the named methods of ``cls``: ``methods`` maps a method name to
-    its op name (or an op namer, for p2p), or lists names counted under their own name.
-    ``group_of(self)`` gives the group instance (None: not counted). Returns the undo, which
-    restores the class exactly. A method that is missing or already wrapped is skipped with
-    a log line; this never raises into the host program."""
+    its op name (or an op namer, for p2p), or lists names counted under their own name;
+    ``group_of(self)`` gives the group instance (None: not counted). A method missing or
+    already wrapped is skipped with a log line. Returns the undo."""
     table: dict[str, str | OpNamer] = (
         dict(methods) if isinstance(methods, Mapping) else {m: m for m in methods}
     )

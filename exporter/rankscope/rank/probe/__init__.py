@@ -1,18 +1,13 @@
 """The in-rank probe: ``mark(phase)`` records where this process's VRAM went at a boot
-boundary, durably, as one line of its flight file.
+boundary, durably, as one line of its flight file (docs/probe.md).
 
-    from rankscope.rank import probe
     probe.configure(tp_rank=0, pp_rank=1, runner="target")  # what the environment cannot say
-    probe.mark("pre_weight_load")
-    ...
-    probe.mark("weights_loaded", shards=4)                    # extras go into the record
-    probe.mark("capture_end", runner="draft")                # this mark only: the draft runner
+    probe.mark("weights_loaded", shards=4)                   # extras go into the record
     probe.arenas.register("kv", kv_pool)                     # reserved/backed/retained bytes
 
 Armed by RANKSCOPE_DIR (or ``configure(flight_dir=...)``); disarmed, a mark returns at its
 first line. A mark never imports torch, never initialises CUDA, never raises into its caller
-and never blocks on the disk: a failure costs one warning, and the mark carries on.
-docs/probe.md lists what a mark holds.
+and never blocks on the disk: a failure costs one warning.
 """
 
 from __future__ import annotations
@@ -42,14 +37,13 @@ log = logging.getLogger("rankscope")
 
 STREAM = Mark.STREAM
 
-# What a mark reads. Tests on machines without a GPU swap in a named fake NVML binding.
+# What a mark reads (tests swap in stand-ins).
 TORCH = TorchView()
 NVML = NvmlView()
 
 _failures_warned: set[str] = set()
 
-# A copy of RECORDER.armed that the disarmed mark reads first: a module-level name costs a
-# third less than the attribute on Python 3.12 (bench/bench_mark.py). RECORDER keeps it.
+# RECORDER.armed, kept here by the recorder: the disarmed mark reads one module global.
 ARMED = False
 
 
@@ -74,18 +68,18 @@ def configure(
 ) -> None:
     """Set what the environment cannot tell: the flight directory (arms the probe), the
     boot id, and the rank identity. Arguments left at None keep their current value."""
-    fields = {
-        "rank": rank,
-        "local_rank": local_rank,
-        "world_size": world_size,
-        "tp_rank": tp_rank,
-        "pp_rank": pp_rank,
-        "runner": runner,
-    }
+    identity = dict(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        tp_rank=tp_rank,
+        pp_rank=pp_rank,
+        runner=runner,
+    )
     RECORDER.configure(
         flight_dir=flight_dir,
         boot_id=boot_id,
-        **{k: v for k, v in fields.items() if v is not None},
+        **{k: v for k, v in identity.items() if v is not None},
     )
     if RECORDER.armed:
         oom.install()
@@ -123,17 +117,15 @@ def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> Mark | No
 
 
 def mark_fields(phase: str, extra: dict[str, Any] | MarkFields, /) -> Mark | None:
-    """``mark(phase, **extra)`` for a caller that holds its extra fields already, as a dict
-    or as a generic mark's typed fields (rankscope.rank.auto's hooks; rankscope.record.schema.MarkFields):
-    they become the mark's extra as they are, with no keyword packing. The caller must not
-    change them afterwards. Never raises."""
+    """``mark(phase, **extra)`` for a caller holding its extra fields already, as a dict or
+    as a generic mark's typed fields (rankscope.record.MarkFields), which it must not change
+    afterwards. Never raises."""
     if not ARMED:
         return None
     return _record(phase, None, extra)
 
 
 def _record(phase: str, runner: str | None, extra: dict[str, Any] | MarkFields) -> Mark | None:
-    # Apart from mark(): the disarmed call then sets up a frame of three locals, not six.
     phase = phase if type(phase) is str else str(phase)
     state = oom.STATE
     if not state.settled:
@@ -153,15 +145,11 @@ def _measure(phase: str, extra: dict[str, Any] | MarkFields) -> Mark:
     process = RECORDER.process
     nvml_index, driver, nvml = NVML.read(device, why_no_device, process.pid, process.pidns)
     arena_views = arenas.snapshot()
+    index, uuid = (device.index, device.uuid) if device else (None, None)
     return Mark(
         phase,
         extra,
-        MarkDevice(
-            device.index if device else None,
-            device.uuid if device else None,
-            nvml_index,
-            why_no_device,
-        ),
+        MarkDevice(index, uuid, nvml_index, why_no_device),
         torch_view,
         driver,
         nvml,

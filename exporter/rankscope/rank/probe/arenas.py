@@ -1,17 +1,9 @@
-"""Registered memory arenas (KV pools and the like), observed at every mark.
+"""Registered memory arenas (KV pools and the like), observed at every mark, held weakly.
 
-The arena protocol: any object with three byte counts, each an ``int`` attribute, property
-or zero-argument method (``None`` where the arena cannot tell):
-
-- ``reserved_bytes``: address space the arena has reserved (a CUDA VMM reservation, or the
-  size the allocator was asked for);
-- ``backed_bytes``: bytes of that space backed by committed device pages;
-- ``retained_bytes``: bytes kept in parked handles (committed, not mapped into use).
-
-A missing or failing count is recorded as null with a ``why``, never as 0.
-
-The registry holds each arena weakly: observing an arena never keeps it alive, and an arena
-that is garbage-collected simply stops appearing in marks.
+The arena protocol (docs/probe.md): ``reserved_bytes`` (address space reserved),
+``backed_bytes`` (of it, backed by committed pages) and ``retained_bytes`` (committed, kept
+in parked handles), each an int attribute, property or zero-argument method (None: unknown).
+A missing or failing count is recorded as null with a why, never as 0.
 """
 
 from __future__ import annotations

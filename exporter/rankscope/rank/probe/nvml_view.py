@@ -22,14 +22,6 @@ from rankscope.record import MarkDriver, MarkNvml
 ProcessList = list[tuple[int, int | None]]
 
 
-def empty_driver(why: str) -> MarkDriver:
-    return MarkDriver(why=why)
-
-
-def empty_nvml(why: str) -> MarkNvml:
-    return MarkNvml(why=why)
-
-
 def own_bytes(procs: ProcessList, pid: int, pidns: int | None) -> tuple[int | None, str | None]:
     """This process's bytes in NVML's list (a pure function): (bytes, None) or (None, why).
 
@@ -54,10 +46,9 @@ def own_bytes(procs: ProcessList, pid: int, pidns: int | None) -> tuple[int | No
 
 
 def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
-    """One C call per read into a reused buffer (rankscope.nvml_calls). pynvml's public
-    wrapper calls NVML twice and builds a Python object per process; this is the same NVML
-    function without either. The call releases the GIL, as ctypes does: a call the driver
-    stalls stops the thread that marks, never the host's other threads."""
+    """One C call per read into a reused buffer, where pynvml's wrapper makes two and builds
+    an object per process. The call releases the GIL: a call the driver stalls stops the
+    thread that marks, never the host's others."""
     struct: Any = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
     name = "nvmlDeviceGetComputeRunningProcesses_v3"
     fn = c_function(nvml, name, keep_gil=False) if struct else None
@@ -77,7 +68,6 @@ def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
                 count.value = len(buf)
                 ret = fn(handle, count_ref, buf)
                 if ret == success:
-                    # One element view per process (buf[i] builds a new one at every access).
                     return [
                         (entry.pid, None if used == not_available else used)
                         for entry in buf[: count.value]
@@ -103,9 +93,7 @@ MemoryReader = Callable[[Any], tuple[int, int]]  # handle -> (free, total) bytes
 
 
 def _fast_memory_reader(nvml: Any) -> MemoryReader | None:
-    """nvmlDeviceGetMemoryInfo into a reused struct (rankscope.nvml_calls); the call releases
-    the GIL, as the process list's does."""
-    return memory_reader(nvml, keep_gil=False)
+    return memory_reader(nvml, keep_gil=False)  # releases the GIL, as the process list's
 
 
 def _public_memory_reader(nvml: Any) -> MemoryReader:
@@ -117,11 +105,8 @@ def _public_memory_reader(nvml: Any) -> MemoryReader:
 
 
 class NvmlView:
-    """Lazily initialised NVML with handles cached by uuid.
-
-    ``module`` is the NVML binding (pynvml from nvidia-ml-py by default); tests on machines
-    without a GPU pass a named fake.
-    """
+    """Lazily initialised NVML with handles cached by uuid. ``module``: the NVML binding
+    (pynvml by default; tests pass a fake)."""
 
     def __init__(self, module: Any = None) -> None:
         self._module = module
@@ -164,27 +149,27 @@ class NvmlView:
         """(nvml index, driver view, nvml view) of this process's card."""
         if device is None:
             why = why_no_device or "no CUDA device in this process"
-            return None, empty_driver(why), empty_nvml(why)
+            return None, MarkDriver(why=why), MarkNvml(why=why)
         if device.uuid is None:
             why = f"CUDA device {device.index} reports no uuid to match with NVML"
-            return None, empty_driver(why), empty_nvml(why)
+            return None, MarkDriver(why=why), MarkNvml(why=why)
         try:
             cached = self._handles.get(device.uuid)
             handle, nvml_index = cached if cached is not None else self._handle(device.uuid)
         except Exception as exc:
             why = self._failure or f"NVML has no card {device.uuid}: {exc}"
-            return None, empty_driver(why), empty_nvml(why)
+            return None, MarkDriver(why=why), MarkNvml(why=why)
         try:
             assert self._read_memory is not None
             free, total = self._read_memory(handle)
             driver = MarkDriver(free, total, None)
         except Exception as exc:
-            driver = empty_driver(f"NVML memory info failed: {exc}")
+            driver = MarkDriver(why=f"NVML memory info failed: {exc}")
         try:
             assert self._list_processes is not None
             procs = self._list_processes(handle)
         except Exception as exc:
-            return nvml_index, driver, empty_nvml(f"NVML process list failed: {exc}")
+            return nvml_index, driver, MarkNvml(why=f"NVML process list failed: {exc}")
         self_bytes, self_why = own_bytes(procs, pid, pidns)
         return nvml_index, driver, MarkNvml(self_bytes, dict(procs), self_why)
 

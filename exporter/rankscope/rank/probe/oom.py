@@ -1,47 +1,28 @@
 """The OOM instant: one ``oom`` line written from inside torch's CUDA caching allocator at the
 moment it gives up on an allocation, naming what held the card right then.
 
-torch calls every observer attached with ``torch._C._cuda_attach_out_of_memory_observer``
-as ``observer(device, alloc_size, device_total, device_free)`` just before it raises
-``torch.OutOfMemoryError`` (c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator::
-malloc): ``alloc_size`` is the segment size it failed to cudaMalloc, ``device_total`` the
-card's total (the allowed maximum when a per-process memory fraction is set) and
-``device_free`` what cudaMemGetInfo said a moment before. torch 2.1+ releases the allocator's
-mutex before calling observers ("observers might need hold the GIL"); older versions hold it,
-but it is a recursive mutex and the observer runs on the failing thread, so the allocator
-reads below re-enter it rather than wait on it.
+torch calls each observer attached with ``torch._C._cuda_attach_out_of_memory_observer`` as
+``observer(device, alloc_size, device_total, device_free)`` just before it raises
+``torch.OutOfMemoryError``, on the failing thread (torch 2.1+ without the allocator's mutex;
+older ones hold it, but it is recursive, so the reads below re-enter it). The observer
+allocates nothing on the card, makes a bounded number of reads (allocator counters, at most
+one bounded snapshot, NVML's cached handles, the last mark's phase) and never raises: torch
+would turn an exception into a C++ one replacing the rank's OutOfMemoryError, so a failed
+read is a null field with a why.
 
-What the observer does, and why it is safe there:
-- no CUDA allocation: it reads the allocator's counters (memory_stats), at most one bounded
-  allocator snapshot (skipped with a why when allocation history is recorded, which makes a
-  snapshot carry stack frames, or when the allocator holds more blocks than MAX_SNAPSHOT_BLOCKS),
-  NVML (the probe's cached handles; NVML never creates a CUDA context) and the last mark's
-  phase, then appends one line;
-- bounded time: each read is a fixed number of driver or allocator calls;
-- never raises: torch turns an exception from an observer into a C++ exception that would
-  replace the rank's OutOfMemoryError, so every failure becomes a null field and a why, and
-  the line is still written.
-
-Attaching: ``_cuda_attach_out_of_memory_observer`` initialises CUDA itself, so it is called
-only once the host program has initialised CUDA; before that it is queued on torch.cuda's own
-lazy-init queue (the same one torch uses for its capability checks). Without torch imported,
-a one-shot import watch (a sys.meta_path finder that only looks at ``torch.cuda``) runs
-``install()`` when torch.cuda has been imported, so a process armed before importing torch
-that never marks is covered too; the probe also retries at each configure and mark. Contract for the generic hooks of ``rankscope run``: call
-:func:`install` when arming a process and :func:`on_cuda_init` once CUDA is initialised; both
-are idempotent, cheap after the first success and never raise.
+Attaching initialises CUDA, so it waits for the host's own CUDA initialisation (queued on
+torch.cuda's lazy-init queue); armed before torch is imported, it waits for the import of
+torch.cuda. :func:`install` is idempotent, cheap after the first success and never raises.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.abc
-import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from rankscope.procfs import parse_stat_start_ticks
+from rankscope.rank.imports import after_import
 from rankscope.rank.probe.torch_view import Device
 from rankscope.rank.writer import RECORDER
 from rankscope.record import (
@@ -96,16 +77,11 @@ def install() -> bool:
         return False
 
 
-def on_cuda_init() -> bool:
-    """For a hook that runs once CUDA is initialised in this process: attach now."""
-    return install()
-
-
 def _install() -> bool:
     torch, cuda = sys.modules.get("torch"), sys.modules.get("torch.cuda")
     if torch is None or cuda is None:
         STATE.why = NOT_IMPORTED
-        _watch_torch_cuda_import()
+        after_import("torch.cuda", _installed)
         return False
     c = getattr(torch, "_C", None)
     if c is None:  # torch is mid-import: try again later
@@ -122,48 +98,8 @@ def _install() -> bool:
     return True
 
 
-class _TorchCudaWatch(importlib.abc.MetaPathFinder):
-    """Armed before torch was imported (and perhaps never marking): install once
-    ``torch.cuda`` has been imported, from inside that import. One-shot: it leaves
-    sys.meta_path at its first sight of torch.cuda. The module's own loader does the work;
-    this only runs ``install`` after it."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch.cuda":
-            return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        except Exception:
-            return None
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader = _InstallAfter(spec.loader)
-        return spec
-
-
-class _InstallAfter(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        install()
-
-    def __getattr__(self, name: str) -> Any:  # resource readers and the like
-        return getattr(self._loader, name)
-
-
-_WATCH = _TorchCudaWatch()
-
-
-def _watch_torch_cuda_import() -> None:
-    if _WATCH not in sys.meta_path:
-        sys.meta_path.insert(0, _WATCH)
+def _installed(module: Any) -> None:
+    install()
 
 
 def _attach_at_init() -> None:
@@ -257,7 +193,7 @@ def measure(device: int, alloc_size: int, device_total: int, device_free: int) -
         body.capturing = None
     uuid: str | None = None
     try:
-        uuid = probe.TORCH._uuid(torch.cuda, device)  # type: ignore[union-attr]
+        uuid = probe.TORCH.device(torch.cuda, device).uuid  # type: ignore[union-attr]
     except Exception as exc:
         body.device.why = f"device uuid unread: {exc!r}"
     process = RECORDER.process

@@ -1,12 +1,7 @@
-"""Serving samples: while a rank serves, a bounded-rate record of its allocator view, its
-registered arenas and its bytes on the card, so the KV arena's backed bytes are a time
-series and not only a boot value.
-
-One ``sample`` line (rankscope.record.schema.Sample, stream ``samples``) every RANKSCOPE_SAMPLE_EVERY seconds (default 10;
-0 turns sampling off) holding what a mark measures, without a phase. A daemon thread takes
-them; it is stopped and joined when the main thread finishes, before any atexit handler,
-so it never runs while the interpreter tears torch down. The probe's reads create no CUDA
-context, so a sample before the program's first CUDA call records nulls with their why.
+"""Serving samples: while a rank serves, one ``sample`` line (what a mark measures, without
+a phase) every RANKSCOPE_SAMPLE_EVERY seconds (default 10; 0: none), so the KV arena's
+backed bytes are a time series and not only a boot value. A daemon thread takes them; it
+is stopped when the main thread finishes, before the interpreter tears torch down.
 """
 
 from __future__ import annotations
@@ -17,6 +12,7 @@ import os
 import threading
 from typing import Any
 
+from rankscope.rank import env_number, stop_before_teardown
 from rankscope.rank.writer import RECORDER
 from rankscope.record import Sample
 
@@ -27,23 +23,8 @@ DEFAULT_EVERY_S = 10.0
 
 
 def every_from_env(environ: Any = None) -> float:
-    """Seconds between samples; 0 for none. A bad value costs a log line and the default."""
-    raw = str((os.environ if environ is None else environ).get(ENV_EVERY, "")).strip()
-    if not raw:
-        return DEFAULT_EVERY_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):  # also NaN
-        log.warning(
-            "rankscope: %s=%r is not a number of seconds >= 0; using %g",
-            ENV_EVERY,
-            raw,
-            DEFAULT_EVERY_S,
-        )
-        return DEFAULT_EVERY_S
-    return value
+    """Seconds between samples; 0 for none."""
+    return env_number(ENV_EVERY, DEFAULT_EVERY_S, float, 0.0, environ)
 
 
 def take() -> Sample | None:
@@ -61,7 +42,7 @@ def take() -> Sample | None:
     return sample
 
 
-class Sampler:
+class ServingSampler:
     def __init__(self, every_s: float) -> None:
         self.every_s = every_s
         self.taken = 0
@@ -82,10 +63,10 @@ class Sampler:
             self._thread.join(timeout)
 
 
-_sampler: Sampler | None = None
+_sampler: ServingSampler | None = None
 
 
-def start(every_s: float | None = None) -> Sampler | None:
+def start(every_s: float | None = None) -> ServingSampler | None:
     """Start sampling this process (idempotent); None when disarmed or turned off."""
     global _sampler
     if _sampler is not None:
@@ -93,15 +74,9 @@ def start(every_s: float | None = None) -> Sampler | None:
     every_s = every_from_env() if every_s is None else every_s
     if not RECORDER.armed or every_s <= 0:
         return None
-    _sampler = Sampler(every_s)
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is None:
-            raise RuntimeError("threading._register_atexit is missing")
-        # Run in threading._shutdown, ahead of atexit: the thread is gone before teardown.
-        register(stop)
-    except RuntimeError:
+    if not stop_before_teardown(stop):
         return None  # the interpreter is already shutting down: no thread now
+    _sampler = ServingSampler(every_s)
     _sampler.start()
     return _sampler
 

@@ -19,20 +19,14 @@ NOT_INITIALISED = "CUDA not initialised in this process"
 
 @dataclass(slots=True)
 class Device:
-    """The card this process works on: its CUDA index and NVML's uuid string (GPU-...).
-    Built once per index (TorchView caches it); treat it as read-only."""
+    """The card this process works on: its CUDA index and NVML's uuid string (GPU-...)."""
 
     index: int
     uuid: str | None
 
 
-# (device, allocator view, why there is no device): a plain tuple, built at every mark (a
-# NamedTuple's constructor is a Python call)
+# (device, allocator view, why there is no device)
 TorchReading = tuple[Device | None, MarkTorch, str | None]
-
-
-def empty_view(why: str) -> MarkTorch:
-    return MarkTorch(why=why)
 
 
 def nvml_uuid(raw: Any) -> str:
@@ -44,29 +38,23 @@ def nvml_uuid(raw: Any) -> str:
 def view_from_stats(stats: dict[str, Any]) -> MarkTorch:
     """The mark's allocator fields from torch's nested memory-stats dict (a pure function).
     A key torch stops reporting gives null, never 0."""
-    # Direct lookups, and no call for a value that is already an int: a mark runs this
-    # every time, and a generic path walk cost more than the rest of the view.
-    try:
-        current = stats["reserved_bytes"]["all"].get("current")
-    except (KeyError, TypeError, AttributeError):
-        current = None
-    try:
-        node = stats["allocated_bytes"]["all"]
-        used, peak = node.get("current"), node.get("peak")
-    except (KeyError, TypeError, AttributeError):
-        used = peak = None
-    retries, ooms = stats.get("num_alloc_retries"), stats.get("num_ooms")
+
+    def all_of(key: str) -> dict[str, Any]:
+        node = stats.get(key)
+        node = node.get("all") if isinstance(node, dict) else None
+        return node if isinstance(node, dict) else {}
+
+    reserved, allocated = all_of("reserved_bytes"), all_of("allocated_bytes")
     return MarkTorch(
-        current if type(current) is int else _int(current),
-        used if type(used) is int else _int(used),
-        peak if type(peak) is int else _int(peak),
-        retries if type(retries) is int else _int(retries),
-        ooms if type(ooms) is int else _int(ooms),
+        _int(reserved.get("current")),
+        _int(allocated.get("current")),
+        _int(allocated.get("peak")),
+        _int(stats.get("num_alloc_retries")),
+        _int(stats.get("num_ooms")),
     )
 
 
 def _int(value: Any) -> int | None:
-    """An int subclass (a bool, a numpy-like integer) as a plain int; anything else None."""
     return int(value) if isinstance(value, int) else None
 
 
@@ -78,9 +66,8 @@ def initialising(cuda: Any) -> bool:
 
 
 class TorchView:
-    """Reads the allocator of the current device; caches each device (its uuid), and the
-    accessors once CUDA is initialised (it stays so for the life of the process; a forked
-    child starts over)."""
+    """Reads the allocator of the current device; caches each device and, once CUDA is
+    initialised, the accessors (a forked child starts over)."""
 
     def __init__(self) -> None:
         self._devices: dict[int, Device] = {}
@@ -92,13 +79,12 @@ class TorchView:
         live = self._live
         if live is None or live[0] is not torch:
             if torch is None:
-                return None, empty_view(NOT_IMPORTED), NOT_IMPORTED
+                return None, MarkTorch(why=NOT_IMPORTED), NOT_IMPORTED
             cuda = getattr(torch, "cuda", None)
             if cuda is None or not (cuda.is_initialized() or initialising(cuda)):
-                return None, empty_view(NOT_INITIALISED), NOT_INITIALISED
+                return None, MarkTorch(why=NOT_INITIALISED), NOT_INITIALISED
             c = torch._C
-            # The private accessors skip torch.cuda's wrappers: memory_stats() flattens ~120
-            # keys into a sorted dict (tens of microseconds) where a mark needs five numbers.
+            # memory_stats() flattens ~120 keys (tens of microseconds); a mark needs five
             live = (
                 torch,
                 cuda,
@@ -109,20 +95,15 @@ class TorchView:
                 self._live = live
         _, cuda, get_device, memory_stats = live
         index = int(get_device())
-        device = self._devices.get(index) or self._device(cuda, index)
-        return device, view_from_stats(memory_stats(index)), None
+        return self.device(cuda, index), view_from_stats(memory_stats(index)), None
 
-    def _device(self, cuda: Any, index: int) -> Device:
+    def device(self, cuda: Any, index: int) -> Device:
         device = self._devices.get(index)
         if device is None:
             raw = getattr(cuda.get_device_properties(index), "uuid", None)
-            device = self._devices[index] = Device(
-                index, nvml_uuid(raw) if raw is not None else None
-            )
+            uuid = nvml_uuid(raw) if raw is not None else None
+            device = self._devices[index] = Device(index, uuid)
         return device
-
-    def _uuid(self, cuda: Any, index: int) -> str | None:
-        return self._device(cuda, index).uuid
 
     def after_fork_in_child(self) -> None:
         self._devices.clear()
