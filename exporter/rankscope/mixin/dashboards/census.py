@@ -9,7 +9,7 @@ from typing import Any
 from rankscope.mixin.dashboards import dashboard, rate, table, timeseries, variable
 
 
-def _groups(s: str, lookback: str) -> list[dict]:
+def _groups(s: str, op: str, lookback: str) -> list[dict]:
     """The comparison across hosts, per group instance."""
     derived = 'boot=~"$boot", group=~"$group"'
     return [
@@ -30,7 +30,7 @@ def _groups(s: str, lookback: str) -> list[dict]:
             "Counts per rank",
             "Each rank's collective counts at its latest snapshot round, per group "
             "instance and op, for the chosen host(s); compare ranks at the same round.",
-            [f'rankscope_census_round_collectives{{{s}, instance=~"$instance", {derived}}}'],
+            [f"rankscope_census_round_collectives{{{op}}}"],
             width=24,
         ),
         timeseries(
@@ -42,18 +42,13 @@ def _groups(s: str, lookback: str) -> list[dict]:
     ]
 
 
-def _ranks(rank: str) -> list[dict]:
+def _ranks(rank: str, op: str) -> list[dict]:
     """Each rank's own census: divergence, round, snapshot age and collective rate."""
     return [
         timeseries(
             "In-process divergence",
             "1 where the ranks' own comparison (gloo) found a disagreement.",
-            [
-                (
-                    f'rankscope_census_divergence{{{rank}, group=~"$group"}}',
-                    "{{boot}} {{group}} {{op}}",
-                )
-            ],
+            [(f"rankscope_census_divergence{{{op}}}", "{{boot}} {{group}} {{op}}")],
         ),
         timeseries(
             "Census round per rank",
@@ -74,12 +69,7 @@ def _ranks(rank: str) -> list[dict]:
         timeseries(
             "Collectives per second",
             "Rate of collectives each rank issues per group instance and op.",
-            [
-                (
-                    rate("rankscope_collectives_total", f'{rank}, group=~"$group"'),
-                    "rank {{rank}} {{group}} {{op}}",
-                )
-            ],
+            [(rate("rankscope_collectives_total", op), "rank {{rank}} {{group}} {{op}}")],
             unit="ops",
             width=24,
         ),
@@ -150,6 +140,7 @@ def build(c: Mapping[str, Any]) -> dict:
     s = c["selector"]
     host = f'{s}, instance=~"$instance"'
     rank = f'{host}, boot=~"$boot"'
+    op = f'{rank}, group=~"$group"'
     return dashboard(
         "rankscope-census",
         "rankscope / Census",
@@ -160,5 +151,5 @@ def build(c: Mapping[str, Any]) -> dict:
             variable("boot", "Boot", f"rankscope_census_round{{{host}}}"),
             variable("group", "Group instance", 'rankscope:census_group_round{boot=~"$boot"}'),
         ],
-        [*_groups(s, c["censusSkewLookback"]), *_ranks(rank), *_nccl_ras(host)],
+        [*_groups(s, op, c["censusSkewLookback"]), *_ranks(rank, op), *_nccl_ras(host)],
     )
