@@ -54,12 +54,11 @@ def render_text(report: Mapping[str, Any]) -> str:
     if not ranks:
         boot = report["boot"]
         return "no census records" + (f" in boot {boot}" if boot else "") + "\n"
-    lines: list[str] = []
     every = report["every"]
-    lines.append(
+    lines = [
         f"census of boot {report['boot']}: {len(ranks)} rank(s) with census records"
         + (f", a snapshot every {every} ticks" if every else "")
-    )
+    ]
     if not report["entries"]:
         lines.append("no group instance has two ranks with a snapshot at a common round")
     else:
@@ -68,15 +67,13 @@ def render_text(report: Mapping[str, Any]) -> str:
             [e["group"], e["op"], str(e["round"]), _counts_text(e["counts"]), _status(e)]
             for e in report["entries"]
         ]
-        lines.append("")
-        lines.extend(common.table(rows, numbers_right=False))
+        lines += ["", *common.table(rows, numbers_right=False)]
     lines.append("")
     first = report["first_divergent_round"]
     if first is None:
         lines.append("no divergence at any compared round")
     else:
-        lines.append(f"first divergence at round {first}")
-        lines.append("divergences by the rounds they spanned:")
+        lines += [f"first divergence at round {first}", "divergences by the rounds they spanned:"]
         for e in report["history"]:
             span = e["rounds"]
             rounds = f"round {span[0]}" if span[0] == span[1] else f"rounds {span[0]}-{span[1]}"
@@ -86,11 +83,8 @@ def render_text(report: Mapping[str, Any]) -> str:
                 f"lagging {','.join(map(str, e['lagging']))} ({state})"
             )
     if report["in_process"]:
-        lines.append("")
-        lines.append(
-            f"in-process comparison ({report['in_process_lines']} divergence line(s)), "
-            "latest per op:"
-        )
+        n = report["in_process_lines"]
+        lines += ["", f"in-process comparison ({n} divergence line(s)), latest per op:"]
         for d in report["in_process"]:
             counts = d["counts"] if isinstance(d["counts"], dict) else {}
             lagging = d["lagging"] or []
@@ -100,8 +94,7 @@ def render_text(report: Mapping[str, Any]) -> str:
             )
     dumps = report["dumps"]
     if dumps["ranks"]:
-        lines.append("")
-        lines.append("local dumps (taken at abort or exit, not at a common round):")
+        lines += ["", "local dumps (taken at abort or exit, not at a common round):"]
         for d in dumps["ranks"]:
             lines.append(f"  rank {d['rank']}: {d['reason']} at round {d['round']}")
         if dumps["entries"]:
@@ -111,8 +104,7 @@ def render_text(report: Mapping[str, Any]) -> str:
                 for e in dumps["entries"]
             ]
             lines.extend(common.table(rows, numbers_right=False, indent="  "))
-    lines.append("")
-    lines.append("ranks:")
+    lines += ["", "ranks:"]
     for r in ranks:
         last = r["last_round"]
         lines.append(
@@ -120,6 +112,5 @@ def render_text(report: Mapping[str, Any]) -> str:
             + (f", last at round {last}" if last is not None else "")
         )
     if report["skipped"]:
-        lines.append("")
-        lines.append("skipped: " + ", ".join(f"{k} {v}" for k, v in report["skipped"].items()))
+        lines += ["", "skipped: " + ", ".join(f"{k} {v}" for k, v in report["skipped"].items())]
     return "\n".join(lines) + "\n"

@@ -1,11 +1,7 @@
 """`rankscope oom DIR [--boot ID] [--json] [--daemon URL]`: one line per OOM instant the
-probe recorded, and with ``--daemon`` the ones the daemon's sampler saw (which live in the
-daemon, not in the flight directory: docs/architecture.md, "Sampler-seen OOMs").
-
-Each line answers the incident: when, which card, which rank and pid failed, how many bytes
-it asked for and how many were free right then, then every holder of the card by pid, comm,
-role (rank N of boot B, or foreign) and bytes, largest first.
-"""
+probe recorded (with --daemon, also those the daemon's sampler saw, which live only in the
+daemon): when, which card, which rank and pid failed, the bytes it asked for and the bytes
+free, then every holder of the card (pid, comm, rank N of boot B or foreign, bytes)."""
 
 from __future__ import annotations
 
@@ -75,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
 
 def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOom], list[str]]:
     """Every sampler OOM the daemon at ``base`` holds (GET /api/v1/oom, page after page), and
-    why each entry it could not read was skipped."""
+    why each unreadable entry was skipped."""
     import http.client  # only here, with urllib.request: it loads ssl
     import urllib.request
 

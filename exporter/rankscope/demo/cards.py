@@ -1,11 +1,7 @@
 """The demo's simulated cards, for machines without a GPU: the daemon's scripted device
-source (docs/corridor.md), rewritten by the demo as the scenario goes.
-
-The pids on the cards are real processes (the demo's ranks, a real ``sleep`` as the foreign
-holder, a real short-lived process for the trough); only their byte counts are made up,
-following each rank's latest boot phase. The daemon labels everything from this source
-``source="simulated"``, and the demo says so.
-"""
+source (docs/corridor.md), rewritten as the scenario goes. The pids on the cards are real
+processes (the ranks, a real ``sleep`` for the other holders); only their byte counts are
+made up, each rank's following its latest boot phase. The daemon labels them simulated."""
 
 from __future__ import annotations
 

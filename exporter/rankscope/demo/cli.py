@@ -169,9 +169,7 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
         daemon = stack.enter_context(services.daemon(workdir, flight_dir, port, daemon_args))
         view.line(f"daemon: {daemon.url}/metrics; watch the status page at {daemon.url}/")
         receiver = start_alerting(stack, workdir, port, names, view)
-        options = Options(
-            ranks=args.ranks, duration=args.duration, step_interval=0.05, gpu=gpu, floor=floor
-        )
+        options = Options(args.ranks, args.duration, step_interval=0.05, floor=floor)
         shared = Stack(workdir, flight_dir, daemon, receiver, cards, view, options)
         for name in names:
             ScenarioRun(shared, SCENARIOS[name]).run()

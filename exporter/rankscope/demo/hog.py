@@ -1,11 +1,9 @@
-"""A real process that takes device memory on a real card: the demo's foreign holder and
-its trough, on machines with a GPU.
+"""A real process taking device memory on a real card: the demo's foreign holder, trough
+and exhaustion on a GPU. ``--leave-free`` sizes the allocation from the card's free memory
+at that instant (less this process's own CUDA context).
 
     python -m rankscope.demo.hog --gpu 0 --bytes 2GiB              # hold until killed
     python -m rankscope.demo.hog --gpu 0 --leave-free 4GiB --hold 0.4
-
-``--leave-free`` sizes the allocation from the card's free memory at that instant, so the
-card drops to exactly that much free (less this process's own CUDA context).
 """
 
 from __future__ import annotations

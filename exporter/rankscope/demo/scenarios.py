@@ -87,7 +87,6 @@ class Options:
     ranks: int
     duration: float
     step_interval: float
-    gpu: bool
     floor: int
 
 
@@ -152,14 +151,14 @@ class ScenarioRun:
         self.boot = f"demo-{scenario.name}-{time.strftime('%H%M%S')}-{os.getpid()}"
         stack.boots[self.boot] = scenario.name
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
-        self.rank_of_pid: dict[int, int] = {}
+        self.rank_pids: set[int] = set()
         self.booted: set[int] = set()
         self.rounds: dict[int, int] = {}
         self.helpers: list[subprocess.Popen[bytes]] = []
         self.pages = stack.pages.setdefault(scenario.name, [])
         self.notes = stack.notes.setdefault(scenario.name, [])
         self.shown = stack.shown.setdefault(scenario.name, set())
-        self.foreign_seen: dict[int, tuple[float, float]] = {}  # pid -> first, last seen
+        self.foreign_since: dict[int, float] = {}  # pid -> first seen
         self.breaches_before: dict[Any, int] | None = None
         self.breached: set[Any] = set()  # cards whose breach counter rose in this scenario
         self.oomed: set[Any] = set()  # cards with an OOM instant in this scenario
@@ -169,20 +168,14 @@ class ScenarioRun:
         self.acted = False  # the scenario's own event (foreign holder, trough, OOM) is done
         self.started_wall = time.time()
 
-    # --- launching ------------------------------------------------------------------------
-
     def launch(self) -> None:
         o = self.stack.options
         port = free_port()
         workload = ["--tp", str(self.tp), "--steps", str(self.steps)]
         workload += ["--step-interval", str(o.step_interval)]
         if self.scenario.name == "skip":
-            workload += [
-                "--skip-rank",
-                str(o.ranks - 1),
-                "--skip-step",
-                str(max(self.steps // 4, 2)),
-            ]
+            skip_step = max(self.steps // 4, 2)
+            workload += ["--skip-rank", str(o.ranks - 1), "--skip-step", str(skip_step)]
         for rank in range(o.ranks):
             env = dict(
                 os.environ,
@@ -204,9 +197,7 @@ class ScenarioRun:
             argv += ["rankscope.demo.workload", *workload]
             proc = start(argv, self.stack.workdir / f"{self.scenario.name}-rank{rank}.log", env=env)
             self.ranks[rank] = proc
-            self.rank_of_pid[proc.pid] = rank
-
-    # --- the scenario's own event ---------------------------------------------------------
+            self.rank_pids.add(proc.pid)
 
     def act(self, now: float) -> None:
         """Once serving: the foreign holder at once, the trough or the exhaustion a while in."""
@@ -276,8 +267,6 @@ class ScenarioRun:
         self.helpers.append(proc)
         return proc
 
-    # --- following the run ------------------------------------------------------------------
-
     def follow(self, reader: FlightReader) -> None:
         cards = self.stack.cards
         changed = False
@@ -291,13 +280,13 @@ class ScenarioRun:
                 reached.setdefault((rank, h.pid), []).append(body.phase)
                 if body.phase == "boot_complete":
                     self.booted.add(rank)
-                if cards is not None and h.pid in self.rank_of_pid:
+                if cards is not None and h.pid in self.rank_pids:
                     cards.set_holder(cards.card_of_rank(rank), h.pid, rank_bytes(body.phase))
                     changed = True
             elif isinstance(body, Census):
                 self.rounds[rank] = body.round or 0
         for (rank, pid), phases in sorted(reached.items()):
-            self.view.phases(rank, pid, phases)
+            self.view.line(f"rank {rank} (pid {pid}): {' > '.join(phases)}")
         for proc in self.ranks.values():
             if cards is not None and proc.poll() is not None and proc.pid in cards.pids():
                 cards.drop_holder(proc.pid)
@@ -361,8 +350,7 @@ class ScenarioRun:
                 self.worst_free[uuid] = min(self.worst_free.get(uuid, free), free)
             for proc in card.get("processes") or []:
                 if proc.get("role") == "foreign" and isinstance(proc.get("pid"), int):
-                    first, _ = self.foreign_seen.get(proc["pid"], (now, now))
-                    self.foreign_seen[proc["pid"]] = (first, now)
+                    first = self.foreign_since.setdefault(proc["pid"], now)
                     if now - first >= alerting.FOREIGN_HOLDER_FOR_SECONDS:
                         self.shown.add(alerting.FOREIGN_HOLDER)
         return doc
@@ -382,8 +370,6 @@ class ScenarioRun:
         if census.get("divergent"):
             self.shown.add(alerting.CENSUS_SKEW)
         self.view.block(census_summary(census))
-
-    # --- the whole scenario ------------------------------------------------------------------
 
     def run(self) -> None:
         s, o = self.scenario, self.stack.options

@@ -36,10 +36,6 @@ class View:
         self.out.write(f"\n=== {text} ===\n")
         self.out.flush()
 
-    def phases(self, rank: Any, pid: int, phases: list[str]) -> None:
-        """The boot phases one rank reached since the last look, in order."""
-        self.line(f"rank {rank} (pid {pid}): {' > '.join(phases)}")
-
     def page(self, page: Page, scenario: str) -> None:
         labels = ", ".join(
             f"{k}={v}"
@@ -62,18 +58,14 @@ def card_lines(cards_doc: dict[str, Any], worst: dict[str, int] | None = None) -
     figures of two instants."""
     lines = []
     for card in cards_doc.get("cards", []):
-        source = card.get("source")
-        tag = " (simulated card)" if source == "simulated" else ""
+        tag = " (simulated card)" if card.get("source") == "simulated" else ""
         procs = card.get("processes") or []
         ranks = [p for p in procs if p.get("role") == "rank"]
-        foreign = [p for p in procs if p.get("role") == "foreign"]
-        foreign_text = (
-            ", ".join(
-                f"pid {p.get('pid')} {p.get('comm') or '(exited)'} {gib(p.get('bytes'))}"
-                for p in foreign
-            )
-            or "none"
-        )
+        foreign = [
+            f"pid {p.get('pid')} {p.get('comm') or '(exited)'} {gib(p.get('bytes'))}"
+            for p in procs
+            if p.get("role") == "foreign"
+        ]
         uuid = card.get("uuid")
         if worst is not None and isinstance(uuid, str) and uuid in worst:
             low = f"worst this scenario {gib(worst[uuid])}"
@@ -81,19 +73,14 @@ def card_lines(cards_doc: dict[str, Any], worst: dict[str, int] | None = None) -
             low = f"worst in the daemon's window {gib(card.get('free_min'))}"
         held = [card.get(k) for k in ("rank_resident", "foreign", "unattributed")]
         total = card.get("total")
-        scan_free = (
-            total - sum(held)
-            if isinstance(total, int) and all(isinstance(h, int) for h in held)
-            else None
-        )
+        measured = isinstance(total, int) and all(isinstance(h, int) for h in held)
+        scan_free = total - sum(held) if measured else None
         lines.append(
             f"  gpu {card.get('gpu')}{tag}: now free {gib(card.get('free'))} ({low}), "
             f"floor {gib(card.get('floor'))}, "
             f"margin over the daemon's window {gib(card.get('margin'), signed=True)}, "
             f"breaches {card.get('breaches', 'n/a')}; last holdings scan: ranks {len(ranks)} "
-            f"holding {gib(card.get('rank_resident'))}, foreign: {foreign_text}, "
+            f"holding {gib(card.get('rank_resident'))}, foreign: {', '.join(foreign) or 'none'}, "
             f"free {gib(scan_free)}"
         )
-    if not lines:
-        lines.append("  no cards reported yet")
-    return lines
+    return lines or ["  no cards reported yet"]

@@ -96,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
 class Placement:
     """Where one rank stands in the job: its stage and TP index, its devices and groups."""
 
-    rank: int
     tp_rank: int
     pp_rank: int
     device: Any  # where the model and the KV pool live
@@ -170,7 +169,6 @@ def join(rank: int, world: int, tp: int) -> Placement:
     # lagging rank in the record while the job still runs.
     census.enable_comparison(timeout_s=30.0)
     return Placement(
-        rank=rank,
         tp_rank=tp_rank,
         pp_rank=pp_rank,
         device=device,

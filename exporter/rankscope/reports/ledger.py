@@ -172,53 +172,43 @@ def _mark_row(line: MarkLine) -> dict[str, Any]:
 
 
 def _whys(mark: Mark) -> dict[str, str]:
-    sections = {
-        "device": mark.device.why,
-        "torch": mark.torch.why,
-        "driver": mark.driver.why,
-        "nvml": mark.nvml.why,
+    whys = (mark.device.why, mark.torch.why, mark.driver.why, mark.nvml.why)
+    sections = zip(("device", "torch", "driver", "nvml"), whys, strict=True)
+    return {section: why for section, why in sections if why is not None}
+
+
+def _process(lines: list[MarkLine]) -> dict[str, Any]:
+    """One process's marks and posts, under what its records say of it."""
+    h = lines[0].header
+    return {
+        "boot": h.boot,
+        "host": h.host,
+        "pid": h.pid,
+        "start_ticks": h.start_ticks,
+        "rank": h.rank,
+        "local_rank": h.local_rank,
+        "world_size": h.world_size,
+        "tp_rank": h.tp_rank,
+        "pp_rank": h.pp_rank,
+        "nspid": list(h.nspid) if h.nspid is not None else None,
+        "pidns": h.pidns,
+        "marks": [_mark_row(line) for line in lines],
+        "posts": posts(lines),
     }
-    return {section: why for section, why in sections.items() if why is not None}
 
 
 def phases_document(flight: Flight, resolve_host_pid: HostPid = host_pid) -> dict[str, Any]:
     """What `rankscope phases --json` prints and /api/v1/phases returns (docs/probe.md)."""
-    marks = marks_of(flight.records)
-    all_posts = posts(marks)
-    posts_by_process: dict[tuple[str, int, int | None], list[dict[str, Any]]] = (
-        collections.defaultdict(list)
-    )
-    for post in all_posts:
-        posts_by_process[(post["host"], post["pid"], post["start_ticks"])].append(post)
-    processes: dict[tuple[str, int, int | None], dict[str, Any]] = {}
-    for line in marks:
-        h = line.header
-        key = h.process_key
-        entry = processes.get(key)
-        if entry is None:
-            entry = processes[key] = {
-                "boot": h.boot,
-                "host": h.host,
-                "pid": h.pid,
-                "start_ticks": h.start_ticks,
-                "rank": h.rank,
-                "local_rank": h.local_rank,
-                "world_size": h.world_size,
-                "tp_rank": h.tp_rank,
-                "pp_rank": h.pp_rank,
-                "nspid": list(h.nspid) if h.nspid is not None else None,
-                "pidns": h.pidns,
-                "marks": [],
-                "posts": posts_by_process.get(key, []),
-            }
-        entry["marks"].append(_mark_row(line))
-    ordered = sorted(
-        processes.values(),
+    by_process: dict[tuple[str, int, int | None], list[MarkLine]] = {}
+    for line in marks_of(flight.records):
+        by_process.setdefault(line.header.process_key, []).append(line)
+    processes = sorted(
+        map(_process, by_process.values()),
         key=lambda p: (p["rank"] is None, p["rank"] or 0, p["host"], p["pid"]),
     )
     return {
         "boot": flight.boot,
         "skipped": {reason: flight.skipped.get(reason, 0) for reason in SKIP_REASONS},
-        "processes": ordered,
+        "processes": processes,
         "cards": card_identities(flight.records, resolve_host_pid),
     }

@@ -1,8 +1,6 @@
 """A group instance's latest common round: the newest census round at which every member
-rank has a snapshot, and the comparison of the members' counts there (docs/census.md, "The
-latest common round"). The one rule of the daemon's census collector and of ``rankscope
-census``: pure, typed snapshots in, one :class:`GroupRound` per group instance out.
-"""
+rank has a snapshot, and the members' counts compared there (docs/census.md, "The latest
+common round"). The one rule of the daemon's census collector and of ``rankscope census``."""
 
 from __future__ import annotations
 
@@ -34,9 +32,8 @@ class SnapshotsByRank:
 
 @dataclass(frozen=True)
 class GroupRound:
-    """One group instance: the ranks compared, the rounds all of them have a snapshot of
-    (ascending; none when they share no round), each member's {op: n} at the latest of those
-    rounds, and the comparison there (none for a lone member: nobody to compare with)."""
+    """One group instance: its members, the rounds all of them have a snapshot of (ascending),
+    each member's {op: n} at the latest, and the comparison there (none for a lone member)."""
 
     group: str
     members: tuple[int, ...]
@@ -51,10 +48,8 @@ class GroupRound:
 
 
 def group_rounds(snapshots: SnapshotsByRank) -> list[GroupRound]:
-    """Every group instance named in some rank's latest snapshot, by name. A process's
-    counts only grow, so its latest snapshot names every group it ever counted; reading only
-    that one (and the rounds compared) keeps the daemon's scrape from splitting every
-    stored snapshot."""
+    """Every group instance named in some rank's latest snapshot (counts only grow, so the
+    latest names every group the rank ever counted), by name."""
     by_rank = snapshots.by_rank
     latest = {rank: snapshots.groups_at(rank, max(snaps)) for rank, snaps in by_rank.items()}
     out: list[GroupRound] = []
