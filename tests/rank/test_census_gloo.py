@@ -29,7 +29,7 @@ def run_ops(dist: Any, torch: Any, rank: int) -> dict[str, Any]:
     from torch.distributed import distributed_c10d as c10d
 
     from rankscope.rank import census
-    from rankscope.rank.census.counts import encode_counts
+    from rankscope.record import encode_counts
 
     plain = {n: getattr(dist, n) for n in ("all_reduce", "isend", "batch_isend_irecv")}
     pair = dist.new_group([0, 1], backend="gloo", group_desc="tp")

@@ -1,14 +1,9 @@
-"""Arming a Python process with no code change: the one entry point of ``rankscope-auto.pth``.
-
-site.py runs the .pth line at every interpreter start; it calls :func:`arm` only when
-RANKSCOPE_AUTO is set (``rankscope run`` sets it, or a pod spec does, with RANKSCOPE_DIR).
-Armed, a process records the generic marks (docs/probe.md, "Generic marks"): process start
-and exit; once the program imports torch (rankscope never imports it), ``cuda_init``,
-``nccl_init_begin`` / ``nccl_init_end`` around every process group creation,
-``capture_begin`` / ``capture_end`` around every CUDA graph capture, the census with the
-automatic cadence (and with RANKSCOPE_COMPARE=1 the comparison), and serving samples. Then
-the OOM observer and the adapters' import hooks, each costing one log line if it fails.
-Every hook catches and logs: the wrapped torch functions behave exactly as before.
+"""Arming a Python process with no code change: the one entry point of ``rankscope-auto.pth``,
+which calls :func:`arm` when RANKSCOPE_AUTO is set (``rankscope run`` sets it). Armed, a
+process records the generic marks (docs/probe.md): process start and exit, then once the
+program imports torch, ``cuda_init``, ``nccl_init_*`` around process group creation and
+``capture_*`` around CUDA graph capture, with the census on its automatic cadence, serving
+samples, the OOM observer and the adapters. Every hook catches and logs.
 """
 
 from __future__ import annotations
@@ -172,9 +167,7 @@ def _hook_census(torch: ModuleType) -> None:
 
 
 def _hook_cuda_init(torch: ModuleType) -> None:
-    """``cuda_init`` from inside torch.cuda's lazy initialisation (a queued call runs there
-    whoever triggered it: torch.cuda's own functions, the C++ device_lazy_init, a bound
-    import of _lazy_init), once the CUDA runtime is up."""
+    # A queued call runs inside torch.cuda's lazy init, whatever triggered it.
     torch.cuda._lazy_call(_on_cuda_init)
 
 
@@ -209,10 +202,6 @@ def _hook_process_groups(torch: ModuleType) -> None:
             setattr(dist, name, wrapper)
 
 
-def _backend_name(backend: Any) -> str | None:
-    return None if backend is None else str(backend)
-
-
 def _group_fields(dist: Any, group: Any, seconds: float) -> GroupFields:
     """nccl_init_end's fields: the creation's seconds, the group's instance name (as the
     census names it), ranks and backend; null where unreadable."""
@@ -234,7 +223,8 @@ def _wrap_init_process_group(dist: Any, original: Callable[..., Any]) -> Callabl
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         backend = kwargs.get("backend", args[0] if args else None)
-        _guarded(_mark, "nccl_init_begin", group="world", backend=_backend_name(backend))
+        backend = None if backend is None else str(backend)
+        _guarded(_mark, "nccl_init_begin", group="world", backend=backend)
         started = time.monotonic()
         result = original(*args, **kwargs)
         _guarded(_after_world, dist, time.monotonic() - started)
@@ -273,12 +263,8 @@ def _wrap_new_group(dist: Any, original: Callable[..., Any]) -> Callable[..., An
             return original(*args, **kwargs)
         ranks = kwargs.get("ranks", args[0] if args else None)
         backend = kwargs.get("backend", args[2] if len(args) > 2 else None)
-        _guarded(
-            _mark,
-            "nccl_init_begin",
-            ranks=_plain_ranks(ranks),
-            backend=_backend_name(backend),
-        )
+        backend = None if backend is None else str(backend)
+        _guarded(_mark, "nccl_init_begin", ranks=_plain_ranks(ranks), backend=backend)
         started = time.monotonic()
         group = original(*args, **kwargs)
         _guarded(_after_group, dist, group, ranks, time.monotonic() - started)
@@ -354,8 +340,7 @@ def _mark_capture_end(torch: Any, graph: Any) -> None:
 
 def pool_fields(torch: Any, graph: Any) -> PoolFields:
     """The captured graph's memory pool and the bytes the allocator holds in it (null, with
-    a why, where unreadable). Graphs may share one pool (frameworks capture every batch size
-    into one): the bytes are the pool's, not this graph's alone."""
+    a why, where unreadable): the pool's, which graphs may share, not this graph's alone."""
     from rankscope.record import PoolFields
 
     try:
@@ -423,8 +408,7 @@ def _whole_snapshot(torch: Any) -> list[dict[str, Any]]:
 
 
 def pool_bytes(segments: Sequence[dict[str, Any]], pool_id: Sequence[int]) -> int:
-    """Bytes of the allocator's segments that belong to memory pool ``pool_id`` (a pure
-    function over torch.cuda.memory._snapshot()'s segments)."""
+    """Bytes of the allocator snapshot's segments in memory pool ``pool_id``."""
     want = tuple(pool_id)
     return sum(
         int(seg.get("total_size", 0))

@@ -1,10 +1,7 @@
 """Running code right after a module is imported, without importing it: the arming waits for
-torch, the OOM observer for torch.cuda, the adapters for their frameworks' modules.
-
-One meta-path finder serves them all. It finds nothing itself: for a watched name it asks
-the finders after it and wraps the loader they return, so the callbacks run once the
-module's body has; the real loader is put back on the module first. A name leaves the
-watch once its module has run, and the finder leaves sys.meta_path with the last name.
+torch, the OOM observer for torch.cuda, the adapters for their frameworks' modules. The one
+meta-path finder finds nothing itself: it wraps the loader the other finders return, so the
+callbacks run once the module's body has. It leaves sys.meta_path with the last name.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ class _NotifyingLoader(importlib.abc.Loader):
             module.__spec__.loader = self._loader
         module.__loader__ = self._loader
         self._loader.exec_module(module)
-        for callback in self._finder.done(module.__name__):
+        for callback in self._finder.remove(module.__name__):
             try:
                 callback(module)
             except Exception as exc:  # never break the program's import
@@ -81,25 +78,17 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
             if self not in sys.meta_path:
                 sys.meta_path.insert(0, self)
 
-    def remove(self, name: str, callback: Callback) -> None:
+    def remove(self, name: str, callback: Callback | None = None) -> list[Callback]:
+        """Stop calling ``callback`` (None: any) after module ``name``; what was removed."""
         with self._lock:
-            callbacks = self.watch.get(name, [])
-            if callback in callbacks:
-                callbacks.remove(callback)
-            if not callbacks:
-                self._drop(name)
-
-    def done(self, name: str) -> list[Callback]:
-        """The callbacks of module ``name``, which has run: it leaves the watch."""
-        with self._lock:
-            callbacks = self.watch.get(name, [])
-            self._drop(name)
+            callbacks = self.watch.pop(name, [])
+            if callback is not None:
+                if kept := [c for c in callbacks if c != callback]:
+                    self.watch[name] = kept
+                callbacks = [c for c in callbacks if c == callback]
+            if not self.watch and self in sys.meta_path:
+                sys.meta_path.remove(self)
         return callbacks
-
-    def _drop(self, name: str) -> None:
-        self.watch.pop(name, None)
-        if not self.watch and self in sys.meta_path:
-            sys.meta_path.remove(self)
 
 
 FINDER = PostImportFinder()

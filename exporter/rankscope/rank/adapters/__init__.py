@@ -1,12 +1,7 @@
-"""Framework adapters (SGLang, vLLM) that attach themselves when the framework is imported.
-
-    from rankscope.rank import adapters
-    adapters.install_import_hooks()   # idempotent, never raises; `rankscope run` calls it
-
-watches the modules the adapters hook (rankscope.rank.imports): once one has been imported,
-the matching adapter attaches its hooks to it; a process that never imports the framework
-pays nothing, and rankscope never imports it itself. A module imported already when the
-hooks are installed is attached at once. docs/integrations.md says what each adapter does.
+"""Framework adapters (SGLang, vLLM) that attach themselves when the framework is imported:
+``install_import_hooks()`` (idempotent, never raises; ``rankscope run`` calls it) watches
+their modules (rankscope.rank.imports), and a module imported already is attached at once.
+rankscope never imports a framework itself. docs/integrations.md says what each does.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ gets one ``adapter`` line saying what attached, or which hook could not and why.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.metadata
 import logging
@@ -130,14 +131,6 @@ def param(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, position: in
     return args[position] if len(args) > position else None
 
 
-def installed_version(distribution: str) -> str | None:
-    """The framework's version from its distribution metadata; None when there is none."""
-    try:
-        return importlib.metadata.version(distribution)
-    except Exception:
-        return None
-
-
 def is_checked(version: str | None, checked: tuple[str, ...]) -> bool:
     """Whether an installed version is one the adapter was checked against. A local label
     (``0.34.0+cu130``, a build of the same release for another CUDA) is the same source."""
@@ -195,7 +188,8 @@ class Adapter:
         if self.state == "off" or name in self._done:
             return
         if self.state == "idle":
-            self.version = installed_version(self.distribution)
+            with contextlib.suppress(Exception):  # no distribution metadata: None
+                self.version = importlib.metadata.version(self.distribution)
             if not is_checked(self.version, self.checked_versions):
                 why = (
                     f"{self.distribution} {self.version} is not a checked version"

@@ -1,16 +1,9 @@
-"""The collective census in the rank: per-rank counts of every collective, per group
-instance and op, snapshotted at a replicated point so ranks can be compared, and a
-divergence named before the job hangs (docs/census.md).
-
-Sources: :func:`count` for frameworks that dispatch their own communicators;
-:func:`instrument_methods` for a coordinator class; opt-in
-:func:`instrument_torch_distributed`; CUDA graphs through :func:`capture` / :func:`replay`
-or :func:`instrument_cuda_graphs`. Modules: ``counts`` (the counters), ``wrap`` and
-``torch_patch`` (the sources), ``graphs``, ``snapshots`` (rounds, snapshots, dumps), ``gloo``
-(the in-process comparison). Reading census records is rankscope.reports.census's.
-
-A name's module loads when the name is first used (PEP 562), so ``from rankscope import
-census`` in the daemon loads no patching code.
+"""The collective census in the rank (docs/census.md): counts per group instance and op,
+snapshotted at a replicated point so ranks can be compared. Modules: ``counts``, the sources
+``wrap`` (a coordinator class) and ``torch_patch`` (torch.distributed), ``graphs`` (CUDA graph
+replays), ``snapshots`` (rounds, snapshots, dumps), ``gloo`` (the in-process comparison).
+A name's module loads at its first use (PEP 562): ``from rankscope import census`` in the
+daemon loads no patching code.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ import logging
 import os
 from typing import Any
 
-from rankscope.record import encode_counts as encode_counts
 from rankscope.record.naming import Key
 
 log = logging.getLogger("rankscope.census")
@@ -18,8 +17,7 @@ ENV_CENSUS = "RANKSCOPE_CENSUS"
 
 ARMED: bool = os.environ.get(ENV_CENSUS, "1").strip().lower() not in ("0", "false", "off", "no")
 
-# Every collective this process issued, per (group instance, op); replays of captured CUDA
-# graphs included. Written only by count() and the graph replay; read by copying.
+# Every collective this process issued, per (group instance, op), graph replays included.
 COUNTS: collections.defaultdict[Key, int] = collections.defaultdict(int)
 
 # Calls that could not be counted (an unhashable group, a non-numeric n): counted, not raised.

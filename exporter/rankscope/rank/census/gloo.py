@@ -20,7 +20,7 @@ from rankscope.rank.census import counts as _counts
 from rankscope.rank.census import snapshots
 from rankscope.rank.census.wrap import GUARD
 from rankscope.rank.writer import RECORDER
-from rankscope.record import Divergence
+from rankscope.record import Divergence, encode_counts
 from rankscope.record.compare import Entry, compare_ranks
 from rankscope.record.naming import Key
 
@@ -90,7 +90,7 @@ class Comparator:
                 return
 
     def compare_round(self, round_: int, counts: dict[Key, int]) -> list[Entry]:
-        mine = {"rank": self.rank, "round": round_, "counts": _counts.encode_counts(counts)}
+        mine = {"rank": self.rank, "round": round_, "counts": encode_counts(counts)}
         gathered = [
             json.loads(raw)
             for raw in gather_bytes(self.dist, self.group, json.dumps(mine).encode())
@@ -160,7 +160,6 @@ def gather_bytes(dist: Any, group: Any, data: bytes) -> list[bytes]:
 
 
 _active: Comparator | None = None
-_registered = False
 
 
 def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Comparator | None:
@@ -169,7 +168,7 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
     on each rank). Without one, creates one (new_group is a collective: every rank must call
     this in the same order relative to its other new_group calls). None, with a log line,
     when torch.distributed is not initialised or the census is disarmed; never raises."""
-    global _active, _registered
+    global _active
     if not _counts.ARMED:
         return None
     try:
@@ -196,10 +195,6 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
         disable_comparison()
         _active = Comparator(dist, group, rank, own_group=own, timeout_s=timeout_s)
         snapshots.STATE.on_snapshot = _active.submit
-        if not _registered:
-            _registered = True
-            if not stop_before_teardown(_stop_at_exit):
-                atexit.register(_stop_at_exit)
         return _active
     except Exception as exc:
         log.warning("rankscope census: in-process comparison not enabled: %r", exc)
@@ -249,3 +244,7 @@ def _stop_at_exit() -> None:
                 "a peer is probably gone",
                 comparator.timeout_s + 5.0,
             )
+
+
+if not stop_before_teardown(_stop_at_exit):
+    atexit.register(_stop_at_exit)

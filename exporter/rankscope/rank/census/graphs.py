@@ -1,9 +1,6 @@
-"""CUDA graphs: collectives counted while a graph is captured are recorded against it, and
-every replay adds them again, since a replay never re-enters Python.
-
-The capture is measured as the difference of the counts across it, so ``count()`` stays
-one dict increment. It assumes no other thread issues collectives during a capture (CUDA's
-default "global" capture mode forbids that thread's CUDA work anyway).
+"""CUDA graphs: collectives counted while a graph is captured (the difference of the counts
+across the capture; no other thread may issue collectives meanwhile) are added again at
+every replay, since a replay never re-enters Python.
 """
 
 from __future__ import annotations

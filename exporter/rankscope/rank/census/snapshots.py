@@ -128,10 +128,6 @@ def dump_local(reason: str = "manual") -> bool:
     return _dump(reason, RECORDER.write_record)
 
 
-def _dump_from_signal(reason: str) -> bool:
-    return _dump(reason, RECORDER.write_record_detached)  # the recorder's lock may be held
-
-
 def _dump(reason: str, write: Callable[[CensusDump], bool]) -> bool:
     if not _counts.ARMED or not RECORDER.armed:
         return False
@@ -151,7 +147,9 @@ _previous: dict[int, Any] = {}
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    STATE.signal_dumped = _dump_from_signal(signal.Signals(signum).name) or STATE.signal_dumped
+    # detached: the interrupted code may hold the recorder's lock
+    dumped = _dump(signal.Signals(signum).name, RECORDER.write_record_detached)
+    STATE.signal_dumped = dumped or STATE.signal_dumped
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)

@@ -1,14 +1,8 @@
-"""Opt-in counting of torch.distributed collectives: ``instrument_torch_distributed()``.
-
-Each listed function is replaced, in ``torch.distributed`` and in the module that defines it
-(so torch's own internal calls and ``P2POp``'s checks see the same object), by a wrapper
-that counts the call once and calls the original. The group instance is read from the
-process group: a name given with :func:`name_group`, else its ``group_desc``, else its pg
-name, over its member ranks, cached per group object and dropped with it. The undo restores
-every original exactly.
-
-A ``P2POp`` built while instrumented and passed to ``batch_isend_irecv`` after the undo is
-rejected by torch (it holds the wrapper, not torch's isend): build P2POps after the undo.
+"""Opt-in counting of torch.distributed collectives: ``instrument_torch_distributed()``
+replaces each listed function, in ``torch.distributed`` and in the module defining it, by a
+wrapper that counts the call once, under the group's instance name (given with
+:func:`name_group`, else its ``group_desc``, else its pg name, over its ranks). The undo
+restores every original; a ``P2POp`` built while instrumented is rejected by torch after it.
 """
 
 from __future__ import annotations
@@ -47,9 +41,8 @@ COLLECTIVES = (
 )
 P2P = {"send": SEND, "isend": SEND, "recv": RECV, "irecv": RECV}
 BATCH = "batch_isend_irecv"
-# Functions whose torch implementation calls another function listed here: they hold the
-# guard so the inner call is not counted again (the ops test proves the split for the
-# installed torch by counting each op exactly once).
+# Functions whose torch implementation calls another listed here hold the guard, so the
+# inner call is not counted again (the ops test counts each op exactly once).
 NESTING = frozenset(
     {
         "send",  # torch's send is isend(...).wait()

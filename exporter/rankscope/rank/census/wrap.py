@@ -20,7 +20,7 @@ log = logging.getLogger("rankscope.census")
 
 MARK = "__rankscope_census__"
 
-# (self, args after self, kwargs) -> op name, or None to leave the call uncounted.
+# (self, args after self, kwargs) -> op name, or None: not counted
 OpNamer = Callable[[Any, tuple[Any, ...], dict[str, Any]], "str | None"]
 GroupOf = Callable[[Any], "str | None"]
 

@@ -88,13 +88,9 @@ def configure(
 def derive(
     torch_view: MarkTorch, nvml_view: MarkNvml, arena_views: dict[str, MarkArena]
 ) -> MarkDerived:
-    """The derived fields of a mark (a pure function). Signed, never floored; null where a
-    side is unmeasured.
-
-    non_torch: NVML's bytes of this process minus the allocator's reserved bytes (the CUDA
-    context, NCCL and cuBLAS workspaces, graph private pools; negative when the allocator
-    counts more than the driver holds). unbacked_reservation: reserved minus backed, summed
-    over the arenas that report both.
+    """The derived fields of a mark, signed, null where a side is unmeasured: non_torch,
+    NVML's bytes of this process minus the allocator's reserved bytes (context, workspaces,
+    graph pools); unbacked_reservation, reserved minus backed over the arenas reporting both.
     """
     reserved, self_bytes = torch_view.reserved, nvml_view.self_bytes
     unbacked: int | None = None
@@ -106,11 +102,9 @@ def derive(
 
 
 def mark(phase: str, /, *, runner: str | None = None, **extra: Any) -> Mark | None:
-    """Record one mark. ``runner`` overrides the configured runner for this mark only (a
-    phase that target and draft both run); ``extra`` keyword values go into the record.
-
-    Returns the mark recorded (also when the disk refused it), None when disarmed or when
-    the mark itself failed; never raises."""
+    """Record one mark, ``extra`` keyword values in it; ``runner`` overrides the configured
+    runner for this mark only. Returns the mark (also when the disk refused it), None when
+    disarmed or when the mark failed; never raises."""
     if not ARMED:
         return None
     return _record(phase, runner, extra)

@@ -1,9 +1,6 @@
 """The NVML view of a mark: the card's free and total memory, this process's bytes and the
-card's full pid -> bytes map.
-
-NVML is initialised once, lazily, at the first mark that knows its card; handles are cached
-by uuid. A failed initialisation is remembered (and said in every record) rather than
-retried per mark. NVML never creates a CUDA context.
+card's pid -> bytes map. NVML is initialised once, at the first mark that knows its card (a
+failure is remembered and said in every record); handles are cached by uuid.
 """
 
 from __future__ import annotations
@@ -23,14 +20,9 @@ ProcessList = list[tuple[int, int | None]]
 
 
 def own_bytes(procs: ProcessList, pid: int, pidns: int | None) -> tuple[int | None, str | None]:
-    """This process's bytes in NVML's list (a pure function): (bytes, None) or (None, why).
-
-    NVML lists host pids. In the host PID namespace a pid missing from the list is a process
-    with no context on the card (0 bytes, measured); in any other namespace the pid this
-    process sees is not the one NVML lists, so the bytes are not attributable here.
-    """
-    in_host_ns = pidns == HOST_PIDNS_INODE
-    if in_host_ns:
+    """This process's bytes in NVML's list: (bytes, None) or (None, why). NVML lists host
+    pids: outside the host PID namespace the bytes are not attributable here."""
+    if pidns == HOST_PIDNS_INODE:
         for proc_pid, used in procs:
             if proc_pid == pid:
                 if used is None:
@@ -175,9 +167,4 @@ class NvmlView:
 
     def after_fork_in_child(self) -> None:
         """NVML state is not fork-safe: a child initialises its own on its first mark."""
-        self._lock = threading.Lock()
-        self._ready = False
-        self._failure = None
-        self._handles = {}
-        self._list_processes = None
-        self._read_memory = None
+        self.__init__(self._module)  # type: ignore[misc]

@@ -1,18 +1,10 @@
-"""The OOM instant: one ``oom`` line written from inside torch's CUDA caching allocator at the
-moment it gives up on an allocation, naming what held the card right then.
-
-torch calls each observer attached with ``torch._C._cuda_attach_out_of_memory_observer`` as
-``observer(device, alloc_size, device_total, device_free)`` just before it raises
-``torch.OutOfMemoryError``, on the failing thread (torch 2.1+ without the allocator's mutex;
-older ones hold it, but it is recursive, so the reads below re-enter it). The observer
-allocates nothing on the card, makes a bounded number of reads (allocator counters, at most
-one bounded snapshot, NVML's cached handles, the last mark's phase) and never raises: torch
-would turn an exception into a C++ one replacing the rank's OutOfMemoryError, so a failed
-read is a null field with a why.
-
-Attaching initialises CUDA, so it waits for the host's own CUDA initialisation (queued on
-torch.cuda's lazy-init queue); armed before torch is imported, it waits for the import of
-torch.cuda. :func:`install` is idempotent, cheap after the first success and never raises.
+"""The OOM instant: one ``oom`` line written from inside torch's CUDA caching allocator when
+it gives up on an allocation (its out-of-memory observer, called on the failing thread just
+before torch raises OutOfMemoryError), naming what held the card right then. The observer
+allocates nothing on the card, makes a bounded number of reads and never raises (torch would
+turn an exception into a C++ one replacing the rank's OutOfMemoryError): a failed read is a
+null field with a why. Attaching initialises CUDA, so it waits for the host's own CUDA
+initialisation, or, armed before torch, for the import of torch.cuda.
 """
 
 from __future__ import annotations
@@ -45,8 +37,8 @@ NO_CUDA_ALLOCATOR = "this torch build has no CUDA caching allocator (no OOM obse
 
 @dataclass
 class OomState:
-    """What the probe knows between marks: whether the observer is attached (or queued on
-    torch's CUDA lazy init), why not, and the phase of the last mark."""
+    """Whether the observer is attached (or queued on CUDA's lazy init), why not, and the
+    phase of the last mark."""
 
     attached: bool = False  # the observer is in the allocator's list
     queued: bool = False  # waiting on torch.cuda's lazy init
@@ -61,10 +53,9 @@ STATE = OomState()
 
 
 def install() -> bool:
-    """Attach the OOM observer to torch's CUDA caching allocator, now if CUDA is initialised,
-    else at CUDA's lazy init. True when attached or queued; False (``STATE.why`` says why)
-    when torch is not imported yet, has no CUDA allocator, or attaching failed. Idempotent;
-    never raises; never imports torch nor initialises CUDA."""
+    """Attach the OOM observer, now if CUDA is initialised, else at CUDA's lazy init. True
+    when attached or queued, else False (``STATE.why`` says why). Idempotent, never raises,
+    never imports torch nor initialises CUDA."""
     if STATE.attached or STATE.queued:
         return True
     if STATE.settled:
@@ -153,8 +144,7 @@ def bare(device: Any, alloc_size: Any, device_total: Any, device_free: Any) -> O
 
 def holders(procs: dict[int, int | None] | None, proc: str = "/proc") -> list[OomHolder] | None:
     """Every process on the card, as NVML listed it, with its comm and start ticks from
-    /proc read right then (so a reader can tell a rank from a recycled pid later). Null
-    fields where this process's /proc cannot see the pid (another PID namespace)."""
+    /proc (null where this process cannot see the pid), so a recycled pid is told apart."""
     if procs is None:
         return None
     out = []
@@ -241,11 +231,10 @@ def _pools(
 def pool_summary(
     segments: list[dict[str, Any]], device: int
 ) -> tuple[dict[str, OomPool], int | None]:
-    """(bytes per pool, largest free block) of one device from torch's snapshot segments (a
-    pure function). Pools: ``large`` and ``small`` for the default pools, ``private:A,B`` for
-    a private pool (a CUDA graph's, or a user MemPool) with id (A, B). The largest free block
-    counts inactive blocks of the default pools only: a private pool's free blocks serve only
-    its own graph."""
+    """(bytes per pool, largest free block) of one device from torch's snapshot segments.
+    Pools: ``large`` and ``small`` (the default pools), ``private:A,B`` (a graph's or a
+    MemPool's); the largest free block is the default pools' (a private pool's serve only
+    its own graph)."""
     pools: dict[str, OomPool] = {}
     largest: int | None = None
     for seg in segments:
@@ -271,13 +260,11 @@ def pool_summary(
 
 
 def _stat(stats: dict[str, Any], key: str) -> int | None:
-    """torch's nested stats: ``stats[key]["all"]["current"]``; flat ``key.all.current``
-    (torch.cuda.memory_stats) also read."""
+    """torch's nested stats: ``stats[key]["all"]["current"]``."""
     try:
-        node = stats[key]["all"]["current"]
+        return _int(stats[key]["all"]["current"])
     except (KeyError, TypeError):
-        node = stats.get(f"{key}.all.current")
-    return _int(node)
+        return None
 
 
 def _int(value: Any) -> int | None:

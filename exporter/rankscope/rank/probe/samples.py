@@ -42,25 +42,19 @@ def take() -> Sample | None:
     return sample
 
 
-class ServingSampler:
+class ServingSampler(threading.Thread):
     def __init__(self, every_s: float) -> None:
-        self.every_s = every_s
-        self.taken = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rankscope-samples", daemon=True)
+        super().__init__(name="rankscope-samples", daemon=True)
+        self.every_s, self.taken, self._stopping = every_s, 0, threading.Event()
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            if take() is not None:
-                self.taken += 1
+    def run(self) -> None:
+        while not self._stopping.wait(self.every_s):
+            self.taken += take() is not None
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout)
 
 
 _sampler: ServingSampler | None = None

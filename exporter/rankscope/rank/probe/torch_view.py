@@ -1,8 +1,5 @@
-"""The torch allocator view of a mark, read without ever initialising CUDA.
-
-torch is used only if the host program already imported it (importing it here would cost
-seconds), and CUDA only if the host already initialised it: a mark before the first
-allocation must leave the card untouched.
+"""The torch allocator view of a mark, read without initialising CUDA: torch only if the
+host imported it, CUDA only once the host initialised it.
 """
 
 from __future__ import annotations
