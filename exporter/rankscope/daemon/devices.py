@@ -1,17 +1,8 @@
-"""Device sources: where the daemon reads each card's identity, free memory and process list.
-
-Two sources share one small protocol:
-
-- :class:`NvmlSource` reads real cards through NVML (nvidia-ml-py's ``pynvml``). Handles
-  are resolved once in :meth:`~NvmlSource.open`; a read is one NVML call, never an
-  init/shutdown.
-- :class:`ScriptedSource` reads a JSON file that lists simulated cards, their free bytes and
-  a pid -> bytes map (docs/corridor.md has the format). It lets tests and the demo drive the
-  sampler and the holdings without a GPU, with real pids of real processes. Everything it
-  produces is labelled ``source="simulated"``.
-
-A source raises :class:`DeviceError` (with the card and the cause in the message) and
-nothing else; the sampler turns that into a down source, a counted error and a retry.
+"""Device sources: where the daemon reads each card's identity, free memory and process
+list. :class:`NvmlSource` reads real cards (handles resolved once per open, one NVML call a
+read); :class:`ScriptedSource` reads simulated cards from a JSON file (docs/corridor.md),
+labelled ``source="simulated"``, for tests and the demo. A source raises only
+:class:`DeviceError`, which the sampler turns into a down source, a counted error, a retry.
 """
 
 from __future__ import annotations
@@ -51,25 +42,19 @@ class CardIdentity:
 
 
 class DeviceSource(Protocol):
-    """What the sampler and the holdings read. ``name`` is the ``rankscope_up`` source;
-    ``label`` is what rankscope_gpu_info says (``nvml`` or ``simulated``)."""
+    """``name`` is the ``rankscope_up`` source; ``label`` rankscope_gpu_info's source."""
 
     name: str
     label: str
     incomplete: str | None  # why cards the source counts were left unread at the last open
 
-    def open(self) -> list[CardIdentity]:
-        """Resolve the cards once; DeviceError when the source is unavailable."""
-        ...
+    def open(self) -> list[CardIdentity]: ...
 
     def changed(self) -> bool:
-        """Cheap check, once per sample: has the source's card list changed under it (the
-        sampler then reopens)? May raise DeviceError."""
+        """Has the card list changed (the sampler then reopens)? Cheap: once per sample."""
         ...
 
-    def read_free(self, slot: int) -> int:
-        """Free bytes of one card now."""
-        ...
+    def read_free(self, slot: int) -> int: ...
 
     def read_processes(self, slot: int) -> dict[int, int | None]:
         """Host pid -> bytes held on one card (None where the source cannot tell)."""
@@ -78,14 +63,9 @@ class DeviceSource(Protocol):
     def close(self) -> None: ...
 
 
-# --- NVML ---------------------------------------------------------------------------------
-
-
 def free_reader(nvml: Any) -> Callable[[Any], int]:
-    """Free bytes of a card by one nvmlDeviceGetMemoryInfo into a struct kept per thread,
-    with the GIL held through the call (rankscope.nvml_calls): the sampler makes this read
-    ten times a second per card. Falls back to pynvml's wrapper where pynvml does not expose
-    its function lookup."""
+    """Free bytes of a card by one nvmlDeviceGetMemoryInfo into a struct kept per thread
+    (rankscope.nvml_calls), else by pynvml's wrapper."""
 
     def wrapper(handle: Any) -> int:
         return int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
@@ -217,9 +197,6 @@ class NvmlSource:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-# --- the scripted (simulated) source ------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,10 @@
 """The /metrics encoders: the Prometheus text format (0.0.4) and OpenMetrics 1.0.0, chosen by
 the request's Accept header.
 
-OpenMetrics is client_python's own encoder. The text format is client_python's
-generate_latest written again here, because prometheus_client.exposition, where it lives,
-imports the library's HTTP servers and push-gateway client, and with them http.server,
-urllib.request and ssl (OpenSSL): about 6 MiB of the daemon's resident memory for one
-function (docs/architecture.md, "What the daemon imports"). Every rankscope metric and label
-name is a legacy Prometheus name (the tests check the catalog), so no name escaping scheme is
-negotiated: a client asking for text/plain version 1.0.0 gets 0.0.4, which every Prometheus
-reads, and the body is the same. tests/daemon/test_daemon_exposition.py holds the output byte for
-byte to client_python's for every kind of family.
+OpenMetrics is client_python's own encoder; the text format is its generate_latest written
+again, held byte for byte to it by tests/daemon/test_daemon_exposition.py. Every rankscope
+name is a legacy Prometheus name, so no escaping scheme is negotiated: text/plain 1.0.0 gets
+0.0.4, whose body is the same.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""What the daemon knows from the flight directory, kept current by tailing it: the one
-source of the collectors, the JSON API and the status page.
-
-The daemon never re-reads what it has read: a :class:`rankscope.record.reader.FlightReader` hands
-over the lines appended since the last refresh, and what the readers need is kept, per file
-and boot: every mark and every census-stream line (bounded per process: the ledger and the
-census report need them in order), the latest census line, the latest snapshot, the latest
-arena figures, and the latest divergence per (group, op). :meth:`FlightState.flight` gives
-the API one boot's records as a :class:`rankscope.record.reader.Flight`, with no directory scan and
-no /proc walk per request (the host pids of namespaced ranks are resolved once per process,
-at refresh). A file that disappears takes its state with it, so the series of a boot whose
-files were removed disappear too.
+"""The flight source: what the daemon knows from the flight directory, kept current by
+tailing it (rankscope.record.reader.FlightReader hands over the lines appended since the
+last refresh). Kept per file and boot: the marks and census-stream lines (bounded), the
+latest census line, snapshot and arena figures, the OOM lines, and the latest divergence
+per (group, op). A file that disappears takes its state, and so its series, with it.
 """
 
 from __future__ import annotations
@@ -43,21 +36,13 @@ from rankscope.record.reader import (
     host_pid,
 )
 
-# A process that marks in a loop must not grow the daemon without bound; past this many
-# marks per process and boot the daemon forgets the oldest (the file keeps them).
+# Per process and boot, the newest lines kept (the file keeps them all).
 MAX_MARKS_PER_PROCESS = 4096
-# How long the series of a process that exited stay published (DESIGN.md: series of exited
-# processes are removed; a short grace lets a last scrape and a post-mortem glance see them).
-EXITED_GRACE_S = 300.0
-
-# A process OOMs a few times before it dies (torch retries some allocations); keep the newest.
-MAX_OOMS_PER_PROCESS = 64
-# The same for census-stream lines (a snapshot every 50 scheduler iterations by default).
 MAX_CENSUS_LINES_PER_PROCESS = 4096
-
-# One refresh reads at most this much (then the next refresh goes on): a scrape or an API
-# request that refreshes first never waits for a whole large directory (docs/daemon.md,
-# "Start-up on a large flight directory").
+MAX_OOMS_PER_PROCESS = 64
+# How long the series of a process that exited stay published: a last scrape sees them.
+EXITED_GRACE_S = 300.0
+# One refresh reads at most this much, so a scrape never waits for a whole large directory.
 READ_BUDGET_BYTES = 4 << 20
 
 log = logging.getLogger("rankscope.daemon")
@@ -65,9 +50,8 @@ log = logging.getLogger("rankscope.daemon")
 
 @dataclass(frozen=True)
 class RankProcess:
-    """One process that wrote records, as its records identify it (docs/architecture.md,
-    "The record"): ``pid`` is the pid as the rank saw it, ``nspid`` its NSpid chain as it
-    saw it, ``pidns`` the inode of its PID namespace."""
+    """One process that wrote records, as they identify it: ``pid`` and ``nspid`` as the
+    rank saw them, ``pidns`` the inode of its PID namespace."""
 
     host: str
     pid: int
@@ -80,24 +64,13 @@ class RankProcess:
 
 
 def rank_process(rec: Record) -> RankProcess:
-    """The identity fields of a record's header."""
     h = rec.header
-    return RankProcess(
-        host=h.host,
-        pid=h.pid,
-        start_ticks=h.start_ticks,
-        nspid=h.nspid,
-        pidns=h.pidns,
-        boot=h.boot,
-        rank=h.rank,
-        local_rank=h.local_rank,
-    )
+    return RankProcess(h.host, h.pid, h.start_ticks, h.nspid, h.pidns, h.boot, h.rank, h.local_rank)
 
 
 @dataclass
 class StreamState:
-    """What one file holds about one boot (a file is one process and stream; a process
-    that changed its boot id mid-run has a state per boot)."""
+    """What one file (one process) holds about one boot."""
 
     file: str
     boot: str
@@ -112,7 +85,6 @@ class StreamState:
     marks_forgotten: int = 0  # oldest marks dropped past MAX_MARKS_PER_PROCESS
     ooms: list[Line[Oom]] = field(default_factory=list)  # oom lines, newest last
     oom_counts: dict[tuple[int | None, str | None], int] = field(default_factory=dict)  # by card
-    census_forgotten: int = 0  # oldest census lines dropped past the bound
 
 
 @dataclass(frozen=True)
@@ -144,8 +116,8 @@ class FlightView:
 
 
 class FlightState:
-    """The tailed flight directory. ``refresh()`` reads what was appended; the collectors,
-    the API and the holdings read a :class:`FlightView` of it."""
+    """``refresh()`` reads what was appended; the collectors, the API and the holdings read
+    a :class:`FlightView` of it."""
 
     def __init__(
         self,
@@ -164,18 +136,15 @@ class FlightState:
         self._exited_at: dict[RankProcess, float] = {}  # first refresh that found it gone
         self._reader = FlightReader(self.flight_dir)
         self._lock = threading.Lock()
-        self._polling = threading.Lock()
-        self._dir_seen = False
-        self._dir_lost = False
+        self._polling = threading.Lock()  # one refresh reads at a time
+        self._dir_seen = self._dir_lost = False
         self._streams: dict[tuple[str, str], StreamState] = {}
         self._divergences: dict[str, dict[tuple[str, str], Line[Divergence]]] = {}
         self.up: bool | None = None  # None until the first refresh
         self.error: str | None = None
         self.refreshed_at: float | None = None  # time.monotonic() of the last refresh
-        self._proc = proc
         self._host_pids: dict[tuple[str, int, int | None], int | None] = {}
-        # What the API asks for on every request, recomputed only after a refresh that
-        # changed something: the boots, oldest first, and each boot's streams.
+        # The boots and each boot's streams, recomputed after a refresh that changed something.
         self._changes = 0
         self._index_at = -1
         self._boots: list[BootSummary] = []
@@ -183,9 +152,7 @@ class FlightState:
 
     def refresh(self) -> bool:
         """Read what was appended since the last refresh; False (and ``error`` set) when the
-        directory cannot be read. Never raises: an unreadable directory is a down source."""
-        # The reading happens outside the state lock (views are never held up by I/O); one
-        # refresh reads at a time.
+        directory cannot be read (a down source). Reads outside the state lock."""
         with self._polling:
             try:
                 records = self._reader.poll(self.read_budget)
@@ -199,8 +166,7 @@ class FlightState:
             self._note_backlog(self._reader.backlog)
             self._note_exits()
             with self._lock:
-                # A file truncated or replaced is read again from its start: what it held
-                # before is dropped first, so nothing is counted twice.
+                # A file truncated or replaced is read again: its old state goes first.
                 dropped = self._forget_missing(present - restarted)
                 for rec in records:
                     self._add(rec)
@@ -229,8 +195,8 @@ class FlightState:
         self.backlog = backlog
 
     def _note_exits(self) -> None:
-        """When each process of this host's PID namespace was first found gone. A process
-        elsewhere (another host, a container's namespace) is never judged gone here."""
+        """When each process of this host's PID namespace was first found gone (one elsewhere
+        is never judged gone here)."""
         with self._lock:
             processes = {st.process for st in self._streams.values()}
         now = time.monotonic()
@@ -259,9 +225,8 @@ class FlightState:
         self._dir_seen = exists
 
     def refresh_if_older(self, max_age: float) -> None:
-        """Refresh unless the last refresh is younger than ``max_age`` seconds: what the API
-        calls, so a burst of requests costs one directory listing a ``max_age``, not one
-        each."""
+        """Refresh unless the last refresh is younger than ``max_age`` seconds (a burst of
+        API requests costs one directory listing)."""
         at = self.refreshed_at
         if at is None or time.monotonic() - at >= max_age:
             self.refresh()
@@ -272,8 +237,7 @@ class FlightState:
             for st in self._streams.values():
                 firsts[st.boot] = min(firsts.get(st.boot, st.first_wall), st.first_wall)
             boots = tuple(sorted(firsts, key=lambda b: (firsts[b], b)))
-            # Series of a process gone for longer than the grace go (its file stays, and the
-            # API and CLI, which read the files, still show it): pid churn stays bounded.
+            # Series of a process gone past the grace go (the API and CLI still show it).
             gone_before = time.monotonic() - self.exited_grace
             live = [
                 st
@@ -281,17 +245,7 @@ class FlightState:
                 if self._exited_at.get(st.process, gone_before + 1) > gone_before
             ]
             return FlightView(
-                # Copies of the line lists: a refresh on another thread may append.
-                streams=tuple(
-                    replace(
-                        st,
-                        marks=list(st.marks),
-                        census_lines=list(st.census_lines),
-                        ooms=list(st.ooms),
-                        oom_counts=dict(st.oom_counts),
-                    )
-                    for st in live
-                ),
+                streams=tuple(_copy(st) for st in live),  # a refresh may append meanwhile
                 divergences={boot: dict(by_key) for boot, by_key in self._divergences.items()},
                 boots=boots,
                 skipped={reason: self._reader.skipped[reason] for reason in SKIP_REASONS},
@@ -304,9 +258,8 @@ class FlightState:
             return list(self._index_locked()[0])
 
     def flight(self, boot: str | None = None) -> Flight:
-        """One boot's records (the latest by default; BootNotFoundError for an unknown one),
-        in the shape of a one-shot read, for the ledger and the census report. Its cost
-        follows the boot's records, not the number of files in the directory."""
+        """One boot's records (the latest by default; BootNotFoundError for an unknown one)
+        as a one-shot read gives them, for the ledger and the census report."""
         with self._lock:
             boots, by_boot = self._index_locked()
             if boot is None:
@@ -336,8 +289,7 @@ class FlightState:
         return self._boots, self._by_boot
 
     def host_pid(self, rec: Record) -> int | None:
-        """The host pid of the process that wrote ``rec``, as resolved at refresh (the
-        ledger's resolver for /api/v1/phases): no /proc walk here."""
+        """The host pid of the process that wrote ``rec``, as resolved at refresh."""
         known = host_pid(rec)
         if known is not None:
             return known
@@ -345,9 +297,8 @@ class FlightState:
             return self._host_pids.get(rec.header.process_key)
 
     def _resolve_new_processes(self) -> None:
-        """Resolve the host pid of every process seen for the first time whose record does
-        not name it (a rank in another PID namespace): one /proc scan per refresh that saw
-        such a process, none otherwise."""
+        """The host pid of each process seen for the first time: one /proc scan per refresh
+        that saw a rank in another PID namespace, none otherwise."""
         new = [
             st.process
             for st in self._streams.values()
@@ -362,45 +313,29 @@ class FlightState:
         return self.view().latest_boot
 
     def rank_processes(self) -> list[RankProcess]:
-        """Every process the flight directory records, newest boot's first (what the
-        holdings match NVML's host pids against; a process that exited simply never
-        matches, since its start time identifies it)."""
+        """Every process the flight directory records, newest boot's first (refreshed first)."""
         self.refresh()
         return self.view().rank_processes()
-
-    # --- folding records in ---------------------------------------------------------------
 
     def _add(self, rec: Record) -> None:
         h = rec.header
         key = (h.file, h.boot)
         st = self._streams.get(key)
         if st is None:
-            st = self._streams[key] = StreamState(
-                file=h.file,
-                boot=h.boot,
-                process=rank_process(rec),
-                first_wall=h.wall,
-                last_wall=h.wall,
-            )
+            st = self._streams[key] = StreamState(h.file, h.boot, rank_process(rec), h.wall, h.wall)
         else:
             st.first_wall = min(st.first_wall, h.wall)
             st.last_wall = max(st.last_wall, h.wall)
             st.process = rank_process(rec)  # rank fields may be configured late
         body = rec.body
         if isinstance(body, Mark):
-            line = Line(h, body)
-            st.marks.append(line)
-            st.arenas = line
+            st.arenas = Line(h, body)
+            st.marks.append(st.arenas)
             if len(st.marks) > MAX_MARKS_PER_PROCESS:
+                if not st.marks_forgotten:
+                    log.warning("%s: more than %d marks of boot %s, the daemon keeps the newest "
+                                "(the file keeps them all)", h.file, MAX_MARKS_PER_PROCESS, h.boot)  # fmt: skip
                 st.marks_forgotten += 1
-                if st.marks_forgotten == 1:
-                    log.warning(
-                        "%s holds more than %d marks of boot %s: the daemon keeps the newest "
-                        "(the file keeps them all)",
-                        h.file,
-                        MAX_MARKS_PER_PROCESS,
-                        h.boot,
-                    )
                 del st.marks[0]
         elif isinstance(body, Oom):
             st.ooms.append(Line(h, body))
@@ -409,9 +344,7 @@ class FlightState:
             st.oom_counts[card] = st.oom_counts.get(card, 0) + 1
         if isinstance(body, (Census, CensusDump, Divergence)):
             st.census_lines.append(rec)
-            if len(st.census_lines) > MAX_CENSUS_LINES_PER_PROCESS:
-                st.census_forgotten += 1
-                del st.census_lines[0]
+            del st.census_lines[:-MAX_CENSUS_LINES_PER_PROCESS]
         if isinstance(body, Census):
             st.census = Line(h, body)
             # A snapshot whose round or counts do not read compares nothing (the census
@@ -445,6 +378,16 @@ class FlightState:
             if not by_key:
                 del self._divergences[boot]
         return bool(gone)
+
+
+def _copy(st: StreamState) -> StreamState:
+    return replace(
+        st,
+        marks=list(st.marks),
+        census_lines=list(st.census_lines),
+        ooms=list(st.ooms),
+        oom_counts=dict(st.oom_counts),
+    )
 
 
 def _summaries(by_boot: dict[str, list[StreamState]]) -> list[BootSummary]:
@@ -481,13 +424,9 @@ def _round_wall(line: Line[Divergence]) -> tuple[int, float]:
 def host_pids(
     processes: list[RankProcess], proc: str = DEFAULT_ROOT
 ) -> dict[tuple[str, int, int | None], int | None]:
-    """The pid NVML lists for each process, keyed by (host, pid, start_ticks).
-
-    A process in the host's PID namespace names it; for any other, this daemon's /proc (the
-    host's view) is searched with the holdings' rank matcher (rankscope.procfs.RankIndex),
-    so a rank in a container counts as a rank and not as a foreign holder. /proc is walked
-    at most once per call, and only when a process needs it.
-    """
+    """The pid NVML lists for each process, by (host, pid, start_ticks): its own in the
+    host's PID namespace, else found in this daemon's /proc by the holdings' rank matcher
+    (one walk, only when a process needs it)."""
     out: dict[tuple[str, int, int | None], int | None] = {}
     namespaced = []
     for p in processes:

@@ -1,10 +1,6 @@
 """The daemon's HTTP layer on the standard library: a request, a response, a router and a
-threaded server with TLS.
-
-An ASGI stack (FastAPI, starlette, pydantic, uvicorn, anyio) cost the daemon about 22 MiB
-of resident memory for a dozen GET routes; docs/architecture.md says what was given up.
-Every connection is served in its own thread (at most MAX_CONNECTIONS at once), so a slow
-collector or a bcrypt check never holds up another request.
+threaded server with TLS. Every connection is served in its own thread (at most
+MAX_CONNECTIONS at once), so a slow collector or a bcrypt check holds up no other request.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The NCCL RAS source: asks each RAS endpoint for its status report on a thread of its
 own and keeps the last parsed result, so a scrape never waits on NCCL.
 
-One TCP connection answers one report (docs/nccl-ras-notes.md): ``CLIENT PROTOCOL 2`` ->
-``SERVER PROTOCOL 2``; ``SET FORMAT json`` -> ``OK`` (2.28.7+) or ``ERROR: Unknown
-command`` (older: the text report follows); ``STATUS`` -> the report, then EOF. The
-endpoint is untrusted: every step has a deadline, the report a byte cap, and a failure is
-one of the bounded reasons of :data:`ERROR_REASONS`, never an exception out of the thread.
-
-Several endpoints: NCCL binds its client socket with SO_REUSEPORT, so two jobs on one host
-with the default address share port 28028 and the kernel hands each connection to either
-one. Per-job addresses (``NCCL_RAS_ADDR``), one ``--collector.nccl-ras.address`` each, make
-every poll land on a known job. Because a shared port may answer for another job, a
-communicator is kept (and exported) until it has been absent from ``forget_after``
-successive polls of its endpoint, not dropped at the first reply that lacks it.
+One TCP connection answers one report (docs/nccl-ras-notes.md): ``CLIENT PROTOCOL 2``,
+``SET FORMAT json`` (``OK`` from 2.28.7, else the text report follows), ``STATUS``, the
+report, EOF. The endpoint is untrusted: every step has a deadline, the report a byte cap,
+and a failure is one of :data:`ERROR_REASONS`. Two jobs may share the default port
+(SO_REUSEPORT), so a communicator is kept until absent from ``forget_after`` successive
+polls, not dropped at the first reply that lacks it.
 """
 
 from __future__ import annotations

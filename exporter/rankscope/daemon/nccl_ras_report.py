@@ -1,18 +1,15 @@
-"""NCCL RAS status reports -> typed reports: pure functions, no I/O.
-
-The report layouts are NCCL's (src/ras/client_support.cc; docs/nccl-ras-notes.md has the
-facts by version). JSON (2.28.7+, ``SET FORMAT json``) gives every rank of every
-communicator with its collective counts; the text report (every version since 2.24) gives
-grouped rows and, in its Errors / Warnings sections, the dead processes and the
-mismatches NCCL itself found. A report that does not parse raises :class:`ReportError` with
-one of the bounded reasons of :data:`ERROR_REASONS`.
+"""NCCL RAS status reports -> typed reports: pure functions, no I/O. JSON (2.28.7+) gives
+every rank of every communicator with its counts; text (2.24+) gives grouped rows and, in
+its Errors / Warnings sections, the dead processes and the mismatches NCCL found
+(docs/nccl-ras-notes.md). A report that does not parse raises :class:`ReportError`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 # The reasons a poll fails, a closed set (the label values of the self metrics).
@@ -256,82 +253,92 @@ def parse_text_report(text: str) -> RasReport:
     if "Warnings" not in (line.strip() for line in lines):
         raise ReportError("truncated", "no Warnings section")
     cuda = _CUDA_LINE.match(lines[1]) if len(lines) > 1 else None
-    section = ""
-    groups: list[tuple[int, int, int, int, str, str]] = []
-    dead_count = 0
-    dead: list[DeadProcess] = []
-    mismatches: dict[str, list[str]] = {}
-    timeouts: int | None = None
-    hashes: dict[str, str] = {}  # "#group-index" -> the hash NCCL printed for it
-    entry_id: str | None = None
-    block = ""
-    for i, line in enumerate(lines):
-        stripped = line.strip()
-        nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
-        if nxt and set(nxt) == {"="} and stripped:
-            section = stripped.split("...")[0].strip()
-            continue
+    found = _TextFindings()
+    for section, line in _sections(lines):
         if section == "Communicators":
             row = _GROUP_ROW.match(line)
             if row:
                 g = row.groups()
-                groups.append((int(g[0]), int(g[1]), int(g[4]), int(g[5]), g[6], g[7]))
-            continue
-        if section not in ("Errors", "Warnings"):
-            continue
-        if line and not line.startswith(" "):
-            block, entry_id = stripped, None
-            entry = _COMM_ENTRY.match(stripped)
-            if entry:
-                entry_id = f"#{entry.group(1)}-{entry.group(2)}"
-                hashes[entry_id] = "0x" + entry.group(3).lower()
-            continue
-        if block == "DEAD":
-            m = _DEAD_COUNT.match(line)
-            if m:
-                dead_count = int(m.group(1))
-            p = _PROCESS_LINE.match(line)
-            if p:
-                dead.append(DeadProcess(pid=int(p.group(1)), host=p.group(2)))
-        elif block == "TIMEOUT":
-            t = re.search(r"Encountered (\d+) communication timeout", line)
-            if t:
-                timeouts = int(t.group(1))
-        elif entry_id is not None and section == "Warnings":
-            op = _MISMATCH_OP.search(line)
-            if op and op.group(1) != "collective":
-                mismatches.setdefault(entry_id, []).append(op.group(1))
-            elif _MISMATCH_ANY in line:
-                mismatches.setdefault(entry_id, []).append("collective")
-            elif _MISMATCH_STATUS in line:
-                mismatches.setdefault(entry_id, []).append("status")
-    # The text groups communicators with equal shape into one row: each row yields its
-    # comms under NCCL's "#group-index" id, or the hash an Errors / Warnings entry printed
-    # for that id (size known, per-rank data not).
-    comms: list[Communicator] = []
-    for group, n_comms, ranks_per_comm, _ranks_in_group, _status, _errors in groups:
-        for idx in range(n_comms):
-            entry_id = f"#{group}-{idx}"
-            comms.append(
-                Communicator(
-                    hash=hashes.get(entry_id, entry_id),
-                    secondary_hash="",
-                    size=ranks_per_comm,
-                    ranks_count=None,
-                    missing_ranks_count=None,
-                    reported_mismatches=tuple(mismatches.get(entry_id, ())),
-                )
-            )
+                found.groups.append((int(g[0]), int(g[1]), int(g[4])))
+        elif section in ("Errors", "Warnings"):
+            found.entry_line(line, section)
     return RasReport(
         format="text",
         nccl_version=version,
         cuda_runtime_version=int(cuda.group(1)) if cuda else None,
         cuda_driver_version=int(cuda.group(2)) if cuda else None,
-        communicators=tuple(comms),
-        dead_count=dead_count,
-        dead=tuple(dead),
-        timeouts=timeouts,
+        communicators=found.communicators(),
+        dead_count=found.dead_count,
+        dead=tuple(found.dead),
+        timeouts=found.timeouts,
     )
+
+
+def _sections(lines: list[str]) -> Iterator[tuple[str, str]]:
+    """(section, line) for each line under a title (a line underlined with '=')."""
+    section = ""
+    for i, line in enumerate(lines):
+        nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        if nxt and set(nxt) == {"="} and line.strip():
+            section = line.strip().split("...")[0].strip()
+        else:
+            yield section, line
+
+
+@dataclass
+class _TextFindings:
+    """What the Communicators, Errors and Warnings sections of a text report say."""
+
+    groups: list[tuple[int, int, int]] = field(default_factory=list)  # group, comms, size
+    dead_count: int = 0
+    dead: list[DeadProcess] = field(default_factory=list)
+    timeouts: int | None = None
+    hashes: dict[str, str] = field(default_factory=dict)  # "#group-index" -> NCCL's hash
+    mismatches: dict[str, list[str]] = field(default_factory=dict)  # "#group-index" -> ops
+    block: str = ""  # the entry an indented line belongs to (DEAD, TIMEOUT, a comm)
+    entry_id: str | None = None
+
+    def entry_line(self, line: str, section: str) -> None:
+        stripped = line.strip()
+        if line and not line.startswith(" "):
+            self.block, self.entry_id = stripped, None
+            entry = _COMM_ENTRY.match(stripped)
+            if entry:
+                self.entry_id = f"#{entry.group(1)}-{entry.group(2)}"
+                self.hashes[self.entry_id] = "0x" + entry.group(3).lower()
+        elif self.block == "DEAD":
+            if m := _DEAD_COUNT.match(line):
+                self.dead_count = int(m.group(1))
+            if p := _PROCESS_LINE.match(line):
+                self.dead.append(DeadProcess(pid=int(p.group(1)), host=p.group(2)))
+        elif self.block == "TIMEOUT":
+            if t := re.search(r"Encountered (\d+) communication timeout", line):
+                self.timeouts = int(t.group(1))
+        elif self.entry_id is not None and section == "Warnings":
+            op = _MISMATCH_OP.search(line)
+            if op and op.group(1) != "collective":
+                self.mismatches.setdefault(self.entry_id, []).append(op.group(1))
+            elif _MISMATCH_ANY in line:
+                self.mismatches.setdefault(self.entry_id, []).append("collective")
+            elif _MISMATCH_STATUS in line:
+                self.mismatches.setdefault(self.entry_id, []).append("status")
+
+    def communicators(self) -> tuple[Communicator, ...]:
+        """The text groups communicators of equal shape into one row: each row yields its
+        comms under NCCL's "#group-index" id, or the hash an Errors / Warnings entry printed
+        for that id (size known, per-rank data not)."""
+        return tuple(
+            Communicator(
+                hash=self.hashes.get(f"#{group}-{idx}", f"#{group}-{idx}"),
+                secondary_hash="",
+                size=size,
+                ranks_count=None,
+                missing_ranks_count=None,
+                reported_mismatches=tuple(self.mismatches.get(f"#{group}-{idx}", ())),
+            )
+            for group, n_comms, size in self.groups
+            for idx in range(n_comms)
+        )
 
 
 # --- findings that need no history ---------------------------------------------------------

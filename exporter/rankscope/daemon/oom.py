@@ -1,18 +1,11 @@
-"""The daemon's OOM instants: those the ranks' probes recorded (``oom`` lines in the flight
-directory, rankscope.reports.oom), and those no allocator saw (an NCCL buffer, a raw cudaMalloc in an
-extension, another process), which the corridor sampler sees as a card's free memory at or
-near zero.
+"""The OOM source: the instants the ranks' probes recorded (``oom`` lines), and those no
+allocator saw (an NCCL buffer, another process), which the sampler sees as a card's free
+memory at or near zero.
 
-:class:`ExhaustionWatch` is the sampler's hook for the latter: at the onset of an exhaustion
-(free at or below the threshold after a sample above it) it reads the card's process list
-once, right then, and attributes it; while the card stays exhausted it only follows the
-worst minimum (its free bytes and instant) without reading again. So there is at most one
-process-list read per onset, on the sampler's thread.
-
-:class:`OomBook` merges both sources for the collector and the JSON API: the OOM count per
-(card, boot, rank, pid) and the latest OOM per card with its holders, each OOM typed once as
-an :class:`OomInstant` (a probe's oom lines are parsed again only when they or the processes
-that name their holders change, never per scrape).
+:class:`ExhaustionWatch`, the sampler's hook, reads the card's process list once at the
+onset of an exhaustion, then only follows the worst minimum. :class:`OomBook` merges both
+for the collector and the API, each OOM typed once as an :class:`OomInstant` (the probe's
+lines parsed again only when they or the rank processes change).
 """
 
 from __future__ import annotations
@@ -71,8 +64,8 @@ class _CardBook:
 
 
 class ExhaustionWatch:
-    """The sampler hook. ``threshold``: free bytes at or below which a card is exhausted
-    (an absolute size, or a share of the card's total)."""
+    """``threshold``: free bytes (or a share of the total) at or below which a card is
+    exhausted."""
 
     def __init__(
         self,
@@ -190,9 +183,8 @@ def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
 
 @dataclass(frozen=True)
 class OomInstant:
-    """One OOM instant of either source, typed once: a probe's ``oom`` line when it is parsed,
-    a sampler's exhaustion as the watch noted it. ``holders`` are named rank or foreign,
-    largest first; None when they could not be read."""
+    """One OOM instant of either source. ``holders``: rank or foreign, largest first; None
+    when they could not be read."""
 
     source: str  # probe | sampler
     wall: float

@@ -1,13 +1,8 @@
 """OTLP push of the same catalog: one observable instrument per catalog entry, fed by the
-same collectors Prometheus scrapes, exported by opentelemetry-sdk's periodic reader and the
-OTLP/HTTP exporter.
-
-Instrument names are the catalog's Prometheus family names (counters without ``_total``,
-units in UCUM), so a collector that translates OTLP back to Prometheus produces the names
-the rules and dashboards use. A summary is pushed as its two monotonic parts
-(``<name>_count`` and ``<name>_sum``). The resource carries service.name=rankscope,
-host.name and rankscope.boot (the newest boot); when the newest boot changes, the provider
-is rebuilt with the new resource.
+collectors Prometheus scrapes. Instrument names are the catalog's family names (counters
+without ``_total``, units in UCUM); a summary is pushed as ``_count`` and ``_sum``. The
+resource carries host.name and rankscope.boot, the newest boot: when it changes, the
+provider is rebuilt.
 """
 
 from __future__ import annotations
@@ -58,8 +53,8 @@ def otlp_configured(endpoint_flag: str | None, environ: dict[str, str] | None = 
 
 
 def default_interval(environ: dict[str, str] | None = None) -> float:
-    """Seconds between pushes: OTEL_METRIC_EXPORT_INTERVAL when set, else 15 s (one
-    Prometheus scrape interval rather than the SDK's 60 s: a corridor breach is news)."""
+    """Seconds between pushes: OTEL_METRIC_EXPORT_INTERVAL when set, else 15 s (a scrape
+    interval, not the SDK's 60 s: a corridor breach is news)."""
     env = os.environ if environ is None else environ
     raw = env.get(ENV_INTERVAL)
     if raw:

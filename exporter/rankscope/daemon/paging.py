@@ -1,5 +1,5 @@
 """Paging of the JSON API's long lists: an answer's size is bounded by ``limit``, whatever
-the flight directory holds (issue 11: /api/v1/phases once answered 592 MB)."""
+the flight directory holds."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """The collector protocol, metric families made from the catalog, and the registry that
 times every collector at each scrape.
 
-A collector is client_python's custom-collector pattern: an object with a ``name`` and a
-``collect()`` that yields fresh metric families at each scrape. Families come only from
-:func:`family`, so help strings, types and label names are never typed twice::
-
-    fam = gauge("rankscope_gpu_free_bytes")           # labels ("gpu", "uuid")
-    fam.add_metric(label_values(0, uuid), free_bytes)  # values in catalog label order
-    yield fam
-
-:func:`gauge`, :func:`counter`, :func:`summary` and :func:`info` are :func:`family` typed
-for one kind. Info families take ``add_metric(values, {})``. An unmeasured value (None) is no sample at
-all, never 0: use :func:`add` to skip it.
+Families come only from the catalog (:func:`gauge`, :func:`counter`, :func:`summary`,
+:func:`info`), so help, type and label names are never typed twice; label values go in
+catalog order. An unmeasured value (None) is no sample at all, never 0: :func:`add`.
 """
 
 from __future__ import annotations
@@ -42,8 +34,8 @@ Family = GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily | InfoMet
 
 @runtime_checkable
 class Collector(Protocol):
-    """What the registry runs at each scrape. ``name`` is the ``--collector.<name>`` switch
-    and the ``collector`` label of rankscope_collector_success/duration."""
+    """client_python's custom collector, named: ``name`` is the ``collector`` label of
+    rankscope_collector_success and _duration."""
 
     name: str
 
@@ -51,8 +43,7 @@ class Collector(Protocol):
 
 
 def family(catalog_name: str) -> Family:
-    """A fresh, empty metric family for one catalog entry; KeyError for a name the catalog
-    does not hold (an uncatalogued metric is a bug, not a warning)."""
+    """A fresh, empty family for one catalog entry; KeyError for an uncatalogued name."""
     m = catalog.BY_NAME[catalog_name]
     labels = list(m.labels)
     if m.type == "gauge":
@@ -65,7 +56,6 @@ def family(catalog_name: str) -> Family:
 
 
 def gauge(catalog_name: str) -> GaugeMetricFamily:
-    """:func:`family` for a gauge entry, typed as such (TypeError for another type)."""
     return _typed(catalog_name, GaugeMetricFamily)
 
 
@@ -90,8 +80,7 @@ def _typed(catalog_name: str, cls: type[_F]) -> _F:
 
 
 def label_value(value: object) -> str:
-    """A label value as Prometheus spells it: unknown (None) is the empty string, which
-    PromQL treats as an absent label."""
+    """Unknown (None) is the empty string, which PromQL treats as an absent label."""
     return "" if value is None else str(value)
 
 
@@ -112,13 +101,9 @@ REFRESH = "refresh"  # the collector label of the refresh step's self metrics
 
 
 class TimedCollectors:
-    """Runs every enabled collector, times it, and adds the self metrics
-    rankscope_collector_success and rankscope_collector_duration_seconds.
-
+    """Runs every collector, times it, and adds rankscope_collector_success and _duration.
     A collector that raises costs its own families for that scrape (success 0, error
-    logged), never the scrape. Registered as the single collector of a prometheus_client
-    CollectorRegistry, so the exposition code (text, OpenMetrics, gzip) is client_python's.
-    """
+    logged), never the scrape."""
 
     def __init__(
         self, collectors: Iterable[Collector] = (), refresh: Callable[[], object] | None = None

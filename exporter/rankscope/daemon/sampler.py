@@ -1,15 +1,10 @@
-"""The corridor sampler: every card's free memory at a fixed interval (100 ms by default),
-reduced on the minimum over a trailing window, with the time spent below each card's floor.
+"""The card source: every card's free memory at a fixed interval (100 ms by default), its
+minimum over a trailing window (a monotonic deque, so a 300 ms trough between two scrapes
+is still the minimum at the next), and the time spent below each card's floor.
 
-One thread, outside the ranks. Per sample: one cheap change check of the source and one
-free-memory read per card (for NVML one nvmlDeviceGetMemoryInfo on a handle resolved once).
-The window minimum is a monotonic deque, O(1) amortised per sample, so a 300 ms trough
-between two 15 s scrapes is still the minimum at the next scrape.
-
-A card that fails (NVMLError, GPU lost) is marked down, its errors counted, and retried
-with backoff while the other cards go on; a card failing repeatedly, or a source that
-cannot open at all, makes the sampler reopen the source with backoff, so the daemon
-recovers when NVML does. docs/corridor.md describes the accounting.
+A card that fails is marked down, its errors counted, and retried with backoff while the
+others go on; a card failing repeatedly, or a source that cannot open, makes the sampler
+reopen the source with backoff. docs/corridor.md describes the accounting.
 """
 
 from __future__ import annotations
@@ -31,9 +26,6 @@ log = logging.getLogger("rankscope.daemon")
 
 MAX_BACKOFF_S = 30.0
 REOPEN_AFTER_FAILURES = 3  # consecutive failures of one card before the source is reopened
-
-
-# --- floors -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -112,9 +104,6 @@ def parse_floors(text: str) -> Floors:
     return Floors(default, by_index, by_uuid)
 
 
-# --- per-card state -----------------------------------------------------------------------
-
-
 @dataclass
 class CardState:
     identity: CardIdentity
@@ -158,13 +147,9 @@ class CardView:
         return self.free_min - self.floor
 
 
-# --- the sampler --------------------------------------------------------------------------
-
-
 class Sampler:
-    """Owns the device source and every card's corridor state. :meth:`sample` is one
-    sample (callable directly with an explicit ``now``, which the tests do); :meth:`start`
-    runs it every ``interval`` on its own thread."""
+    """The device source and every card's corridor state: :meth:`sample` is one sample (at
+    an explicit ``now`` in the tests), :meth:`start` runs it every ``interval``."""
 
     def __init__(
         self,
@@ -195,13 +180,10 @@ class Sampler:
         self._known: dict[str, CardState] = {}  # every card ever seen, by uuid
         self._lock = threading.Lock()  # card state: sampler and holdings write, scrapes read
         self._source_lock = threading.Lock()  # (re)opening vs the holdings' reads
-        self._runner = Periodic("rankscope-sampler", interval, self._tick)
-        # The OOM instant torch does not see (rankscope.daemon.oom.ExhaustionWatch): a card's
-        # threshold, and the hook called on each exhausted sample, on this thread.
+        self._runner = Periodic("rankscope-sampler", interval, self.sample)
+        # The exhaustion watch (rankscope.daemon.oom): a card's threshold, and its hook.
         self.exhaust_below: Callable[[CardIdentity], int | None] | None = None
         self.on_exhausted: Callable[[CardState, float, int, bool], None] | None = None
-
-    # -- one sample --
 
     def sample(self, now: float | None = None) -> None:
         started = time.perf_counter()
@@ -372,11 +354,6 @@ class Sampler:
             if key not in known:
                 log.warning("--corridor.floor names card %r, which the source does not list", key)
 
-    # -- the thread --
-
-    def _tick(self) -> None:
-        self.sample()
-
     def start(self) -> None:
         self._runner.start()
 
@@ -385,8 +362,6 @@ class Sampler:
         with self._source_lock:
             self.source.close()
             self._open = False
-
-    # -- readers --
 
     @contextlib.contextmanager
     def open_cards(self) -> Iterator[list[CardState]]:
