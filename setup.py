@@ -1,15 +1,12 @@
 """Ships rankscope-auto.pth into site-packages (the wheel's root) with every install,
-editable included, and builds the mark's C line encoder where a compiler is; everything else
-is in pyproject.toml. The .pth arms a Python process only when RANKSCOPE_AUTO is set
-(docs/architecture.md, "Zero-touch"). The encoder is optional: where it cannot be built the
-install goes on and the mark takes its Python encoder (docs/architecture.md, "What a mark
-costs")."""
+editable included; everything else is in pyproject.toml. The .pth arms a Python process only
+when RANKSCOPE_AUTO is set (docs/architecture.md, "Zero-touch")."""
 
 from __future__ import annotations
 
 import os
 
-from setuptools import Extension, setup
+from setuptools import setup
 from setuptools.command.build_py import build_py
 
 # One line that site.py executes at every interpreter start: one environment lookup when
@@ -41,8 +38,4 @@ class BuildPyWithPth(build_py):
         return outputs
 
 
-MARK_LINE = Extension(
-    "rankscope._markline", sources=["exporter/rankscope/_markline.c"], optional=True
-)
-
-setup(cmdclass={"build_py": BuildPyWithPth}, ext_modules=[MARK_LINE])
+setup(cmdclass={"build_py": BuildPyWithPth})

@@ -41,8 +41,7 @@ from typing import Any, ClassVar
 from rankscope.rank import probe
 from rankscope.rank.probe.nvml_view import NvmlView
 from rankscope.rank.probe.torch_view import Device, TorchReading, TorchView, view_from_stats
-from rankscope.rank.writer import RECORDER
-from rankscope.record import dumps, schema
+from rankscope.rank.writer import ENCODER, RECORDER
 
 Timed = Callable[[], Any] | str
 
@@ -109,7 +108,7 @@ def mark_line() -> bytes:
     """A line as long as the mark's, encoded as the writer encodes it, for the bare write."""
     sample = probe.mark("sample")
     assert sample is not None
-    return (dumps({**RECORDER.header("mark"), **sample.to_json()}) + "\n").encode()
+    return (ENCODER.encode({**RECORDER.header("mark"), **sample.to_json()}) + "\n").encode()
 
 
 # --- disarmed ---------------------------------------------------------------------------------
@@ -342,11 +341,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "holders": args.holders,
     }
-    results["mark_encoder"] = "C" if schema._C_LINE is not None else "Python"
-    print(
-        f"python {results['python']}, torch {results['torch']}, {results['cpus']} cpus, "
-        f"the mark's line encoder: {results['mark_encoder']} (rankscope._markline)"
-    )
+    print(f"python {results['python']}, torch {results['torch']}, {results['cpus']} cpus")
     disarmed(args.iterations * 100, args.rounds, results)
     armed(args.iterations, args.rounds, args.holders, results)
     if args.out:

@@ -182,7 +182,6 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
     from rankscope.rank import auto, census, probe
     from rankscope.rank.census import snapshots, torch_patch
     from rankscope.rank.writer import RECORDER
-    from rankscope.record import schema
 
     with tempfile.TemporaryDirectory() as tmp:
         RECORDER.configure(flight_dir=tmp)
@@ -227,22 +226,6 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
             "process_start": [],
             "nccl_init_end": ["group_queries"],
         }
-        c_line = schema._C_LINE
-        results["mark_encoder"] = "C" if c_line is not None else "Python"
-        print(f"the mark's line encoder: {results['mark_encoder']} (rankscope._markline)")
-        if c_line is not None:
-            # the plain mark through the Python encoder alone, as where the install could
-            # not build the C one: its own share beyond a plain mark is the encoders' gap
-
-            def plain_mark_python_encoder() -> None:
-                schema._C_LINE = None
-                try:
-                    probe.mark("weights_loaded")
-                finally:
-                    schema._C_LINE = c_line
-
-            candidates["plain_mark_python_encoder"] = plain_mark_python_encoder
-            needs["plain_mark_python_encoder"] = []
         if gpu:
             graph = torch.cuda.CUDAGraph()
             x = torch.zeros(1024, device="cuda")

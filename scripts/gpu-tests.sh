@@ -9,12 +9,6 @@ export PYTHONUNBUFFERED=1
 # Tests that measure write their figures here too (tests/rank/test_run_gpu.py).
 [ -n "${OUT:-}" ] && export RANKSCOPE_GPU_OUT="$OUT"
 status=0
-# The mark's C line encoder, built in place where this tree runs from source (PYTHONPATH) and
-# no install built it: the benchmarks judge the mark with it (bench_mark.py says which).
-if ! PYTHONPATH="$PWD/exporter" python3 -c "import rankscope._markline" 2>/dev/null; then
-  python3 setup.py -q build_ext --inplace >/dev/null 2>&1 ||
-    echo "the C line encoder did not build: marks take the Python encoder" >&2
-fi
 if [ "${1:-}" = "--perf" ]; then
   # Issue 17's GPU benches, about 10 minutes in all on an H200 (`--perf --quick`: about 4.5); raw
   # figures under $OUT/perf when OUT is set. For the RSS comparison, nvitop-exporter installed

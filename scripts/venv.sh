@@ -32,19 +32,13 @@ if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is
   fi
 fi
 
-# rankscope itself (editable) with the extras asked for, which also builds the mark's C line
-# encoder in place (exporter/rankscope/_markline*.so); skipped when neither the package's
-# metadata nor the encoder's source has changed since the last install into this venv.
+# rankscope itself (editable) with the extras asked for; skipped when the package's metadata
+# has not changed since the last install into this venv.
 venv_install_rankscope() {
   local spec=".$1" stamp="$VENV/.rankscope-installed$1"
-  local built="pyproject.toml setup.py exporter/rankscope/_markline.c"
-  # a removed build is made again where a compiler is
-  local missing=""
-  if command -v cc >/dev/null && ! ls exporter/rankscope/_markline*.so >/dev/null 2>&1; then
-    missing=1
-  fi
+  local built="pyproject.toml setup.py"
   # shellcheck disable=SC2086  # the file list splits on purpose
-  if [ ! -f "$stamp" ] || [ -n "$missing" ] || ! cat $built | cmp -s - "$stamp"; then
+  if [ ! -f "$stamp" ] || ! cat $built | cmp -s - "$stamp"; then
     pip_install -e "$spec"
     cat $built > "$stamp"
   fi

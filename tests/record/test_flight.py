@@ -368,7 +368,7 @@ def test_sigkill_mid_append_costs_at_most_the_line_being_written(flight_dir: Pat
 
 
 def test_a_kind_this_reader_does_not_know_keeps_its_header(flight_dir: Path) -> None:
-    # A newer writer of the same schema version may add a kind (rankscope.record.schema says how).
+    # A newer writer of the same schema version may add a kind (rankscope.record.lines says how).
     write(flight_dir / "oom-h-7-7.jsonl", line(kind="from_the_future", boot="b9", pid=7))
     flight = read_flight(flight_dir)
     (rec,) = flight.records

@@ -1,22 +1,42 @@
-"""The flight record: its kinds, typed once, and the reader of flight directories. Shared by
-the writers in the rank and every reader (reports, CLI, daemon): import the kinds from here."""
+"""The flight record: its kinds, typed once, shared by the writers in the rank and every
+reader (reports, CLI, daemon); import them from here (docs/architecture.md, "The record").
 
-from rankscope.record.schema import (
+A :class:`Line` is the common :class:`Header` and a typed body, one class per kind:
+``mark`` and ``sample`` (record/mark.py), ``census``, ``census_dump`` and ``divergence``
+(record/census.py), ``adapter`` (record/adapter.py), ``oom`` (record/oom.py). Readers narrow
+with ``isinstance(line.body, Mark)`` or :func:`of_kind`, never indexing a raw dict by
+string, and treat a parsed line as read-only.
+
+Adding a kind: a dataclass of :class:`rankscope.record.codec.Codec` with ``KIND`` (its
+``kind`` string), ``STREAM`` (the file it goes to), ``WHERE`` (its fields' names in ``bad``)
+and its fields, each declared once with what it holds (``codec.nbytes()``, ``codec.text()``,
+``codec.section(MarkDevice)``...): ``to_json`` and ``parse`` follow. Add it to :data:`Body`
+and ``__all__`` below. Writers call ``RECORDER.write_record(MyKind(...))``; readers get
+``Line[MyKind]`` from :func:`of_kind`. A kind this reader does not know (from a newer writer
+of the same schema version) parses into :class:`UnknownKind`, which keeps its header.
+Changing what a field means, or removing one, needs SCHEMA_VERSION to move (the old still read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar, Union, get_args
+
+from rankscope.record.adapter import AdapterStatus
+from rankscope.record.census import Census, CensusDump, Divergence, GraphCounts, encode_counts
+from rankscope.record.codec import Bad, Json
+from rankscope.record.header import (
     ENV_BOOT_ID,
     ENV_DIR,
     ENV_TORCHELASTIC_RUN_ID,
     SCHEMA_VERSION,
-    AdapterStatus,
-    AnyLine,
-    Bad,
-    Body,
-    Census,
-    CensusDump,
-    Divergence,
-    GraphCounts,
-    GroupFields,
     Header,
-    Line,
+    ProcessIdentity,
+    RankIdentity,
+)
+from rankscope.record.mark import (
+    GroupFields,
     Mark,
     MarkArena,
     MarkDerived,
@@ -25,20 +45,11 @@ from rankscope.record.schema import (
     MarkFields,
     MarkNvml,
     MarkTorch,
-    Oom,
-    OomAllocator,
-    OomHolder,
-    OomPool,
     PoolFields,
     ProcessStartFields,
     Sample,
-    UnknownKind,
-    dumps,
-    encode_counts,
-    of_kind,
-    parse_object,
-    times_text,
 )
+from rankscope.record.oom import Oom, OomAllocator, OomHolder, OomPool
 
 __all__ = [
     "ENV_BOOT_ID",
@@ -69,12 +80,76 @@ __all__ = [
     "OomHolder",
     "OomPool",
     "PoolFields",
+    "ProcessIdentity",
     "ProcessStartFields",
+    "RankIdentity",
     "Sample",
     "UnknownKind",
-    "dumps",
     "encode_counts",
     "of_kind",
     "parse_object",
-    "times_text",
 ]
+
+
+@dataclass(slots=True)
+class UnknownKind:
+    """A line of a kind this reader does not know; its header still counts."""
+
+    KIND: ClassVar[str] = ""
+    STREAM: ClassVar[str] = ""
+
+    kind: str
+
+    def to_json(self) -> Json:
+        return {}
+
+
+# Every kind this version reads: add a new kind's class here, on a line of its own (one line
+# per kind, so branches that each add a kind merge cleanly). KINDS follows from it.
+Body = Union[  # noqa: UP007 (the trailing comma keeps one kind per line)
+    Mark,
+    Census,
+    CensusDump,
+    Divergence,
+    AdapterStatus,
+    Oom,
+    Sample,
+    UnknownKind,
+]
+
+KINDS: dict[str, Any] = {k.KIND: k for k in get_args(Body) if k is not UnknownKind}
+
+B = TypeVar("B", bound=Body, covariant=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Line(Generic[B]):
+    """One parsed line: the header and the typed body of its kind."""
+
+    header: Header
+    body: B
+
+
+AnyLine = Line[Body]
+
+K = TypeVar("K", bound=Body)
+
+
+def of_kind(lines: Iterable[AnyLine], kind: type[K]) -> list[Line[K]]:
+    """The lines whose body is a ``kind``, typed as such."""
+    return [line for line in lines if isinstance(line.body, kind)]  # type: ignore[misc]
+
+
+def parse_object(obj: Mapping[str, Any], bad: Bad, file: str = "") -> AnyLine | None:
+    """A decoded JSON object of this schema version or older -> its typed line; None when
+    it is malformed (bad header, or a body that cannot stand). Bad fields go to ``bad``."""
+    header = Header.parse(obj, bad, file)
+    if header is None:
+        return None
+    cls = KINDS.get(header.kind)
+    if cls is None:
+        return Line(header, UnknownKind(header.kind))
+    body = cls.parse(obj, bad)
+    if body is None:
+        return None
+    return Line(header, body)

@@ -13,9 +13,6 @@ log = logging.getLogger("rankscope.census")
 Key = tuple[str, str]  # (group instance, op)
 
 
-# --- group instance names -----------------------------------------------------------------
-
-
 def compact_ranks(ranks: Iterable[int]) -> str:
     """Sorted ranks as runs: [0, 1, 2, 3] -> '0-3'; [0, 4] -> '0,4'; [0, 1, 2, 5] -> '0-2,5'."""
     ordered = sorted(set(ranks))
@@ -59,8 +56,6 @@ def parse_instance(instance: str) -> tuple[str, tuple[int, ...]] | None:
         return None
     return name, tuple(sorted(set(ranks)))
 
-
-# --- point-to-point ops --------------------------------------------------------------------
 
 # A send and a recv are not the same op on both ends, so p2p ops carry the peer's global
 # rank: rank a counts "send>b", rank b counts "recv<a", and the comparison pairs them.

@@ -1,27 +1,14 @@
-"""Reading flight directories: one-shot reads scoped to a boot, and an incremental tail.
+"""Reading flight directories (docs/architecture.md, "The record"): one-shot reads scoped to
+a boot, and an incremental tail. Reading never fails on what a crash leaves behind; a line
+is skipped and counted as ``torn`` (cut short by a crash mid-append: in a one-shot read an
+unterminated last line, which the tail holds back until completed), ``malformed`` (no JSON
+object with the record header), ``newer_schema`` (a ``v`` newer than this reader knows) or
+``oversized`` (past MAX_LINE_BYTES, dropped as it streams). Only regular files are read,
+never in a way that can block; a symlink, FIFO, socket or device is skipped and logged.
 
-A flight directory holds one append-only JSON-lines file per process and stream
-(docs/architecture.md, "The record"). Reading never fails on what a crash leaves behind:
-
-- ``torn``: a line cut short (a crash mid-append); an unterminated last line counts here in
-  a one-shot read, while the tail holds it back until it is completed;
-- ``malformed``: a line that is not a JSON object carrying the record header;
-- ``newer_schema``: a line whose ``v`` is newer than this reader knows; reported (counted),
-  never misread;
-- ``oversized``: a line longer than MAX_LINE_BYTES (a probe line is a few KiB), terminated or
-  not: dropped as it streams, so it never costs more memory than the cap.
-
-Only regular files are read: a symlink (which could point anywhere) or a FIFO, socket or
-device named like a flight file is skipped and logged, and nothing is opened in a way that
-can block. A skipped line is logged with its file, once per file and reason.
-
-Each line is parsed once, here, into its typed record (:mod:`rankscope.record.schema`): readers get
-:class:`rankscope.record.schema.Line` objects, never raw dicts. A value that fails validation (a
-negative or absurd byte count, a non-finite time, a bool where a count belongs) becomes None
-and is counted per field in ``invalid`` (``mark.torch.reserved``); the line is kept.
-
-Records are grouped by process (host, pid, start time), never by rank: under pipeline
-parallelism with TP=1 every process is TP rank 0.
+Each line is parsed once into its typed :class:`rankscope.record.Line`; a value that fails
+validation becomes None and is counted per field in ``invalid`` (``mark.torch.reserved``).
+Records are grouped by process (host, pid, start time), never by rank.
 """
 
 from __future__ import annotations
@@ -32,7 +19,7 @@ import logging
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -156,9 +143,6 @@ def _parse_into(
     invalid.update(bad)
 
 
-# --- the incremental tail -----------------------------------------------------------------
-
-
 @dataclass
 class _Tail:
     inode: int
@@ -264,9 +248,6 @@ class FlightReader:
             tail.pending, tail.oversized = b"", True
 
 
-# --- one-shot reads -----------------------------------------------------------------------
-
-
 @dataclass
 class BootSummary:
     boot: str
@@ -277,14 +258,7 @@ class BootSummary:
     latest: bool
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "boot": self.boot,
-            "first_wall": self.first_wall,
-            "last_wall": self.last_wall,
-            "processes": self.processes,
-            "ranks": self.ranks,
-            "latest": self.latest,
-        }
+        return asdict(self)
 
 
 @dataclass

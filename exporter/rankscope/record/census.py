@@ -1,0 +1,137 @@
+"""Kinds ``census``, ``census_dump`` and ``divergence`` (docs/census.md): a rank's collective
+counts, stored as sorted ``[group, op, n]`` rows."""
+
+# ruff: noqa: RUF009 (the codec's field builders return dataclasses.field()s)
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass
+from functools import partial
+from typing import Any, ClassVar
+
+from rankscope.record import codec
+from rankscope.record.codec import Bad, Codec, Json
+
+Counts = dict[tuple[str, str], int]  # (group instance, op) -> collectives issued
+
+
+def encode_counts(counts: Mapping[tuple[str, str], int] | None) -> list[list[Any]]:
+    """Counts as the record stores them: sorted [group, op, n] rows. Keys that are not two
+    strings (a caller's mistake) are left out here, off the hot path."""
+    rows = [
+        [g, op, n]
+        for (g, op), n in (counts or {}).items()
+        if isinstance(g, str) and isinstance(op, str) and isinstance(n, int)
+    ]
+    rows.sort(key=lambda row: (row[0], row[1]))
+    return rows
+
+
+def _is_row(row: Any) -> bool:
+    if not (isinstance(row, list) and len(row) == 3):
+        return False
+    group, op, n = row
+    return (
+        isinstance(group, str)
+        and isinstance(op, str)
+        and codec.as_whole(n, [], "") is not None
+        and n >= 0
+    )
+
+
+def decode_counts(rows: Any, bad: Bad, name: str) -> Counts | None:
+    """[group, op, n] rows -> counts; None (and named in ``bad``) when any row is not one."""
+    if rows is None:
+        return None
+    if isinstance(rows, list) and all(_is_row(row) for row in rows):
+        return {(group, op): n for group, op, n in rows}
+    return codec.reject(rows, bad, name)
+
+
+@dataclass(slots=True)
+class GraphCounts:
+    """A captured CUDA graph: what one replay issues, and how many replays there were."""
+
+    counts: Counts
+    replays: int | None
+
+    def to_json(self) -> Json:
+        return {"counts": encode_counts(self.counts), "replays": self.replays}
+
+
+def _graphs(value: Any, bad: Bad, name: str) -> dict[str, GraphCounts]:
+    out: dict[str, GraphCounts] = {}
+    for graph, raw in codec.as_object(value, bad, name).items():
+        if isinstance(raw, dict):
+            counts = decode_counts(raw.get("counts"), bad, f"{name}.counts") or {}
+            replays = codec.as_count(raw.get("replays"), bad, f"{name}.replays")
+            out[graph] = GraphCounts(counts, replays)
+        else:
+            bad.append(name)
+    return out
+
+
+_counts = partial(codec.custom, decode_counts, encode_counts, default=MISSING)
+_graphs_field = partial(codec.custom, _graphs, codec.json_of_each, factory=dict)
+
+
+@dataclass(slots=True)
+class Census(Codec):
+    """A snapshot of a rank's counts at a replicated round (docs/census.md)."""
+
+    KIND: ClassVar[str] = "census"
+    STREAM: ClassVar[str] = "census"
+    WHERE: ClassVar[str] = "census"
+
+    round: int | None = codec.count(default=MISSING)
+    every: int | None = codec.count(default=MISSING)
+    counts: Counts | None = _counts()  # None: the line's counts were unreadable
+    graphs: dict[str, GraphCounts] = _graphs_field()
+
+
+@dataclass(slots=True)
+class CensusDump(Codec):
+    """A rank's local counts at abort or exit (no collective, not at a common round)."""
+
+    KIND: ClassVar[str] = "census_dump"
+    STREAM: ClassVar[str] = "census"
+    WHERE: ClassVar[str] = "census_dump"
+
+    reason: str | None = codec.text(default=MISSING)
+    round: int | None = codec.count(default=MISSING)
+    every: int | None = codec.count(default=MISSING)
+    counts: Counts | None = _counts()
+    graphs: dict[str, GraphCounts] = _graphs_field()
+
+    def to_json(self) -> Json:
+        out = codec.encode_fields(self, CensusDump)
+        out["reason"] = out.pop("reason")  # written last
+        return out
+
+
+def _lagging(value: Any, bad: Bad, name: str) -> tuple[int, ...]:
+    if isinstance(value, list) and all(codec.as_whole(r, bad, name) is not None for r in value):
+        return tuple(value)
+    return codec.reject(value, bad, name) or ()
+
+
+def _count_by_rank(value: Any, bad: Bad, name: str) -> dict[int, int]:
+    counts = codec.as_count_by_int(codec.as_object(value, bad, name), bad, name)
+    return {rank: n for rank, n in (counts or {}).items() if n is not None}
+
+
+@dataclass(slots=True)
+class Divergence(Codec):
+    """The in-process comparison's finding for one (group, op) at one round: each rank's
+    count; ``lagging`` empty says they agree again. No (group, op): malformed."""
+
+    KIND: ClassVar[str] = "divergence"
+    STREAM: ClassVar[str] = "census"
+    WHERE: ClassVar[str] = "divergence"
+
+    round: int | None = codec.count(default=MISSING)
+    group: str = codec.text(required=True)
+    op: str = codec.text(required=True)
+    counts: dict[int, int] = codec.custom(_count_by_rank, codec.str_keys, default=MISSING)
+    lagging: tuple[int, ...] = codec.custom(_lagging, codec.as_list, default=MISSING)
