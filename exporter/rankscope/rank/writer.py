@@ -148,11 +148,9 @@ class Recorder:
     def __post_init__(self) -> None:
         if not self.boot:
             self.boot, self.boot_source = resolve_boot_id()
-        if self.flight_dir is None:
-            env_dir = os.environ.get(ENV_DIR)
-            self.flight_dir = Path(env_dir) if env_dir else None
-        else:
-            self.flight_dir = Path(self.flight_dir)
+        env_dir = os.environ.get(ENV_DIR) or None
+        flight_dir = self.flight_dir if self.flight_dir is not None else env_dir
+        self.flight_dir = None if flight_dir is None else Path(flight_dir)
         self.armed = self.flight_dir is not None
 
     def configure(
