@@ -1,7 +1,8 @@
 """The card side (sampler, holdings reader, their collectors) end to end on its threads: a
-300 ms trough between two collector reads with the sampler at 100 ms, the exposition checked by promtool and against the catalog, the
-JSON body of /api/v1/cards, the flags, and NVML missing. The gpu tests compare with
-nvidia-smi and drive a real trough with a torch subprocess."""
+300 ms trough between two collector reads with the sampler at 100 ms, the exposition checked
+by promtool and against the catalog, the JSON body of /api/v1/cards, the flags, and NVML
+missing. The gpu tests compare with nvidia-smi and drive a real trough with a torch
+subprocess."""
 
 from __future__ import annotations
 

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.collectors.phases import number
+from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import add, gauge
+from rankscope.daemon.sources import Sources
 from rankscope.record import MarkArena
-
-if TYPE_CHECKING:
-    from rankscope.daemon.config import DaemonConfig
-    from rankscope.daemon.sources import Sources
 
 NAME = "arenas"
 HELP = "KV arena bytes"

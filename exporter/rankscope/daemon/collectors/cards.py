@@ -5,17 +5,14 @@ sampler's own cost."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon import registry
+from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.registry import add, counter, gauge, info, label_values, summary
 from rankscope.daemon.sampler import Sampler
-
-if TYPE_CHECKING:
-    from rankscope.daemon.config import DaemonConfig
-    from rankscope.daemon.sources import Sources
+from rankscope.daemon.sources import Sources
 
 NAME = "cards"
 HELP = "card memory, corridor floor and breaches"

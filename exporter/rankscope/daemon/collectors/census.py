@@ -7,19 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
+from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, counter, gauge
+from rankscope.daemon.sources import Sources
 from rankscope.record import Census, CensusDump, Divergence, Line
 from rankscope.record.compare import digest
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
-
-if TYPE_CHECKING:
-    from rankscope.daemon.config import DaemonConfig
-    from rankscope.daemon.sources import Sources
 
 NAME = "census"
 HELP = "collective counts, rounds, divergences"

@@ -7,17 +7,14 @@ processes vanish with the next process-list read."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
+from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.holdings import ROLE_FOREIGN, cap
 from rankscope.daemon.registry import add, gauge
 from rankscope.daemon.sampler import Sampler
-
-if TYPE_CHECKING:
-    from rankscope.daemon.config import DaemonConfig
-    from rankscope.daemon.sources import Sources
+from rankscope.daemon.sources import Sources
 
 NAME = "holdings"
 HELP = "per-process bytes on each card"

@@ -56,48 +56,26 @@ class Options:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("nccl-ras (NCCL's RAS status reports, docs/census.md)")
-    g.add_argument(
-        "--collector.nccl-ras.address",
-        dest="nccl_ras_address",
-        action="append",
+    add = parser.add_argument_group(
+        "nccl-ras (NCCL's RAS status reports, docs/census.md)"
+    ).add_argument
+    add("--collector.nccl-ras.address", dest="nccl_ras_address", action="append",
         metavar="HOST:PORT",
         help=f"RAS endpoint (NCCL_RAS_ADDR of a job); repeatable, one per job: jobs that "
-        f"share the default port answer in turn (SO_REUSEPORT). Default {nccl_ras.DEFAULT_ADDRESS}",
-    )
-    g.add_argument(
-        "--collector.nccl-ras.interval",
-        dest="nccl_ras_interval",
-        type=argtype(parse_duration),
-        default=Options.nccl_ras_interval,
-        metavar="DURATION",
-        help="time between polls of every endpoint (default 15s)",
-    )
-    g.add_argument(
-        "--collector.nccl-ras.persist-polls",
-        dest="nccl_ras_persist_polls",
-        type=int,
-        default=Options.nccl_ras_persist_polls,
-        metavar="N",
+        f"share the default port answer in turn (SO_REUSEPORT). Default {nccl_ras.DEFAULT_ADDRESS}")  # fmt: skip
+    add("--collector.nccl-ras.interval", dest="nccl_ras_interval", type=argtype(parse_duration),
+        default=Options.nccl_ras_interval, metavar="DURATION",
+        help="time between polls of every endpoint (default 15s)")  # fmt: skip
+    add("--collector.nccl-ras.persist-polls", dest="nccl_ras_persist_polls", type=int,
+        default=Options.nccl_ras_persist_polls, metavar="N",
         help="successive polls a count mismatch must hold with its lowest count unchanged "
-        f"before it is reported (default {nccl_ras.DEFAULT_PERSIST_POLLS})",
-    )
-    g.add_argument(
-        "--collector.nccl-ras.timeout",
-        dest="nccl_ras_timeout",
-        type=argtype(parse_duration),
-        default=Options.nccl_ras_timeout,
-        metavar="DURATION",
-        help=f"deadline for one report after STATUS (default {nccl_ras.REPORT_TIMEOUT_S:g}s)",
-    )
-    g.add_argument(
-        "--collector.nccl-ras.max-bytes",
-        dest="nccl_ras_max_bytes",
-        type=int,
-        default=Options.nccl_ras_max_bytes,
-        metavar="BYTES",
-        help=f"largest report read (default {nccl_ras.DEFAULT_MAX_BYTES})",
-    )
+        f"before it is reported (default {nccl_ras.DEFAULT_PERSIST_POLLS})")  # fmt: skip
+    add("--collector.nccl-ras.timeout", dest="nccl_ras_timeout", type=argtype(parse_duration),
+        default=Options.nccl_ras_timeout, metavar="DURATION",
+        help=f"deadline for one report after STATUS (default {nccl_ras.REPORT_TIMEOUT_S:g}s)")  # fmt: skip
+    add("--collector.nccl-ras.max-bytes", dest="nccl_ras_max_bytes", type=int,
+        default=Options.nccl_ras_max_bytes, metavar="BYTES",
+        help=f"largest report read (default {nccl_ras.DEFAULT_MAX_BYTES})")  # fmt: skip
 
 
 def build(config: DaemonConfig, sources: Sources) -> NcclRasCollector:

@@ -4,17 +4,14 @@ or per card alone (sampler exhaustions), and the holders of each card at its lat
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
+from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.holdings import cap
 from rankscope.daemon.oom import OomBook, as_line
 from rankscope.daemon.registry import add, counter, gauge
-
-if TYPE_CHECKING:
-    from rankscope.daemon.config import DaemonConfig
-    from rankscope.daemon.sources import Sources
+from rankscope.daemon.sources import Sources
 
 NAME = "oom"
 HELP = "OOM events (the probe's and the sampler's) and the holders at each"

@@ -4,18 +4,15 @@ the reader had to skip or nulled (as the scrape's refresh step left the flight s
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 
 from rankscope import __version__
+from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import add, counter, gauge, info
-
-if TYPE_CHECKING:
-    from rankscope.daemon.config import DaemonConfig
-    from rankscope.daemon.sources import Sources
+from rankscope.daemon.sources import Sources
 
 NAME = "self"
 HELP = "build info, source health, skipped flight lines"
