@@ -1,4 +1,4 @@
-"""Flag and help consistency across the rankscope commands (issue 11, defect 7), through the
+"""Flag and help consistency across the rankscope commands, through the
 real argument parsers (rankscope.cli.build_parser) and the real subcommand mains."""
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from rankscope.reports.oom import (
     OomHolder,
     SamplerOom,
     oom_events,
+    rank_namer,
     sampler_ooms_of_boot,
     sampler_ooms_of_page,
 )
@@ -44,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     # Holders are named against every boot's records: a rank of an older boot that still
     # holds the card is no stranger.
-    events = oom_events(chosen.records, every.records)
+    events = oom_events(chosen.records, namer=rank_namer(every.records))
     sampled: list[SamplerOom] | None = None
     if args.daemon:
         try:

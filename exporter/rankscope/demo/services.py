@@ -200,12 +200,8 @@ def prometheus(
     cfg = workdir / "prometheus.yml"
     cfg.write_text(yaml.safe_dump(config, sort_keys=False))
     log = workdir / "prometheus.log"
-    argv = [
-        binary,
-        f"--config.file={cfg}",
-        f"--storage.tsdb.path={workdir / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-    ]
+    argv = [binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}"]
+    argv.append(f"--web.listen-address=127.0.0.1:{port}")
     with served(Prometheus, argv, log, port, "/-/ready") as running:
         yield running
 
@@ -223,10 +219,8 @@ def alertmanager(binary: str, workdir: Path, config_text: str) -> Iterator[Alert
     cfg = workdir / "alertmanager.yml"
     cfg.write_text(config_text)
     log = workdir / "alertmanager.log"
-    argv = [
-        binary,
-        f"--config.file={cfg}",
-        f"--storage.path={workdir / 'am-data'}",
+    argv = [binary, f"--config.file={cfg}", f"--storage.path={workdir / 'am-data'}"]
+    argv += [
         f"--web.listen-address=127.0.0.1:{port}",
         f"--cluster.listen-address=127.0.0.1:{cluster_port}",
     ]

@@ -129,17 +129,13 @@ def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> 
 
 
 def oom_events(
-    records: Sequence[Record],
-    every_record: Iterable[Record] | None = None,
-    resolve: HostPid = host_pid,
-    namer: RankNamer | None = None,
+    records: Sequence[Record], resolve: HostPid = host_pid, namer: RankNamer | None = None
 ) -> list[OomEvent]:
-    """The OOM events among ``records``, oldest first; holders named by ``namer``, else
-    against ``every_record`` (default: ``records`` themselves)."""
-    name = namer or rank_namer(records if every_record is None else every_record, resolve)
-    return sorted(
-        (parse_oom(line, name, resolve) for line in of_kind(records, Oom)), key=lambda e: e.wall
-    )
+    """The OOM events among ``records``, oldest first; holders named by ``namer`` (default:
+    against ``records`` themselves)."""
+    name = namer or rank_namer(records, resolve)
+    events = (parse_oom(line, name, resolve) for line in of_kind(records, Oom))
+    return sorted(events, key=lambda e: e.wall)
 
 
 def holding_entry(
