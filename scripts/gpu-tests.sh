@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1
 [ -n "${OUT:-}" ] && export RANKSCOPE_GPU_OUT="$OUT"
 status=0
 if [ "${1:-}" = "--perf" ]; then
-  # Issue 17's GPU benches, about 10 minutes in all on an H200 (`--perf --quick`: about 4.5); raw
+  # The GPU benches, about 10 minutes in all on an H200 (`--perf --quick`: about 4.5); raw
   # figures under $OUT/perf when OUT is set. For the RSS comparison, nvitop-exporter installed
   # (pip install --no-deps .whl/nvitop*.whl).
   export PYTHONPATH="$PWD/exporter${PYTHONPATH:+:$PYTHONPATH}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Capture real NCCL RAS replies on a GPU machine (issue 16 fixtures).
+"""Capture real NCCL RAS replies on a GPU machine (the fixtures of tests/fixtures/nccl_ras).
 
 Starts real one-process NCCL jobs (torch.distributed, world size 1) with RAS
 enabled, speaks NCCL's RAS client protocol to their endpoint from this process,

@@ -11,7 +11,7 @@ imported before torch, attached by its torch.cuda import watch). Each time:
   bytes within 1% of what nvidia-smi reports for that pid;
 - a real `rankscope serve` on NVML counts it in rankscope_oom_events_total.
 
-Run with -s to see the figures (docs/benchmarks.md quotes them); with OUT set they are also
+Run with -s to see the figures (docs/performance.md quotes them); with OUT set they are also
 appended to $OUT/oom_gpu.txt.
 """
 

@@ -550,7 +550,7 @@ def test_all_on_args_parse_as_set(chart: helm.Chart) -> None:
     # section of its own, ncclRas, with its addresses).
     schema = json.loads((CHART / "values.schema.json").read_text())
     switches = set(schema["properties"]["collectors"]["properties"])
-    switchable = {*daemon_cli.FLIGHT_COLLECTORS, *daemon_cli.CARD_COLLECTORS} - {"nccl-ras"}
+    switchable = set(daemon_cli.SWITCHES) - {"nccl-ras"}
     assert switches == switchable
 
 

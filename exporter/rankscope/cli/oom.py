@@ -13,8 +13,8 @@ from typing import TextIO
 from rankscope.cli.common import NA, add_boot, open_flight, print_json, when
 from rankscope.daemon.paging import MAX_LIMIT
 from rankscope.reports.oom import (
+    NamedHolder,
     OomEvent,
-    OomHolder,
     SamplerOom,
     oom_events,
     rank_namer,
@@ -116,7 +116,7 @@ def gib(value: int | None) -> str:
     return NA if value is None else f"{value / GiB:.2f} GiB"
 
 
-def held(h: OomHolder) -> str:
+def held(h: NamedHolder) -> str:
     role = f"rank {h.rank if h.rank is not None else '?'} of boot {h.boot}"
     return f"{h.pid} {h.comm or '?'} {role if h.role == 'rank' else 'foreign'} {gib(h.bytes)}"
 

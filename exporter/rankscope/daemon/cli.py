@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 # Every --collector.NAME switch (tests/mixin/test_helm.py reads the two old names).
 SWITCHES = tuple(m.NAME for m in collectors.COLLECTORS if m.DEFAULT is not None)
-FLIGHT_COLLECTORS, CARD_COLLECTORS = SWITCHES, ()
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:

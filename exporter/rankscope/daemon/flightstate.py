@@ -95,7 +95,7 @@ class FlightView:
     divergences: dict[str, dict[tuple[str, str], Line[Divergence]]]  # boot -> (group, op)
     boots: tuple[str, ...]  # oldest first, by first record
     skipped: dict[str, int]
-    invalid: dict[str, int]  # field name -> values nulled by the parse (rankscope.record.schema)
+    invalid: dict[str, int]  # field name -> values nulled by the parse (rankscope.record.codec)
 
     @property
     def latest_boot(self) -> str | None:

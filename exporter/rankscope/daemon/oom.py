@@ -23,7 +23,7 @@ from rankscope.daemon.holdings import Holding, attribute
 from rankscope.daemon.sampler import CardState, FloorValue, Sampler
 from rankscope.procfs import RankIndex, read_proc_info
 from rankscope.record import SCHEMA_VERSION, AnyLine, Header, Line, Oom, UnknownKind
-from rankscope.reports.oom import OomEvent, OomHolder, RankNamer, oom_events, sampler_entry
+from rankscope.reports.oom import NamedHolder, OomEvent, RankNamer, oom_events, sampler_entry
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -209,7 +209,7 @@ class OomInstant:
         return self.event.as_json()
 
 
-def _holding(h: OomHolder) -> Holding:
+def _holding(h: NamedHolder) -> Holding:
     """A probe's named holder as a holding of the card (the daemon's one holder type)."""
     return Holding(h.pid, h.comm or "", h.bytes, h.role, h.boot, h.rank)
 

@@ -21,7 +21,7 @@ CENSUS_GROUP = "rankscope.census"
 # Prometheus expands every label and annotation template of every active alert at every
 # evaluation of its group (rules/alerting.go, AlertingRule.Eval), so a condition present on
 # every card of a fleet costs its group that much each time, and these need no 15 s
-# resolution (docs/benchmarks.md, "Fleet scale").
+# resolution (docs/performance.md).
 SLOW_ALERTING_GROUP = "rankscope.alerts.slow"
 
 

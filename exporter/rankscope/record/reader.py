@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,9 @@ MAX_LINE_BYTES = 4 << 20  # a mark with a large NVML process map is ~10 KiB
 READ_CHUNK = 1 << 20
 
 log = logging.getLogger("rankscope")
+
+
+HostPid = Callable[[Record], "int | None"]  # who NVML lists for a record's process
 
 
 def host_pid(rec: Record) -> int | None:

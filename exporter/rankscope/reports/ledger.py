@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rankscope.record import Line, Mark, of_kind
-from rankscope.record.reader import SKIP_REASONS, Flight, Record, host_pid
+from rankscope.record.reader import SKIP_REASONS, Flight, HostPid, Record, host_pid
 
 MiB = 1 << 20
 
@@ -31,8 +31,6 @@ VIEWS: dict[str, Callable[[Mark], int | None]] = {
     "process": lambda m: m.nvml.self_bytes,
     "non_torch": lambda m: m.derived.non_torch,
 }
-
-HostPid = Callable[[Record], "int | None"]
 
 
 def _delta(before: int | None, after: int | None) -> int | None:

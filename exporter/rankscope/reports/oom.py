@@ -15,18 +15,17 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from rankscope.record import Line, Oom, of_kind
-from rankscope.record.reader import BootSummary, Record, host_pid
+from rankscope.record.reader import BootSummary, HostPid, Record, host_pid
 
 ROLE_RANK = "rank"
 ROLE_FOREIGN = "foreign"
 T = TypeVar("T")
 
 RankNamer = Callable[[int, int | None], tuple[str, int | None] | None]
-HostPid = Callable[[Record], int | None]
 
 
 @dataclass(frozen=True)
-class OomHolder:
+class NamedHolder:
     """One process on the card at the OOM instant, named a rank of a boot or foreign."""
 
     pid: int
@@ -59,7 +58,7 @@ class OomEvent:
     pools: dict[str, dict[str, int | None]] | None
     phase: str | None
     capturing: bool | None
-    holders: tuple[OomHolder, ...]  # largest first
+    holders: tuple[NamedHolder, ...]  # largest first
     why: tuple[str, ...]  # every read that failed, and why
 
     def as_json(self) -> dict[str, Any]:
@@ -102,7 +101,7 @@ def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> 
         role = ROLE_RANK if named else ROLE_FOREIGN
         boot, rank = named or (None, None)
         holders.append(
-            OomHolder(held.pid, held.bytes, held.comm, held.start_ticks, role, boot, rank)
+            NamedHolder(held.pid, held.bytes, held.comm, held.start_ticks, role, boot, rank)
         )
     holders.sort(key=lambda x: (x.bytes is None, -(x.bytes or 0), x.pid))
     return OomEvent(
@@ -190,7 +189,7 @@ class SamplerOom:
     free: int | None  # free bytes at the worst instant
     onset_wall: float | None
     onset_free: int | None
-    holders: tuple[OomHolder, ...] | None  # read once, at the onset; None when unread
+    holders: tuple[NamedHolder, ...] | None  # read once, at the onset; None when unread
     why: tuple[str, ...]
 
     def as_json(self) -> dict[str, Any]:
@@ -229,12 +228,12 @@ class SamplerOom:
         )
 
 
-def _holder(obj: Any) -> OomHolder:
+def _holder(obj: Any) -> NamedHolder:
     h = _of(obj, dict, "holders")
     role = _of(h.get("role"), str, "holders.role")
     if role not in (ROLE_RANK, ROLE_FOREIGN):
         raise ValueError(f"holders.role: {role!r}")
-    return OomHolder(
+    return NamedHolder(
         pid=_of(h.get("pid"), int, "holders.pid"),
         bytes=_opt(h.get("bytes"), int, "holders.bytes"),
         comm=_opt(h.get("comm"), str, "holders.comm"),

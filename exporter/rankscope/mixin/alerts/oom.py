@@ -6,7 +6,7 @@ ALERTS = (
     # The largest foreign holder of each card only, as the daemon publishes it: one alert
     # per card at most, where one per pid made the alert group's evaluation outgrow its
     # interval at fleet scale, and a rule over every process series still cost it 5-8% of
-    # it (docs/benchmarks.md).
+    # it (docs/performance.md).
     Alert(
         "RankscopeForeignHolder",
         "warning",
