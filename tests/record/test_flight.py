@@ -34,7 +34,6 @@ from rankscope.record.reader import (
     BootNotFoundError,
     FlightReader,
     parse_line,
-    process_key,
     read_flight,
     summarize_boots,
 )
@@ -304,7 +303,7 @@ def test_three_processes_claiming_tp_rank_0_are_three_processes(flight_dir: Path
     for stage in range(3):
         run_probe(code, flight_dir, RANK=str(stage), STAGE=str(stage))
     flight = read_flight(flight_dir)
-    keys = {process_key(r) for r in flight.records}
+    keys = {r.header.process_key for r in flight.records}
     assert len(keys) == 3
     assert {r.header.tp_rank for r in flight.records} == {0}
     assert sorted({r.header.pp_rank for r in flight.records}) == [0, 1, 2]

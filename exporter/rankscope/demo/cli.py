@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
-from rankscope.daemon.flags import parse_duration
+from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.demo import alerting, services
 from rankscope.demo.cards import FLOOR, SimulatedCards
 from rankscope.demo.scenarios import SCENARIOS, Options, Result, ScenarioRun, Stack
@@ -44,7 +44,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     )
     parser.add_argument(
         "--duration",
-        type=_duration,
+        type=argtype(_seconds),
         default=15.0,
         metavar="DURATION",
         help="how long each scenario serves after its ranks booted: seconds, or with a unit "
@@ -77,8 +77,7 @@ def main(args: argparse.Namespace) -> int:
     names = chosen_scenarios(args.scenario)
     view = View()
     workdir = Path(tempfile.mkdtemp(prefix="rankscope-demo-"))
-    # Our own handlers for both, whatever was inherited: a parent that started the demo
-    # with SIGINT ignored (a background job, some CI runners) must still be able to stop it.
+    # Our own handlers, whatever was inherited: a SIGINT ignored by the parent still stops us.
     previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         results = run(args, names, workdir, view)
@@ -98,15 +97,11 @@ def main(args: argparse.Namespace) -> int:
     return verdict(results, view)
 
 
-def _duration(text: str) -> float:
+def _seconds(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        pass
-    try:
         return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def check_args(args: argparse.Namespace) -> str | None:
@@ -133,7 +128,6 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def gpu_present() -> bool:
-    """A real GPU that torch can use: then the cards are real and so are the holders."""
     try:
         import torch
     except ImportError:
@@ -180,16 +174,13 @@ def start_alerting(
     stack: contextlib.ExitStack, workdir: Path, port: int, names: list[str], view: View
 ) -> services.WebhookReceiver | None:
     """Prometheus with the shipped rules scraping the daemon on ``port``, Alertmanager with
-    the example routing, and the receiver the pages arrive at; None where the binaries or
-    the routing are missing (the scenarios are then judged by the daemon's API)."""
+    the example routing, and the receiver of the pages; None without the binaries or the
+    routing (the scenarios are then judged by the daemon's API)."""
     prometheus_bin = services.find_binary(services.PROMETHEUS_NAMES)
     alertmanager_bin = services.find_binary(services.ALERTMANAGER_NAMES)
     if not (prometheus_bin and alertmanager_bin):
-        why_not = (
-            "prometheus and prometheus-alertmanager are not both installed "
-            "(scripts/demo.sh installs them)"
-        )
-        view.line(f"no pages: {why_not}. {JUDGED_BY_API}")
+        installed = "are not both installed (scripts/demo.sh installs them)"
+        view.line(f"no pages: prometheus and prometheus-alertmanager {installed}. {JUDGED_BY_API}")
         return None
     try:
         example, origin = alerting.example_routing()

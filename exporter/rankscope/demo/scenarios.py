@@ -1,11 +1,7 @@
 """The demo's scenarios and the run of one: launch the ranks, follow their flight record,
-drive the card (simulated or real), watch the pages arrive, and judge them.
-
-Each scenario is its own boot (RANKSCOPE_BOOT_ID ``demo-{scenario}-{time}``), so the daemon,
-whose census and phases follow the newest boot, moves from one scenario to the next on its
-own. A page belongs to the scenario during which Alertmanager first delivered it firing;
-a notification repeating an alert already counted (same fingerprint and start) is not a new
-page.
+drive the card (simulated or real), watch the pages arrive, and judge them. Each scenario is
+its own boot, so the daemon, following the newest boot, moves on by itself. A page belongs
+to the scenario during which it first fired; a repeat (same fingerprint and start) is none.
 """
 
 from __future__ import annotations
@@ -64,22 +60,17 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 TROUGH_SECONDS = 0.4
-# The exhaustion: all but this much of card 0 is taken, for this long (shorter than the
-# foreign-holder rule's `for:`, so the OOM page is the one page).
+# The exhaustion leaves this much of card 0 free, for less than the foreign-holder rule's
+# `for:`, so the OOM page is the one page.
 EXHAUST_LEAVE_FREE = 128 * 1024**2
 EXHAUST_SECONDS = 1.5
-# The trough and the exhaustion start this far into serving.
-SQUEEZE_AFTER = 0.3
-# Seconds the demo waits after serving for pages still on their way (rule `for:`, scrape
-# and evaluation intervals, Alertmanager's group_wait).
-SETTLE_SECONDS = 25.0
-# After the expected pages are in, how long the demo keeps listening for unexpected ones.
-QUIET_SECONDS = 3.0
+SQUEEZE_AFTER = 0.3  # of the duration: when the trough and the exhaustion start
+SETTLE_SECONDS = 25.0  # after serving, for pages still on their way
+QUIET_SECONDS = 3.0  # once the expected pages are in, listening for unexpected ones
 SUMMARY_EVERY = 4.0
 OBSERVE_EVERY = 0.5
 BOOT_TIMEOUT = 120.0
-# How long the last ranks may stay in a collective after the first rank finished serving.
-STRAGGLER_GRACE = 5.0
+STRAGGLER_GRACE = 5.0  # in a collective after the first rank finished serving
 
 
 @dataclass
@@ -92,8 +83,7 @@ class Options:
 
 @dataclass
 class Stack:
-    """What every scenario shares: the flight directory, the daemon, the receiver (None
-    without Alertmanager), the simulated cards (None on a real GPU), the terminal view."""
+    """What every scenario shares; no receiver without Alertmanager, no cards on a GPU."""
 
     workdir: Path
     flight_dir: Path
@@ -120,9 +110,8 @@ class Stack:
 
 @dataclass
 class Result:
-    """What one scenario produced. ``pages`` when Alertmanager ran (``checked``); ``shown``
-    are the alerts whose condition the daemon's API showed, the verdict's ground without
-    Prometheus and Alertmanager."""
+    """What one scenario produced: ``pages`` when Alertmanager ran (``checked``), else the
+    alerts whose condition the daemon's API ``shown``."""
 
     scenario: Scenario
     pages: list[Page]
@@ -204,15 +193,14 @@ class ScenarioRun:
         if self.acted or self.serving_since is None:
             return
         name, o = self.scenario.name, self.stack.options
+        due = now - self.serving_since > SQUEEZE_AFTER * o.duration
         if name == "foreign":
             self.start_foreign()
-        elif name in ("trough", "oom") and now - self.serving_since > SQUEEZE_AFTER * o.duration:
-            if name == "trough":
-                self.squeeze(max(o.floor - TROUGH_BELOW_FLOOR, 256 * 1024**2), TROUGH_SECONDS)
-            else:
-                # The sampler sees the card exhausted, reads its holders once, and counts an
-                # OOM instant no allocator reported.
-                self.squeeze(EXHAUST_LEAVE_FREE, EXHAUST_SECONDS)
+        elif name == "trough" and due:
+            self.squeeze(max(o.floor - TROUGH_BELOW_FLOOR, 256 * 1024**2), TROUGH_SECONDS)
+        elif name == "oom" and due:
+            # The sampler sees the card exhausted and counts an OOM no allocator reported.
+            self.squeeze(EXHAUST_LEAVE_FREE, EXHAUST_SECONDS)
         else:
             return
         self.acted = True
@@ -225,17 +213,14 @@ class ScenarioRun:
                 f"foreign holder: pid {proc.pid} takes 2 GiB on GPU 0 (a real allocation)"
             )
             return
-        proc = self._helper(["sleep", "600"], "foreign")
-        cards.set_holder(0, proc.pid, FOREIGN_BYTES)
-        cards.write()
+        proc = self._scripted(cards, "foreign", FOREIGN_BYTES)
         self.view.line(
             f"foreign holder: pid {proc.pid} (a real `sleep`) is scripted to hold "
             f"{gib(FOREIGN_BYTES)} on simulated card 0"
         )
 
     def squeeze(self, leave: int, seconds: float) -> None:
-        """A process takes all but ``leave`` bytes of card 0 for ``seconds``: a real
-        allocation on a GPU, else a real `sleep` scripted to hold them."""
+        """A process takes all but ``leave`` bytes of card 0 for ``seconds``."""
         what, cards = self.scenario.name, self.stack.cards
         floor = gib(self.stack.options.floor)
         if cards is None:
@@ -245,10 +230,8 @@ class ScenarioRun:
                 f"(real allocations; floor {floor})"
             )
             return
-        proc = self._helper(["sleep", "600"], what)
         take = cards.bytes_to_leave(0, leave)
-        cards.set_holder(0, proc.pid, take)
-        cards.write()
+        proc = self._scripted(cards, what, take)
         self.view.line(
             f"{what}: pid {proc.pid} (a real `sleep`) is scripted to take {gib(take)} on "
             f"simulated card 0 for {seconds:g} s, leaving {gib(cards.free(0))} free "
@@ -258,6 +241,13 @@ class ScenarioRun:
         cards.drop_holder(proc.pid)
         cards.write()
         stop(proc)
+
+    def _scripted(self, cards: SimulatedCards, what: str, held: int) -> subprocess.Popen[bytes]:
+        """A real `sleep` scripted to hold ``held`` bytes on simulated card 0."""
+        proc = self._helper(["sleep", "600"], what)
+        cards.set_holder(0, proc.pid, held)
+        cards.write()
+        return proc
 
     def _hog(self, what: str, *args: str) -> subprocess.Popen[bytes]:
         return self._helper([sys.executable, "-m", "rankscope.demo.hog", "--gpu", "0", *args], what)
@@ -316,8 +306,7 @@ class ScenarioRun:
                 self.view.page(page, owner)
 
     def observe(self) -> dict[str, Any] | None:
-        """Read the daemon's cards and note what an alert would page on: a foreign holder
-        that stays (as long as the rule's `for:`), a breach counted during the scenario."""
+        """Read the daemon's cards and note what an alert would page on."""
         try:
             doc: dict[str, Any] = self.stack.daemon.get("/api/v1/cards")
         except Exception as exc:
@@ -326,8 +315,7 @@ class ScenarioRun:
         now = time.monotonic()
         cards = doc.get("cards", [])
         breaches = {c.get("uuid"): c.get("breaches") or 0 for c in cards}
-        # An OOM of this scenario on a card: its page holds back that card's breach (the
-        # shipped inhibition), so a breach there is not shown apart.
+        # An OOM's page holds back its card's breach (the shipped inhibition).
         self.oomed |= {
             c.get("uuid")
             for c in cards
@@ -427,9 +415,8 @@ class ScenarioRun:
         return []
 
     def report_exits(self, stragglers: list[int]) -> None:
-        """Say how each rank ended. In the skip scenario a peer of the skipping rank is
-        expected to end inside the collective that was never matched; anywhere else an
-        unclean end is a failure of the run."""
+        """Say how each rank ended; an unclean end fails the run, but for a skipping rank's
+        peer stuck in the collective never matched."""
         clean = True
         for rank, proc in sorted(self.ranks.items()):
             code = proc.returncode

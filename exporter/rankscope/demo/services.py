@@ -1,6 +1,5 @@
-"""The demo's peers on loopback, each from the demo's temporary directory on a free port and
-stopped by its context manager: the daemon, a real Prometheus, a real Alertmanager, and the
-webhook receiver the pages arrive at."""
+"""The demo's peers on loopback, each stopped by its context manager: the daemon, a real
+Prometheus, a real Alertmanager, and the webhook receiver the pages arrive at."""
 
 from __future__ import annotations
 
@@ -57,15 +56,13 @@ def http_json(url: str, timeout: float = 3.0) -> Any:
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the demo dies, so a killed demo leaves no
-    peer behind (Linux prctl PR_SET_PDEATHSIG; a no-op elsewhere)."""
+    """In the child: SIGTERM when the demo dies (Linux PR_SET_PDEATHSIG; a no-op elsewhere)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a peer in its own session (a Ctrl-C reaches the demo, which stops the peers in
-    order) with its output in ``log``."""
+    """A peer in its own session (a Ctrl-C reaches the demo, which stops the peers in order)."""
     with open(log, "ab") as out:
         return subprocess.Popen(
             argv,
@@ -121,8 +118,6 @@ def tail(path: Path, lines: int = 15) -> str:
 
 @dataclass
 class Service:
-    """A started service: where it answers, its process, its log."""
-
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
@@ -133,9 +128,8 @@ S = TypeVar("S", bound=Service)
 
 @contextlib.contextmanager
 def served(kind: type[S], argv: list[str], log: Path, port: int, ready_path: str) -> Iterator[S]:
-    """A service started with its output in ``log``, ready once ``ready_path`` on ``port``
-    answers, and stopped on the way out: the one launcher of the daemon, Prometheus and
-    Alertmanager, for the demo and the tests alike."""
+    """A service ready once ``ready_path`` on ``port`` answers, stopped on the way out: the
+    one launcher of the daemon, Prometheus and Alertmanager, for the demo and the tests."""
     proc = start(argv, log)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -146,8 +140,6 @@ def served(kind: type[S], argv: list[str], log: Path, port: int, ready_path: str
 
 
 class DaemonProcess(Service):
-    """`rankscope serve`, started by the demo as its own process."""
-
     def get(self, path: str) -> Any:
         return http_json(self.url + path)
 
@@ -156,8 +148,7 @@ class DaemonProcess(Service):
 def daemon(
     workdir: Path, flight_dir: Path, port: int, extra_args: Sequence[str] = ()
 ) -> Iterator[DaemonProcess]:
-    """`rankscope serve` over the demo's flight directory, as its own process (the same
-    command a user runs)."""
+    """`rankscope serve` over the demo's flight directory, the command a user runs."""
     log = workdir / "daemon.log"
     argv = [sys.executable, "-m", "rankscope", "serve", f"--web.listen-address=127.0.0.1:{port}"]
     argv += [f"--flight-dir={flight_dir}", *extra_args]
@@ -179,14 +170,12 @@ def prometheus(
     rule_files: Sequence[Path] = (),
     alertmanager_url: str | None = None,
     scrape_interval: str = "1s",
-    evaluation_interval: str = "1s",
     extra_scrape_configs: Sequence[dict[str, Any]] = (),
 ) -> Iterator[Prometheus]:
-    """Prometheus on a free loopback port, from ``workdir``: the demo's and the tests'."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     config: dict[str, Any] = {
-        "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": "1s"},
         "rule_files": [str(p) for p in rule_files],
         # job="rankscope" is what the mixin's default selector matches.
         "scrape_configs": [
@@ -213,7 +202,6 @@ class Alertmanager(Service):
 
 @contextlib.contextmanager
 def alertmanager(binary: str, workdir: Path, config_text: str) -> Iterator[Alertmanager]:
-    """Alertmanager with ``config_text`` on free loopback ports, from ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     port, cluster_port = free_port(), free_port()
     cfg = workdir / "alertmanager.yml"
@@ -242,21 +230,20 @@ class Page:
 
     @classmethod
     def from_notification(cls, body: dict[str, Any]) -> list[Page]:
-        pages = []
-        for alert in body.get("alerts", []):
-            labels = _strings(alert.get("labels"))
-            pages.append(
-                cls(
-                    receiver=str(body.get("receiver", "")),
-                    status=str(alert.get("status", body.get("status", ""))),
-                    alertname=labels.get("alertname", "?"),
-                    labels=labels,
-                    annotations=_strings(alert.get("annotations")),
-                    starts_at=str(alert.get("startsAt", "")),
-                    fingerprint=str(alert.get("fingerprint", "")),
-                )
-            )
-        return pages
+        return [cls.from_alert(body, alert) for alert in body.get("alerts", [])]
+
+    @classmethod
+    def from_alert(cls, body: dict[str, Any], alert: dict[str, Any]) -> Page:
+        labels = _strings(alert.get("labels"))
+        return cls(
+            receiver=str(body.get("receiver", "")),
+            status=str(alert.get("status", body.get("status", ""))),
+            alertname=labels.get("alertname", "?"),
+            labels=labels,
+            annotations=_strings(alert.get("annotations")),
+            starts_at=str(alert.get("startsAt", "")),
+            fingerprint=str(alert.get("fingerprint", "")),
+        )
 
 
 def _strings(mapping: dict[Any, Any] | None) -> dict[str, str]:
@@ -286,17 +273,15 @@ def webhook_receiver() -> Iterator[WebhookReceiver]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length)
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             try:
                 pages = Page.from_notification(json.loads(raw))
             except (ValueError, AttributeError, TypeError):
-                self.send_response(400)
-                self.end_headers()
-                return
-            with receiver.lock:
-                receiver.pages.extend(pages)
-            self.send_response(200)
+                pages = None
+            if pages is not None:
+                with receiver.lock:
+                    receiver.pages.extend(pages)
+            self.send_response(400 if pages is None else 200)
             self.end_headers()
 
         def log_message(self, format: str, *args: Any) -> None:

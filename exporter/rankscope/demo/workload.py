@@ -1,17 +1,11 @@
-"""One rank of the demo job: a tiny model split over real torch.distributed groups.
+"""One rank of the demo job, started under `rankscope run` with torchrun's environment:
+pipeline stages of ``tp`` tensor-parallel ranks, each stage one row-parallel linear layer
+(an all_reduce over its TP group) sending its activations to the next stage. It adds what a
+framework adapter would: boot phases, a KV arena, census group names, a tick per step.
 
-Started by `rankscope demo` once per rank, under `rankscope run` (which adds the generic
-marks and the census of every collective), with the environment torchrun would set. The
-ranks form pipeline stages of ``tp`` tensor-parallel ranks; each stage is one row-parallel
-linear layer (an all_reduce over its TP group sums the partial products) and sends its
-activations to the same TP index in the next stage. The workload adds what a framework
-adapter would: its boot phases, a registered KV arena, the groups' census names (``tp``), a
-census.tick() per serving step and the in-process comparison.
-
-``--skip-rank R --skip-step K`` makes rank R really skip its TP all_reduce at step K: its
-later all_reduces pair with its peers' previous ones (same shapes, so serving goes on, one
-collective out of step), and at the end the peers wait in the one all_reduce R never
-issued until R exits and closes the connection. The incident the census exists for, small.
+``--skip-rank R --skip-step K``: rank R really skips its TP all_reduce at step K; serving
+goes on one collective out of step, and at the end its peers wait in the all_reduce R never
+issued until R exits. The incident the census exists for, small.
 """
 
 from __future__ import annotations
@@ -26,23 +20,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-# Bytes of one KV block and how many the arena reserves; serving backs one block per step.
 KV_BLOCK_BYTES = 256 * 1024
 KV_BLOCKS = 64
-# Exit status of a rank whose collective failed because a peer never issued its side.
-COLLECTIVE_FAILED = 3
+COLLECTIVE_FAILED = 3  # the exit status of a rank left waiting on a peer's collective
 
 
 class KVArena:
-    """A KV pool in the probe's arena protocol: the whole pool is reserved at boot, blocks
-    are backed as serving first writes them, and freed blocks are parked (retained)."""
+    """A KV pool in the probe's arena protocol: reserved at boot, a block backed as serving
+    first writes it, freed blocks parked (retained)."""
 
     def __init__(self, blocks: int, block_bytes: int, device: Any) -> None:
         import torch
 
         self.block_bytes = block_bytes
         self.blocks = blocks
-        # torch.empty reserves the pool without touching it; pages are committed on write.
         self.pool = torch.empty(blocks * block_bytes, dtype=torch.uint8, device=device)
         self.used = 0
         self.parked = 0
@@ -94,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
 
 @dataclass
 class Placement:
-    """Where one rank stands in the job: its stage and TP index, its devices and groups."""
-
     tp_rank: int
     pp_rank: int
     device: Any  # where the model and the KV pool live
@@ -118,8 +107,7 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
         try:
             forward(step, skip=rank == args.skip_rank and step == args.skip_step)
         except RuntimeError as exc:
-            # Only a peer of a skipping rank gets here: the all_reduce its peer never issued
-            # finds the peer gone. Record where this rank stood, then leave.
+            # A peer of a skipping rank: the all_reduce never issued found the peer gone.
             probe.mark("collective_failed", step=step, error=str(exc).splitlines()[0][:200])
             census.dump_local("collective_failed")
             status = COLLECTIVE_FAILED
@@ -127,20 +115,16 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
         arena.fill_block(step)
         census.tick()
         # Fixed cadence, so every rank reaches step N at about the same wall time.
-        delay = t0 + step * args.step_interval - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+        time.sleep(max(t0 + step * args.step_interval - time.monotonic(), 0.0))
     probe.mark("serving_done", steps=step)
     sys.stdout.flush()
     sys.stderr.flush()
-    # No destroy_process_group: after a skipped collective a peer may never answer, and
-    # the record is already on disk (one write(2) per line).
+    # No destroy_process_group: after a skip a peer may never answer; the record is on disk.
     os._exit(status)
 
 
 def join(rank: int, world: int, tp: int) -> Placement:
-    """The process group, every stage's TP group (named for the census) and the in-process
-    comparison."""
+    """The process group, every stage's TP group and the in-process comparison."""
     import torch
     import torch.distributed as dist
 
@@ -150,23 +134,18 @@ def join(rank: int, world: int, tp: int) -> Placement:
     stages = world // tp
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
-    # NCCL wants one GPU per rank; with fewer GPUs than ranks the collectives go over gloo
-    # on CPU copies while the model and the KV pool stay on the card.
+    # NCCL wants one GPU per rank; with fewer, gloo runs on CPU copies.
     nccl = cuda and torch.cuda.device_count() >= world
     dist.init_process_group("nccl" if nccl else "gloo", rank=rank, world_size=world)
-    # Every rank creates every group, in the same order (torch.distributed requires it).
-    # The TP groups carry a short timeout so the peers of a skipping rank are not held long.
+    # Every rank creates every group, in order; a short timeout for a skipping rank's peers.
     tp_timeout = datetime.timedelta(seconds=20)
     tp_groups = [
         dist.new_group(list(range(s * tp, s * tp + tp)), timeout=tp_timeout) for s in range(stages)
     ]
-    # The census counts torch.distributed under `rankscope run`; instrumenting again is a
-    # no-op there, and keeps the census when the workload runs on its own.
+    # A no-op under `rankscope run`; keeps the census when the workload runs on its own.
     census.instrument_torch_distributed()
     for group in tp_groups:
         census.name_group(group, "tp")  # "tp:2-3" rather than torch's "pg2:2-3"
-    # The in-process comparison (its own gloo group and thread): names a divergence and the
-    # lagging rank in the record while the job still runs.
     census.enable_comparison(timeout_s=30.0)
     return Placement(
         tp_rank=tp_rank,
@@ -180,16 +159,14 @@ def join(rank: int, world: int, tp: int) -> Placement:
 
 
 def boot(at: Placement, args: argparse.Namespace) -> tuple[Callable[..., Any], KVArena]:
-    """The boot phases: weights, the KV pool, the CUDA graph, the first forward. Returns
-    the forward pass and the pool."""
+    """The boot phases (weights, KV pool, CUDA graph, first forward); the forward and pool."""
     import torch
     import torch.distributed as dist
 
     from rankscope.rank import auto, probe
 
     device, cuda = at.device, at.device.type == "cuda"
-    # The first mark comes before this process touches the GPU: until a process has a
-    # record, the daemon can only call its memory foreign.
+    # Marked before touching the GPU: until then the daemon can only call its memory foreign.
     backend = "gloo" if at.comm_device.type == "cpu" else "nccl"
     probe.mark("pre_weight_load", device=str(device), backend=backend)
     if cuda:

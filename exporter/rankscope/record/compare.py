@@ -1,9 +1,6 @@
-"""Comparing per-rank counts of one group instance: pure functions over plain dicts.
-
-Shared by the in-process comparison (over gloo) and the reader (``rankscope census``), so
-both name a divergence alike. A key missing on a member rank counts as zero, never drops the
-op. A p2p op pairs the sender's ``send>b`` with the receiver's ``recv<a`` into one channel
-entry ``p2p a>b``.
+"""Comparing per-rank census counts, one rule for the in-process comparison and the reader.
+An op missing on a member rank counts as zero; a sender's ``send>b`` and the receiver's
+``recv<a`` pair into one channel entry ``p2p a>b``.
 """
 
 from __future__ import annotations
@@ -81,17 +78,19 @@ def split_by_group(counts: Mapping[Key, int]) -> dict[str, dict[str, int]]:
 
 
 def compare_ranks(per_rank: Mapping[int, Mapping[Key, int]]) -> list[Entry]:
-    """Entries for every group instance seen among ``per_rank`` (rank -> counts at one
-    round), each compared over its members that are present."""
-    split = {rank: split_by_group(counts) for rank, counts in per_rank.items()}
-    groups = sorted({g for by_group in split.values() for g in by_group})
+    """Entries for every group instance among ``per_rank`` (rank -> counts at one round)."""
+    return compare_split({rank: split_by_group(counts) for rank, counts in per_rank.items()})
+
+
+def compare_split(split: Mapping[int, Mapping[str, Mapping[str, int]]]) -> list[Entry]:
+    """Entries for every group instance among ``split`` (rank -> {group: {op: n}}), each
+    compared over its members that are present."""
     entries: list[Entry] = []
-    for group in groups:
+    for group in sorted({g for by_group in split.values() for g in by_group}):
         reporters = [r for r, by_group in split.items() if group in by_group]
         members = members_of(group, split, reporters)
-        if len(members) < 2:
-            continue
-        entries.extend(compare_group(group, {r: split[r].get(group, {}) for r in members}))
+        if len(members) >= 2:
+            entries.extend(compare_group(group, {r: split[r].get(group, {}) for r in members}))
     return entries
 
 
@@ -100,10 +99,9 @@ DIGEST_BITS = 53
 
 
 def digest(counts: Mapping[str, int]) -> int:
-    """A hash of one group instance's {op: count}, below 2**DIGEST_BITS: equal counts give
-    equal digests on every host and in every process (no salted ``hash()``). Point-to-point
-    ops are left out (a sender's ``send>b`` and a receiver's ``recv<a`` differ by name, not
-    by count), and a zero count is the same as an absent op, as in :func:`compare_group`."""
+    """A hash of one group instance's {op: count} below 2**DIGEST_BITS, equal across hosts
+    and processes for equal counts. P2p ops (named differently on each end) and zero counts
+    are left out, as in :func:`compare_group`."""
     text = "\n".join(
         f"{op}\t{n}" for op, n in sorted(counts.items()) if n and parse_p2p(op) is None
     )

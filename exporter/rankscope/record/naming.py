@@ -1,10 +1,9 @@
 """Names the census gives what it counts, shared by the counting ranks and the readers:
-group instances (``tp:0-3``) and point-to-point ops (``send>3``, ``recv<0``). Pure functions;
-no torch, nothing that runs only in a rank.
-"""
+group instances (``tp:0-3``) and point-to-point ops (``send>3``, ``recv<0``)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable
 
@@ -15,21 +14,15 @@ Key = tuple[str, str]  # (group instance, op)
 
 def compact_ranks(ranks: Iterable[int]) -> str:
     """Sorted ranks as runs: [0, 1, 2, 3] -> '0-3'; [0, 4] -> '0,4'; [0, 1, 2, 5] -> '0-2,5'."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
+    parts = []
+    for _, pairs in itertools.groupby(enumerate(sorted(set(ranks))), lambda p: p[1] - p[0]):
+        run = [r for _, r in pairs]
+        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
     return ",".join(parts)
 
 
 def group_instance(name: str, ranks: Iterable[int]) -> str:
-    """The name of a group instance: ``{name}:{ranks}``, e.g. ``tp:0-3`` for the TP group of
-    PP stage 0 and ``tp:4-7`` for stage 1. Call it once per group, not per collective."""
+    """``{name}:{ranks}``, e.g. ``tp:4-7`` for the TP group of PP stage 1; once per group."""
     try:
         spec = compact_ranks(int(r) for r in ranks)
     except (TypeError, ValueError) as exc:
@@ -65,8 +58,7 @@ _P2P_NAMES: dict[tuple[str, int | None], str] = {}
 
 
 def p2p_name(kind: str, peer: int | None) -> str:
-    """Op name of a send to (kind 'send') or a recv from (kind 'recv') global rank ``peer``;
-    cached, so the hot path builds no string."""
+    """``send>peer`` or ``recv<peer`` (global ranks); cached: the hot path builds no string."""
     key = (kind, peer)
     name = _P2P_NAMES.get(key)
     if name is None:
@@ -93,8 +85,8 @@ def channel_name(src: int, dst: int) -> str:
 
 
 def report_op_name(rank: int, op: str) -> str:
-    """``op`` as counted by ``rank``, named as the report names it: a p2p op by its channel
-    (rank 0's ``send>2`` and rank 2's ``recv<0`` are both ``p2p 0>2``); any other op as is."""
+    """``op`` as counted by ``rank``, a p2p op named by its channel (rank 0's ``send>2`` and
+    rank 2's ``recv<0`` are both ``p2p 0>2``)."""
     p2p = parse_p2p(op)
     if p2p is None:
         return op

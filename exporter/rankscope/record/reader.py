@@ -1,14 +1,8 @@
 """Reading flight directories (docs/architecture.md, "The record"): one-shot reads scoped to
-a boot, and an incremental tail. Reading never fails on what a crash leaves behind; a line
-is skipped and counted as ``torn`` (cut short by a crash mid-append: in a one-shot read an
-unterminated last line, which the tail holds back until completed), ``malformed`` (no JSON
-object with the record header), ``newer_schema`` (a ``v`` newer than this reader knows) or
-``oversized`` (past MAX_LINE_BYTES, dropped as it streams). Only regular files are read,
-never in a way that can block; a symlink, FIFO, socket or device is skipped and logged.
-
-Each line is parsed once into its typed :class:`rankscope.record.Line`; a value that fails
-validation becomes None and is counted per field in ``invalid`` (``mark.torch.reserved``).
-Records are grouped by process (host, pid, start time), never by rank.
+a boot, and an incremental tail. What a crash leaves behind never fails a read: a line is
+skipped and counted as ``torn`` (an unterminated append), ``malformed``, ``newer_schema`` or
+``oversized`` (past MAX_LINE_BYTES). Only regular files are read, never in a way that can
+block. A value that fails validation becomes None, counted per field in ``invalid``.
 """
 
 from __future__ import annotations
@@ -40,9 +34,8 @@ HostPid = Callable[[Record], "int | None"]  # who NVML lists for a record's proc
 
 
 def host_pid(rec: Record) -> int | None:
-    """The pid NVML lists for the process that wrote ``rec``, where the record alone tells:
-    a process in the host PID namespace. (The daemon, with the host's /proc, resolves the
-    others and passes its own resolver.)"""
+    """The pid NVML lists for the writer of ``rec`` where the record alone tells (the host
+    PID namespace); the daemon resolves the others through the host's /proc."""
     h = rec.header
     return h.pid if h.pidns == HOST_PIDNS_INODE else None
 
@@ -59,9 +52,8 @@ class BootNotFoundError(LookupError):
 
 
 def parse_line(raw: bytes, file: str = "", bad: Bad | None = None) -> Record | str | None:
-    """One complete line (without its newline) -> the typed record, or the skip reason, or
-    None for a blank line (the separator a writer adds after a partial write). Fields that
-    failed validation are named in ``bad``."""
+    """One line (without its newline) -> the typed record, the skip reason, or None when
+    blank. Fields that failed validation are named in ``bad``."""
     text = raw.strip()
     if not text:
         return None
@@ -79,11 +71,6 @@ def parse_line(raw: bytes, file: str = "", bad: Bad | None = None) -> Record | s
         return "newer_schema"
     line = parse_object(obj, [] if bad is None else bad, file)
     return "malformed" if line is None else line
-
-
-def process_key(rec: Record) -> tuple[str, int, int | None]:
-    """The identity of the process that wrote a record: (host, pid, start_ticks)."""
-    return rec.header.process_key
 
 
 def _flight_files(flight_dir: Path) -> list[Path]:
@@ -116,8 +103,8 @@ def _warn_once(path: str, what: str) -> None:
 
 
 def _open_regular(path: Path) -> int | None:
-    """A descriptor for reading ``path`` if it is a regular file, else None (logged). Opened
-    non-blocking and without following a symlink, so a FIFO renamed in never blocks."""
+    """A descriptor for ``path`` if it is a regular file, else None (logged); non-blocking
+    and not following a symlink, so a FIFO renamed in never blocks."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     if stat.S_ISREG(os.fstat(fd).st_mode):
         return fd
@@ -155,13 +142,9 @@ class _Tail:
 
 
 class FlightReader:
-    """Incremental tail of a flight directory; the daemon polls it.
-
-    Each poll returns the complete, valid lines appended since the previous poll, from every
-    file, files that appeared since included. A file replaced in place (new inode, or shorter
-    than what was read) is read again from its start, and named in ``restarted`` after that
-    poll so that a reader holding its earlier records drops them first.
-    """
+    """Incremental tail of a flight directory; the daemon polls it. A file replaced in place
+    (new inode, or shorter than what was read) is read again from its start and named in
+    ``restarted`` after that poll, so a holder of its earlier records drops them first."""
 
     def __init__(self, flight_dir: str | os.PathLike[str]) -> None:
         self.flight_dir = Path(flight_dir)
@@ -173,8 +156,7 @@ class FlightReader:
 
     def poll(self, budget: int | None = None) -> list[Record]:
         """The lines appended since the last poll; with ``budget``, at most that many bytes
-        are read (a line cut at the budget is completed by the next poll), the rest is left
-        for the next poll and counted in ``backlog``."""
+        are read and the rest is counted in ``backlog`` for the next poll."""
         records: list[Record] = []
         present: set[str] = set()
         self.restarted = set()
@@ -184,27 +166,28 @@ class FlightReader:
             name = path.name
             present.add(name)
             try:
+                if left != 0:
+                    read = self._poll_file(path, records, left)
+                    left = max(left - read, 0) if left > 0 else left
                 if left == 0:
                     self.backlog += self._unread(path)
-                    continue
-                read = self._poll_file(path, records, left)
-                if left > 0:
-                    left = max(left - read, 0)
-                    if left == 0:
-                        self.backlog += self._unread(path)
             except FileNotFoundError:  # removed between the listing and the open
                 present.discard(name)
         for gone in set(self._tails) - present:
             del self._tails[gone]
         return records
 
-    def _unread(self, path: Path) -> int:
-        """Bytes of ``path`` not read yet (what a budgeted poll left for later)."""
-        st = path.lstat()
-        tail = self._tails.get(path.name)
+    def _current(self, name: str, st: os.stat_result) -> _Tail | None:
+        """The tail of file ``name`` unless the file was replaced since (or is new)."""
+        tail = self._tails.get(name)
         if tail is None or tail.inode != st.st_ino or st.st_size < tail.offset:
-            return st.st_size
-        return st.st_size - tail.offset
+            return None
+        return tail
+
+    def _unread(self, path: Path) -> int:
+        st = path.lstat()
+        tail = self._current(path.name, st)
+        return st.st_size - (tail.offset if tail else 0)
 
     def _poll_file(self, path: Path, records: list[Record], budget: int = -1) -> int:
         """Read what ``path`` appended (at most ``budget`` bytes when not negative); the
@@ -214,14 +197,13 @@ class FlightReader:
             return 0
         with open(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            tail = self._tails.get(path.name)
-            if tail is None or tail.inode != st.st_ino or st.st_size < tail.offset:
-                if tail is not None:
+            tail = self._current(path.name, st)
+            if tail is None:
+                if path.name in self._tails:
                     self.restarted.add(path.name)
                 tail = self._tails[path.name] = _Tail(inode=st.st_ino)
             f.seek(tail.offset)
-            # Read what was appended in bounded chunks: memory stays within the cap
-            # whatever one poll finds (a giant line is dropped as it streams).
+            # Bounded chunks: memory stays capped whatever one poll finds.
             read = 0
             while tail.offset < st.st_size and (budget < 0 or read < budget):
                 want = min(st.st_size - tail.offset, READ_CHUNK)
@@ -336,11 +318,9 @@ def read_flight(
     boots = summarize_boots(records)
     if all_boots:
         return Flight(records=records, boots=boots, boot=None, skipped=skipped, invalid=invalid)
-    if boot is None:
-        selected = boots[-1].boot if boots else None
-    else:
-        if boot not in {b.boot for b in boots}:
-            raise BootNotFoundError(boot, [b.boot for b in boots])
-        selected = boot
+    known = [b.boot for b in boots]
+    if boot is not None and boot not in known:
+        raise BootNotFoundError(boot, known)
+    selected = boot if boot is not None else (known[-1] if known else None)
     chosen = [r for r in records if r.header.boot == selected]
     return Flight(records=chosen, boots=boots, boot=selected, skipped=skipped, invalid=invalid)

@@ -1,11 +1,6 @@
-"""The census report: flight records -> what ``rankscope census --json`` prints and the
-daemon serves at /api/v1/census.
-
-Per group instance, its member ranks' counts are compared at the latest round at which
-every member left a snapshot (``tick()`` is replicated, so ranks snapshot at the same
-rounds; a rank killed with SIGKILL counts with its last one). Divergences at earlier rounds
-are listed in ``history`` with the rounds they spanned, even when the counts agree again
-later. Local dumps (taken at abort, not at a common round) are compared in their own section.
+"""The census report: what ``rankscope census --json`` prints and /api/v1/census serves.
+Each group instance is compared at its latest common round; earlier divergences are listed
+in ``history`` with the rounds they spanned; local dumps (taken at abort) apart.
 """
 
 from __future__ import annotations
@@ -16,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rankscope.record import AnyLine, Census, CensusDump, Divergence, Line
-from rankscope.record.compare import Entry, compare_group, members_of, split_by_group
+from rankscope.record.compare import Entry, compare_group, compare_split, split_by_group
 from rankscope.record.naming import parse_p2p, report_op_name
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
 
@@ -44,8 +39,7 @@ class _Rank:
 def _newest_processes(
     records: Iterable[Record], skipped: collections.Counter[str]
 ) -> dict[int, list[Record]]:
-    """Census records per rank, from the newest process of each rank (a rank restarted
-    within one boot starts its counts again)."""
+    """Census records per rank, of its newest process (a restarted rank counts anew)."""
     by_process: dict[tuple[Any, ...], list[Record]] = collections.defaultdict(list)
     for rec in records:
         if not isinstance(rec.body, CENSUS_KINDS):
@@ -59,8 +53,7 @@ def _newest_processes(
     last_wall = {key: max(r.header.wall for r in recs) for key, recs in by_process.items()}
     for key in sorted(by_process, key=last_wall.__getitem__, reverse=True):
         newest.setdefault(key[0], key)  # the first of equal walls, as read
-    superseded = sum(len(recs) for key, recs in by_process.items() if newest[key[0]] != key)
-    if superseded:
+    if superseded := sum(len(recs) for key, recs in by_process.items() if newest[key[0]] != key):
         skipped["superseded_process"] += superseded
     return {rank: by_process[key] for rank, key in newest.items()}
 
@@ -118,8 +111,7 @@ def _spans(
 def build_report(
     records: Iterable[Record], *, boot: str | None = None, skipped: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
-    """The census of one boot's records (pass the records of one boot: ``read_flight``
-    scopes them). ``skipped`` carries the reader's own skip counts into the report."""
+    """The census of one boot's records; ``skipped``: the reader's own skip counts."""
     skips: collections.Counter[str] = collections.Counter(skipped or {})
     ranks, divergences = _load(_newest_processes(records, skips), skips)
     groups, entries, history = _snapshot_sections(ranks)
@@ -143,9 +135,7 @@ def build_report(
 def _snapshot_sections(
     ranks: dict[int, _Rank],
 ) -> tuple[list[dict[str, Any]], list[Entry], list[Entry]]:
-    """(groups, entries at each group's latest common round, history of divergences) from
-    the snapshots: every group instance compared over its members' common rounds
-    (rankscope.reports.rounds, the rule the daemon's census collector applies too)."""
+    """(groups, entries at each group's latest common round, history of divergences)."""
     snapshots = SnapshotsByRank({r: s.snapshots for r, s in ranks.items()})
     groups: list[dict[str, Any]] = []
     entries: list[Entry] = []
@@ -169,8 +159,7 @@ def _snapshot_sections(
 
 
 def _entries_by_round(found: GroupRound, snapshots: SnapshotsByRank) -> dict[int, dict[str, Entry]]:
-    """Per common round of ``found``, the comparison of its members, by op (the latest is
-    the one :func:`group_rounds` made)."""
+    """Per common round of ``found``, its members' comparison by op."""
     entries_at = {found.rounds[-1]: {e["op"]: e for e in found.entries}}
     for r in found.rounds[:-1]:
         at = [snapshots.groups_at(m, r).get(found.group, {}) for m in found.members]
@@ -183,19 +172,10 @@ def _entries_by_round(found: GroupRound, snapshots: SnapshotsByRank) -> dict[int
 
 
 def _dump_section(ranks: dict[int, _Rank]) -> dict[str, Any]:
-    """The local dumps (taken at abort or exit, not at a common round), compared per group."""
     dumped = {r: s for r, s in ranks.items() if s.dump is not None}
-    dump_entries: list[Entry] = []
-    for group in sorted({g for s in dumped.values() for g in s.dump_counts}):
-        reporters = [r for r, s in dumped.items() if group in s.dump_counts]
-        members = members_of(group, dumped, reporters)
-        if len(members) >= 2:
-            dump_entries.extend(
-                compare_group(group, {m: dumped[m].dump_counts.get(group, {}) for m in members})
-            )
     return {
         "ranks": [{"rank": r, **(dumped[r].dump or {})} for r in sorted(dumped)],
-        "entries": dump_entries,
+        "entries": compare_split({r: s.dump_counts for r, s in dumped.items()}),
     }
 
 
@@ -225,6 +205,7 @@ def census_document(flight: Flight) -> dict[str, Any]:
 def _rank_summary(state: _Rank) -> dict[str, Any]:
     last_round = max(state.snapshots) if state.snapshots else None
     host, pid, start_ticks = state.process or (None, None, None)
+    latest = state.snapshots[last_round].counts if last_round is not None else None
     return {
         "rank": state.rank,
         "host": host,
@@ -235,10 +216,8 @@ def _rank_summary(state: _Rank) -> dict[str, Any]:
         "last_snapshot_wall": state.snapshot_wall.get(last_round) if last_round else None,
         "counts": [
             [g, op, n]
-            for g, ops in sorted(split_by_group(state.snapshots[last_round].counts or {}).items())
+            for g, ops in sorted(split_by_group(latest or {}).items())
             for op, n in sorted((report_op_name(state.rank, op), n) for op, n in ops.items())
-        ]
-        if last_round is not None
-        else [],
+        ],
         "dump": state.dump,
     }

@@ -1,12 +1,8 @@
-"""The ledger: where each process's VRAM went between its marks, and each card's identity.
-Pure functions over flight records, for `rankscope phases`, /api/v1/phases and the status
-page. Bytes are integers; an unmeasured quantity is None, never 0.
-
-- posts: the signed change between consecutive marks of one (boot, process, runner), per
-  view (VIEWS). Never across a boot seam or a change of card.
-- card identity at each mark: total = rank_resident + foreign + free + unattributed
-  (rank_resident: the boot's processes' NVML bytes on the card; foreign: every other pid's;
-  unattributed: the signed remainder, with its drift since the card's first mark).
+"""The ledger, for `rankscope phases`, /api/v1/phases and the status page: posts (the signed
+change per view between consecutive marks of one boot, process and runner, never across a
+change of card) and each card's identity at each mark: total = rank_resident + foreign +
+free + unattributed (the signed remainder, with its drift since the card's first mark).
+An unmeasured quantity is None, never 0.
 """
 
 from __future__ import annotations
@@ -22,8 +18,6 @@ MiB = 1 << 20
 
 MarkLine = Line[Mark]
 
-# view name -> how to read it from a mark: allocator reserved and allocated bytes, the
-# card's used memory from the driver, this process's NVML bytes, the non-torch residue
 VIEWS: dict[str, Callable[[Mark], int | None]] = {
     "allocator": lambda m: m.torch.reserved,
     "allocated": lambda m: m.torch.allocated,
@@ -48,7 +42,7 @@ def marks_of(records: Iterable[Record]) -> list[MarkLine]:
 
 
 def posts(records: Iterable[Record]) -> list[dict[str, Any]]:
-    """Posts between consecutive marks of the same (boot, process, runner), in mark order."""
+    """Posts between consecutive marks of one (boot, process, runner), in mark order."""
     last: dict[tuple[Any, ...], MarkLine] = {}
     out: list[dict[str, Any]] = []
     for line in marks_of(records):
@@ -88,12 +82,8 @@ def posts(records: Iterable[Record]) -> list[dict[str, Any]]:
 def card_identities(
     records: Iterable[Record], resolve_host_pid: HostPid = host_pid
 ) -> list[dict[str, Any]]:
-    """One identity per card, per mark that measured the card, in time order.
-
-    The boot's processes are every process with a record among ``records`` (marks or census),
-    identified on the card by ``resolve_host_pid``. A pid map entry of unknown size makes the
-    sum it belongs to unknown.
-    """
+    """Per card, one identity per mark that measured it, in time order. The boot's processes
+    are those with a record among ``records``, found on the card by ``resolve_host_pid``."""
     records = list(records)
     boot_pids: set[int] = set()
     unresolved = 0
@@ -117,7 +107,6 @@ def card_identities(
         unattributed = None
         if rank_resident is not None and foreign is not None:
             unattributed = total - rank_resident - foreign - free
-        if unattributed is not None:
             baseline.setdefault(card, unattributed)
         by_card[card].append(
             {

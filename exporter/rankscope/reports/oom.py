@@ -1,11 +1,7 @@
-"""The OOM report: each ``oom`` line the probe recorded, as an :class:`OomEvent` with every
-holder of the card named: a rank of a boot (matched by pid and start ticks against the
-records of every process in the flight directory) or foreign. Used by ``rankscope oom`` and
-the daemon (/api/v1/oom, rankscope_oom_events_total).
-
-:class:`SamplerOom` reads the daemon's other source back: the OOM instants its sampler saw
-(/api/v1/oom's ``source: "sampler"`` entries), which live in the daemon, not in the flight
-directory (docs/architecture.md, "Sampler-seen OOMs").
+"""The OOM report, for ``rankscope oom`` and the daemon: each ``oom`` line the probe recorded
+as an :class:`OomEvent`, every holder of the card named a rank of a boot (by pid and start
+ticks) or foreign; and :class:`SamplerOom`, the OOM instants the daemon's sampler saw, read
+back from /api/v1/oom (docs/architecture.md, "Sampler-seen OOMs").
 """
 
 from __future__ import annotations
@@ -69,8 +65,8 @@ class OomEvent:
 
 
 def rank_namer(records: Iterable[Record], resolve: HostPid = host_pid) -> RankNamer:
-    """(host pid, start ticks) -> (boot, rank) of the process whose records say it is that
-    process, or None (foreign). A pid without start ticks never matches: it may be recycled."""
+    """(host pid, start ticks) -> (boot, rank) of the process with records, or None (foreign).
+    A pid without start ticks never matches: it may be recycled."""
     index: dict[tuple[int, int], tuple[str, int | None]] = {}
     for rec in records:
         start, pid = rec.header.start_ticks, resolve(rec)
@@ -131,7 +127,7 @@ def oom_events(
     records: Sequence[Record], resolve: HostPid = host_pid, namer: RankNamer | None = None
 ) -> list[OomEvent]:
     """The OOM events among ``records``, oldest first; holders named by ``namer`` (default:
-    against ``records`` themselves)."""
+    by ``records``)."""
     name = namer or rank_namer(records, resolve)
     events = (parse_oom(line, name, resolve) for line in of_kind(records, Oom))
     return sorted(events, key=lambda e: e.wall)
@@ -145,8 +141,7 @@ def holding_entry(
     boot: str | None,
     rank: int | None,
 ) -> dict[str, Any]:
-    """A process's holding of a card as the daemon's API writes it (/api/v1/cards and the
-    holders of /api/v1/oom): one form for the daemon (Holding) and `rankscope oom --json`."""
+    """A process's holding of a card in the API's form (/api/v1/cards, /api/v1/oom)."""
     return {"pid": pid, "comm": comm, "bytes": held, "role": role, "boot": boot, "rank": rank}
 
 
@@ -161,9 +156,8 @@ def sampler_entry(
     holders: list[dict[str, Any]] | None,
     why: list[str],
 ) -> dict[str, Any]:
-    """An /api/v1/oom entry of the daemon's sampler: one form for the daemon
-    (rankscope.daemon.oom.Exhaustion) and `rankscope oom --json` (SamplerOom). The fields
-    of a rank's OOM it cannot know are null."""
+    """An /api/v1/oom entry of the daemon's sampler; a rank's OOM fields it cannot know are
+    null."""
     return {
         "source": "sampler",
         "wall": wall,
@@ -180,8 +174,7 @@ def sampler_entry(
 
 @dataclass(frozen=True)
 class SamplerOom:
-    """An OOM instant the daemon's sampler saw (the card's free memory at or below
-    --oom.free-below) where no rank's allocator reported one."""
+    """An OOM instant the daemon's sampler saw (free at or below --oom.free-below)."""
 
     wall: float  # the worst instant of the exhaustion
     gpu: int | None
@@ -193,22 +186,12 @@ class SamplerOom:
     why: tuple[str, ...]
 
     def as_json(self) -> dict[str, Any]:
-        """The entry as the daemon serves it: `rankscope oom --json` prints the API's form."""
-        holders = None
+        doc = asdict(self)
         if self.holders is not None:
-            holders = [
+            doc["holders"] = [
                 holding_entry(h.pid, h.comm, h.bytes, h.role, h.boot, h.rank) for h in self.holders
             ]
-        return sampler_entry(
-            wall=self.wall,
-            gpu=self.gpu,
-            uuid=self.uuid,
-            free=self.free,
-            onset_wall=self.onset_wall,
-            onset_free=self.onset_free,
-            holders=holders,
-            why=list(self.why),
-        )
+        return sampler_entry(**dict(doc, why=list(self.why)))
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> SamplerOom:
@@ -219,9 +202,7 @@ class SamplerOom:
             gpu=_opt(obj.get("gpu"), int, "gpu"),
             uuid=_opt(obj.get("uuid"), str, "uuid"),
             free=_opt(obj.get("free"), int, "free"),
-            onset_wall=None
-            if obj.get("onset_wall") is None
-            else _number(obj["onset_wall"], "onset_wall"),
+            onset_wall=_opt_number(obj.get("onset_wall"), "onset_wall"),
             onset_free=_opt(obj.get("onset_free"), int, "onset_free"),
             holders=None if raw is None else tuple(_holder(h) for h in _of(raw, list, "holders")),
             why=tuple(_of(w, str, "why") for w in _of(obj.get("why") or [], list, "why")),
@@ -260,12 +241,15 @@ def _number(value: Any, name: str) -> float:
     return float(value)
 
 
+def _opt_number(value: Any, name: str) -> float | None:
+    return None if value is None else _number(value, name)
+
+
 def sampler_ooms_of_boot(
     ooms: Iterable[SamplerOom], boots: Sequence[BootSummary], boot: str | None
 ) -> list[SamplerOom]:
-    """The sampler's OOMs while ``boot`` was the newest: from its first record to the next
-    boot's first (the newest boot's window stays open: a rank killed by the OOM writes
-    nothing after it). Every one when no boot is chosen."""
+    """The sampler's OOMs from ``boot``'s first record to the next boot's (open for the
+    newest: a rank killed by the OOM writes nothing after it); all when no boot matches."""
     chosen = [i for i, b in enumerate(boots) if b.boot == boot]
     if not chosen:
         return sorted(ooms, key=lambda o: o.wall)
@@ -276,9 +260,9 @@ def sampler_ooms_of_boot(
 
 
 def sampler_ooms_of_page(doc: Any) -> tuple[list[SamplerOom], list[str], str | None]:
-    """One answer of /api/v1/oom -> its sampler entries, why each entry that could not be
-    read was skipped, and the path of the next page (None on the last). ValueError for an
-    answer that is not the API's, or one that says the daemon records no OOM."""
+    """One answer of /api/v1/oom -> its sampler entries, why each unreadable entry was
+    skipped, and the next page's path (None on the last). ValueError for an answer that is
+    not the API's, or says the daemon records no OOM."""
     body = _of(doc, dict, "answer")
     why = body.get("why")
     if isinstance(why, str):  # the daemon watches for no OOM: say so, not "none recorded"

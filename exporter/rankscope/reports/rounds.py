@@ -1,6 +1,5 @@
-"""A group instance's latest common round: the newest census round at which every member
-rank has a snapshot, and the members' counts compared there (docs/census.md, "The latest
-common round"). The one rule of the daemon's census collector and of ``rankscope census``."""
+"""A group instance's latest common round (docs/census.md, "The latest common round"): the
+one rule of the daemon's census collector and of ``rankscope census``."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ History = Mapping[int, Mapping[int, Census]]  # rank -> round -> that rank's sna
 
 
 class SnapshotsByRank:
-    """Each rank's snapshots by round, split by group only where read: a rank far behind
-    keeps every other rank's history long, and the daemon reads it at every scrape."""
+    """Each rank's snapshots by round, split by group lazily: a rank far behind keeps every
+    other rank's history long, and the daemon reads it at every scrape."""
 
     def __init__(self, history: History) -> None:
         self.by_rank = {rank: snaps for rank, snaps in history.items() if snaps}
@@ -24,16 +23,15 @@ class SnapshotsByRank:
     def groups_at(self, rank: int, round_: int) -> dict[str, dict[str, int]]:
         """``rank``'s counts at ``round_`` as {group: {op: n}}."""
         key = (rank, round_)
-        split = self._split.get(key)
-        if split is None:
-            split = self._split[key] = split_by_group(self.by_rank[rank][round_].counts or {})
-        return split
+        if key not in self._split:
+            self._split[key] = split_by_group(self.by_rank[rank][round_].counts or {})
+        return self._split[key]
 
 
 @dataclass(frozen=True)
 class GroupRound:
-    """One group instance: its members, the rounds all of them have a snapshot of (ascending),
-    each member's {op: n} at the latest, and the comparison there (none for a lone member)."""
+    """One group instance: its members, their common rounds (ascending), each member's
+    {op: n} at the latest, and the comparison there (none for a lone member)."""
 
     group: str
     members: tuple[int, ...]
@@ -43,13 +41,11 @@ class GroupRound:
 
     @property
     def round(self) -> int | None:
-        """The latest common round, or None when the members share no round."""
         return self.rounds[-1] if self.rounds else None
 
 
 def group_rounds(snapshots: SnapshotsByRank) -> list[GroupRound]:
-    """Every group instance named in some rank's latest snapshot (counts only grow, so the
-    latest names every group the rank ever counted), by name."""
+    """Every group instance in some rank's latest snapshot (counts only grow), by name."""
     by_rank = snapshots.by_rank
     latest = {rank: snapshots.groups_at(rank, max(snaps)) for rank, snaps in by_rank.items()}
     out: list[GroupRound] = []
