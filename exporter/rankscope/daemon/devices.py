@@ -1,9 +1,5 @@
-"""Device sources: where the daemon reads each card's identity, free memory and process
-list. :class:`NvmlSource` reads real cards (handles resolved once per open, one NVML call a
-read); :class:`ScriptedSource` reads simulated cards from a JSON file (docs/corridor.md),
-labelled ``source="simulated"``, for tests and the demo. A source raises only
-:class:`DeviceError`, which the sampler turns into a down source, a counted error, a retry.
-"""
+"""Device sources: each card's identity, free memory and process list, from NVML or from a
+JSON script of simulated cards (docs/corridor.md). A source raises only DeviceError."""
 
 from __future__ import annotations
 
@@ -31,8 +27,8 @@ class DeviceError(Exception):
 
 @dataclass(frozen=True)
 class CardIdentity:
-    """One card as a source enumerates it. ``index`` is the gpu label (NVML's index);
-    ``slot`` is the card's position in the source's own list, what reads are keyed by."""
+    """``index`` is the gpu label (NVML's index); ``slot`` keys the reads (the card's
+    position in the source's own list)."""
 
     slot: int
     index: int
@@ -50,46 +46,32 @@ class DeviceSource(Protocol):
 
     def open(self) -> list[CardIdentity]: ...
 
-    def changed(self) -> bool:
-        """Has the card list changed (the sampler then reopens)? Cheap: once per sample."""
-        ...
+    def changed(self) -> bool: ...  # has the card list changed? Cheap: once per sample
 
     def read_free(self, slot: int) -> int: ...
 
-    def read_processes(self, slot: int) -> dict[int, int | None]:
-        """Host pid -> bytes held on one card (None where the source cannot tell)."""
-        ...
+    def read_processes(self, slot: int) -> dict[int, int | None]: ...  # host pid -> bytes
 
     def close(self) -> None: ...
 
 
 def free_reader(nvml: Any) -> Callable[[Any], int]:
-    """Free bytes of a card by one nvmlDeviceGetMemoryInfo into a struct kept per thread
-    (rankscope.nvml_calls), else by pynvml's wrapper."""
-
-    def wrapper(handle: Any) -> int:
-        return int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
-
+    """Free bytes of a card by rankscope.nvml_calls' one call, else by pynvml's wrapper."""
     read_memory = memory_reader(nvml, keep_gil=True)
     if read_memory is None:
-        return wrapper
-
-    def read(handle: Any) -> int:
-        return read_memory(handle)[0]
-
-    return read
+        return lambda handle: int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
+    return lambda handle: read_memory(handle)[0]
 
 
 class NvmlSource:
-    """Real cards through NVML. Handles are resolved once per :meth:`open`."""
+    """Real cards through NVML; handles are resolved once per :meth:`open`."""
 
     name = "nvml"
     label = "nvml"
 
     def __init__(self) -> None:
         self._nvml: Any = None
-        self._handles: list[Any] = []  # None for a card NVML counts but cannot open
-        self._unopened: dict[int, str] = {}  # slot -> why
+        self._handles: list[Any] = []  # why, a string, for a card NVML cannot open
         self._meminfo: Callable[[Any], int] | None = None
         self._known: dict[int, CardIdentity] = {}  # by index, across opens
         self.incomplete: str | None = None
@@ -111,7 +93,6 @@ class NvmlSource:
             raise DeviceError(f"NVML could not count the cards: {exc}") from exc
         cards: list[CardIdentity] = []
         handles: list[Any] = []
-        unopened: dict[int, str] = {}
         problems: list[str] = []
         for index in range(count):
             slot = len(handles)
@@ -127,8 +108,7 @@ class NvmlSource:
                 if known is None:
                     continue  # never seen: nothing to name it by until it opens
                 cards.append(CardIdentity(slot, index, known.uuid, known.model, known.total))
-                handles.append(None)
-                unopened[slot] = str(exc)
+                handles.append(str(exc))
                 continue
             ident = CardIdentity(slot, index, uuid, model, total)
             self._known[index] = ident
@@ -137,7 +117,7 @@ class NvmlSource:
         if count and not cards:
             self.close()
             raise DeviceError(f"NVML could not open any card: {'; '.join(problems)}")
-        self._handles, self._unopened = handles, unopened
+        self._handles = handles
         self.incomplete = "NVML could not open " + "; ".join(problems) if problems else None
         self._meminfo = free_reader(pynvml)
         return cards
@@ -179,8 +159,8 @@ class NvmlSource:
 
     def _handle(self, slot: int) -> Any:
         handle = self._handles[slot]
-        if handle is None:
-            raise DeviceError(f"NVML card slot {slot} did not open: {self._unopened[slot]}", slot)
+        if isinstance(handle, str):
+            raise DeviceError(f"NVML card slot {slot} did not open: {handle}", slot)
         return handle
 
     def close(self) -> None:
@@ -208,26 +188,25 @@ class ScriptedCard:
 
 
 def parse_script(text: str, origin: str = "script") -> list[ScriptedCard]:
-    """The scripted source's JSON (docs/corridor.md) -> cards; ValueError naming the file
-    and the field for anything malformed."""
+    """The scripted source's JSON -> cards; ValueError naming the file and the field."""
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{origin}: {what}")
+
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{origin}: not JSON: {exc}") from exc
+        raise bad(f"not JSON: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("cards"), list):
-        raise ValueError(f'{origin}: expected an object {{"cards": [...]}}')
+        raise bad('expected an object {"cards": [...]}')
 
-    def size(where: str, value: Any, *, null: bool = False) -> int | None:
-        if value is None and null:
-            return None
+    def size(where: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ValueError(
-                f"{origin}: {where}: expected bytes (an integer or '2GiB'), got {value!r}"
-            )
+            raise bad(f"{where}: expected bytes (an integer or '2GiB'), got {value!r}")
         try:
             return parse_bytes(value) if isinstance(value, str) else non_negative_bytes(value)
         except ValueError as exc:
-            raise ValueError(f"{origin}: {where}: {exc}") from exc
+            raise bad(f"{where}: {exc}") from exc
 
     cards: list[ScriptedCard] = []
     seen_index: set[int] = set()
@@ -235,38 +214,35 @@ def parse_script(text: str, origin: str = "script") -> list[ScriptedCard]:
     for slot, raw in enumerate(doc["cards"]):
         where = f"cards[{slot}]"
         if not isinstance(raw, dict):
-            raise ValueError(f"{origin}: {where}: expected an object")
+            raise bad(f"{where}: expected an object")
         index = raw.get("index", slot)
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise ValueError(f"{origin}: {where}.index: expected a card index, got {index!r}")
+            raise bad(f"{where}.index: expected a card index, got {index!r}")
         uuid = raw.get("uuid", f"GPU-simulated-{index}")
         if not isinstance(uuid, str) or not uuid:
-            raise ValueError(f"{origin}: {where}.uuid: expected a string, got {uuid!r}")
+            raise bad(f"{where}.uuid: expected a string, got {uuid!r}")
         if index in seen_index or uuid in seen_uuid:
-            raise ValueError(f"{origin}: {where}: card index {index} or uuid {uuid} listed twice")
+            raise bad(f"{where}: card index {index} or uuid {uuid} listed twice")
         seen_index.add(index)
         seen_uuid.add(uuid)
         model = raw.get("model", "Simulated GPU")
         total = size(f"{where}.total", raw.get("total"))
         free = size(f"{where}.free", raw.get("free"))
-        assert total is not None and free is not None
         if free > total:
-            raise ValueError(f"{origin}: {where}: free {free} exceeds total {total}")
+            raise bad(f"{where}: free {free} exceeds total {total}")
         procs_raw = raw.get("processes", {})
         if not isinstance(procs_raw, dict):
-            raise ValueError(f"{origin}: {where}.processes: expected an object pid -> bytes")
+            raise bad(f"{where}.processes: expected an object pid -> bytes")
         procs: dict[int, int | None] = {}
         for pid_text, held in procs_raw.items():
             try:
                 pid = int(pid_text)
             except ValueError:
-                raise ValueError(
-                    f"{origin}: {where}.processes: {pid_text!r} is not a pid"
-                ) from None
-            procs[pid] = size(f"{where}.processes[{pid_text}]", held, null=True)
+                raise bad(f"{where}.processes: {pid_text!r} is not a pid") from None
+            procs[pid] = None if held is None else size(f"{where}.processes[{pid_text}]", held)
         fail = raw.get("fail")
         if fail is not None and not isinstance(fail, str):
-            raise ValueError(f"{origin}: {where}.fail: expected a message string, got {fail!r}")
+            raise bad(f"{where}.fail: expected a message string, got {fail!r}")
         identity = CardIdentity(slot, index, uuid, str(model), total)
         cards.append(ScriptedCard(identity, free, procs, fail))
     return cards
@@ -274,8 +250,7 @@ def parse_script(text: str, origin: str = "script") -> list[ScriptedCard]:
 
 class ScriptedSource:
     """Simulated cards from a JSON file, re-read when its inode, size or mtime changes (one
-    stat per sample), so a writer can script a trough by replacing the file (write a temp
-    file, then rename)."""
+    stat per sample): a writer scripts a trough by replacing the file."""
 
     name = "simulated"
     label = "simulated"
@@ -290,36 +265,31 @@ class ScriptedSource:
 
     def open(self) -> list[CardIdentity]:
         self._stamp = None
-        self._load()
-        if self._error is not None:
-            raise DeviceError(self._error)
-        self._uuids = tuple(c.identity.uuid for c in self._cards)
-        return [c.identity for c in self._cards]
+        identities = self._load()
+        self._uuids = tuple(i.uuid for i in identities)
+        return identities
 
     def changed(self) -> bool:
-        self._load()
-        if self._error is not None:
-            raise DeviceError(self._error)
-        return tuple(c.identity.uuid for c in self._cards) != self._uuids
+        return tuple(i.uuid for i in self._load()) != self._uuids
 
-    def _load(self) -> None:
+    def _load(self) -> list[CardIdentity]:
+        """The scripted cards, the file re-read if it changed; DeviceError while it is bad."""
+        origin = f"simulated device script {self.path}"
         try:
             st = os.stat(self.path)
         except OSError as exc:
-            self._stamp, self._cards = None, []
-            self._error = f"simulated device script {self.path}: {exc.strerror or exc}"
-            return
-        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if stamp == self._stamp:
-            return
-        self._stamp = stamp
-        try:
-            self._cards = parse_script(
-                self.path.read_text(), f"simulated device script {self.path}"
-            )
-            self._error = None
-        except (OSError, ValueError) as exc:
-            self._cards, self._error = [], str(exc)
+            self._stamp, self._cards, self._error = None, [], f"{origin}: {exc.strerror or exc}"
+        else:
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._cards, self._error = parse_script(self.path.read_text(), origin), None
+                except (OSError, ValueError) as exc:
+                    self._cards, self._error = [], str(exc)
+        if self._error is not None:
+            raise DeviceError(self._error)
+        return [c.identity for c in self._cards]
 
     def _card(self, slot: int) -> ScriptedCard:
         if self._error is not None:
@@ -343,8 +313,7 @@ class ScriptedSource:
 
 
 def make_source(kind: str, script: str | None) -> DeviceSource:
-    """``--device.source`` (auto, nvml, script) and ``--device.script`` -> a source. auto
-    means the script when one is given, else NVML."""
+    """``--device.source`` and ``--device.script`` -> a source (auto: the script if given)."""
     if kind == "script" or (kind == "auto" and script):
         if not script:
             raise ValueError("--device.source=script needs --device.script FILE")
@@ -355,8 +324,7 @@ def make_source(kind: str, script: str | None) -> DeviceSource:
 
 
 def write_script(path: str | os.PathLike[str], cards: list[dict[str, Any]]) -> None:
-    """Replace a simulated device script atomically (a temp file, then rename), so the
-    sampler never reads half a file; how tests and the demo script a trough."""
+    """Replaces a simulated device script atomically: the sampler never reads half a file."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"cards": cards}))

@@ -1,9 +1,5 @@
 """The flight source: what the daemon knows from the flight directory, kept current by
-tailing it (rankscope.record.reader.FlightReader hands over the lines appended since the
-last refresh). Kept per file and boot: the marks and census-stream lines (bounded), the
-latest census line, snapshot and arena figures, the OOM lines, and the latest divergence
-per (group, op). A file that disappears takes its state, and so its series, with it.
-"""
+tailing it, per file and boot (bounded). A file that disappears takes its state with it."""
 
 from __future__ import annotations
 
@@ -40,9 +36,7 @@ from rankscope.record.reader import (
 MAX_MARKS_PER_PROCESS = 4096
 MAX_CENSUS_LINES_PER_PROCESS = 4096
 MAX_OOMS_PER_PROCESS = 64
-# How long the series of a process that exited stay published: a last scrape sees them.
-EXITED_GRACE_S = 300.0
-# One refresh reads at most this much, so a scrape never waits for a whole large directory.
+EXITED_GRACE_S = 300.0  # an exited process's series stay this long: a last scrape sees them
 READ_BUDGET_BYTES = 4 << 20
 
 log = logging.getLogger("rankscope.daemon")
@@ -50,8 +44,7 @@ log = logging.getLogger("rankscope.daemon")
 
 @dataclass(frozen=True)
 class RankProcess:
-    """One process that wrote records, as they identify it: ``pid`` and ``nspid`` as the
-    rank saw them, ``pidns`` the inode of its PID namespace."""
+    """One process that wrote records: ``pid`` as the rank saw it, ``pidns`` its namespace."""
 
     host: str
     pid: int
@@ -61,6 +54,10 @@ class RankProcess:
     boot: str
     rank: int | None
     local_rank: int | None
+
+    @property
+    def key(self) -> tuple[str, int, int | None]:
+        return (self.host, self.pid, self.start_ticks)
 
 
 def rank_process(rec: Record) -> RankProcess:
@@ -108,16 +105,14 @@ class FlightView:
     def rank_processes(self) -> list[RankProcess]:
         """Every process of the view, newest boot's first, each (host, pid, start, boot) once."""
         order = {boot: i for i, boot in enumerate(reversed(self.boots))}
-        seen: dict[tuple[str, int, int | None, str], RankProcess] = {}
+        seen: dict[tuple[object, ...], RankProcess] = {}
         for st in sorted(self.streams, key=lambda s: order.get(s.boot, len(order))):
-            p = st.process
-            seen.setdefault((p.host, p.pid, p.start_ticks, p.boot), p)
+            seen.setdefault((*st.process.key, st.process.boot), st.process)
         return list(seen.values())
 
 
 class FlightState:
-    """``refresh()`` reads what was appended; the collectors, the API and the holdings read
-    a :class:`FlightView` of it."""
+    """``refresh()`` reads what was appended; readers take a :class:`FlightView` of it."""
 
     def __init__(
         self,
@@ -144,15 +139,9 @@ class FlightState:
         self.error: str | None = None
         self.refreshed_at: float | None = None  # time.monotonic() of the last refresh
         self._host_pids: dict[tuple[str, int, int | None], int | None] = {}
-        # The boots and each boot's streams, recomputed after a refresh that changed something.
-        self._changes = 0
-        self._index_at = -1
-        self._boots: list[BootSummary] = []
-        self._by_boot: dict[str, list[StreamState]] = {}
 
     def refresh(self) -> bool:
-        """Read what was appended since the last refresh; False (and ``error`` set) when the
-        directory cannot be read (a down source). Reads outside the state lock."""
+        """False (and ``error`` set) when the directory cannot be read: a down source."""
         with self._polling:
             try:
                 records = self._reader.poll(self.read_budget)
@@ -167,19 +156,17 @@ class FlightState:
             self._note_exits()
             with self._lock:
                 # A file truncated or replaced is read again: its old state goes first.
-                dropped = self._forget_missing(present - restarted)
+                self._forget_missing(present - restarted)
                 for rec in records:
                     self._add(rec)
-                forgotten = self._forget_missing(present)
-                if records or dropped or forgotten:
-                    self._changes += 1
+                self._forget_missing(present)
                 self._resolve_new_processes()
                 self.up, self.error = True, None
                 self.refreshed_at = time.monotonic()
             return True
 
     def _note_backlog(self, backlog: int) -> None:
-        """Log a backlog (a large directory at start-up) when it appears and when it is read."""
+        """Logs a backlog (a large directory at start-up) when it appears and when read."""
         now = time.monotonic()
         if backlog and self._catch_up_since is None:
             self._catch_up_since = now
@@ -195,8 +182,7 @@ class FlightState:
         self.backlog = backlog
 
     def _note_exits(self) -> None:
-        """When each process of this host's PID namespace was first found gone (one elsewhere
-        is never judged gone here)."""
+        """When each process of this host's PID namespace was first found gone."""
         with self._lock:
             processes = {st.process for st in self._streams.values()}
         now = time.monotonic()
@@ -211,7 +197,7 @@ class FlightState:
             del self._exited_at[p]
 
     def _note_directory(self) -> None:
-        """Log the flight directory going away (and coming back): its series vanish."""
+        """Logs the flight directory going away and coming back."""
         exists = self.flight_dir.is_dir()
         if self._dir_seen and not exists:
             self._dir_lost = True
@@ -225,18 +211,14 @@ class FlightState:
         self._dir_seen = exists
 
     def refresh_if_older(self, max_age: float) -> None:
-        """Refresh unless the last refresh is younger than ``max_age`` seconds (a burst of
-        API requests costs one directory listing)."""
+        """A burst of API requests costs one directory listing."""
         at = self.refreshed_at
         if at is None or time.monotonic() - at >= max_age:
             self.refresh()
 
     def view(self) -> FlightView:
         with self._lock:
-            firsts: dict[str, float] = {}
-            for st in self._streams.values():
-                firsts[st.boot] = min(firsts.get(st.boot, st.first_wall), st.first_wall)
-            boots = tuple(sorted(firsts, key=lambda b: (firsts[b], b)))
+            boots = tuple(b.boot for b in _summaries(self._by_boot()))
             # Series of a process gone past the grace go (the API and CLI still show it).
             gone_before = time.monotonic() - self.exited_grace
             live = [
@@ -255,13 +237,13 @@ class FlightState:
     def boots(self) -> list[BootSummary]:
         """Every boot the state holds, oldest first (what /api/v1/boots returns)."""
         with self._lock:
-            return list(self._index_locked()[0])
+            return _summaries(self._by_boot())
 
     def flight(self, boot: str | None = None) -> Flight:
-        """One boot's records (the latest by default; BootNotFoundError for an unknown one)
-        as a one-shot read gives them, for the ledger and the census report."""
+        """One boot's records (the latest by default) as a one-shot read gives them."""
         with self._lock:
-            boots, by_boot = self._index_locked()
+            by_boot = self._by_boot()
+            boots = _summaries(by_boot)
             if boot is None:
                 selected = boots[-1].boot if boots else None
             elif boot not in by_boot:
@@ -278,15 +260,11 @@ class FlightState:
             records=records, boots=list(boots), boot=selected, skipped=skipped, invalid=invalid
         )
 
-    def _index_locked(self) -> tuple[list[BootSummary], dict[str, list[StreamState]]]:
-        if self._index_at != self._changes:
-            by_boot: dict[str, list[StreamState]] = {}
-            for st in sorted(self._streams.values(), key=lambda st: st.file):
-                by_boot.setdefault(st.boot, []).append(st)
-            self._boots = _summaries(by_boot)
-            self._by_boot = by_boot
-            self._index_at = self._changes
-        return self._boots, self._by_boot
+    def _by_boot(self) -> dict[str, list[StreamState]]:
+        by_boot: dict[str, list[StreamState]] = {}
+        for st in sorted(self._streams.values(), key=lambda st: st.file):
+            by_boot.setdefault(st.boot, []).append(st)
+        return by_boot
 
     def host_pid(self, rec: Record) -> int | None:
         """The host pid of the process that wrote ``rec``, as resolved at refresh."""
@@ -297,23 +275,16 @@ class FlightState:
             return self._host_pids.get(rec.header.process_key)
 
     def _resolve_new_processes(self) -> None:
-        """The host pid of each process seen for the first time: one /proc scan per refresh
-        that saw a rank in another PID namespace, none otherwise."""
-        new = [
-            st.process
-            for st in self._streams.values()
-            if (st.process.host, st.process.pid, st.process.start_ticks) not in self._host_pids
-        ]
+        """The host pid of each process seen for the first time."""
+        new = [st.process for st in self._streams.values() if st.process.key not in self._host_pids]
         if new:
             self._host_pids.update(host_pids(new, self._proc))
 
     def latest_boot(self) -> str | None:
-        """The newest boot now (refreshed first)."""
         self.refresh()
         return self.view().latest_boot
 
     def rank_processes(self) -> list[RankProcess]:
-        """Every process the flight directory records, newest boot's first (refreshed first)."""
         self.refresh()
         return self.view().rank_processes()
 
@@ -360,16 +331,13 @@ class FlightState:
             if held is None or _round_wall(held) <= _round_wall(Line(h, body)):
                 by_key[(body.group, body.op)] = Line(h, body)
 
-    def _forget_missing(self, present: set[str]) -> bool:
-        """Drop the state of files that are gone; True when there was any."""
+    def _forget_missing(self, present: set[str]) -> None:
+        """Drops the state of files that are gone, and the host pids no file names."""
         gone = [k for k in self._streams if k[0] not in present]
         for key in gone:
             del self._streams[key]
-        if gone:  # the host pids of processes no file names any more go too
-            live = {
-                (st.process.host, st.process.pid, st.process.start_ticks)
-                for st in self._streams.values()
-            }
+        if gone:
+            live = {st.process.key for st in self._streams.values()}
             for process in [p for p in self._host_pids if p not in live]:
                 del self._host_pids[process]
         for boot, by_key in list(self._divergences.items()):
@@ -377,7 +345,6 @@ class FlightState:
                 del by_key[gk]
             if not by_key:
                 del self._divergences[boot]
-        return bool(gone)
 
 
 def _copy(st: StreamState) -> StreamState:
@@ -393,20 +360,17 @@ def _copy(st: StreamState) -> StreamState:
 def _summaries(by_boot: dict[str, list[StreamState]]) -> list[BootSummary]:
     firsts = {b: min(st.first_wall for st in sts) for b, sts in by_boot.items()}
     order = sorted(firsts, key=lambda b: (firsts[b], b))
-    summaries = []
-    for boot in order:
-        procs = [st.process for st in by_boot[boot]]
-        summaries.append(
-            BootSummary(
-                boot=boot,
-                first_wall=firsts[boot],
-                last_wall=max(st.last_wall for st in by_boot[boot]),
-                processes=len({(p.host, p.pid, p.start_ticks) for p in procs}),
-                ranks=sorted({p.rank for p in procs if p.rank is not None}),
-                latest=boot == order[-1],
-            )
+    return [
+        BootSummary(
+            boot=boot,
+            first_wall=firsts[boot],
+            last_wall=max(st.last_wall for st in by_boot[boot]),
+            processes=len({st.process.key for st in by_boot[boot]}),
+            ranks=sorted({r for st in by_boot[boot] if (r := st.process.rank) is not None}),
+            latest=boot == order[-1],
         )
-    return summaries
+        for boot in order
+    ]
 
 
 def _present_files(flight_dir: Path) -> set[str]:
@@ -424,20 +388,14 @@ def _round_wall(line: Line[Divergence]) -> tuple[int, float]:
 def host_pids(
     processes: list[RankProcess], proc: str = DEFAULT_ROOT
 ) -> dict[tuple[str, int, int | None], int | None]:
-    """The pid NVML lists for each process, by (host, pid, start_ticks): its own in the
-    host's PID namespace, else found in this daemon's /proc by the holdings' rank matcher
-    (one walk, only when a process needs it)."""
-    out: dict[tuple[str, int, int | None], int | None] = {}
-    namespaced = []
-    for p in processes:
-        key = (p.host, p.pid, p.start_ticks)
-        out[key] = p.pid if p.pidns == HOST_PIDNS_INODE else None
-        if p.pidns != HOST_PIDNS_INODE and p.start_ticks is not None:
-            namespaced.append(p)
+    """The pid NVML lists for each process, by its key: its own in the host's PID namespace,
+    else found in this daemon's /proc (one walk, only when a process needs it)."""
+    out = {p.key: p.pid if p.pidns == HOST_PIDNS_INODE else None for p in processes}
+    namespaced = [p for p in processes if out[p.key] is None and p.start_ticks is not None]
     if namespaced:
         index = RankIndex(namespaced)
         for pid in list_pids(proc):
             rp = index.match(read_proc_info(pid, proc))
-            if rp is not None and out[(rp.host, rp.pid, rp.start_ticks)] is None:
-                out[(rp.host, rp.pid, rp.start_ticks)] = pid
+            if rp is not None and out[rp.key] is None:
+                out[rp.key] = pid
     return out

@@ -1,12 +1,6 @@
-"""The OOM source: the instants the ranks' probes recorded (``oom`` lines), and those no
-allocator saw (an NCCL buffer, another process), which the sampler sees as a card's free
-memory at or near zero.
-
-:class:`ExhaustionWatch`, the sampler's hook, reads the card's process list once at the
-onset of an exhaustion, then only follows the worst minimum. :class:`OomBook` merges both
-for the collector and the API, each OOM typed once as an :class:`OomInstant` (the probe's
-lines parsed again only when they or the rank processes change).
-"""
+"""The OOM source: the probes' ``oom`` lines, and the exhaustions no allocator saw (an NCCL
+buffer, another process) that the sampler sees as a card's free memory near zero.
+:class:`OomBook` merges both, each OOM typed once as an :class:`OomInstant`."""
 
 from __future__ import annotations
 
@@ -14,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rankscope.daemon.devices import CardIdentity
@@ -57,15 +51,9 @@ class Exhaustion:
         )
 
 
-@dataclass
-class _CardBook:
-    count: int = 0
-    events: list[Exhaustion] = field(default_factory=list)
-
-
 class ExhaustionWatch:
-    """``threshold``: free bytes (or a share of the total) at or below which a card is
-    exhausted."""
+    """The sampler's hook: a card at or below ``threshold`` free is exhausted; its process
+    list is read once at the onset, then only the worst minimum is followed."""
 
     def __init__(
         self,
@@ -83,7 +71,8 @@ class ExhaustionWatch:
         self.wall = wall
         self.process_list_reads = 0
         self._lock = threading.Lock()
-        self._cards: dict[str, _CardBook] = {}
+        self._counts: dict[str, int] = {}  # by uuid
+        self._events: dict[str, list[Exhaustion]] = {}  # by uuid, the newest kept
         sampler.exhaust_below = self.below
         sampler.on_exhausted = self.exhausted
 
@@ -99,10 +88,10 @@ class ExhaustionWatch:
                 holders, why = self._read_holders(card)
                 event = Exhaustion(ident.index, ident.uuid, wall, free, free, wall, holders, why)
                 with self._lock:
-                    book = self._cards.setdefault(ident.uuid, _CardBook())
-                    book.count += 1
-                    book.events.append(event)
-                    del book.events[:-MAX_EXHAUSTIONS_PER_CARD]
+                    self._counts[ident.uuid] = self._counts.get(ident.uuid, 0) + 1
+                    events = self._events.setdefault(ident.uuid, [])
+                    events.append(event)
+                    del events[:-MAX_EXHAUSTIONS_PER_CARD]
                 log.warning(
                     "card %s (%s) exhausted: %d bytes free; holders %s",
                     ident.index,
@@ -112,9 +101,9 @@ class ExhaustionWatch:
                 )
                 return
             with self._lock:
-                current = self._cards.get(ident.uuid)
-                if current and current.events and free < current.events[-1].worst_free:
-                    current.events[-1].worst_free, current.events[-1].worst_wall = free, wall
+                kept = self._events.get(ident.uuid)
+                if kept and free < kept[-1].worst_free:
+                    kept[-1].worst_free, kept[-1].worst_wall = free, wall
         except Exception:  # the sampler's thread goes on whatever happens here
             log.exception("exhaustion watch failed on card %s", card.identity.index)
 
@@ -134,16 +123,11 @@ class ExhaustionWatch:
 
     def counts(self) -> dict[tuple[int, str], int]:
         with self._lock:
-            out: dict[tuple[int, str], int] = {}
-            for book in self._cards.values():
-                if book.events:
-                    e = book.events[-1]
-                    out[(e.gpu, e.uuid)] = book.count
-            return out
+            return {(e[-1].gpu, uuid): self._counts[uuid] for uuid, e in self._events.items()}
 
     def events(self) -> list[Exhaustion]:
         with self._lock:
-            return [Exhaustion(**vars(e)) for book in self._cards.values() for e in book.events]
+            return [Exhaustion(**vars(e)) for events in self._events.values() for e in events]
 
 
 def as_line(rp: RankProcess) -> AnyLine:
@@ -164,14 +148,12 @@ def as_line(rp: RankProcess) -> AnyLine:
 
 
 def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
-    """(host pid, start ticks) -> (boot, rank), for the processes the flight records; a rank
-    in another PID namespace is found through the daemon's /proc (flightstate.host_pids)."""
-    hosts = host_pids([rp for rp in ranks if rp.start_ticks is not None], proc)
-    index: dict[tuple[int, int], tuple[str, int | None]] = {}
-    for rp in ranks:
-        if rp.start_ticks is None:
-            continue
-        host = hosts.get((rp.host, rp.pid, rp.start_ticks))
+    """(host pid, start ticks) -> (boot, rank), for the processes the flight records."""
+    started = [rp for rp in ranks if rp.start_ticks is not None]
+    hosts = host_pids(started, proc)
+    index: dict[tuple[int, int | None], tuple[str, int | None]] = {}
+    for rp in started:
+        host = hosts.get(rp.key)
         if host is not None:
             index.setdefault((host, rp.start_ticks), (rp.boot, rp.rank))
 
@@ -183,8 +165,7 @@ def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
 
 @dataclass(frozen=True)
 class OomInstant:
-    """One OOM instant of either source. ``holders``: rank or foreign, largest first; None
-    when they could not be read."""
+    """One OOM instant of either source; ``holders`` None when they could not be read."""
 
     source: str  # probe | sampler
     wall: float
@@ -210,14 +191,11 @@ class OomInstant:
 
 
 def _holding(h: NamedHolder) -> Holding:
-    """A probe's named holder as a holding of the card (the daemon's one holder type)."""
     return Holding(h.pid, h.comm or "", h.bytes, h.role, h.boot, h.rank)
 
 
 @dataclass
 class _Parsed:
-    """The probe instants parsed from ``records`` with holders named against ``ranks``."""
-
     records: list[Line[Oom]]
     ranks: list[RankProcess]
     instants: list[OomInstant]
@@ -242,8 +220,8 @@ class OomBook:
         self._parsed: _Parsed | None = None
 
     def probe_instants(self) -> list[OomInstant]:
-        """Every oom line of every boot in the flight directory, oldest first; parsed again
-        only when the lines or the rank processes changed since the last call."""
+        """Every oom line in the flight directory, oldest first; parsed again only when the
+        lines or the rank processes changed."""
         self.state.refresh_if_older(2.0)  # the daemon's refresher keeps it younger
         view = self.state.view()
         records = [rec for st in view.streams for rec in st.ooms]
@@ -269,11 +247,9 @@ class OomBook:
         return out
 
     def latest_by_card(self) -> dict[str, OomInstant]:
-        """Each card's (by uuid) latest OOM."""
         return {i.uuid: i for i in self.instants() if i.uuid is not None}
 
     def documents(self) -> list[dict[str, Any]]:
-        """Every OOM both sources know, oldest first, as the API returns them."""
         return [i.as_json() for i in self.instants()]
 
     def latest_by_uuid(self) -> dict[str, dict[str, Any]]:

@@ -1,11 +1,7 @@
-"""The card source: every card's free memory at a fixed interval (100 ms by default), its
-minimum over a trailing window (a monotonic deque, so a 300 ms trough between two scrapes
-is still the minimum at the next), and the time spent below each card's floor.
-
-A card that fails is marked down, its errors counted, and retried with backoff while the
-others go on; a card failing repeatedly, or a source that cannot open, makes the sampler
-reopen the source with backoff. docs/corridor.md describes the accounting.
-"""
+"""The card source: every card's free memory at a fixed interval, its minimum over a
+trailing window (a monotonic deque: a trough between two scrapes is still seen at the next)
+and the time below each card's floor. A failing card is retried with backoff while the
+others go on; docs/corridor.md describes the accounting."""
 
 from __future__ import annotations
 
@@ -79,8 +75,7 @@ def parse_floor_value(text: str) -> FloorValue:
 
 
 def parse_floors(text: str) -> Floors:
-    """'2GiB' (every card), '0=2GiB,GPU-abc=3GiB' (by index or uuid), '5%,1=4GiB' (a
-    default and an override); ValueError with the offending item."""
+    """'2GiB' (every card), '0=2GiB,GPU-abc=3GiB' (by index or uuid), '5%,1=4GiB'."""
     default: FloorValue | None = None
     by_index: dict[int, FloorValue] = {}
     by_uuid: dict[str, FloorValue] = {}
@@ -148,8 +143,7 @@ class CardView:
 
 
 class Sampler:
-    """The device source and every card's corridor state: :meth:`sample` is one sample (at
-    an explicit ``now`` in the tests), :meth:`start` runs it every ``interval``."""
+    """:meth:`sample` takes one sample, :meth:`start` one every ``interval``."""
 
     def __init__(
         self,
@@ -268,19 +262,21 @@ class Sampler:
                 # Handles may be dead (driver reloaded, GPU reset): re-resolve them all.
                 self._reopen_due = card.retry_at
 
+    def _count_source_failure(self, message: str, warning: str) -> float:
+        """Counts a failure of the source (under the lock); the delay before the next try."""
+        self.source_errors += 1
+        self._source_backoff = backoff(self._source_backoff, self.interval)
+        if self.source_failing != message:
+            log.warning(warning, self.source.name, message)
+        self.source_failing = message
+        return self._source_backoff
+
     def _source_failed(self, exc: DeviceError, now: float) -> None:
         with self._lock:
-            self.source_errors += 1
-            self._source_backoff = backoff(self._source_backoff, self.interval)
-            self._reopen_at = now + self._source_backoff
-            message = str(exc)
-            if self.source_failing != message:
-                log.warning(
-                    "device source %s is down: %s; the daemon keeps serving, retrying with backoff",
-                    self.source.name,
-                    message,
-                )
-            self.source_failing = message
+            warning = (
+                "device source %s is down: %s; the daemon keeps serving, retrying with backoff"
+            )
+            self._reopen_at = now + self._count_source_failure(str(exc), warning)
             if self._open:
                 self._open = False
                 for card in self._cards:
@@ -294,14 +290,12 @@ class Sampler:
                 self.source.close()
                 self._open = False
             try:
-                identities = self.source.open()
+                self._adopt(self.source.open())
+                failed: DeviceError | None = None
             except DeviceError as exc:
-                opened_error: DeviceError | None = exc
-            else:
-                opened_error = None
-                self._adopt(identities)
-        if opened_error is not None:
-            self._source_failed(opened_error, now)
+                failed = exc
+        if failed is not None:
+            self._source_failed(failed, now)
             return
         with self._lock:
             self._open = True
@@ -314,18 +308,12 @@ class Sampler:
                 self._reopen_due = None
                 return
             # Open, serving the cards that answered, but down: count it, retry the rest.
-            self.source_errors += 1
-            self._source_backoff = backoff(self._source_backoff, self.interval)
-            self._reopen_due = now + self._source_backoff
-            if self.source_failing != incomplete:
-                log.warning(
-                    "device source %s: %s; serving the other cards", self.source.name, incomplete
-                )
-            self.source_failing = incomplete
+            warning = "device source %s: %s; serving the other cards"
+            self._reopen_due = now + self._count_source_failure(incomplete, warning)
 
     def _adopt(self, identities: list[CardIdentity]) -> None:
-        """Take the card list of a (re)opened source. State is kept per uuid, so counters
-        never go backwards across a reopen; a card no longer listed stays, marked absent."""
+        """State is kept per uuid (counters never go backwards across a reopen); a card no
+        longer listed stays, marked absent."""
         if self.source.label == "simulated":
             log.warning(
                 "device source: %d SIMULATED card(s) from a script, not real GPUs "
@@ -344,12 +332,13 @@ class Sampler:
                     card.exhaust_below = self.exhaust_below(ident)
                 card.retry_at, card.last_t = 0.0, None
                 cards.append(card)
+            listed = {c.identity.uuid for c in cards}
             for uuid, card in self._known.items():
-                if all(c.identity.uuid != uuid for c in cards):
+                if uuid not in listed:
                     card.present, card.latest, card.holdings = False, None, None
                     card.window.clear()
             self._cards = cards
-        known = {c.identity.uuid for c in cards} | {str(c.identity.index) for c in cards}
+        known = listed | {str(c.identity.index) for c in cards}
         for key in self.floors.named_cards():
             if key not in known:
                 log.warning("--corridor.floor names card %r, which the source does not list", key)
@@ -365,8 +354,7 @@ class Sampler:
 
     @contextlib.contextmanager
     def open_cards(self) -> Iterator[list[CardState]]:
-        """The present cards, with the source held open for the holdings' reads (the
-        sampler cannot reopen it meanwhile). Empty while the source is down."""
+        """The present cards (none while the source is down), the source held open."""
         with self._source_lock:
             yield list(self._cards) if self._open else []
 
@@ -419,15 +407,13 @@ class Sampler:
 
 
 def backoff(previous: float, first: float, cap: float = MAX_BACKOFF_S) -> float:
-    """The next retry delay: ``first`` at the first failure, doubling after, at most
-    ``cap`` (the one backoff of the card and source retries)."""
+    """The next retry delay: ``first``, then doubling up to ``cap``."""
     return min(max(previous * 2, first), cap)
 
 
 class Periodic:
-    """Runs ``fn`` every ``interval`` seconds on a daemon thread, on a fixed schedule; a run
-    that starts late because the previous one outran the interval is an overrun, and the
-    schedule then restarts from now instead of bursting to catch up."""
+    """Runs ``fn`` every ``interval`` seconds on a daemon thread; a run that starts late is
+    an overrun, and the schedule restarts from now instead of bursting to catch up."""
 
     def __init__(self, name: str, interval: float, fn: Callable[[], object]) -> None:
         self.name = name
