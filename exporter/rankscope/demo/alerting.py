@@ -1,6 +1,5 @@
-"""The demo's rules and routing: the mixin's own rules with `for:` durations and windows
-short enough for a two-minute demo, and the example Alertmanager routing with every
-receiver pointed at the demo's webhook receiver and group timings cut to seconds."""
+"""The demo's rules and routing: the mixin's rules with `for:` and windows cut for a short
+demo, and the example Alertmanager routing pointed at the demo's webhook receiver."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ import yaml
 
 from rankscope.mixin import render
 
-# How long a foreign holder must stay before it pages, in the demo.
-FOREIGN_HOLDER_FOR_SECONDS = 3
+FOREIGN_HOLDER_FOR_SECONDS = 3  # how long a foreign holder stays before it pages
 
 # Only time is shortened; thresholds, selectors and expressions are the shipped ones.
 DEMO_RULES_CONFIG: dict[str, Any] = {
@@ -39,19 +37,10 @@ def rules_text() -> str:
     return render.rules_yaml(DEMO_RULES_CONFIG)
 
 
-def alert_names(text: str) -> set[str]:
-    """The alert names a rule file defines."""
-    doc = yaml.safe_load(text)
-    return {
-        rule["alert"]
-        for group in doc.get("groups", [])
-        for rule in group.get("rules", [])
-        if "alert" in rule
-    }
-
-
 def check_expected(text: str, expected: set[str]) -> None:
-    missing = expected - alert_names(text)
+    """ValueError unless the rule file ``text`` defines every alert ``expected``."""
+    groups = yaml.safe_load(text).get("groups", [])
+    missing = expected - {rule.get("alert") for group in groups for rule in group.get("rules", [])}
     if missing:
         raise ValueError(
             f"the generated rules define no alert named {', '.join(sorted(missing))}; "
@@ -66,17 +55,14 @@ def example_routing() -> tuple[str, str]:
 
 
 def demo_routing(example_text: str, webhook_url: str) -> str:
-    """The example routing with every notification URL pointed at the demo's receiver and
-    route timings shortened. The routing tree, matchers, inhibitions and receivers are left
-    as shipped, so a receiver that notifies nobody (info alerts) stays silent here too."""
+    """The example routing with every integration a webhook to the demo's receiver and route
+    timings shortened; tree, matchers, inhibitions and silent receivers left as shipped."""
     doc = yaml.safe_load(example_text)
     if not isinstance(doc, dict) or not isinstance(doc.get("route"), dict):
         raise ValueError("the example Alertmanager configuration has no route")
     for receiver in doc.get("receivers") or []:
-        integrations = [k for k in receiver if k.endswith("_configs")]
-        for key in integrations:
+        for key in [k for k in receiver if k.endswith("_configs")]:
             configs = receiver.pop(key) or []
-            # Any other integration (a pager's API, a chat) becomes a webhook here.
             receiver.setdefault("webhook_configs", []).extend(
                 {"url": webhook_url, "send_resolved": c.get("send_resolved", True)} for c in configs
             )

@@ -1,7 +1,6 @@
-"""The demo's simulated cards, for machines without a GPU: the daemon's scripted device
-source (docs/corridor.md), rewritten as the scenario goes. The pids on the cards are real
-processes (the ranks, a real ``sleep`` for the other holders); only their byte counts are
-made up, each rank's following its latest boot phase. The daemon labels them simulated."""
+"""The demo's simulated cards without a GPU: the daemon's scripted device source
+(docs/corridor.md), rewritten as the scenario goes. The pids on them are real processes;
+only their byte counts are made up, a rank's following its latest boot phase."""
 
 from __future__ import annotations
 
@@ -15,16 +14,14 @@ MiB = 1024**2
 
 CARD_TOTAL = 80 * GiB
 CARD_MODEL = "simulated 80 GiB card"
-# Held by the driver and no process: the card's unattributed share.
-DRIVER_RESERVED = 256 * MiB
+DRIVER_RESERVED = 256 * MiB  # held by the driver and no process: the unattributed share
 FLOOR = 6 * GiB
 # Two ranks' full holdings (2 x 32.5 GiB) plus the foreign holder fit one card above its
 # floor; more ranks get more cards, as a real job would.
 RANKS_PER_CARD = 2
 
-# What a rank holds once it has reached a phase (cumulative): CUDA context, weights, KV pool.
+# What a rank holds once it reached a phase: CUDA context, weights, KV pool.
 RANK_BYTES_BY_PHASE: dict[str, int] = {
-    # The generic marks `rankscope run` adds before the demo's own boot phases.
     "process_start": 0,
     "nccl_init_begin": 0,
     "nccl_init_end": 0,
@@ -33,13 +30,11 @@ RANK_BYTES_BY_PHASE: dict[str, int] = {
     "kv_pool_sized": 512 * MiB + 12 * GiB + 20 * GiB,
 }
 FOREIGN_BYTES = 4608 * MiB  # "Process 1920108 has 4.29 GiB in use" was 4.5 GiB
-# The trough takes the card this far below its floor (on a real GPU too).
-TROUGH_BELOW_FLOOR = 2 * GiB
+TROUGH_BELOW_FLOOR = 2 * GiB  # how far the trough takes a card below its floor
 
 
 def rank_bytes(phase: str | None) -> int:
-    """Bytes a simulated rank holds after its latest phase (a phase past kv_pool_sized
-    holds the full amount; before its first mark a rank holds nothing)."""
+    """Bytes a simulated rank holds after its latest phase (past kv_pool_sized: all)."""
     if phase is None:
         return 0
     return RANK_BYTES_BY_PHASE.get(phase, RANK_BYTES_BY_PHASE["kv_pool_sized"])
@@ -81,7 +76,6 @@ class SimulatedCards:
         return max(CARD_TOTAL - DRIVER_RESERVED - sum(self.holders[card].values()), 0)
 
     def bytes_to_leave(self, card: int, free: int) -> int:
-        """What a process must take to leave ``free`` bytes free on the card."""
         return max(self.free(card) - free, 0)
 
     def document(self) -> dict[str, object]:
@@ -100,7 +94,7 @@ class SimulatedCards:
         }
 
     def write(self) -> None:
-        """Replace the script in one rename, so the daemon never reads half a file."""
+        # One rename, so the daemon never reads half a file.
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(self.document(), indent=1))
         os.replace(tmp, self.path)

@@ -21,11 +21,10 @@ from types import FrameType
 
 from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.demo import alerting, services
-from rankscope.demo.cards import FLOOR, SimulatedCards
+from rankscope.demo.cards import FLOOR, GiB, SimulatedCards
 from rankscope.demo.scenarios import SCENARIOS, Options, Result, ScenarioRun, Stack
 from rankscope.demo.view import View, gib
 
-GiB = 1024**3
 GPU_FLOOR = 8 * GiB
 DEFAULT_PORT = 19400  # the daemon's own default, so the status page is where a user expects
 MAX_RANKS = 8  # one host's cards

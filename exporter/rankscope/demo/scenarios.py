@@ -140,7 +140,6 @@ class ScenarioRun:
         self.boot = f"demo-{scenario.name}-{time.strftime('%H%M%S')}-{os.getpid()}"
         stack.boots[self.boot] = scenario.name
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
-        self.rank_pids: set[int] = set()
         self.booted: set[int] = set()
         self.rounds: dict[int, int] = {}
         self.helpers: list[subprocess.Popen[bytes]] = []
@@ -180,13 +179,11 @@ class ScenarioRun:
                 # A census snapshot about once a second, so a skew shows within seconds.
                 RANKSCOPE_CENSUS_EVERY=str(max(round(1.0 / o.step_interval), 1)),
             )
-            # Each rank runs under `rankscope run`, as an operator would start a job: the
-            # generic marks and the torch.distributed census need no code in the workload.
+            # Under `rankscope run`, as an operator starts a job: marks and census come free.
             argv = [sys.executable, "-m", "rankscope", "run", "--", sys.executable, "-m"]
             argv += ["rankscope.demo.workload", *workload]
-            proc = start(argv, self.stack.workdir / f"{self.scenario.name}-rank{rank}.log", env=env)
-            self.ranks[rank] = proc
-            self.rank_pids.add(proc.pid)
+            log = self.stack.workdir / f"{self.scenario.name}-rank{rank}.log"
+            self.ranks[rank] = start(argv, log, env=env)
 
     def act(self, now: float) -> None:
         """Once serving: the foreign holder at once, the trough or the exhaustion a while in."""
@@ -261,6 +258,7 @@ class ScenarioRun:
         cards = self.stack.cards
         changed = False
         reached: dict[tuple[int, int], list[str]] = {}
+        rank_pids = {proc.pid for proc in self.ranks.values()}
         for rec in reader.poll():
             h, body = rec.header, rec.body
             rank = h.rank
@@ -270,7 +268,7 @@ class ScenarioRun:
                 reached.setdefault((rank, h.pid), []).append(body.phase)
                 if body.phase == "boot_complete":
                     self.booted.add(rank)
-                if cards is not None and h.pid in self.rank_pids:
+                if cards is not None and h.pid in rank_pids:
                     cards.set_holder(cards.card_of_rank(rank), h.pid, rank_bytes(body.phase))
                     changed = True
             elif isinstance(body, Census):
@@ -328,10 +326,9 @@ class ScenarioRun:
         else:
             self.breached |= {u for u, n in breaches.items() if n > self.breaches_before.get(u, 0)}
         # The breach may be read a moment before the OOM of the same sample: judged anew.
+        self.shown.discard(alerting.CORRIDOR_BREACH)
         if self.breached - self.oomed:
             self.shown.add(alerting.CORRIDOR_BREACH)
-        else:
-            self.shown.discard(alerting.CORRIDOR_BREACH)
         for card in cards:
             free, uuid = card.get("free"), card.get("uuid")
             if isinstance(free, int) and isinstance(uuid, str):
@@ -417,12 +414,11 @@ class ScenarioRun:
     def report_exits(self, stragglers: list[int]) -> None:
         """Say how each rank ended; an unclean end fails the run, but for a skipping rank's
         peer stuck in the collective never matched."""
-        clean = True
         for rank, proc in sorted(self.ranks.items()):
             code = proc.returncode
             if code == 0:
                 continue
-            clean = False
+            expected = self.scenario.name == "skip"
             if rank in stragglers:
                 text = (
                     f"rank {rank} was still inside a collective {STRAGGLER_GRACE:.0f}s after "
@@ -435,15 +431,13 @@ class ScenarioRun:
                     "say where)"
                 )
             else:
+                expected = False
                 log = self.stack.workdir / f"{self.scenario.name}-rank{rank}.log"
                 text = f"rank {rank} exited with {code}; see {log}"
             self.view.line(text)
-            expected = self.scenario.name == "skip" and (
-                rank in stragglers or code == COLLECTIVE_FAILED
-            )
             if not expected:
                 self.notes.append(text)
-        if clean:
+        if all(proc.returncode == 0 for proc in self.ranks.values()):
             self.view.line(f"all ranks served {self.steps} steps and exited")
 
     def settle(self) -> None:

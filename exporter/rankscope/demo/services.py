@@ -144,15 +144,26 @@ class DaemonProcess(Service):
         return http_json(self.url + path)
 
 
-@contextlib.contextmanager
 def daemon(
     workdir: Path, flight_dir: Path, port: int, extra_args: Sequence[str] = ()
-) -> Iterator[DaemonProcess]:
+) -> contextlib.AbstractContextManager[DaemonProcess]:
     """`rankscope serve` over the demo's flight directory, the command a user runs."""
-    log = workdir / "daemon.log"
     argv = [sys.executable, "-m", "rankscope", "serve", f"--web.listen-address=127.0.0.1:{port}"]
     argv += [f"--flight-dir={flight_dir}", *extra_args]
-    with served(DaemonProcess, argv, log, port, "/api/v1/cards") as running:
+    return served(DaemonProcess, argv, workdir / "daemon.log", port, "/api/v1/cards")
+
+
+@contextlib.contextmanager
+def _configured(
+    kind: type[S], name: str, binary: str, workdir: Path, config: str, *flags: str
+) -> Iterator[S]:
+    """``binary`` with its config file and log in ``workdir``, on a free loopback port."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cfg = workdir / f"{name}.yml"
+    cfg.write_text(config)
+    argv = [binary, f"--config.file={cfg}", f"--web.listen-address=127.0.0.1:{port}", *flags]
+    with served(kind, argv, workdir / f"{name}.log", port, "/-/ready") as running:
         yield running
 
 
@@ -161,7 +172,6 @@ class Prometheus(Service):
         return list(http_json(self.url + "/api/v1/alerts")["data"]["alerts"])
 
 
-@contextlib.contextmanager
 def prometheus(
     binary: str,
     workdir: Path,
@@ -171,9 +181,7 @@ def prometheus(
     alertmanager_url: str | None = None,
     scrape_interval: str = "1s",
     extra_scrape_configs: Sequence[dict[str, Any]] = (),
-) -> Iterator[Prometheus]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+) -> contextlib.AbstractContextManager[Prometheus]:
     config: dict[str, Any] = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": "1s"},
         "rule_files": [str(p) for p in rule_files],
@@ -186,13 +194,9 @@ def prometheus(
     if alertmanager_url:
         am_host = urllib.parse.urlparse(alertmanager_url).netloc
         config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [am_host]}]}]}
-    cfg = workdir / "prometheus.yml"
-    cfg.write_text(yaml.safe_dump(config, sort_keys=False))
-    log = workdir / "prometheus.log"
-    argv = [binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}"]
-    argv.append(f"--web.listen-address=127.0.0.1:{port}")
-    with served(Prometheus, argv, log, port, "/-/ready") as running:
-        yield running
+    text = yaml.safe_dump(config, sort_keys=False)
+    storage = f"--storage.tsdb.path={workdir / 'data'}"
+    return _configured(Prometheus, "prometheus", binary, workdir, text, storage)
 
 
 class Alertmanager(Service):
@@ -200,20 +204,12 @@ class Alertmanager(Service):
         return list(http_json(self.url + "/api/v2/alerts"))
 
 
-@contextlib.contextmanager
-def alertmanager(binary: str, workdir: Path, config_text: str) -> Iterator[Alertmanager]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    port, cluster_port = free_port(), free_port()
-    cfg = workdir / "alertmanager.yml"
-    cfg.write_text(config_text)
-    log = workdir / "alertmanager.log"
-    argv = [binary, f"--config.file={cfg}", f"--storage.path={workdir / 'am-data'}"]
-    argv += [
-        f"--web.listen-address=127.0.0.1:{port}",
-        f"--cluster.listen-address=127.0.0.1:{cluster_port}",
-    ]
-    with served(Alertmanager, argv, log, port, "/-/ready") as running:
-        yield running
+def alertmanager(
+    binary: str, workdir: Path, config_text: str
+) -> contextlib.AbstractContextManager[Alertmanager]:
+    storage = f"--storage.path={workdir / 'am-data'}"
+    cluster = f"--cluster.listen-address=127.0.0.1:{free_port()}"
+    return _configured(Alertmanager, "alertmanager", binary, workdir, config_text, storage, cluster)
 
 
 @dataclass

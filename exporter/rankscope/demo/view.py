@@ -1,6 +1,5 @@
-"""The demo's terminal view: one line per event (a rank reaching a boot phase, a page
-arriving), a compact live summary every few seconds, and the verdict. Plain lines rather
-than a full-screen display, so the output reads the same in a terminal, a CI log or a pipe."""
+"""The demo's terminal view: a line per event, a summary every few seconds, the verdict; plain
+lines, so the output reads the same in a terminal, a CI log or a pipe."""
 
 from __future__ import annotations
 
@@ -52,10 +51,8 @@ class View:
 
 
 def card_lines(cards_doc: dict[str, Any], worst: dict[str, int] | None = None) -> list[str]:
-    """Per card: the latest sample (free, floor, margin) with the worst free the scenario saw
-    (``worst``, by uuid; else the daemon's trailing window), then the holders as the last
-    holdings scan saw them, with the free bytes of that same scan, so that no line mixes
-    figures of two instants."""
+    """Per card: the latest sample with the worst free (the scenario's, else the daemon's
+    window), then the last holdings scan with its own free bytes: no figure of two instants."""
     lines = []
     for card in cards_doc.get("cards", []):
         tag = " (simulated card)" if card.get("source") == "simulated" else ""

@@ -3,6 +3,7 @@ group instances (``tp:0-3``) and point-to-point ops (``send>3``, ``recv<0``)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Iterable
@@ -54,17 +55,12 @@ def parse_instance(instance: str) -> tuple[str, tuple[int, ...]] | None:
 # rank: rank a counts "send>b", rank b counts "recv<a", and the comparison pairs them.
 SEND = "send"
 RECV = "recv"
-_P2P_NAMES: dict[tuple[str, int | None], str] = {}
 
 
+@functools.cache
 def p2p_name(kind: str, peer: int | None) -> str:
     """``send>peer`` or ``recv<peer`` (global ranks); cached: the hot path builds no string."""
-    key = (kind, peer)
-    name = _P2P_NAMES.get(key)
-    if name is None:
-        mark = ">" if kind == SEND else "<"
-        name = _P2P_NAMES[key] = f"{kind}{mark}{'?' if peer is None else peer}"
-    return name
+    return f"{kind}{'>' if kind == SEND else '<'}{'?' if peer is None else peer}"
 
 
 def parse_p2p(op: str) -> tuple[str, int] | None:

@@ -82,15 +82,10 @@ def _flight_files(flight_dir: Path) -> list[Path]:
         raise OSError(
             exc.errno, f"cannot list flight directory {flight_dir}: {exc.strerror}"
         ) from exc
-    files = []
-    for e in entries:
-        if not e.name.endswith(FILE_SUFFIX):
-            continue
-        if e.is_symlink():
-            _warn_once(e.path, "is a symlink; not followed")
-            continue
-        files.append(Path(e.path))
-    return sorted(files)
+    files = [e for e in entries if e.name.endswith(FILE_SUFFIX)]
+    for link in filter(os.DirEntry.is_symlink, files):
+        _warn_once(link.path, "is a symlink; not followed")
+    return sorted(Path(e.path) for e in files if not e.is_symlink())
 
 
 _warned: set[tuple[str, str]] = set()
@@ -100,6 +95,11 @@ def _warn_once(path: str, what: str) -> None:
     if (path, what) not in _warned:
         _warned.add((path, what))
         log.warning("flight file %s %s", path, what)
+
+
+def _skip(skipped: collections.Counter[str], name: str, reason: str) -> None:
+    skipped[reason] += 1
+    _warn_once(name, f"has {reason} lines; skipped and counted")
 
 
 def _open_regular(path: Path) -> int | None:
@@ -123,13 +123,10 @@ def _parse_into(
     bad: Bad = []
     for raw in chunk.split(b"\n"):
         parsed = parse_line(raw, name, bad) if len(raw) <= MAX_LINE_BYTES else "oversized"
-        if parsed is None:
-            continue
         if isinstance(parsed, str):
-            skipped[parsed] += 1
-            _warn_once(name, f"has {parsed} lines; skipped and counted")
-            continue
-        records.append(parsed)
+            _skip(skipped, name, parsed)
+        elif parsed is not None:
+            records.append(parsed)
     invalid.update(bad)
 
 
@@ -228,8 +225,7 @@ class FlightReader:
             _parse_into(tail.pending + data[:cut], name, records, self.skipped, self.invalid)
             tail.pending = data[cut + 1 :]
         if len(tail.pending) > MAX_LINE_BYTES:
-            self.skipped["oversized"] += 1
-            _warn_once(name, "has oversized lines; skipped and counted")
+            _skip(self.skipped, name, "oversized")
             tail.pending, tail.oversized = b"", True
 
 

@@ -85,14 +85,9 @@ def card_identities(
     """Per card, one identity per mark that measured it, in time order. The boot's processes
     are those with a record among ``records``, found on the card by ``resolve_host_pid``."""
     records = list(records)
-    boot_pids: set[int] = set()
-    unresolved = 0
-    for rec in {r.header.process_key: r for r in records}.values():
-        pid = resolve_host_pid(rec)
-        if pid is None:
-            unresolved += 1
-        else:
-            boot_pids.add(pid)
+    pids = [resolve_host_pid(r) for r in {r.header.process_key: r for r in records}.values()]
+    boot_pids = {pid for pid in pids if pid is not None}
+    unresolved = pids.count(None)
     by_card: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     baseline: dict[str, int] = {}  # each card's first measured unattributed bytes
     for line in sorted(marks_of(records), key=lambda m: m.header.wall):

@@ -54,11 +54,7 @@ def group_rounds(snapshots: SnapshotsByRank) -> list[GroupRound]:
         members = members_of(group, by_rank, reporters)
         common = set.intersection(*(set(by_rank[m]) for m in members)) if members else set()
         rounds = tuple(sorted(common))
-        ops = (
-            {m: snapshots.groups_at(m, rounds[-1]).get(group, {}) for m in members}
-            if rounds
-            else {}
-        )
+        ops = {m: snapshots.groups_at(m, rounds[-1]).get(group, {}) for m in members if rounds}
         entries = compare_group(group, ops) if len(ops) > 1 else []
         out.append(GroupRound(group, tuple(members), rounds, ops, entries))
     return out
