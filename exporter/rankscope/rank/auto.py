@@ -33,7 +33,6 @@ ENV_COMPARE = "RANKSCOPE_COMPARE"
 DEFAULT_AUTO_EVERY = 500
 OFF = ("", "0", "false", "off", "no")
 
-# The optional parts, by module and function: (module, attribute).
 OPTIONAL_INSTALLS = (
     ("rankscope.rank.probe.oom", "install"),
     ("rankscope.rank.adapters", "install_import_hooks"),

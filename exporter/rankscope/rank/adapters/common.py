@@ -35,8 +35,8 @@ def count_methods(module: Any, points: list[HookPoint], table: Mapping[str, Op])
     return [census.instrument_methods(owners.pop(), methods, group_of=group_of)]
 
 
-# A counted method's op: a collective's name, or a point-to-point op as (send or recv,
-# the peer's parameter, its position after self), the peer read from the call.
+# A counted method's op: a collective's name, or a p2p op's (send or recv, the peer's
+# parameter, its position after self)
 Op = str | tuple[str, str, int]
 
 
@@ -103,8 +103,7 @@ def first_forward(adapter: Adapter) -> None:
         probe.mark("boot_complete", runner="target")
 
 
-# KV arena views, held here: the arena registry holds views weakly, and a view holds its
-# framework object weakly, so observing a KV pool never keeps it alive.
+# KV arena views, held here: the registry holds views weakly, each view its pool weakly.
 ARENA_VIEWS: dict[str, Any] = {}
 
 

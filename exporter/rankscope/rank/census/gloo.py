@@ -226,14 +226,14 @@ def _close(comparator: Comparator, timeout: float) -> bool:
             comparator.dist.destroy_process_group(comparator.group)
         except Exception as exc:
             log.info("rankscope census: the comparison group was not destroyed: %r", exc)
+        comparator.group = None  # freed now: freed at the interpreter's teardown, it aborts
     return True
 
 
 def _stop_at_exit() -> None:
-    """Before torch tears down (a thread left inside a gloo call then aborts the process),
-    wait for every comparison's submitted rounds as long as one gather may take: the peers
-    gather the same rounds, so a live job finishes in milliseconds; only a dead peer makes
-    this wait the group's timeout."""
+    """Before torch tears down (a thread left in a gloo call then aborts the process), wait
+    for every comparison's submitted rounds as long as one gather may take (milliseconds in
+    a live job, whose peers gather the same rounds; the group's timeout with a dead peer)."""
     global _active
     active, _active = _active, None
     snapshots.STATE.on_snapshot = None

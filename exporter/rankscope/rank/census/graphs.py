@@ -137,8 +137,6 @@ def reset() -> None:
     unknown_replays = 0
 
 
-# --- torch.cuda.CUDAGraph ------------------------------------------------------------------
-
 _GRAPH_METHODS = ("capture_begin", "capture_end", "replay")
 
 

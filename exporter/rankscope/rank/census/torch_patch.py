@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import operator
 import threading
 import weakref
 from collections.abc import Callable
@@ -115,13 +116,10 @@ def _resolve(dist: Any, group: Any) -> str:
 
 
 def _peer(dist: Any, group: Any, peer: Any, group_peer: Any) -> int | None:
-    if peer is not None:
-        return int(peer)
-    if group_peer is None:
-        return None
-    return int(
-        dist.get_global_rank(group if group is not None else dist.GroupMember.WORLD, group_peer)
-    )
+    if peer is None and group_peer is not None:
+        pg = group if group is not None else dist.GroupMember.WORLD
+        peer = dist.get_global_rank(pg, group_peer)
+    return None if peer is None else int(peer)
 
 
 def _position(fn: Callable[..., Any], param: str) -> int | None:
@@ -174,14 +172,20 @@ def _collective_wrapper(
     if name in P2P:
         return _p2p_wrapper(dist, name, original)
     group_at = _position(original, "group")
-    world, table = dist.distributed_c10d._world, _counts.COUNTS
+    world, table, names = dist.distributed_c10d._world, _counts.COUNTS, _names
+    # the field itself where this torch has it: the property is a Python call
+    default_of = operator.attrgetter(
+        "_default_pg" if hasattr(world, "_default_pg") else "default_pg"
+    )
 
     def count(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        default = world.default_pg
-        group = _arg(args, kwargs, "group", group_at)
+        group = kwargs.get("group") if kwargs else None
+        if group is None and group_at is not None and len(args) > group_at:
+            group = args[group_at]
+        default = default_of(world)
         if group is None:
             group = default
-        instance = _instance_of(dist, group)
+        instance = names.get(id(group)) or _instance_of(dist, group)
         if instance:
             table[instance, name] += 1
         if on_world is not None and group is default:
