@@ -131,9 +131,15 @@ def _paged(document: Callable[[Request], dict[str, Any]], lists: tuple[str, ...]
     """A route answering ``document`` with its ``lists`` paged by ?offset= and ?limit=."""
 
     def answer(request: Request) -> Response:
-        offset, limit = _page(request)  # a bad page is a 422 before anything is read
+        # A bad page is a 422 naming it, before anything is read.
+        offset = query_int(request, "offset", 0, ge=0)
+        limit = query_int(request, "limit", DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
         doc = document(request)
-        return json_response(paginate(doc, lists, offset, limit, _next_page(request, limit)))
+
+        def next_url(at: int) -> str:
+            return request.url_with(offset=at, limit=limit)
+
+        return json_response(paginate(doc, lists, offset, limit, next_url))
 
     return answer
 
@@ -194,20 +200,6 @@ PHASES_LISTS = ("processes",)
 CENSUS_LISTS = ("ranks", "entries", "history", "in_process")
 
 
-def _page(request: Request) -> tuple[int, int]:
-    """(offset, limit) of a paged request; 422 naming a bad one."""
-    offset = query_int(request, "offset", 0, ge=0)
-    limit = query_int(request, "limit", DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
-    return offset, limit
-
-
-def _next_page(request: Request, limit: int) -> Callable[[int], str]:
-    def url(offset: int) -> str:
-        return request.url_with(offset=offset, limit=limit)
-
-    return url
-
-
 def _fresh(state: FlightState) -> None:
     """The state as of at most API_REFRESH_S ago; 503 when the directory cannot be read (a
     directory no job has written yet is empty, not an error)."""
@@ -225,16 +217,13 @@ def _flight(state: FlightState, request: Request) -> Flight:
         raise HTTPError(404, str(exc)) from exc
 
 
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"}
+
+
 def escape(text: str) -> str:
     """html.escape (quotes included) without the html module, whose entity table cost the
     daemon 0.3 MiB of resident memory."""
-    for char, entity in (
-        ("&", "&amp;"),
-        ("<", "&lt;"),
-        (">", "&gt;"),
-        ('"', "&quot;"),
-        ("'", "&#x27;"),
-    ):
+    for char, entity in _ENTITIES.items():
         text = text.replace(char, entity)
     return text
 

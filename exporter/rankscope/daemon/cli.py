@@ -1,10 +1,6 @@
-"""`rankscope serve`: the per-host daemon's flags, parsed once into a DaemonConfig (the
-only daemon module that reads argparse's namespace).
-
-Flags follow the exporter convention (--web.listen-address, --web.config.file,
---collector.<name> / --no-collector.<name>). The default port, 19400, sits outside the
-range the Prometheus wiki allocates to exporters (9100-9999, full since 2023), so it collides
-with none of them; it is dcgm-exporter's 9400 with a leading 1, for memory.
+"""`rankscope serve`: the daemon's flags, in the exporter convention, parsed once into a
+DaemonConfig. The default port, 19400 (dcgm-exporter's 9400 with a leading 1), sits outside
+the range the Prometheus wiki allocates to exporters (9100-9999, full since 2023).
 """
 
 from __future__ import annotations
@@ -124,25 +120,23 @@ def _switch(name: str) -> str:
 
 def parse_listen_address(value: str) -> tuple[str, int]:
     """'HOST:PORT', '[V6]:PORT' or ':PORT' -> (host, port)."""
+    flag = f"--web.listen-address {value!r}"
     host, sep, port_text = value.rpartition(":")
     if not sep:
-        raise ValueError(f"--web.listen-address {value!r}: expected HOST:PORT")
+        raise ValueError(f"{flag}: expected HOST:PORT")
     try:
         port = int(port_text)
     except ValueError:
-        raise ValueError(
-            f"--web.listen-address {value!r}: port {port_text!r} is not a number"
-        ) from None
+        raise ValueError(f"{flag}: port {port_text!r} is not a number") from None
     if not 0 <= port <= 65535:
-        raise ValueError(f"--web.listen-address {value!r}: port {port} is out of range")
+        raise ValueError(f"{flag}: port {port} is out of range")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host or "0.0.0.0", port
 
 
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:
-    """The parsed flags as the daemon's config; ValueError/OSError for a flag that cannot
-    work."""
+    """The parsed flags as the daemon's config; ValueError/OSError for one that cannot work."""
     if not args.flight_dir:
         raise ValueError(f"no flight directory: pass --flight-dir or set {ENV_DIR}")
     flight_dir = Path(args.flight_dir)

@@ -1,6 +1,5 @@
 """The daemon's HTTP layer on the standard library: a request, a response, a router and a
-threaded server with TLS. Every connection is served in its own thread (at most
-MAX_CONNECTIONS at once), so a slow collector or a bcrypt check holds up no other request.
+server with TLS and a thread per connection, so a slow collector holds up no other request.
 """
 
 from __future__ import annotations
@@ -158,8 +157,7 @@ def static_files(directory: Path, prefix: str) -> Handler:
     return serve
 
 
-# A request line or a header line longer than this, or more headers than this, is refused
-# (http.server's limits).
+# http.server's limits on a request line or header line, and on the headers.
 MAX_LINE = 65536
 MAX_HEADERS = 100
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -175,17 +173,13 @@ class BadRequest(Exception):
 
 
 class RequestHandler(socketserver.StreamRequestHandler):
-    """One connection: HTTP/1.1 with keep-alive, every method handed to the server's app.
-
-    Written on socketserver rather than http.server, whose import of http.client brings
-    email and ssl (OpenSSL) into a daemon that serves TLS only when its web config asks
-    (docs/architecture.md, "What the daemon imports"). It reads what http.server reads (a
-    request line, headers, no body) within http.server's limits."""
+    """One connection: HTTP/1.1 with keep-alive, within http.server's limits. Not on
+    http.server, whose http.client import brings email and ssl into a daemon without TLS
+    (docs/architecture.md, "What the daemon imports")."""
 
     server: Server
     timeout = IO_TIMEOUT_S
-    # Buffered, so the head and a small body leave in one write (flushed after each request);
-    # without it a kept-alive client's delayed ACK held every answer 40 ms.
+    # One write per answer: otherwise a kept-alive client's delayed ACK holds each for 40 ms.
     wbufsize = -1
     disable_nagle_algorithm = True
 
@@ -209,16 +203,11 @@ class RequestHandler(socketserver.StreamRequestHandler):
         except BadRequest as exc:
             self._answer(text(f"{exc}\n", exc.status), repr(line[:80]), close=True)
             return False
-        keep_alive = version == "HTTP/1.1"
         connection = headers.get("connection", "").lower()
-        if connection == "close":
-            keep_alive = False
-        elif connection == "keep-alive":
-            keep_alive = True
+        keep_alive = connection == "keep-alive" or (version == "HTTP/1.1" and connection != "close")
         # A body is never read: close after answering, so it is not taken for a request.
-        if method not in ("GET", "HEAD") or headers.get("content-length", "0") != "0":
-            keep_alive = False
-        if "transfer-encoding" in headers or self.server.stopping:
+        body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+        if method not in ("GET", "HEAD") or body or self.server.stopping:
             keep_alive = False
         split = urlsplit(target)
         request = Request(
@@ -235,8 +224,7 @@ class RequestHandler(socketserver.StreamRequestHandler):
         return keep_alive
 
     def _headers(self) -> dict[str, str]:
-        """The header lines up to the blank line, names lower-cased (a repeated one keeps its
-        last value; a folded line continues the one before)."""
+        """The headers, names lower-cased (a repeated one keeps its last value)."""
         headers: dict[str, str] = {}
         name = ""
         for _ in range(MAX_HEADERS + 1):
@@ -263,9 +251,7 @@ class RequestHandler(socketserver.StreamRequestHandler):
             reason = HTTPStatus(status).phrase
         except ValueError:  # a status Python does not name
             reason = ""
-        # No Server header: the version is nobody's business. Lower-case names, as the daemon
-        # has always sent them (and HTTP/2 requires): clients that read headers into a plain
-        # dict keep working.
+        # No Server header; lower-case names, as the daemon has always sent them.
         head_lines = [
             f"HTTP/1.1 {status} {reason}",
             f"date: {http_date(time.time())}",
@@ -306,8 +292,8 @@ def http_date(when: float) -> str:
 
 
 class Server(socketserver.TCPServer):
-    """A thread per connection, at most MAX_CONNECTIONS of them, on a socket bound by the
-    caller; TLS handshakes happen in the connection's thread, never in the accept loop."""
+    """A thread per connection, at most MAX_CONNECTIONS, on a socket the caller bound; TLS
+    handshakes happen in the connection's thread, never in the accept loop."""
 
     request_queue_size = 128
 
@@ -378,8 +364,8 @@ class Server(socketserver.TCPServer):
         self._accepting.start()
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """Stop accepting, let the requests in flight finish (up to ``grace`` seconds),
-        close idle keep-alive connections, and close the socket."""
+        """Stop accepting, close idle connections, let those in flight finish (up to
+        ``grace`` seconds), and close the socket."""
         if self._accepting is not None:
             self.shutdown()  # returns once serve_forever has
         with self._lock:
@@ -398,15 +384,14 @@ class Server(socketserver.TCPServer):
 
 
 def _end_reads(conn: socket.socket) -> None:
-    """Shut the read side of a connection (of the plain socket, under any TLS): an idle
-    keep-alive connection sees its end, an answer being written still goes out."""
+    """Shut the read side of the plain socket: an idle keep-alive connection sees its end,
+    an answer being written still goes out."""
     with contextlib.suppress(OSError):
         socket.socket.shutdown(conn, socket.SHUT_RD)
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host``:``port`` (IPv4 or IPv6), not listening yet; OSError naming
-    the address when it is taken."""
+    """A socket bound to ``host``:``port``, not listening yet; OSError naming a taken one."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]

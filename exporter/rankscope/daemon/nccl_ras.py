@@ -1,12 +1,9 @@
-"""The NCCL RAS source: asks each RAS endpoint for its status report on a thread of its
-own and keeps the last parsed result, so a scrape never waits on NCCL.
+"""The NCCL RAS source: polls each RAS endpoint on a thread of its own and keeps the last
+parsed report, so a scrape never waits on NCCL.
 
-One TCP connection answers one report (docs/nccl-ras-notes.md): ``CLIENT PROTOCOL 2``,
-``SET FORMAT json`` (``OK`` from 2.28.7, else the text report follows), ``STATUS``, the
-report, EOF. The endpoint is untrusted: every step has a deadline, the report a byte cap,
-and a failure is one of :data:`ERROR_REASONS`. Two jobs may share the default port
-(SO_REUSEPORT), so a communicator is kept until absent from ``forget_after`` successive
-polls, not dropped at the first reply that lacks it.
+One TCP connection answers one report (docs/nccl-ras-notes.md). The endpoint is untrusted:
+every step has a deadline, the report a byte cap. Two jobs may share the default port
+(SO_REUSEPORT), so a communicator is kept until absent from ``forget_after`` polls.
 """
 
 from __future__ import annotations
@@ -132,8 +129,6 @@ def query(
 
 @dataclass
 class CommState:
-    """What the poller keeps about one communicator of one endpoint."""
-
     comm: Communicator
     last_seen_poll: int
     # op (or "status") -> (successive polls the op disagreed, lowest count at the first)
@@ -142,8 +137,6 @@ class CommState:
 
 @dataclass(frozen=True)
 class EndpointView:
-    """One endpoint's state for a scrape."""
-
     address: str
     polls: int
     last_success: bool | None  # None before the first poll
@@ -156,8 +149,7 @@ class EndpointView:
 
 
 class Endpoint:
-    """Poll state of one address; ``poll_once`` is the whole cycle, so tests drive it
-    without the thread."""
+    """Poll state of one address; ``poll_once`` is the whole cycle (tests drive it)."""
 
     def __init__(
         self,
@@ -209,23 +201,19 @@ class Endpoint:
         n = self._polls
         for comm in report.communicators:
             held = self._comms.get(comm.key)
-            state = CommState(comm, n, held.streaks if held else {})
             found: dict[str, int] = {op: low for op, (low, _high) in count_mismatches(comm).items()}
             if status_differs(comm):
                 found["status"] = 0
             for op in comm.reported_mismatches:
                 found.setdefault(op, -1)
-            streaks: dict[str, tuple[int, int]] = {}
-            for op, low in found.items():
-                prior = state.streaks.get(op)
-                # A count mismatch persists only while the laggards stay put: ranks in
-                # flight show different counts at every poll, but their lowest count moves.
-                if prior is not None and prior[1] == low:
-                    streaks[op] = (prior[0] + 1, low)
-                else:
-                    streaks[op] = (1, low)
-            state.streaks = streaks
-            self._comms[comm.key] = state
+            prior = held.streaks if held else {}
+            # A count mismatch persists only while the laggards stay put: ranks in flight
+            # show different counts at every poll, but their lowest count moves.
+            streaks = {
+                op: (prior[op][0] + 1 if op in prior and prior[op][1] == low else 1, low)
+                for op, low in found.items()
+            }
+            self._comms[comm.key] = CommState(comm, n, streaks)
         for key in [k for k, s in self._comms.items() if n - s.last_seen_poll >= self.forget_after]:
             del self._comms[key]
 
@@ -252,8 +240,8 @@ class Endpoint:
 
 
 class RasPoller:
-    """Polls each endpoint every ``interval`` on a daemon thread of its own, so an endpoint
-    that hangs until its deadline delays no other."""
+    """Each endpoint on a thread of its own: one that hangs until its deadline delays no
+    other."""
 
     def __init__(self, endpoints: list[Endpoint], interval: float) -> None:
         self.endpoints = endpoints

@@ -1,8 +1,6 @@
-"""NCCL RAS status reports -> typed reports: pure functions, no I/O. JSON (2.28.7+) gives
-every rank of every communicator with its counts; text (2.24+) gives grouped rows and, in
-its Errors / Warnings sections, the dead processes and the mismatches NCCL found
-(docs/nccl-ras-notes.md). A report that does not parse raises :class:`ReportError`.
-"""
+"""NCCL RAS status reports -> typed reports, no I/O: JSON (2.28.7+) gives every rank with
+its counts; text (2.24+) gives grouped rows, dead processes and NCCL's own mismatches
+(docs/nccl-ras-notes.md). A report that does not parse raises :class:`ReportError`."""
 
 from __future__ import annotations
 
@@ -29,9 +27,7 @@ class ReportError(Exception):
 
 @dataclass(frozen=True)
 class RasRank:
-    """One rank of a communicator as RAS reports it. ``counts`` is None in the text report
-    (it gives no per-rank counts); ``status`` is the JSON status object flattened to a
-    comparable tuple."""
+    """``status`` is the JSON status object flattened to a comparable tuple."""
 
     rank: int
     host: str
@@ -52,8 +48,8 @@ class MissingRank:
 
 @dataclass(frozen=True)
 class Communicator:
-    """``key`` is NCCL's own id, hash + secondary hash (the hash alone is not unique, per
-    NCCL's source); the text report has no secondary hash, so its key's second part is ""."""
+    """``key`` is hash + secondary hash (the hash alone is not unique); text has no
+    secondary hash: ""."""
 
     hash: str
     secondary_hash: str
@@ -83,8 +79,7 @@ class RasReport:
     cuda_runtime_version: int | None
     cuda_driver_version: int | None
     communicators: tuple[Communicator, ...]
-    # Job-wide DEAD section (text only): its count, and the processes it lists (NCCL lists
-    # them only when they are few, so the count can exceed the list).
+    # Text only: NCCL lists the dead only when they are few, so the count can exceed the list.
     dead_count: int = 0
     dead: tuple[DeadProcess, ...] = ()
     timeouts: int | None = None
@@ -92,17 +87,11 @@ class RasReport:
 
 def parse_report(data: bytes) -> RasReport:
     """A report as the server sent it: JSON when it starts with '{', text otherwise."""
-    text = _decode(data)
-    if text.lstrip().startswith("{"):
-        return parse_json_report(text)
-    return parse_text_report(text)
-
-
-def _decode(data: bytes) -> str:
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ReportError("malformed", f"not UTF-8 at byte {exc.start}") from None
+    return parse_json_report(text) if text.lstrip().startswith("{") else parse_text_report(text)
 
 
 # --- JSON (2.28.7+) ------------------------------------------------------------------------
@@ -112,13 +101,11 @@ def parse_json_report(text: str) -> RasReport:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        # An error at the very end of the text, or a string never closed, is a report cut
-        # short; elsewhere, garbage.
+        # An error at the very end, or a string never closed, is a report cut short.
         cut = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
         reason = "truncated" if cut else "malformed"
         raise ReportError(reason, f"JSON: {exc.msg} at char {exc.pos}") from None
-    if not isinstance(doc, dict):
-        raise ReportError("malformed", "JSON report is not an object")
+    doc = _object(doc, "JSON report")
     version = doc.get("nccl_version")
     if not isinstance(version, str) or not _version_ok(version):
         raise ReportError("unknown_version", f"nccl_version {version!r}")
@@ -146,6 +133,12 @@ def _opt_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _object(raw: object, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ReportError("malformed", f"{where} is not an object")
+    return raw
+
+
 def _req_int(obj: dict[str, Any], key: str, where: str) -> int:
     value = _opt_int(obj.get(key))
     if value is None:
@@ -160,10 +153,9 @@ def _req_str(obj: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _json_comm(raw: object, index: int) -> Communicator:
+def _json_comm(raw_comm: object, index: int) -> Communicator:
     where = f"communicators[{index}]"
-    if not isinstance(raw, dict):
-        raise ReportError("malformed", f"{where} is not an object")
+    raw = _object(raw_comm, where)
     ranks_raw, missing_raw = raw.get("ranks", []), raw.get("missing_ranks", [])
     if not isinstance(ranks_raw, list) or not isinstance(missing_raw, list):
         raise ReportError("malformed", f"{where}: ranks / missing_ranks are not lists")
@@ -180,41 +172,32 @@ def _json_comm(raw: object, index: int) -> Communicator:
     )
 
 
-def _pid(obj: dict[str, Any], where: str) -> int:
-    # NCCL writes -1 for an unknown pid.
-    return _req_int(obj, "pid", where)
-
-
-def _json_rank(raw: object, where: str) -> RasRank:
-    if not isinstance(raw, dict):
-        raise ReportError("malformed", f"{where} is not an object")
+def _json_rank(raw_rank: object, where: str) -> RasRank:
+    raw = _object(raw_rank, where)
     counts_raw = raw.get("collective_counts")
     if not isinstance(counts_raw, dict) or not all(
         _opt_int(v) is not None for v in counts_raw.values()
     ):
         raise ReportError("malformed", f"{where}.collective_counts is not op -> integer")
-    status_raw = raw.get("status")
-    if not isinstance(status_raw, dict):
-        raise ReportError("malformed", f"{where}.status is not an object")
+    status_raw = _object(raw.get("status"), f"{where}.status")
     return RasRank(
         rank=_req_int(raw, "rank", where),
         host=_req_str(raw, "host", where),
-        pid=_pid(raw, where),
+        pid=_req_int(raw, "pid", where),  # -1 when NCCL does not know it
         cuda_dev=_opt_int(raw.get("cuda_dev")),
         counts={str(k): int(v) for k, v in counts_raw.items()},
         status=tuple(sorted((str(k), v) for k, v in status_raw.items())),
     )
 
 
-def _json_missing(raw: object, where: str) -> MissingRank:
-    if not isinstance(raw, dict):
-        raise ReportError("malformed", f"{where} is not an object")
+def _json_missing(raw_missing: object, where: str) -> MissingRank:
+    raw = _object(raw_missing, where)
     status_raw = raw.get("status")
     status: dict[str, Any] = status_raw if isinstance(status_raw, dict) else {}
     return MissingRank(
         rank=_req_int(raw, "rank", where),
         host=_req_str(raw, "host", where),
-        pid=_pid(raw, where),
+        pid=_req_int(raw, "pid", where),  # -1 when NCCL does not know it
         unresponsive=status.get("unresponsive") is True,
         considered_dead=status.get("considered_dead") is True,
     )
@@ -248,8 +231,7 @@ def parse_text_report(text: str) -> RasReport:
     version = head.group(1)
     if not _version_ok(version):
         raise ReportError("unknown_version", f"NCCL version {version!r}")
-    # Every text report ends with its Warnings section (possibly empty): without it the
-    # report was cut short.
+    # Every text report ends with its Warnings section, possibly empty.
     if "Warnings" not in (line.strip() for line in lines):
         raise ReportError("truncated", "no Warnings section")
     cuda = _CUDA_LINE.match(lines[1]) if len(lines) > 1 else None
@@ -324,9 +306,8 @@ class _TextFindings:
                 self.mismatches.setdefault(self.entry_id, []).append("status")
 
     def communicators(self) -> tuple[Communicator, ...]:
-        """The text groups communicators of equal shape into one row: each row yields its
-        comms under NCCL's "#group-index" id, or the hash an Errors / Warnings entry printed
-        for that id (size known, per-rank data not)."""
+        """Each grouped row's comms, by the hash an Errors / Warnings entry printed for their
+        "#group-index" id, else by that id."""
         return tuple(
             Communicator(
                 hash=self.hashes.get(f"#{group}-{idx}", f"#{group}-{idx}"),
@@ -345,8 +326,7 @@ class _TextFindings:
 
 
 def count_mismatches(comm: Communicator) -> dict[str, tuple[int, int]]:
-    """op -> (lowest, highest) count over the reporting ranks, for each op whose ranks
-    disagree in this one report (a snapshot; persistence is the poller's business)."""
+    """op -> (lowest, highest) count, for each op whose ranks disagree in this report."""
     out: dict[str, tuple[int, int]] = {}
     ops = {op for r in comm.ranks if r.counts for op in r.counts}
     for op in sorted(ops):

@@ -1,8 +1,6 @@
-"""OTLP push of the same catalog: one observable instrument per catalog entry, fed by the
-collectors Prometheus scrapes. Instrument names are the catalog's family names (counters
-without ``_total``, units in UCUM); a summary is pushed as ``_count`` and ``_sum``. The
-resource carries host.name and rankscope.boot, the newest boot: when it changes, the
-provider is rebuilt.
+"""OTLP push of the same catalog: one observable instrument per catalog entry (a summary's
+``_count`` and ``_sum``), fed by the collectors Prometheus scrapes. The resource carries
+rankscope.boot, the newest boot: when it changes, the provider is rebuilt.
 """
 
 from __future__ import annotations
@@ -80,18 +78,14 @@ class SampleCache:
         with self._lock:
             now = time.monotonic()
             if now - self._taken > self.max_age:
-                self._samples = self._collect()
-                self._taken = now
+                taken: dict[str, list[tuple[Attributes, float]]] = defaultdict(list)
+                for family in self.collectors.collect():
+                    for s in family.samples:
+                        # An empty label value is an absent label in Prometheus; OTel drops it too.
+                        attrs = {k: v for k, v in s.labels.items() if v != ""}
+                        taken[s.name].append((attrs, float(s.value)))
+                self._samples, self._taken = taken, now
             return self._samples.get(sample_name, [])
-
-    def _collect(self) -> dict[str, list[tuple[Attributes, float]]]:
-        out: dict[str, list[tuple[Attributes, float]]] = defaultdict(list)
-        for family in self.collectors.collect():
-            for s in family.samples:
-                # An empty label value is an absent label in Prometheus; OTel drops it too.
-                attrs = {k: v for k, v in s.labels.items() if v != ""}
-                out[s.name].append((attrs, float(s.value)))
-        return out
 
 
 def _callback(
@@ -171,16 +165,14 @@ class OtlpPusher:
         meter = provider.get_meter("rankscope", __version__)
         for metric in catalog.CATALOG:
             unit = UCUM_UNITS.get(metric.unit, metric.unit)
+            create = (
+                meter.create_observable_counter
+                if metric.type in ("counter", "summary")
+                else meter.create_observable_gauge
+            )
             for name, sample_name in instrument_names(metric):
                 callbacks = [_callback(self._cache, sample_name)]
-                if metric.type in ("counter", "summary"):
-                    meter.create_observable_counter(
-                        name, callbacks, unit=unit, description=metric.help
-                    )
-                else:
-                    meter.create_observable_gauge(
-                        name, callbacks, unit=unit, description=metric.help
-                    )
+                create(name, callbacks, unit=unit, description=metric.help)
         return provider
 
     def _watch(self) -> None:

@@ -1,9 +1,6 @@
-"""The collector protocol, metric families made from the catalog, and the registry that
+"""The collector protocol, metric families made from the catalog (help, type and label
+names are never typed twice; label values go in catalog order), and the registry that
 times every collector at each scrape.
-
-Families come only from the catalog (:func:`gauge`, :func:`counter`, :func:`summary`,
-:func:`info`), so help, type and label names are never typed twice; label values go in
-catalog order. An unmeasured value (None) is no sample at all, never 0: :func:`add`.
 """
 
 from __future__ import annotations
@@ -92,52 +89,40 @@ def add(
     fam: GaugeMetricFamily | CounterMetricFamily, values: Sequence[object], value: float | None
 ) -> None:
     """Add one sample unless the value is unmeasured (None): absent, never 0."""
-    if value is None:
-        return
-    fam.add_metric([label_value(v) for v in values], float(value))
+    if value is not None:
+        fam.add_metric(label_values(*values), float(value))
 
 
 REFRESH = "refresh"  # the collector label of the refresh step's self metrics
 
 
 class TimedCollectors:
-    """Runs every collector, times it, and adds rankscope_collector_success and _duration.
-    A collector that raises costs its own families for that scrape (success 0, error
-    logged), never the scrape."""
+    """Runs and times every collector (rankscope_collector_success and _duration). A
+    collector that raises costs its own families for that scrape, never the scrape."""
 
     def __init__(
         self, collectors: Iterable[Collector] = (), refresh: Callable[[], object] | None = None
     ) -> None:
-        self._collectors: list[Collector] = []
-        # An explicit step before every scrape (the daemon's: tail the flight directory),
-        # timed as the collector "refresh".
+        self.collectors: list[Collector] = []
+        for c in collectors:
+            if any(c.name == other.name for other in self.collectors):
+                raise ValueError(f"two collectors named {c.name!r}")
+            self.collectors.append(c)
+        # A step before every scrape (the daemon's: tail the flight directory), timed as
+        # the collector "refresh".
         self._refresh = refresh
         self._lock = threading.Lock()
         self._running: _Collection | None = None
         self._warned: set[str] = set()
-        for c in collectors:
-            self.add(c)
-
-    def add(self, collector: Collector) -> None:
-        if any(c.name == collector.name for c in self._collectors):
-            raise ValueError(f"two collectors named {collector.name!r}")
-        self._collectors.append(collector)
-
-    @property
-    def collectors(self) -> list[Collector]:
-        return list(self._collectors)
 
     def collect(self) -> Iterator[Metric]:
-        # Concurrent scrapes share one collection: a scrape that arrives while one runs
-        # waits for it and serves its families (begun at most one collection ago) instead
-        # of queueing for a collection of its own.
+        # A scrape that arrives while a collection runs serves that one's families (begun
+        # at most one collection ago) instead of queueing for a collection of its own.
         with self._lock:
+            leader = self._running is None
+            if self._running is None:
+                self._running = _Collection(time.monotonic())
             shared = self._running
-            if shared is None:
-                shared = self._running = _Collection(time.monotonic())
-                leader = True
-            else:
-                leader = False
         if leader:
             try:
                 shared.families = self._collect_once()
@@ -150,8 +135,7 @@ class TimedCollectors:
         return iter(shared.families)
 
     def running_for(self) -> float | None:
-        """Seconds the collection in progress has run; None when none runs (readiness
-        reports a collection stuck past a scrape timeout)."""
+        """Seconds the collection in progress has run; None when none runs."""
         with self._lock:
             running = self._running
         return None if running is None else time.monotonic() - running.started
@@ -165,7 +149,7 @@ class TimedCollectors:
             ok = self._refresh() is not False
             success.add_metric([REFRESH], 1.0 if ok else 0.0)
             duration.add_metric([REFRESH], time.perf_counter() - start)
-        for c in self._collectors:
+        for c in self.collectors:
             start = time.perf_counter()
             try:
                 got = list(c.collect())
@@ -181,9 +165,7 @@ class TimedCollectors:
             families.extend(got)
             success.add_metric([c.name], 1.0 if ok else 0.0)
             duration.add_metric([c.name], elapsed)
-        families.append(success)
-        families.append(duration)
-        return families
+        return [*families, success, duration]
 
     def registry(self) -> CollectorRegistry:
         reg = CollectorRegistry(auto_describe=False)

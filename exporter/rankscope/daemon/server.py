@@ -36,14 +36,8 @@ class TLSError(ValueError):
 def build(config: DaemonConfig) -> Daemon:
     """ValueError/OSError for a config that cannot work."""
     sources = Sources(config)
-    timed = TimedCollectors(
-        [
-            m.build(config, sources)
-            for m in collectors.COLLECTORS
-            if config.enabled(m.NAME, m.DEFAULT)
-        ],
-        refresh=sources.flight.refresh,
-    )
+    enabled = [m for m in collectors.COLLECTORS if config.enabled(m.NAME, m.DEFAULT)]
+    timed = TimedCollectors([m.build(config, sources) for m in enabled], sources.flight.refresh)
     state = sources.flight
     app: App = create_app(
         registry=timed.registry(),
@@ -59,15 +53,8 @@ def build(config: DaemonConfig) -> Daemon:
         from rankscope.daemon.webconfig import with_web_config
 
         app, tls = with_web_config(app, config.web.config_file)
-    return Daemon(
-        app,
-        config.web.host,
-        config.web.port,
-        timed,
-        sources,
-        tls,
-        _otlp(config, timed, state.latest_boot),
-    )
+    otlp = _otlp(config, timed, state.latest_boot)
+    return Daemon(app, config.web.host, config.web.port, timed, sources, tls, otlp)
 
 
 def _otlp(config: DaemonConfig, timed: TimedCollectors, latest_boot: Any) -> Poller | None:
@@ -113,8 +100,7 @@ class Daemon:
         return context
 
     def bind(self) -> socket.socket:
-        """The listening socket, bound before anything says it serves: a taken port is an
-        OSError here, at start-up, not after the log line."""
+        """The listening socket: a taken port is an OSError here, before the log line."""
         return listen(self.host, self.port)
 
     def run(self, tls: ssl.SSLContext | None, sock: socket.socket) -> int:

@@ -1,20 +1,7 @@
-"""The exporter-toolkit web configuration (--web.config.file): TLS, basic auth with bcrypt
-hashes, and extra response headers, in the same YAML that node_exporter reads::
-
-    tls_server_config:
-      cert_file: server.crt          # relative paths are relative to this file
-      key_file: server.key
-      client_auth_type: RequireAndVerifyClientCert   # optional, with client_ca_file
-      client_ca_file: ca.crt
-      min_version: TLS12
-    http_server_config:
-      headers:
-        Strict-Transport-Security: max-age=31536000
-    basic_auth_users:
-      prometheus: $2y$10$...         # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':')
-
-An unknown key is an error, as in exporter-toolkit, so a typo never leaves the daemon
-open. The users are read again when the file changes; TLS settings need a restart.
+"""The exporter-toolkit web configuration (--web.config.file, docs/daemon.md): TLS, basic
+auth with bcrypt hashes, and response headers. An unknown key is an error, so a typo never
+leaves the daemon open. The users are read again when the file changes; TLS settings need a
+restart.
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ import os
 import ssl
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +45,6 @@ ALLOWED_HEADERS = (
     "Content-Security-Policy",
 )
 _TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users")
-_TLS_KEYS = (
-    "cert_file",
-    "key_file",
-    "client_auth_type",
-    "client_ca_file",
-    "min_version",
-    "max_version",
-)
 _HTTP_KEYS = ("headers", "http2")
 
 
@@ -87,8 +66,8 @@ class TLSConfig:
         return int(CLIENT_AUTH[self.client_auth_type])
 
     def expired(self, now: float) -> str | None:
-        """When the certificate's validity ended, if it has (served all the same, with a
-        warning: refusing to start would turn an expiry into an outage of the metrics)."""
+        """When the certificate's validity ended, if it has (served all the same: refusing
+        to start would turn an expiry into an outage of the metrics)."""
         try:
             # The stdlib's only certificate decoder without a handshake.
             not_after = ssl._ssl._test_decode_cert(str(self.cert_file))["notAfter"]  # type: ignore[attr-defined]
@@ -107,6 +86,9 @@ class TLSConfig:
         if self.max_version is not None:
             context.maximum_version = TLS_VERSIONS[self.max_version]
         return context
+
+
+_TLS_KEYS = tuple(f.name for f in fields(TLSConfig))
 
 
 @dataclass(frozen=True)
@@ -216,9 +198,8 @@ def _parse_tls(raw: dict[str, Any], base_dir: Path, source: str) -> TLSConfig:
 
 @functools.cache
 def dummy_hash() -> bytes:
-    """Checked against when the user is unknown, so a refusal costs one bcrypt either way
-    and the response time does not tell which user names exist. Made on first use: a daemon
-    without basic auth never loads bcrypt nor pays for a hash at start."""
+    """Checked for an unknown user, so the response time does not tell which users exist;
+    made on first use, so a daemon without basic auth never loads bcrypt."""
     import bcrypt
 
     return bcrypt.hashpw(b"rankscope: no such user", bcrypt.gensalt(rounds=10))
@@ -228,9 +209,8 @@ _CACHE_SIZE = 256
 
 
 class BasicAuth:
-    """Checks an Authorization header against the configured users. Outcomes are cached by
-    a digest of (user, hash, password), as exporter-toolkit does, so a scraper sending the
-    same credentials every few seconds pays the bcrypt cost once."""
+    """Checks an Authorization header against the users. Outcomes are cached by a digest of
+    (user, hash, password), as exporter-toolkit does: a scraper pays for bcrypt once."""
 
     def __init__(self, users: dict[str, bytes]) -> None:
         self.users = dict(users)
@@ -282,8 +262,8 @@ def parse_basic(authorization: bytes | None) -> tuple[str | None, str | None]:
 
 
 class ReloadingAuth:
-    """The basic-auth users of a web config file, read again when the file changes. A file
-    that no longer parses keeps the users it had and logs why."""
+    """The users of a web config file, read again when it changes (kept when it no longer
+    parses)."""
 
     def __init__(self, path: Path, config: WebConfig) -> None:
         self.path = path
@@ -335,8 +315,8 @@ def _mtime(path: Path) -> tuple[int, int] | None:
 
 
 class WebConfigMiddleware:
-    """Around an app: basic auth on every path (when users are configured) and the
-    configured response headers on every answer, refusals included."""
+    """Basic auth on every path (when users are configured) and the configured headers on
+    every answer, refusals included."""
 
     def __init__(
         self, app: App, auth: ReloadingAuth | BasicAuth | None, headers: dict[str, str]
@@ -363,8 +343,7 @@ class WebConfigMiddleware:
 
 
 def with_web_config(app: App, path: Path) -> tuple[App, TLSConfig | None]:
-    """``app`` behind the web config at ``path`` (basic auth read again when the file
-    changes, the response headers), and the TLS settings to serve it with."""
+    """``app`` behind the web config at ``path``, and the TLS settings to serve it with."""
     web = load_web_config(path)
     if web.users or web.headers:
         auth = ReloadingAuth(path, web) if web.users else None

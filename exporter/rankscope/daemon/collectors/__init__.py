@@ -1,12 +1,5 @@
-"""The collectors, node_exporter's way: one module each, listed in :data:`COLLECTORS`.
-
-A collector module has ``NAME`` (its ``--collector.NAME`` / ``--no-collector.NAME`` switch
-and the ``collector`` label of rankscope_collector_success), ``HELP``, ``DEFAULT`` (on,
-off, or None for always on without a switch) and ``build(config, sources)``, which returns
-the collector (rankscope.daemon.registry.Collector) reading the sources it asks for. It may
-add flags of its own with ``add_flags(parser)``, whose values the config holds as its
-``Options`` (a frozen dataclass, one field per flag destination). The list's order is the
-scrape order; CONTRIBUTING.md, "Add a collector", walks through adding one.
+"""The collectors, node_exporter's way: one module each, listed in :data:`COLLECTORS` in
+scrape order. CONTRIBUTING.md, "Add a collector", gives the contract of a module.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ sampler's own cost."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
@@ -23,11 +24,10 @@ def build(config: DaemonConfig, sources: Sources) -> CardsCollector:
     return CardsCollector(sources.sampler())
 
 
+@dataclass
 class CardsCollector:
-    name = NAME
-
-    def __init__(self, sampler: Sampler) -> None:
-        self.sampler = sampler
+    sampler: Sampler
+    name: str = field(default=NAME, init=False)
 
     def collect(self) -> Iterator[Metric]:
         sampler = self.sampler

@@ -1,7 +1,7 @@
-"""Census: per-rank collective counts of the newest boot, the snapshot round they were
-taken at, the divergences the in-process comparison found, and this host's summary of each
-group instance: the round its ranks here all reached, a digest of their counts there, and
-the deficit of each rank here that is behind (docs/alerting.md, "Why this shape")."""
+"""Census: per-rank collective counts of the newest boot, their snapshot rounds, the
+in-process divergences, and this host's summary of each group instance: the round its ranks
+here all reached, a digest of their counts there, and each lagging rank's deficit
+(docs/alerting.md, "Why this shape")."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def build(config: DaemonConfig, sources: Sources) -> CensusCollector:
 
 
 def census_counts(body: Census | CensusDump) -> Iterable[tuple[str, str, float]]:
-    """The (group, op, n) rows of a census or census_dump line (none when the line's counts
-    were unreadable)."""
+    """The (group, op, n) rows of a census or census_dump line (none if its counts were
+    unreadable)."""
     for (group, op), n in (body.counts or {}).items():
         yield group, op, float(n)
 
@@ -43,8 +43,7 @@ def diverges(body: Divergence) -> bool:
 
 @dataclass(frozen=True)
 class GroupSummary:
-    """What this host says about one group instance: the round compared, the digest of each
-    op's most advanced count there, and each (rank, op) behind at that round."""
+    """The round compared, the digest of each op's top count there, each (rank, op) behind."""
 
     round: int
     digest: int
@@ -52,8 +51,7 @@ class GroupSummary:
 
 
 def snapshots_since(st: StreamState, floor: int) -> dict[int, Census]:
-    """The snapshots of one stream at round ``floor`` or later, by round (the stream keeps
-    its census lines in order; the scan stops at the first older snapshot)."""
+    """The snapshots of one stream at round ``floor`` or later, by round (lines are in order)."""
     out: dict[int, Census] = {}
     for line in reversed(st.census_lines):
         body = line.body
@@ -66,12 +64,9 @@ def snapshots_since(st: StreamState, floor: int) -> dict[int, Census]:
 
 
 def host_groups(held: Mapping[Any, tuple[StreamState, Line[Census]]]) -> list[GroupRound]:
-    """Each group instance of this host's ranks at its latest common round
-    (rankscope.reports.rounds, the rule ``rankscope census`` applies too), read from each
-    rank's snapshots since the oldest latest round: ranks that snapshot at the same rounds
-    have every latest common round there. Only a group whose members share no round there (a
-    snapshot lost on one rank while another is behind) sends the read back to every snapshot
-    held."""
+    """Each group instance of this host's ranks at its latest common round (the rule of
+    ``rankscope census``), read from the snapshots since the oldest latest round; from every
+    snapshot only when a group's members share no round there (a snapshot lost)."""
     floor = min((s.body.round for _, s in held.values() if s.body.round is not None), default=0)
     found = group_rounds(SnapshotsByRank(_history(held, floor)))
     if floor and any(g.round is None and len(g.members) > 1 for g in found):
@@ -86,9 +81,8 @@ def _history(
 
 
 def host_summaries(found: Iterable[GroupRound]) -> dict[str, GroupSummary]:
-    """What this host publishes of each group instance at its latest common round. A group
-    whose members share no round here is left out; a lone member is published with its
-    digest and no deficit: the hosts' digests are compared by the rules (docs/alerting.md)."""
+    """Each group instance at its latest common round (none without one); the rules compare
+    the hosts' digests (docs/alerting.md)."""
     out: dict[str, GroupSummary] = {}
     for group in found:
         if group.round is None:
@@ -109,8 +103,7 @@ def host_summaries(found: Iterable[GroupRound]) -> dict[str, GroupSummary]:
 def latest_snapshots(
     streams: Sequence[StreamState], boot: str | None
 ) -> dict[Any, tuple[StreamState, Line[Census]]]:
-    """Per rank of ``boot``, its newest snapshot and the stream holding it (a rank that
-    restarted within one boot shows its newest process)."""
+    """Per rank of ``boot``, its newest snapshot and the stream holding it."""
     held: dict[Any, tuple[StreamState, Line[Census]]] = {}
     for st in streams:
         if st.boot != boot or st.snapshot is None:

@@ -1,12 +1,11 @@
-"""The holdings collector: rankscope_gpu_process_bytes per card and process, role rank
-(matched to a rank's record) or foreign, capped per card with one overflow series, and the
-card's largest foreign holder (rankscope_gpu_largest_foreign_bytes: one series per card for
-the alert, where a fleet has tens of thousands of process series). Series of exited
-processes vanish with the next process-list read."""
+"""The holdings collector: bytes per card and process (role rank or foreign), capped per
+card with one overflow series, and each card's largest foreign holder (one series per card
+for the alert, where a fleet has tens of thousands of process series)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
@@ -26,14 +25,15 @@ def build(config: DaemonConfig, sources: Sources) -> HoldingsCollector:
     return HoldingsCollector(sources.sampler(), config.cards.max_per_card)
 
 
+@dataclass
 class HoldingsCollector:
-    name = NAME
+    sampler: Sampler
+    max_per_card: int = 32
+    name: str = field(default=NAME, init=False)
 
-    def __init__(self, sampler: Sampler, max_per_card: int = 32) -> None:
-        if max_per_card < 1:
+    def __post_init__(self) -> None:
+        if self.max_per_card < 1:
             raise ValueError("--holdings.max-per-card must be at least 1")
-        self.sampler = sampler
-        self.max_per_card = max_per_card
 
     def collect(self) -> Iterator[Metric]:
         fam = gauge("rankscope_gpu_process_bytes")

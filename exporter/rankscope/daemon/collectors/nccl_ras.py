@@ -1,19 +1,16 @@
-"""NCCL RAS: what the RAS endpoints last reported, read from the poller's state (never a
-connection in the scrape path), with each communicator mapped to a rankscope boot and each
-rank to a rankscope rank where the flight records make that unambiguous.
+"""NCCL RAS: what the RAS endpoints last reported (the poller's state, never a connection
+in the scrape path), mapped to rankscope boots and ranks where unambiguous.
 
-The mapping (docs/census.md, "NCCL RAS"): RAS names a rank by (host address, pid), the pid
-as the NCCL process sees it, which is the pid its flight records carry. A RAS rank maps to
-the one (boot, rank) whose process has that pid, searched in the newest boot first, then in
-older boots; it stays unmapped when several (boot, rank) hold the pid, or when the report
-shows the pid on more than one host (the same pid on two nodes, or in two containers, is
-not one process). A communicator gets a boot when its mapped ranks all share one.
+The mapping (docs/census.md, "NCCL RAS"): RAS names a rank by (host, pid), the pid its
+flight records carry. It maps to the one (boot, rank) with that pid, newest boot first;
+not when several hold the pid, or the report shows the pid on two hosts. A communicator
+gets a boot when its mapped ranks all share one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import (
@@ -27,7 +24,7 @@ from rankscope.daemon import nccl_ras
 from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.daemon.flightstate import FlightState, FlightView
 from rankscope.daemon.nccl_ras import Endpoint, EndpointView, RasPoller
-from rankscope.daemon.nccl_ras_report import ERROR_REASONS, Communicator
+from rankscope.daemon.nccl_ras_report import ERROR_REASONS, Communicator, MissingRank, RasRank
 from rankscope.daemon.registry import add, counter, gauge, info, label_values
 
 if TYPE_CHECKING:
@@ -118,10 +115,9 @@ def map_ranks(
     """(host, pid) of RAS ranks -> (boot, rank), only where unambiguous."""
     hosts_of_pid: dict[int, set[str]] = {}
     for comm in comms:
-        for host, pid in [(r.host, r.pid) for r in comm.ranks] + [
-            (m.host, m.pid) for m in comm.missing
-        ]:
-            hosts_of_pid.setdefault(pid, set()).add(host)
+        peers: list[RasRank | MissingRank] = [*comm.ranks, *comm.missing]
+        for r in peers:
+            hosts_of_pid.setdefault(r.pid, set()).add(r.host)
     out: dict[tuple[str, int], Identity] = {}
     for pid, hosts in hosts_of_pid.items():
         ident = identities.get(pid)
@@ -135,12 +131,11 @@ def comm_boot(comm: Communicator, mapped: dict[tuple[str, int], Identity]) -> st
     return next(iter(boots)) if len(boots) == 1 else None
 
 
+@dataclass
 class NcclRasCollector:
-    name = NAME
-
-    def __init__(self, poller: RasPoller, state: FlightState) -> None:
-        self.poller = poller
-        self.state = state
+    poller: RasPoller
+    state: FlightState
+    name: str = field(default=NAME, init=False)
 
     def collect(self) -> Iterator[Metric]:
         identities = pid_identities(self.state.view())
@@ -216,13 +211,10 @@ class NcclRasCollector:
             if comm.ranks or "status" in comm.reported_mismatches:
                 add(fams["status_mismatch"], key, float("status" in persisting))
             for r in comm.ranks:
-                ident = mapped.get((r.host, r.pid))
-                rank_key = (*key, r.rank, ident[1] if ident else None, r.host, r.pid)
                 for op, n in sorted((r.counts or {}).items()):
-                    add(collectives, (*rank_key, op), n)
+                    add(collectives, (*_rank_key(key, r, mapped), op), n)
             for m in comm.missing:
-                ident = mapped.get((m.host, m.pid))
-                rank_key = (*key, m.rank, ident[1] if ident else None, m.host, m.pid)
+                rank_key = _rank_key(key, m, mapped)
                 if m.considered_dead:
                     dead.add((m.host, m.pid))
                     add(fams["rank_missing"], (*rank_key, "dead"), 1.0)
@@ -230,3 +222,10 @@ class NcclRasCollector:
                     add(fams["rank_missing"], (*rank_key, "unresponsive"), 1.0)
         dead_count = report.dead_count if report.format == "text" else len(dead)
         add(fams["dead_processes"], (a,), dead_count)
+
+
+def _rank_key(
+    key: tuple[object, ...], r: RasRank | MissingRank, mapped: dict[tuple[str, int], Identity]
+) -> tuple[object, ...]:
+    ident = mapped.get((r.host, r.pid))
+    return (*key, r.rank, ident[1] if ident else None, r.host, r.pid)

@@ -4,6 +4,7 @@ or per card alone (sampler exhaustions), and the holders of each card at its lat
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
@@ -22,12 +23,11 @@ def build(config: DaemonConfig, sources: Sources) -> OomCollector:
     return OomCollector(sources.ooms(), config.cards.max_per_card)
 
 
+@dataclass
 class OomCollector:
-    name = NAME
-
-    def __init__(self, book: OomBook, max_per_card: int = 32) -> None:
-        self.book = book
-        self.max_per_card = max_per_card
+    book: OomBook
+    max_per_card: int = 32
+    name: str = field(default=NAME, init=False)
 
     def collect(self) -> Iterator[Metric]:
         book = self.book

@@ -5,7 +5,7 @@ boot(s) only (``--phases.boots``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import Metric
@@ -57,7 +57,14 @@ PHASE_VALUES: dict[str, Callable[[Mark], int | None]] = {
     "rankscope_phase_allocated_bytes": lambda m: m.torch.allocated,
     "rankscope_phase_process_bytes": lambda m: m.nvml.self_bytes,
     "rankscope_phase_device_free_bytes": lambda m: m.driver.free,
+    # A subtraction with an unmeasured side is no measurement.
+    "rankscope_phase_non_torch_bytes": lambda m: (
+        m.derived.non_torch if m.derived.non_torch_measured else None
+    ),
 }
+
+
+TIMESTAMP = "rankscope_phase_timestamp_seconds"
 
 
 def number(value: int | float | None) -> float | None:
@@ -81,31 +88,16 @@ def phase_labels(st: StreamState, line: MarkLine) -> tuple[Any, ...]:
     )
 
 
-def non_torch(mark: Mark) -> float | None:
-    derived = mark.derived
-    if not derived.non_torch_measured:
-        return None  # a subtraction with an unmeasured side is no measurement
-    return number(derived.non_torch)
-
-
+@dataclass
 class PhasesCollector:
-    name = NAME
-
-    def __init__(self, state: FlightState, boots: int = 1) -> None:
-        self.state = state
-        self.boots = boots
+    state: FlightState
+    boots: int = 1
+    name: str = field(default=NAME, init=False)
 
     def collect(self) -> Iterator[Metric]:
         view = self.state.view()
         wanted = view.recent_boots(self.boots)
-        families = {
-            name: gauge(name)
-            for name in (
-                *PHASE_VALUES,
-                "rankscope_phase_non_torch_bytes",
-                "rankscope_phase_timestamp_seconds",
-            )
-        }
+        families = {name: gauge(name) for name in (*PHASE_VALUES, TIMESTAMP)}
         # The latest mark of each phase wins when a process marks a phase twice.
         latest: dict[tuple[Any, ...], MarkLine] = {}
         for st in view.streams:
@@ -116,8 +108,7 @@ class PhasesCollector:
         for labels, line in latest.items():
             for name, read in PHASE_VALUES.items():
                 add(families[name], labels, number(read(line.body)))
-            add(families["rankscope_phase_non_torch_bytes"], labels, non_torch(line.body))
-            add(families["rankscope_phase_timestamp_seconds"], labels, line.header.wall)
+            add(families[TIMESTAMP], labels, line.header.wall)
         post_bytes = gauge("rankscope_post_bytes")
         latest_posts: dict[tuple[Any, ...], float | None] = {}
         for row in posts(rec for st in view.streams if st.boot in wanted for rec in st.marks):

@@ -4,6 +4,7 @@ the reader had to skip or nulled (as the scrape's refresh step left the flight s
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
@@ -23,15 +24,12 @@ def build(config: DaemonConfig, sources: Sources) -> SelfCollector:
     return SelfCollector(sources.flight, sources.up)
 
 
+@dataclass
 class SelfCollector:
-    name = NAME
-
-    def __init__(
-        self, state: FlightState, sources_up: Callable[[], dict[str, bool]] | None = None
-    ) -> None:
-        self.state = state
-        self.sources_up = sources_up
-        self.start_time = process_start_time()
+    state: FlightState
+    sources_up: Callable[[], dict[str, bool]] | None = None
+    name: str = field(default=NAME, init=False)
+    start_time: float | None = field(default_factory=lambda: process_start_time(), init=False)
 
     def collect(self) -> Iterator[Metric]:
         build_info = info("rankscope_build_info")
