@@ -1,6 +1,5 @@
-"""The daemon's configuration: the flags of `rankscope serve`, parsed once by
-rankscope.daemon.cli into these frozen sections. Every other daemon module reads this,
-never the flags; a collector's own flags land in its ``Options`` (``options_of``)."""
+"""The daemon's configuration: the flags of `rankscope serve` as rankscope.daemon.cli parsed
+them; a collector's own flags land in its ``Options`` (``options_of``)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from rankscope.daemon.oom import DEFAULT_EXHAUSTED_BELOW
 from rankscope.daemon.sampler import Floors, FloorValue, parse_floor_value
 
 DEFAULT_PORT = 19400
-NO_FLOORS = Floors()
 OOM_FREE_BELOW = parse_floor_value(DEFAULT_EXHAUSTED_BELOW)
 T = TypeVar("T")
 
@@ -35,9 +33,7 @@ class FlightSection:
 
 @dataclass(frozen=True)
 class CardsSection:
-    """The corridor sampler, the holdings reader and the exhaustion watch."""
-
-    floors: Floors = NO_FLOORS
+    floors: Floors = field(default_factory=Floors)
     interval: float = 0.1
     window: float = 15.0
     device_source: str = "auto"  # auto, nvml, script
@@ -61,9 +57,7 @@ class DaemonConfig:
     otlp: OtlpSection = OtlpSection()
     procfs: str = "/proc"  # the host's PID view
     log_level: str = "info"
-    # The switched-on collectors by name; None: each collector's DEFAULT.
-    collectors: frozenset[str] | None = None
-    # Each collector's own flags, by its Options class (rankscope.daemon.collectors).
+    collectors: frozenset[str] | None = None  # switched on, by name; None: each one's DEFAULT
     options: Mapping[type[Any], Any] = field(default_factory=dict)
 
     def enabled(self, name: str, default: bool | None) -> bool:

@@ -7,7 +7,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,11 +18,7 @@ log = logging.getLogger("rankscope.daemon")
 
 
 class DeviceError(Exception):
-    """A device source could not answer: the whole source (``slot`` None) or one card."""
-
-    def __init__(self, message: str, slot: int | None = None) -> None:
-        super().__init__(message)
-        self.slot = slot
+    """A device source, or one of its cards, could not answer."""
 
 
 @dataclass(frozen=True)
@@ -101,17 +97,13 @@ class NvmlSource:
                 uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
                 model = _text(pynvml.nvmlDeviceGetName(handle))
                 total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+                ident = self._known[index] = CardIdentity(slot, index, uuid, model, total)
             except pynvml.NVMLError as exc:
                 # A GPU that fell off the bus must not take the other cards down with it.
                 problems.append(f"card {index}: {exc}")
-                known = self._known.get(index)
-                if known is None:
+                if index not in self._known:
                     continue  # never seen: nothing to name it by until it opens
-                cards.append(CardIdentity(slot, index, known.uuid, known.model, known.total))
-                handles.append(str(exc))
-                continue
-            ident = CardIdentity(slot, index, uuid, model, total)
-            self._known[index] = ident
+                handle, ident = str(exc), replace(self._known[index], slot=slot)
             cards.append(ident)
             handles.append(handle)
         if count and not cards:
@@ -131,7 +123,7 @@ class NvmlSource:
         try:
             return self._meminfo(handle)
         except self._nvml.NVMLError as exc:
-            raise DeviceError(f"NVML memory info of card slot {slot}: {exc}", slot) from exc
+            raise DeviceError(f"NVML memory info of card slot {slot}: {exc}") from exc
 
     def read_processes(self, slot: int) -> dict[int, int | None]:
         nvml = self._nvml
@@ -146,13 +138,10 @@ class NvmlSource:
             except nvml.NVMLError as exc:
                 if what == "graphics" and exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
                     continue  # compute-only cards
-                raise DeviceError(
-                    f"NVML {what} processes of card slot {slot}: {exc}", slot
-                ) from exc
+                raise DeviceError(f"NVML {what} processes of card slot {slot}: {exc}") from exc
             for p in procs:
                 used = p.usedGpuMemory  # None: NVML_VALUE_NOT_AVAILABLE
-                # A process with a compute and a graphics context is listed twice with the
-                # same per-process figure: count it once.
+                # Listed twice (a compute and a graphics context), the same figure: once.
                 if held.get(int(p.pid)) is None:
                     held[int(p.pid)] = None if used is None else int(used)
         return held
@@ -160,7 +149,7 @@ class NvmlSource:
     def _handle(self, slot: int) -> Any:
         handle = self._handles[slot]
         if isinstance(handle, str):
-            raise DeviceError(f"NVML card slot {slot} did not open: {handle}", slot)
+            raise DeviceError(f"NVML card slot {slot} did not open: {handle}")
         return handle
 
     def close(self) -> None:
@@ -293,13 +282,13 @@ class ScriptedSource:
 
     def _card(self, slot: int) -> ScriptedCard:
         if self._error is not None:
-            raise DeviceError(self._error, slot)
+            raise DeviceError(self._error)
         try:
             card = self._cards[slot]
         except IndexError:
-            raise DeviceError(f"simulated card slot {slot} is no longer scripted", slot) from None
+            raise DeviceError(f"simulated card slot {slot} is no longer scripted") from None
         if card.fail is not None:
-            raise DeviceError(f"simulated card {card.identity.index}: {card.fail}", slot)
+            raise DeviceError(f"simulated card {card.identity.index}: {card.fail}")
         return card
 
     def read_free(self, slot: int) -> int:

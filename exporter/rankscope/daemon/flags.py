@@ -1,8 +1,5 @@
-"""Flag values, parsed in one place: durations ('100ms', '1m30s', Prometheus's syntax) and
-byte sizes ('2GiB', '1.5GB'), for the daemon's flags, the scripted cards and the demo.
-Each parse function raises ValueError saying what it accepts; :func:`argtype` turns one
-into an argparse ``type=``.
-"""
+"""Flag values: durations ('100ms', '1m30s') and byte sizes ('2GiB', '1.5GB'). Each parse
+function raises ValueError saying what it accepts; :func:`argtype` makes it a ``type=``."""
 
 from __future__ import annotations
 
@@ -10,8 +7,6 @@ import argparse
 import re
 from collections.abc import Callable
 from typing import Any
-
-# --- durations ----------------------------------------------------------------------------
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -30,7 +25,6 @@ def parse_duration(text: str) -> float:
 
 
 def argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse ``type=`` from a parse function: its ValueError becomes argparse's error."""
 
     def convert(text: str) -> Any:
         try:
@@ -52,8 +46,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-# --- byte sizes ---------------------------------------------------------------------------
-
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
@@ -64,19 +56,18 @@ _UNITS = {
 
 
 def parse_bytes(text: str | int) -> int:
-    """'2GiB', '1.5GB', '512Mi', '1048576' -> bytes (SI units are powers of 1000, IEC units
-    of 1024, case-insensitive); ValueError saying what is accepted."""
+    """'2GiB', '1.5GB', '512Mi', '1048576' -> bytes (SI units of 1000, IEC of 1024)."""
     if isinstance(text, int) and not isinstance(text, bool):
         return non_negative_bytes(text)
     raw = str(text).strip()
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
     unit = raw[len(number) :].strip().lower()
-    if unit not in _UNITS or not number:
-        raise ValueError(f"{text!r} is not a byte size (examples: 2GiB, 1.5GB, 512MiB, 1048576)")
     try:
         value = float(number) * _UNITS[unit]
-    except ValueError:
-        raise ValueError(f"{text!r} is not a byte size (examples: 2GiB, 1.5GB, 512MiB)") from None
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"{text!r} is not a byte size (examples: 2GiB, 1.5GB, 512MiB, 1048576)"
+        ) from None
     if value < 0 or value != value or value == float("inf"):
         raise ValueError(f"{text!r}: a byte size must be a finite, non-negative number")
     return round(value)

@@ -193,8 +193,7 @@ class FlightState:
                 self._exited_at.pop(p, None)
             else:
                 self._exited_at.setdefault(p, now)
-        for p in [p for p in self._exited_at if p not in processes]:
-            del self._exited_at[p]
+        self._exited_at = {p: t for p, t in self._exited_at.items() if p in processes}
 
     def _note_directory(self) -> None:
         """Logs the flight directory going away and coming back."""
@@ -221,13 +220,13 @@ class FlightState:
             boots = tuple(b.boot for b in _summaries(self._by_boot()))
             # Series of a process gone past the grace go (the API and CLI still show it).
             gone_before = time.monotonic() - self.exited_grace
-            live = [
-                st
+            streams = tuple(
+                _copy(st)  # a refresh may append meanwhile
                 for st in self._streams.values()
                 if self._exited_at.get(st.process, gone_before + 1) > gone_before
-            ]
+            )
             return FlightView(
-                streams=tuple(_copy(st) for st in live),  # a refresh may append meanwhile
+                streams=streams,
                 divergences={boot: dict(by_key) for boot, by_key in self._divergences.items()},
                 boots=boots,
                 skipped={reason: self._reader.skipped[reason] for reason in SKIP_REASONS},
@@ -244,16 +243,11 @@ class FlightState:
         with self._lock:
             by_boot = self._by_boot()
             boots = _summaries(by_boot)
-            if boot is None:
-                selected = boots[-1].boot if boots else None
-            elif boot not in by_boot:
+            if boot is not None and boot not in by_boot:
                 raise BootNotFoundError(boot, [b.boot for b in boots])
-            else:
-                selected = boot
-            records: list[Record] = []
-            for st in by_boot.get(selected, []) if selected is not None else []:
-                records.extend(st.marks)
-                records.extend(st.census_lines)
+            selected = boot if boot is not None else boots[-1].boot if boots else None
+            streams = by_boot[selected] if selected is not None else []
+            records: list[Record] = [r for st in streams for r in (*st.marks, *st.census_lines)]
             skipped = collections.Counter(self._reader.skipped)
             invalid = collections.Counter(self._reader.invalid)
         return Flight(

@@ -1,10 +1,6 @@
-"""Per-pid holdings: who holds each card's memory, and which of them are ranks.
-
-NVML (or the scripted source) lists host pids and their bytes per card; each is matched to
-a rank's record through /proc (rankscope.procfs.RankIndex: NSpid, start ticks, PID
-namespace), so a rank in a container is recognised as itself. Everything else is foreign,
-named by its pid and comm (never the command line: command lines carry secrets).
-"""
+"""Who holds each card's memory: each host pid is matched to a rank through /proc (a rank
+in a container too); anything else is foreign, named by pid and comm (never the command
+line: command lines carry secrets)."""
 
 from __future__ import annotations
 
@@ -21,8 +17,6 @@ ROLE_OVERFLOW = "overflow"
 
 @dataclass(frozen=True)
 class Holding:
-    """One process's bytes on one card, attributed."""
-
     pid: int | None  # None for the overflow series
     comm: str
     bytes: int | None
@@ -31,13 +25,12 @@ class Holding:
     rank: int | None
 
     def to_json(self) -> dict[str, Any]:
-        """The API's form of a holding (/api/v1/cards, /api/v1/oom)."""
         return holding_entry(self.pid, self.comm, self.bytes, self.role, self.boot, self.rank)
 
 
 @dataclass(frozen=True)
 class CardHoldings:
-    """One read of a card's process list, with the card's free bytes read alongside."""
+    """One read of a card's process list, and its free bytes."""
 
     processes: tuple[Holding, ...]
     free: int

@@ -1,8 +1,5 @@
-"""The holdings source: every card's process list, read at its own cadence (1 s by
-default) on its own thread, so a slow process query never delays a corridor sample, and
-published, attributed (rankscope.daemon.holdings), on the sampler's card state. The proc
-root is injectable (--path.procfs), so the daemon can read a host /proc mounted elsewhere.
-"""
+"""The holdings source: every card's process list, read on its own thread (a slow query
+never delays a corridor sample), attributed, published on the sampler's card state."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from collections.abc import Callable
 from rankscope.daemon.devices import DeviceError
 from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.holdings import attribute, summarize
-from rankscope.daemon.sampler import CardState, Periodic, Sampler
+from rankscope.daemon.sampler import CardState, Sampler
 from rankscope.procfs import ProcCache, RankIndex
 
 log = logging.getLogger("rankscope.daemon")
@@ -23,16 +20,12 @@ class HoldingsReader:
         self,
         sampler: Sampler,
         rank_processes: Callable[[], list[RankProcess]],
-        *,
-        interval: float = 1.0,
         proc: str = "/proc",
     ) -> None:
         self.sampler = sampler
         self.rank_processes = rank_processes
-        self.interval = interval
         self.cache = ProcCache(proc)
         self._warned: set[str] = set()
-        self._runner = Periodic("rankscope-holdings", interval, self.read)
 
     def read(self) -> None:
         try:
@@ -65,9 +58,3 @@ class HoldingsReader:
         if key not in self._warned:
             self._warned.add(key)
             log.warning("holdings: reading %s failed: %s; retrying each read", what, exc)
-
-    def start(self) -> None:
-        self._runner.start()
-
-    def stop(self) -> None:
-        self._runner.stop()

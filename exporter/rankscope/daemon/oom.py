@@ -5,13 +5,13 @@ buffer, another process) that the sampler sees as a card's free memory near zero
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.daemon.devices import CardIdentity
 from rankscope.daemon.flightstate import FlightState, RankProcess, host_pids
 from rankscope.daemon.holdings import Holding, attribute
 from rankscope.daemon.sampler import CardState, FloorValue, Sampler
@@ -73,11 +73,8 @@ class ExhaustionWatch:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}  # by uuid
         self._events: dict[str, list[Exhaustion]] = {}  # by uuid, the newest kept
-        sampler.exhaust_below = self.below
+        sampler.exhaust_below = lambda identity: threshold.resolve(identity.total)
         sampler.on_exhausted = self.exhausted
-
-    def below(self, identity: CardIdentity) -> int:
-        return self.threshold.resolve(identity.total)
 
     def exhausted(self, card: CardState, now: float, free: int, onset: bool) -> None:
         """Called by the sampler on each sample that finds ``card`` exhausted. Never raises."""
@@ -194,19 +191,6 @@ def _holding(h: NamedHolder) -> Holding:
     return Holding(h.pid, h.comm or "", h.bytes, h.role, h.boot, h.rank)
 
 
-@dataclass
-class _Parsed:
-    records: list[Line[Oom]]
-    ranks: list[RankProcess]
-    instants: list[OomInstant]
-
-    def holds(self, records: list[Line[Oom]], ranks: list[RankProcess]) -> bool:
-        # The lines are the flight state's own objects, kept alive here: identity is change.
-        if len(records) != len(self.records) or ranks != self.ranks:
-            return False
-        return all(a is b for a, b in zip(records, self.records, strict=True))
-
-
 class OomBook:
     """Both sources of OOM instants, for the collector and the API."""
 
@@ -217,7 +201,8 @@ class OomBook:
         self.watch = watch
         self.proc = proc
         self._lock = threading.Lock()
-        self._parsed: _Parsed | None = None
+        # The oom lines and rank processes last parsed, and their instants.
+        self._parsed: tuple[list[Line[Oom]], list[RankProcess], list[OomInstant]] = ([], [], [])
 
     def probe_instants(self) -> list[OomInstant]:
         """Every oom line in the flight directory, oldest first; parsed again only when the
@@ -229,13 +214,15 @@ class OomBook:
             return []
         ranks = view.rank_processes()
         with self._lock:
-            parsed = self._parsed
-            if parsed is None or not parsed.holds(records, ranks):
+            old_records, old_ranks, instants = self._parsed
+            # The lines are the flight state's own objects, kept alive here: identity is change.
+            same = len(records) == len(old_records) and all(map(operator.is_, records, old_records))
+            if not same or ranks != old_ranks:
                 name = rank_namer_of(ranks, self.proc)
                 events = oom_events(records, namer=name, resolve=self.state.host_pid)
-                parsed = _Parsed(records, ranks, [OomInstant.of_probe(e) for e in events])
-                self._parsed = parsed
-            return parsed.instants
+                instants = [OomInstant.of_probe(e) for e in events]
+                self._parsed = (records, ranks, instants)
+            return instants
 
     def exhaustions(self) -> list[Exhaustion]:
         return self.watch.events() if self.watch is not None else []

@@ -50,9 +50,6 @@ class Floors:
         value = self.by_uuid.get(card.uuid) or self.by_index.get(card.index) or self.default
         return None if value is None else value.resolve(card.total)
 
-    def named_cards(self) -> list[str]:
-        return [str(i) for i in self.by_index] + list(self.by_uuid)
-
     def merged(self, other: Floors) -> Floors:
         return Floors(
             other.default or self.default,
@@ -137,9 +134,7 @@ class CardView:
 
     @property
     def margin(self) -> int | None:
-        if self.free_min is None or self.floor is None:
-            return None
-        return self.free_min - self.floor
+        return None if self.free_min is None or self.floor is None else self.free_min - self.floor
 
 
 class Sampler:
@@ -223,17 +218,12 @@ class Sampler:
                 window.append((now, free))
                 while window[0][0] <= cutoff:
                     window.popleft()
-                floor = card.floor
-                if floor is not None:
-                    if free < floor:
-                        if card.last_t is not None:
-                            card.breach_seconds += now - card.last_t
-                        if not card.below:
-                            card.breaches += 1
-                            card.below = True
-                    else:
-                        card.below = False
-                card.last_t = now
+                below = card.floor is not None and free < card.floor
+                if below and card.last_t is not None:
+                    card.breach_seconds += now - card.last_t
+                if below and not card.below:
+                    card.breaches += 1
+                card.below, card.last_t = below, now
                 if card.exhaust_below is not None:
                     if free <= card.exhaust_below:
                         exhausted.append((card, free, not card.exhausted))
@@ -339,7 +329,7 @@ class Sampler:
                     card.window.clear()
             self._cards = cards
         known = listed | {str(c.identity.index) for c in cards}
-        for key in self.floors.named_cards():
+        for key in [*map(str, self.floors.by_index), *self.floors.by_uuid]:
             if key not in known:
                 log.warning("--corridor.floor names card %r, which the source does not list", key)
 

@@ -1,8 +1,5 @@
-"""The sources the collectors and the API read, each made from the config on first demand:
-the flight state (always), the card sampler, the holdings reader, the OOM book, and any
-poller a collector hands over (NCCL RAS). A source nobody asked for is never made, so a
-daemon with the card collectors off never opens NVML. The daemon starts what was made
-before serving and stops it after."""
+"""The sources the collectors and the API read, each made on first demand: a daemon with
+the card collectors off never opens NVML."""
 
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ from rankscope.daemon.holdings_reader import HoldingsReader
 from rankscope.daemon.oom import ExhaustionWatch, OomBook
 from rankscope.daemon.sampler import Periodic, Sampler
 
-# The refresher tails the flight directory this often; the API refreshes it itself only
-# when it is older than twice that (rankscope.daemon.app).
+# The refresher's period; the API refreshes itself past twice that (rankscope.daemon.app).
 FLIGHT_REFRESH_S = 1.0
 
 
@@ -56,13 +52,10 @@ class Sources:
 
     def holdings(self) -> HoldingsReader:
         if self.holdings_reader is None:
-            self.holdings_reader = HoldingsReader(
-                self.sampler(),
-                self.flight.rank_processes,
-                interval=self.config.cards.holdings_interval,
-                proc=self.config.procfs,
-            )
-            self.pollers.append(self.holdings_reader)
+            reader = HoldingsReader(self.sampler(), self.flight.rank_processes, self.config.procfs)
+            interval = self.config.cards.holdings_interval
+            self.pollers.append(Periodic("rankscope-holdings", interval, reader.read))
+            self.holdings_reader = reader
         return self.holdings_reader
 
     def ooms(self) -> OomBook:
@@ -72,7 +65,6 @@ class Sources:
         return self.oom_book
 
     def _watch_exhaustion(self) -> None:
-        """With both the sampler and the OOM book, the sampler reports exhausted cards."""
         if self.card_sampler is not None and self.oom_book is not None:
             self.oom_book.watch = ExhaustionWatch(
                 self.card_sampler,
@@ -86,12 +78,11 @@ class Sources:
         self.pollers.append(poller)
 
     def up(self) -> dict[str, bool]:
-        """rankscope_up of the card source, when made: open, and every card answers."""
         sampler = self.card_sampler
         return {} if sampler is None else {sampler.source.name: sampler.up()}
 
     def start(self) -> None:
-        """Starts the threads and returns at once (NVML opens on the sampler's thread)."""
+        # Returns at once: NVML opens on the sampler's thread.
         for poller in self.pollers:
             poller.start()
 
