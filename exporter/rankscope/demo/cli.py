@@ -1,11 +1,10 @@
 """`rankscope demo`: a small instrumented multi-rank job, end to end, on this machine.
 
-Launches real ranks (a tiny model over real torch.distributed groups: gloo on CPU, NCCL
-when there are GPUs enough), the daemon over their flight directory, and, where the
-binaries are installed, a real Prometheus with the shipped rules and a real Alertmanager
-with the example routing, all on loopback in a temporary directory removed on exit or
-Ctrl-C. Without a GPU the cards are the daemon's scripted (simulated) source, and the
-output says so. The exit status is 0 when every scenario produced exactly its pages.
+Real ranks (a tiny model over torch.distributed: gloo on CPU, NCCL with GPUs enough), the
+daemon over their flight directory and, where installed, a real Prometheus with the shipped
+rules and a real Alertmanager with the example routing, all on loopback in a temporary
+directory removed on exit or Ctrl-C. Without a GPU the cards are simulated, and the output
+says so. The exit status is 0 when every scenario produced exactly its pages.
 """
 
 from __future__ import annotations
@@ -173,8 +172,7 @@ def start_alerting(
     stack: contextlib.ExitStack, workdir: Path, port: int, names: list[str], view: View
 ) -> services.WebhookReceiver | None:
     """Prometheus with the shipped rules scraping the daemon on ``port``, Alertmanager with
-    the example routing, and the receiver of the pages; None without the binaries or the
-    routing (the scenarios are then judged by the daemon's API)."""
+    the example routing, and the pages' receiver; None without binaries or routing."""
     prometheus_bin = services.find_binary(services.PROMETHEUS_NAMES)
     alertmanager_bin = services.find_binary(services.ALERTMANAGER_NAMES)
     if not (prometheus_bin and alertmanager_bin):

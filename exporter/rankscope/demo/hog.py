@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--hold", type=float, default=None, help="seconds to hold (default: until killed)"
     )
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
 
     import torch
 

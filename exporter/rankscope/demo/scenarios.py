@@ -110,8 +110,7 @@ class Stack:
 
 @dataclass
 class Result:
-    """What one scenario produced: ``pages`` when Alertmanager ran (``checked``), else the
-    alerts whose condition the daemon's API ``shown``."""
+    """What one scenario produced; without Alertmanager, judged by what the API ``shown``."""
 
     scenario: Scenario
     pages: list[Page]
@@ -412,8 +411,7 @@ class ScenarioRun:
         return []
 
     def report_exits(self, stragglers: list[int]) -> None:
-        """Say how each rank ended; an unclean end fails the run, but for a skipping rank's
-        peer stuck in the collective never matched."""
+        """Say how each rank ended; an unclean end fails the run unless the skip caused it."""
         for rank, proc in sorted(self.ranks.items()):
             code = proc.returncode
             if code == 0:

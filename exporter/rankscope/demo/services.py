@@ -86,10 +86,7 @@ def stop(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
 
 
 def wait_ready(
-    url: str,
-    proc: subprocess.Popen[bytes] | None,
-    log: Path | None = None,
-    timeout: float = 60.0,
+    url: str, proc: subprocess.Popen[bytes] | None, log: Path | None = None, timeout: float = 60.0
 ) -> None:
     """Until ``url`` answers; ServiceError when ``proc`` exits first or time runs out."""
     deadline = time.monotonic() + timeout
@@ -128,8 +125,7 @@ S = TypeVar("S", bound=Service)
 
 @contextlib.contextmanager
 def served(kind: type[S], argv: list[str], log: Path, port: int, ready_path: str) -> Iterator[S]:
-    """A service ready once ``ready_path`` on ``port`` answers, stopped on the way out: the
-    one launcher of the daemon, Prometheus and Alertmanager, for the demo and the tests."""
+    """A service ready once ``ready_path`` on ``port`` answers, stopped on the way out."""
     proc = start(argv, log)
     url = f"http://127.0.0.1:{port}"
     try:

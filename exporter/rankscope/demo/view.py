@@ -51,8 +51,7 @@ class View:
 
 
 def card_lines(cards_doc: dict[str, Any], worst: dict[str, int] | None = None) -> list[str]:
-    """Per card: the latest sample with the worst free (the scenario's, else the daemon's
-    window), then the last holdings scan with its own free bytes: no figure of two instants."""
+    """Per card: the latest sample, then the last holdings scan with that scan's free bytes."""
     lines = []
     for card in cards_doc.get("cards", []):
         tag = " (simulated card)" if card.get("source") == "simulated" else ""

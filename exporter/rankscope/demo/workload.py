@@ -1,11 +1,9 @@
-"""One rank of the demo job, started under `rankscope run` with torchrun's environment:
-pipeline stages of ``tp`` tensor-parallel ranks, each stage one row-parallel linear layer
-(an all_reduce over its TP group) sending its activations to the next stage. It adds what a
-framework adapter would: boot phases, a KV arena, census group names, a tick per step.
-
-``--skip-rank R --skip-step K``: rank R really skips its TP all_reduce at step K; serving
-goes on one collective out of step, and at the end its peers wait in the all_reduce R never
-issued until R exits. The incident the census exists for, small.
+"""One rank of the demo job, under `rankscope run` with torchrun's environment: pipeline
+stages of ``tp`` tensor-parallel ranks, each one row-parallel linear layer (an all_reduce
+over its TP group) feeding the next stage, plus what a framework adapter adds: boot phases,
+a KV arena, census group names, a tick per step. ``--skip-rank R --skip-step K``: rank R
+really skips its TP all_reduce at step K, and at the end its peers wait in the all_reduce R
+never issued until R exits. The incident the census exists for, small.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ COLLECTIVE_FAILED = 3  # the exit status of a rank left waiting on a peer's coll
 
 
 class KVArena:
-    """A KV pool in the probe's arena protocol: reserved at boot, a block backed as serving
-    first writes it, freed blocks parked (retained)."""
+    """A KV pool in the probe's arena protocol: reserved at boot, backed as written, parked."""
 
     def __init__(self, blocks: int, block_bytes: int, device: Any) -> None:
         import torch
@@ -61,7 +58,7 @@ class KVArena:
         self.used += 1
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rankscope.demo.workload", description=__doc__)
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel ranks per stage")
     p.add_argument("--steps", type=int, required=True, help="serving steps, all ranks alike")
@@ -69,11 +66,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--skip-rank", type=int, default=-1)
     p.add_argument("--skip-step", type=int, default=-1)
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="rank %(process)d: %(message)s")
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])

@@ -20,8 +20,7 @@ Entry = dict[str, Any]  # {group, op, counts: {"<rank>": n}, divergent, lagging:
 
 
 def members_of(group: str, present: Iterable[int], reporters: Iterable[int]) -> list[int]:
-    """The ranks to compare for ``group``: its named members that reported at all
-    (``present``); for a name without a rank list, the ranks that reported this group."""
+    """The ranks to compare for ``group``: its named members ``present``, else its reporters."""
     parsed = parse_instance(group)
     if parsed is None:
         return sorted(set(reporters))
@@ -42,8 +41,7 @@ def make_entry(group: str, op: str, counts: Mapping[int, int]) -> Entry:
 
 
 def compare_group(group: str, per_rank: Mapping[int, Mapping[str, int]]) -> list[Entry]:
-    """Entries for every op of one group instance. ``per_rank`` maps each member rank to be
-    compared to its {op: count} for this group (an absent op is zero)."""
+    """Entries for every op of one group instance; ``per_rank``: member -> {op: count}."""
     members = sorted(per_rank)
     collective_ops: set[str] = set()
     channels: set[tuple[int, int]] = set()
@@ -83,8 +81,7 @@ def compare_ranks(per_rank: Mapping[int, Mapping[Key, int]]) -> list[Entry]:
 
 
 def compare_split(split: Mapping[int, Mapping[str, Mapping[str, int]]]) -> list[Entry]:
-    """Entries for every group instance among ``split`` (rank -> {group: {op: n}}), each
-    compared over its members that are present."""
+    """Entries for every group instance among ``split`` (rank -> {group: {op: n}})."""
     entries: list[Entry] = []
     for group in sorted({g for by_group in split.values() for g in by_group}):
         reporters = [r for r, by_group in split.items() if group in by_group]

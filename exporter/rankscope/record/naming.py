@@ -81,8 +81,7 @@ def channel_name(src: int, dst: int) -> str:
 
 
 def report_op_name(rank: int, op: str) -> str:
-    """``op`` as counted by ``rank``, a p2p op named by its channel (rank 0's ``send>2`` and
-    rank 2's ``recv<0`` are both ``p2p 0>2``)."""
+    """``op`` as counted by ``rank``; a p2p op by its channel (``send>2`` of 0 is ``p2p 0>2``)."""
     p2p = parse_p2p(op)
     if p2p is None:
         return op

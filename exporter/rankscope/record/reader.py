@@ -1,8 +1,7 @@
 """Reading flight directories (docs/architecture.md, "The record"): one-shot reads scoped to
-a boot, and an incremental tail. What a crash leaves behind never fails a read: a line is
-skipped and counted as ``torn`` (an unterminated append), ``malformed``, ``newer_schema`` or
-``oversized`` (past MAX_LINE_BYTES). Only regular files are read, never in a way that can
-block. A value that fails validation becomes None, counted per field in ``invalid``.
+a boot, and an incremental tail. What a crash leaves never fails a read: a line is skipped
+and counted (``torn``, ``malformed``, ``newer_schema``, ``oversized``); only regular files
+are read, never blocking; a value that fails validation is None, counted in ``invalid``.
 """
 
 from __future__ import annotations
@@ -187,8 +186,7 @@ class FlightReader:
         return st.st_size - (tail.offset if tail else 0)
 
     def _poll_file(self, path: Path, records: list[Record], budget: int = -1) -> int:
-        """Read what ``path`` appended (at most ``budget`` bytes when not negative); the
-        bytes read."""
+        """Read what ``path`` appended, at most ``budget`` bytes unless negative; bytes read."""
         fd = _open_regular(path)
         if fd is None:
             return 0

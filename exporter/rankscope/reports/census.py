@@ -1,7 +1,5 @@
-"""The census report: what ``rankscope census --json`` prints and /api/v1/census serves.
-Each group instance is compared at its latest common round; earlier divergences are listed
-in ``history`` with the rounds they spanned; local dumps (taken at abort) apart.
-"""
+"""The census report (``rankscope census --json``, /api/v1/census): each group instance
+compared at its latest common round, earlier divergences in ``history``, local dumps apart."""
 
 from __future__ import annotations
 

@@ -82,8 +82,7 @@ def posts(records: Iterable[Record]) -> list[dict[str, Any]]:
 def card_identities(
     records: Iterable[Record], resolve_host_pid: HostPid = host_pid
 ) -> list[dict[str, Any]]:
-    """Per card, one identity per mark that measured it, in time order. The boot's processes
-    are those with a record among ``records``, found on the card by ``resolve_host_pid``."""
+    """Per card, one identity per mark that measured it, in time order."""
     records = list(records)
     pids = [resolve_host_pid(r) for r in {r.header.process_key: r for r in records}.values()]
     boot_pids = {pid for pid in pids if pid is not None}

@@ -1,7 +1,6 @@
-"""The OOM report, for ``rankscope oom`` and the daemon: each ``oom`` line the probe recorded
-as an :class:`OomEvent`, every holder of the card named a rank of a boot (by pid and start
-ticks) or foreign; and :class:`SamplerOom`, the OOM instants the daemon's sampler saw, read
-back from /api/v1/oom (docs/architecture.md, "Sampler-seen OOMs").
+"""The OOM report, for ``rankscope oom`` and the daemon: each probe's ``oom`` line as an
+:class:`OomEvent`, every holder named a rank of a boot (by pid and start ticks) or foreign;
+and :class:`SamplerOom`, the OOM instants the daemon's sampler saw, read back from the API.
 """
 
 from __future__ import annotations
@@ -202,7 +201,9 @@ class SamplerOom:
             gpu=_opt(obj.get("gpu"), int, "gpu"),
             uuid=_opt(obj.get("uuid"), str, "uuid"),
             free=_opt(obj.get("free"), int, "free"),
-            onset_wall=_opt_number(obj.get("onset_wall"), "onset_wall"),
+            onset_wall=None
+            if obj.get("onset_wall") is None
+            else _number(obj["onset_wall"], "onset_wall"),
             onset_free=_opt(obj.get("onset_free"), int, "onset_free"),
             holders=None if raw is None else tuple(_holder(h) for h in _of(raw, list, "holders")),
             why=tuple(_of(w, str, "why") for w in _of(obj.get("why") or [], list, "why")),
@@ -241,10 +242,6 @@ def _number(value: Any, name: str) -> float:
     return float(value)
 
 
-def _opt_number(value: Any, name: str) -> float | None:
-    return None if value is None else _number(value, name)
-
-
 def sampler_ooms_of_boot(
     ooms: Iterable[SamplerOom], boots: Sequence[BootSummary], boot: str | None
 ) -> list[SamplerOom]:
@@ -260,9 +257,8 @@ def sampler_ooms_of_boot(
 
 
 def sampler_ooms_of_page(doc: Any) -> tuple[list[SamplerOom], list[str], str | None]:
-    """One answer of /api/v1/oom -> its sampler entries, why each unreadable entry was
-    skipped, and the next page's path (None on the last). ValueError for an answer that is
-    not the API's, or says the daemon records no OOM."""
+    """One answer of /api/v1/oom -> its sampler entries, why each unreadable one was skipped,
+    the next page's path (None on the last); ValueError for an answer not the API's."""
     body = _of(doc, dict, "answer")
     why = body.get("why")
     if isinstance(why, str):  # the daemon watches for no OOM: say so, not "none recorded"
