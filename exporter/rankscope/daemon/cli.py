@@ -205,10 +205,7 @@ def main(args: argparse.Namespace) -> int:
         daemon = build(args)
         tls = daemon.tls_context()  # a certificate that cannot serve fails here
         sock = daemon.bind()  # and a taken port here, before any "serving on"
-    except TLSError as exc:
+    except (ValueError, OSError) as exc:  # a TLSError is a ValueError
         print(f"rankscope serve: {exc}", file=sys.stderr)
-        return 1
-    except (ValueError, OSError) as exc:
-        print(f"rankscope serve: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, TLSError) else 2
     return daemon.run(tls, sock)

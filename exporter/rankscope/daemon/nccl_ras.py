@@ -45,24 +45,12 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port_text)
 
 
-class _Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        left = self.end - time.monotonic()
-        if left <= 0:
-            raise ReportError("timeout", "deadline passed")
-        return left
-
-
 def _recv_line(sock: socket.socket, buf: bytearray, seconds: float) -> str:
-    deadline = _Deadline(seconds)
+    end = time.monotonic() + seconds
     while b"\n" not in buf:
         if len(buf) > MAX_LINE_BYTES:
             raise ReportError("malformed", "setup answer longer than a line")
-        sock.settimeout(deadline.left())
-        chunk = _recv(sock)
+        chunk = _recv(sock, end)
         if not chunk:
             raise ReportError("truncated", "connection closed during the handshake")
         buf += chunk
@@ -71,7 +59,12 @@ def _recv_line(sock: socket.socket, buf: bytearray, seconds: float) -> str:
     return line.decode("utf-8", "replace").strip()
 
 
-def _recv(sock: socket.socket) -> bytes:
+def _recv(sock: socket.socket, end: float) -> bytes:
+    """What the socket has by monotonic time ``end``."""
+    left = end - time.monotonic()
+    if left <= 0:
+        raise ReportError("timeout", "deadline passed")
+    sock.settimeout(left)
     try:
         return sock.recv(65536)
     except TimeoutError:
@@ -109,10 +102,9 @@ def query(
             # "OK" (2.28.7+) or "ERROR: Unknown command" (older): STATUS then gives text.
             _recv_line(sock, buf, LINE_TIMEOUT_S)
             sock.sendall(b"STATUS\n")
-            deadline = _Deadline(report_timeout)
+            end = time.monotonic() + report_timeout
             while True:
-                sock.settimeout(deadline.left())
-                chunk = _recv(sock)
+                chunk = _recv(sock, end)
                 if not chunk:
                     break
                 buf += chunk

@@ -82,7 +82,6 @@ class RasReport:
     # Text only: NCCL lists the dead only when they are few, so the count can exceed the list.
     dead_count: int = 0
     dead: tuple[DeadProcess, ...] = ()
-    timeouts: int | None = None
 
 
 def parse_report(data: bytes) -> RasReport:
@@ -113,15 +112,12 @@ def parse_json_report(text: str) -> RasReport:
     if not isinstance(comms_raw, list):
         raise ReportError("malformed", "no communicators list")
     comms = tuple(_json_comm(c, i) for i, c in enumerate(comms_raw))
-    ras_raw = doc.get("ras")
-    ras: dict[str, Any] = ras_raw if isinstance(ras_raw, dict) else {}
     return RasReport(
         format="json",
         nccl_version=version,
         cuda_runtime_version=_opt_int(doc.get("cuda_runtime_version")),
         cuda_driver_version=_opt_int(doc.get("cuda_driver_version")),
         communicators=comms,
-        timeouts=_opt_int(ras.get("timeouts_count")),
     )
 
 
@@ -252,7 +248,6 @@ def parse_text_report(text: str) -> RasReport:
         communicators=found.communicators(),
         dead_count=found.dead_count,
         dead=tuple(found.dead),
-        timeouts=found.timeouts,
     )
 
 
@@ -274,10 +269,9 @@ class _TextFindings:
     groups: list[tuple[int, int, int]] = field(default_factory=list)  # group, comms, size
     dead_count: int = 0
     dead: list[DeadProcess] = field(default_factory=list)
-    timeouts: int | None = None
     hashes: dict[str, str] = field(default_factory=dict)  # "#group-index" -> NCCL's hash
     mismatches: dict[str, list[str]] = field(default_factory=dict)  # "#group-index" -> ops
-    block: str = ""  # the entry an indented line belongs to (DEAD, TIMEOUT, a comm)
+    block: str = ""  # the entry an indented line belongs to (DEAD, a comm)
     entry_id: str | None = None
 
     def entry_line(self, line: str, section: str) -> None:
@@ -293,9 +287,6 @@ class _TextFindings:
                 self.dead_count = int(m.group(1))
             if p := _PROCESS_LINE.match(line):
                 self.dead.append(DeadProcess(pid=int(p.group(1)), host=p.group(2)))
-        elif self.block == "TIMEOUT":
-            if t := re.search(r"Encountered (\d+) communication timeout", line):
-                self.timeouts = int(t.group(1))
         elif self.entry_id is not None and section == "Warnings":
             op = _MISMATCH_OP.search(line)
             if op and op.group(1) != "collective":

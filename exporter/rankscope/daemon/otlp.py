@@ -20,8 +20,6 @@ from rankscope.daemon.registry import TimedCollectors
 if TYPE_CHECKING:  # imported where used: a daemon without OTLP never loads opentelemetry
     from opentelemetry.metrics import CallbackOptions, Observation
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import MetricExporter
-    from opentelemetry.sdk.resources import Resource
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -35,26 +33,20 @@ Attributes = dict[str, str]
 
 def instrument_names(metric: catalog.Metric) -> list[tuple[str, str]]:
     """(OTel instrument name, sample name in the exposition) pairs for one catalog entry."""
-    if metric.type == "counter":
-        return [(metric.family, metric.name)]
     if metric.type == "summary":
-        return [
-            (metric.name + "_count", metric.name + "_count"),
-            (metric.name + "_sum", metric.name + "_sum"),
-        ]
-    return [(metric.name, metric.name)]
+        return [(metric.name + part, metric.name + part) for part in ("_count", "_sum")]
+    return [(metric.family if metric.type == "counter" else metric.name, metric.name)]
 
 
-def otlp_configured(endpoint_flag: str | None, environ: dict[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
+def otlp_configured(endpoint_flag: str | None) -> bool:
+    env = os.environ
     return bool(endpoint_flag or env.get(ENV_ENDPOINT) or env.get(ENV_METRICS_ENDPOINT))
 
 
-def default_interval(environ: dict[str, str] | None = None) -> float:
+def default_interval() -> float:
     """Seconds between pushes: OTEL_METRIC_EXPORT_INTERVAL when set, else 15 s (a scrape
     interval, not the SDK's 60 s: a corridor breach is news)."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_INTERVAL)
+    raw = os.environ.get(ENV_INTERVAL)
     if raw:
         try:
             return float(raw) / 1000.0
@@ -107,38 +99,17 @@ class OtlpPusher:
         *,
         endpoint: str | None = None,
         interval: float = 15.0,
-        host: str | None = None,
     ) -> None:
         self.collectors = collectors
         self.latest_boot = latest_boot
         self.endpoint = endpoint
         self.interval = interval
-        self.host = host or socket.gethostname()
+        self.host = socket.gethostname()
         self._cache = SampleCache(collectors, max_age=min(1.0, interval / 2))
         self._provider: MeterProvider | None = None
         self._boot: str | None = None
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
-
-    def _exporter(self) -> MetricExporter:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        if self.endpoint is None:
-            return OTLPMetricExporter()  # OTEL_EXPORTER_OTLP_* from the environment
-        return OTLPMetricExporter(endpoint=self.endpoint.rstrip("/") + "/v1/metrics")
-
-    def resource(self, boot: str | None) -> Resource:
-        from opentelemetry.sdk.resources import Resource
-
-        # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME.
-        attributes = {
-            "service.name": "rankscope",
-            "service.version": __version__,
-            "host.name": self.host,
-        }
-        if boot is not None:  # no record yet: no boot, rather than an empty one
-            attributes["rankscope.boot"] = boot
-        return Resource.create(attributes)
 
     def start(self) -> None:
         self._boot = self.latest_boot()
@@ -155,13 +126,27 @@ class OtlpPusher:
             self._provider = None
 
     def _build(self, boot: str | None) -> MeterProvider:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
 
+        if self.endpoint is None:
+            exporter = OTLPMetricExporter()  # OTEL_EXPORTER_OTLP_* from the environment
+        else:
+            exporter = OTLPMetricExporter(endpoint=self.endpoint.rstrip("/") + "/v1/metrics")
         reader = PeriodicExportingMetricReader(
-            self._exporter(), export_interval_millis=self.interval * 1000.0
+            exporter, export_interval_millis=self.interval * 1000.0
         )
-        provider = MeterProvider(resource=self.resource(boot), metric_readers=[reader])
+        # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME.
+        attributes = {
+            "service.name": "rankscope",
+            "service.version": __version__,
+            "host.name": self.host,
+        }
+        if boot is not None:  # no record yet: no boot, rather than an empty one
+            attributes["rankscope.boot"] = boot
+        provider = MeterProvider(resource=Resource.create(attributes), metric_readers=[reader])
         meter = provider.get_meter("rankscope", __version__)
         for metric in catalog.CATALOG:
             unit = UCUM_UNITS.get(metric.unit, metric.unit)

@@ -76,13 +76,9 @@ def _typed(catalog_name: str, cls: type[_F]) -> _F:
     return fam
 
 
-def label_value(value: object) -> str:
-    """Unknown (None) is the empty string, which PromQL treats as an absent label."""
-    return "" if value is None else str(value)
-
-
 def label_values(*values: object) -> list[str]:
-    return [label_value(v) for v in values]
+    """Unknown (None) is the empty string, which PromQL treats as an absent label."""
+    return ["" if v is None else str(v) for v in values]
 
 
 def add(

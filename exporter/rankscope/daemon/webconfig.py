@@ -109,13 +109,8 @@ def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> W
     if doc is None:
         return WebConfig()
     top = _mapping(doc, source, "the top level", _TOP_KEYS)
-    tls = None
-    if top.get("tls_server_config") is not None:
-        tls = _parse_tls(
-            _mapping(top["tls_server_config"], source, "tls_server_config", _TLS_KEYS),
-            base_dir,
-            source,
-        )
+    tls_raw = top.get("tls_server_config")
+    tls = _parse_tls(tls_raw, base_dir, source) if tls_raw is not None else None
     headers: dict[str, str] = {}
     if top.get("http_server_config") is not None:
         http = _mapping(top["http_server_config"], source, "http_server_config", _HTTP_KEYS)
@@ -166,7 +161,8 @@ def _mapping(value: Any, source: str, where: str, allowed: tuple[str, ...]) -> d
     return value
 
 
-def _parse_tls(raw: dict[str, Any], base_dir: Path, source: str) -> TLSConfig:
+def _parse_tls(tls_raw: object, base_dir: Path, source: str) -> TLSConfig:
+    raw = _mapping(tls_raw, source, "tls_server_config", _TLS_KEYS)
     for required in ("cert_file", "key_file"):
         if not raw.get(required):
             raise WebConfigError(f"{source}: tls_server_config needs {required}")

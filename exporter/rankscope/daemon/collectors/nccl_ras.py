@@ -183,16 +183,8 @@ class NcclRasCollector:
         report = ep.report
         if report is None:
             return
-        nccl.add_metric(
-            label_values(
-                a,
-                report.nccl_version,
-                report.cuda_runtime_version,
-                report.cuda_driver_version,
-                report.format,
-            ),
-            {},
-        )
+        cuda = (report.cuda_runtime_version, report.cuda_driver_version)
+        nccl.add_metric(label_values(a, report.nccl_version, *cuda, report.format), {})
         comms = [s.comm for s in ep.comms]
         mapped = map_ranks(comms, identities)
         add(fams["communicators"], (a,), len(comms))
