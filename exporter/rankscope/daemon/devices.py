@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from rankscope.daemon.flags import non_negative_bytes, parse_bytes
+from rankscope.daemon.flags import parse_bytes
 from rankscope.nvml_calls import memory_reader
 
 log = logging.getLogger("rankscope.daemon")
@@ -193,7 +193,7 @@ def parse_script(text: str, origin: str = "script") -> list[ScriptedCard]:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise bad(f"{where}: expected bytes (an integer or '2GiB'), got {value!r}")
         try:
-            return parse_bytes(value) if isinstance(value, str) else non_negative_bytes(value)
+            return parse_bytes(value)
         except ValueError as exc:
             raise bad(f"{where}: {exc}") from exc
 

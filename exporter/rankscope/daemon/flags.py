@@ -58,7 +58,9 @@ _UNITS = {
 def parse_bytes(text: str | int) -> int:
     """'2GiB', '1.5GB', '512Mi', '1048576' -> bytes (SI units of 1000, IEC of 1024)."""
     if isinstance(text, int) and not isinstance(text, bool):
-        return non_negative_bytes(text)
+        if text < 0:
+            raise ValueError(f"negative byte count {text}")
+        return text
     raw = str(text).strip()
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
     unit = raw[len(number) :].strip().lower()
@@ -71,9 +73,3 @@ def parse_bytes(text: str | int) -> int:
     if value < 0 or value != value or value == float("inf"):
         raise ValueError(f"{text!r}: a byte size must be a finite, non-negative number")
     return round(value)
-
-
-def non_negative_bytes(value: int) -> int:
-    if value < 0:
-        raise ValueError(f"negative byte count {value}")
-    return value

@@ -162,8 +162,8 @@ class Sampler:
         self.source_failing: str | None = None
         self.tried = threading.Event()  # set once the source has been tried (up or down)
         self._open = False
-        self._reopen_at = 0.0  # while closed: when to try opening again
-        self._reopen_due: float | None = None  # while open: when to reopen a failing source
+        # When to (re)open the source: always set while closed; while open, when failing.
+        self._reopen_at: float | None = 0.0
         self._source_backoff = 0.0
         self._cards: list[CardState] = []  # present cards, in slot order
         self._known: dict[str, CardState] = {}  # every card ever seen, by uuid
@@ -177,12 +177,9 @@ class Sampler:
     def sample(self, now: float | None = None) -> None:
         started = time.perf_counter()
         now = self.clock() if now is None else now
-        if not self._open:
-            if now >= self._reopen_at:
-                self._reopen(now)
-        elif self._reopen_due is not None and now >= self._reopen_due:
+        if self._reopen_at is not None and now >= self._reopen_at:
             self._reopen(now)
-        else:
+        elif self._open:
             try:
                 if self.source.changed():
                     self._reopen(now)
@@ -250,7 +247,7 @@ class Sampler:
             if card.failures >= REOPEN_AFTER_FAILURES:
                 card.failures = 0
                 # Handles may be dead (driver reloaded, GPU reset): re-resolve them all.
-                self._reopen_due = card.retry_at
+                self._reopen_at = card.retry_at
 
     def _count_source_failure(self, message: str, warning: str) -> float:
         """Counts a failure of the source (under the lock); the delay before the next try."""
@@ -295,11 +292,11 @@ class Sampler:
                     log.info("device source %s is up again", self.source.name)
                 self.source_failing = None
                 self._source_backoff = 0.0
-                self._reopen_due = None
+                self._reopen_at = None
                 return
             # Open, serving the cards that answered, but down: count it, retry the rest.
             warning = "device source %s: %s; serving the other cards"
-            self._reopen_due = now + self._count_source_failure(incomplete, warning)
+            self._reopen_at = now + self._count_source_failure(incomplete, warning)
 
     def _adopt(self, identities: list[CardIdentity]) -> None:
         """State is kept per uuid (counters never go backwards across a reopen); a card no
@@ -340,7 +337,7 @@ class Sampler:
         self._runner.stop()
         with self._source_lock:
             self.source.close()
-            self._open = False
+            self._open, self._reopen_at = False, 0.0
 
     @contextlib.contextmanager
     def open_cards(self) -> Iterator[list[CardState]]:
