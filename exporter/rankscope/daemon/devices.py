@@ -198,8 +198,6 @@ def parse_script(text: str, origin: str = "script") -> list[ScriptedCard]:
             raise bad(f"{where}: {exc}") from exc
 
     cards: list[ScriptedCard] = []
-    seen_index: set[int] = set()
-    seen_uuid: set[str] = set()
     for slot, raw in enumerate(doc["cards"]):
         where = f"cards[{slot}]"
         if not isinstance(raw, dict):
@@ -210,10 +208,8 @@ def parse_script(text: str, origin: str = "script") -> list[ScriptedCard]:
         uuid = raw.get("uuid", f"GPU-simulated-{index}")
         if not isinstance(uuid, str) or not uuid:
             raise bad(f"{where}.uuid: expected a string, got {uuid!r}")
-        if index in seen_index or uuid in seen_uuid:
+        if any(c.identity.index == index or c.identity.uuid == uuid for c in cards):
             raise bad(f"{where}: card index {index} or uuid {uuid} listed twice")
-        seen_index.add(index)
-        seen_uuid.add(uuid)
         model = raw.get("model", "Simulated GPU")
         total = size(f"{where}.total", raw.get("total"))
         free = size(f"{where}.free", raw.get("free"))
