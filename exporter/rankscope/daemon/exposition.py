@@ -1,10 +1,6 @@
-"""The /metrics encoders: the Prometheus text format (0.0.4) and OpenMetrics 1.0.0, chosen by
-the request's Accept header.
-
-OpenMetrics is client_python's own encoder; the text format is its generate_latest written
-again, held byte for byte to it by tests/daemon/test_daemon_exposition.py. Every rankscope
-name is a legacy Prometheus name, so no escaping scheme is negotiated: text/plain 1.0.0 gets
-0.0.4, whose body is the same.
+"""The /metrics encoders, chosen by the Accept header: OpenMetrics 1.0.0 (client_python's)
+and the Prometheus text format 0.0.4 (client_python's generate_latest written again). Every
+rankscope name is a legacy name, so text/plain 1.0.0 gets 0.0.4, whose body is the same.
 """
 
 from __future__ import annotations

@@ -164,14 +164,6 @@ _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
-class BadRequest(Exception):
-    """A request that cannot be read: answered with ``status`` and the connection closed."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-
-
 class RequestHandler(socketserver.StreamRequestHandler):
     """One connection: HTTP/1.1 with keep-alive, within http.server's limits. Not on
     http.server, whose http.client import brings email and ssl into a daemon without TLS
@@ -197,11 +189,11 @@ class RequestHandler(socketserver.StreamRequestHandler):
             return False
         try:
             if len(line) > MAX_LINE:
-                raise BadRequest(414, "request line too long")
+                raise HTTPError(414, "request line too long")
             method, target, version = _request_line(line)
             headers = self._headers()
-        except BadRequest as exc:
-            self._answer(text(f"{exc}\n", exc.status), repr(line[:80]), close=True)
+        except HTTPError as exc:  # a request that cannot be read: answered, then closed
+            self._answer(text(f"{exc.detail}\n", exc.status), repr(line[:80]), close=True)
             return False
         connection = headers.get("connection", "").lower()
         keep_alive = connection == "keep-alive" or (version == "HTTP/1.1" and connection != "close")
@@ -230,7 +222,7 @@ class RequestHandler(socketserver.StreamRequestHandler):
         for _ in range(MAX_HEADERS + 1):
             line = self.rfile.readline(MAX_LINE + 1)
             if len(line) > MAX_LINE:
-                raise BadRequest(431, "header line too long")
+                raise HTTPError(431, "header line too long")
             if line in (b"\r\n", b"\n", b""):
                 return headers
             decoded = line.decode("iso-8859-1").rstrip("\r\n")
@@ -239,10 +231,10 @@ class RequestHandler(socketserver.StreamRequestHandler):
                 continue
             key, sep, value = decoded.partition(":")
             if not sep or not key or key != key.strip():
-                raise BadRequest(400, f"bad header line {decoded[:80]!r}")
+                raise HTTPError(400, f"bad header line {decoded[:80]!r}")
             name = key.lower()
             headers[name] = value.strip()
-        raise BadRequest(431, f"more than {MAX_HEADERS} headers")
+        raise HTTPError(431, f"more than {MAX_HEADERS} headers")
 
     def _answer(self, response: Response, what: str, close: bool, head: bool = False) -> None:
         status = response.status
@@ -268,15 +260,15 @@ class RequestHandler(socketserver.StreamRequestHandler):
 
 
 def _request_line(raw: bytes) -> tuple[str, str, str]:
-    """(method, target, version) of an HTTP/1.x request line; BadRequest otherwise."""
+    """(method, target, version) of an HTTP/1.x request line; HTTPError otherwise."""
     words = raw.decode("iso-8859-1").rstrip("\r\n").split()
     if len(words) != 3:
-        raise BadRequest(400, f"bad request line {raw[:80]!r}")
+        raise HTTPError(400, f"bad request line {raw[:80]!r}")
     method, target, version = words
     if version not in ("HTTP/1.0", "HTTP/1.1"):
         if version.startswith("HTTP/") and version[5:6].isdigit() and version[5:6] >= "2":
-            raise BadRequest(505, f"HTTP version {version[5:]!r} not supported")
-        raise BadRequest(400, f"bad request version {version[:20]!r}")
+            raise HTTPError(505, f"HTTP version {version[5:]!r} not supported")
+        raise HTTPError(400, f"bad request version {version[:20]!r}")
     if target.startswith("//"):
         target = "/" + target.lstrip("/")  # as http.server: never a scheme-relative URL
     return method, target, version
@@ -364,8 +356,7 @@ class Server(socketserver.TCPServer):
         self._accepting.start()
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """Stop accepting, close idle connections, let those in flight finish (up to
-        ``grace`` seconds), and close the socket."""
+        """Stop accepting, close idle connections, give the rest ``grace`` seconds, close."""
         if self._accepting is not None:
             self.shutdown()  # returns once serve_forever has
         with self._lock:
@@ -384,8 +375,7 @@ class Server(socketserver.TCPServer):
 
 
 def _end_reads(conn: socket.socket) -> None:
-    """Shut the read side of the plain socket: an idle keep-alive connection sees its end,
-    an answer being written still goes out."""
+    """Shut the read side: an idle connection sees its end, an answer still goes out."""
     with contextlib.suppress(OSError):
         socket.socket.shutdown(conn, socket.SHUT_RD)
 

@@ -79,8 +79,7 @@ def query(
     max_bytes: int = DEFAULT_MAX_BYTES,
     report_timeout: float = REPORT_TIMEOUT_S,
 ) -> bytes:
-    """One status report, as sent (JSON where the server takes ``SET FORMAT json``);
-    ReportError with its reason otherwise."""
+    """One status report as sent (JSON where the server takes it); ReportError otherwise."""
     try:
         sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
     except ConnectionRefusedError:
@@ -232,8 +231,7 @@ class Endpoint:
 
 
 class RasPoller:
-    """Each endpoint on a thread of its own: one that hangs until its deadline delays no
-    other."""
+    """A thread per endpoint: one that hangs until its deadline delays no other."""
 
     def __init__(self, endpoints: list[Endpoint], interval: float) -> None:
         self.endpoints = endpoints

@@ -48,8 +48,7 @@ class MissingRank:
 
 @dataclass(frozen=True)
 class Communicator:
-    """``key`` is hash + secondary hash (the hash alone is not unique); text has no
-    secondary hash: ""."""
+    """``key``: hash + secondary hash (the hash alone is not unique; text has none: "")."""
 
     hash: str
     secondary_hash: str
@@ -91,9 +90,6 @@ def parse_report(data: bytes) -> RasReport:
     except UnicodeDecodeError as exc:
         raise ReportError("malformed", f"not UTF-8 at byte {exc.start}") from None
     return parse_json_report(text) if text.lstrip().startswith("{") else parse_text_report(text)
-
-
-# --- JSON (2.28.7+) ------------------------------------------------------------------------
 
 
 def parse_json_report(text: str) -> RasReport:
@@ -199,8 +195,6 @@ def _json_missing(raw_missing: object, where: str) -> MissingRank:
     )
 
 
-# --- text (2.24+) --------------------------------------------------------------------------
-
 _VERSION_LINE = re.compile(r"NCCL version (\S+)")
 _CUDA_LINE = re.compile(r"CUDA runtime version (\d+), driver version (\d+)")
 # "%5d  %8d  %8d  %8s  %8d  %8d  %8s  %6s": group, comms, nodes/comm, ranks/node (may be
@@ -297,8 +291,7 @@ class _TextFindings:
                 self.mismatches.setdefault(self.entry_id, []).append("status")
 
     def communicators(self) -> tuple[Communicator, ...]:
-        """Each grouped row's comms, by the hash an Errors / Warnings entry printed for their
-        "#group-index" id, else by that id."""
+        """Each grouped row's comms, by the hash NCCL printed for their "#group-index", or by it."""
         return tuple(
             Communicator(
                 hash=self.hashes.get(f"#{group}-{idx}", f"#{group}-{idx}"),
@@ -311,9 +304,6 @@ class _TextFindings:
             for group, n_comms, size in self.groups
             for idx in range(n_comms)
         )
-
-
-# --- findings that need no history ---------------------------------------------------------
 
 
 def count_mismatches(comm: Communicator) -> dict[str, tuple[int, int]]:

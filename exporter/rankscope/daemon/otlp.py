@@ -56,8 +56,7 @@ def default_interval() -> float:
 
 
 class SampleCache:
-    """One collection of every collector, shared by all instruments of one export (each
-    instrument's callback would otherwise run every collector again)."""
+    """One collection shared by every instrument of one export, not one per callback."""
 
     def __init__(self, collectors: TimedCollectors, max_age: float) -> None:
         self.collectors = collectors

@@ -5,6 +5,7 @@ times every collector at each scrape.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -31,8 +32,7 @@ Family = GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily | InfoMet
 
 @runtime_checkable
 class Collector(Protocol):
-    """client_python's custom collector, named: ``name`` is the ``collector`` label of
-    rankscope_collector_success and _duration."""
+    """client_python's custom collector; ``name`` is its ``collector`` label."""
 
     name: str
 
@@ -52,28 +52,18 @@ def family(catalog_name: str) -> Family:
     return InfoMetricFamily(m.family, m.help, labels=labels)
 
 
-def gauge(catalog_name: str) -> GaugeMetricFamily:
-    return _typed(catalog_name, GaugeMetricFamily)
-
-
-def counter(catalog_name: str) -> CounterMetricFamily:
-    return _typed(catalog_name, CounterMetricFamily)
-
-
-def summary(catalog_name: str) -> SummaryMetricFamily:
-    return _typed(catalog_name, SummaryMetricFamily)
-
-
-def info(catalog_name: str) -> InfoMetricFamily:
-    return _typed(catalog_name, InfoMetricFamily)
-
-
 def _typed(catalog_name: str, cls: type[_F]) -> _F:
     fam = family(catalog_name)
     if not isinstance(fam, cls):
         kind = catalog.BY_NAME[catalog_name].type
         raise TypeError(f"{catalog_name} is a {kind} in the catalog, not a {cls.__name__}")
     return fam
+
+
+gauge = functools.partial(_typed, cls=GaugeMetricFamily)
+counter = functools.partial(_typed, cls=CounterMetricFamily)
+summary = functools.partial(_typed, cls=SummaryMetricFamily)
+info = functools.partial(_typed, cls=InfoMetricFamily)
 
 
 def label_values(*values: object) -> list[str]:

@@ -77,8 +77,7 @@ class Daemon:
     otlp: Poller | None = None
 
     def tls_context(self) -> ssl.SSLContext | None:
-        """The TLS context of the web config, None without TLS; TLSError naming the files
-        for a certificate and key that cannot be loaded together."""
+        """The web config's TLS context (None without); TLSError naming unusable files."""
         if self.tls is None:
             return None
         import ssl

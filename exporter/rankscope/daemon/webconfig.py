@@ -189,9 +189,6 @@ def _parse_tls(tls_raw: object, base_dir: Path, source: str) -> TLSConfig:
     )
 
 
-# --- basic auth ---------------------------------------------------------------------------
-
-
 @functools.cache
 def dummy_hash() -> bytes:
     """Checked for an unknown user, so the response time does not tell which users exist;
@@ -258,8 +255,7 @@ def parse_basic(authorization: bytes | None) -> tuple[str | None, str | None]:
 
 
 class ReloadingAuth:
-    """The users of a web config file, read again when it changes (kept when it no longer
-    parses)."""
+    """The users of a web config file, read again when it changes (kept if it breaks)."""
 
     def __init__(self, path: Path, config: WebConfig) -> None:
         self.path = path
@@ -277,27 +273,27 @@ class ReloadingAuth:
     def _current(self) -> BasicAuth:
         mtime = _mtime(self.path)
         with self._lock:
-            if mtime != self._mtime:
-                self._mtime = mtime
-                try:
-                    had_users = bool(self._auth.users)
-                    self._auth = BasicAuth(load_web_config(self.path).users)
-                    if had_users and not self._auth.users:
-                        log.warning(
-                            "web config %s changed: basic_auth_users is now empty, so every "
-                            "request is served WITHOUT authentication",
-                            self.path,
-                        )
-                    else:
-                        log.info(
-                            "web config %s changed: %d user(s)", self.path, len(self._auth.users)
-                        )
-                except WebConfigError as exc:
-                    log.error(
-                        "web config %s changed but cannot be used, keeping the previous users: %s",
-                        self.path,
-                        exc,
-                    )
+            if mtime == self._mtime:
+                return self._auth
+            self._mtime = mtime
+            try:
+                users = load_web_config(self.path).users
+            except WebConfigError as exc:
+                log.error(
+                    "web config %s changed but cannot be used, keeping the previous users: %s",
+                    self.path,
+                    exc,
+                )
+                return self._auth
+            if self._auth.users and not users:
+                log.warning(
+                    "web config %s changed: basic_auth_users is now empty, so every "
+                    "request is served WITHOUT authentication",
+                    self.path,
+                )
+            else:
+                log.info("web config %s changed: %d user(s)", self.path, len(users))
+            self._auth = BasicAuth(users)
             return self._auth
 
 
@@ -311,8 +307,7 @@ def _mtime(path: Path) -> tuple[int, int] | None:
 
 
 class WebConfigMiddleware:
-    """Basic auth on every path (when users are configured) and the configured headers on
-    every answer, refusals included."""
+    """Basic auth on every path and the configured headers on every answer, refusals too."""
 
     def __init__(
         self, app: App, auth: ReloadingAuth | BasicAuth | None, headers: dict[str, str]

@@ -29,8 +29,7 @@ def build(config: DaemonConfig, sources: Sources) -> CensusCollector:
 
 
 def census_counts(body: Census | CensusDump) -> Iterable[tuple[str, str, float]]:
-    """The (group, op, n) rows of a census or census_dump line (none if its counts were
-    unreadable)."""
+    """The (group, op, n) rows of a census or census_dump line (none if unreadable)."""
     for (group, op), n in (body.counts or {}).items():
         yield group, op, float(n)
 
