@@ -31,8 +31,7 @@ from rankscope.record.reader import BootNotFoundError, Flight
 
 # Prometheus's default scrape timeout: a collection running longer is stuck, not slow.
 STUCK_SCRAPE_SECONDS = 10.0
-# The API answers from the flight state the refresher keeps, refreshing it itself only when
-# it is older than this (no refresher running, as in an app built without the daemon).
+# The API refreshes the flight state itself only when older (no refresher running).
 API_REFRESH_S = 2 * FLIGHT_REFRESH_S
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -145,9 +144,8 @@ def _paged(document: Callable[[Request], dict[str, Any]], lists: tuple[str, ...]
 
 
 def cards_document(cards: Sampler | None, ooms: OomBook | None = None) -> dict[str, Any]:
-    """The body of GET /api/v1/cards (docs/architecture.md): bytes as integers, unmeasured
-    values null, every process listed (the metric is capped, this is not), and each card's
-    latest OOM."""
+    """GET /api/v1/cards (docs/architecture.md): every process listed (the metric is capped,
+    this is not), and each card's latest OOM."""
     if cards is None:
         return {"cards": [], "why": "the card monitor is not running"}
     failing = cards.source_failing

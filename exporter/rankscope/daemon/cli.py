@@ -1,6 +1,5 @@
-"""`rankscope serve`: the daemon's flags, in the exporter convention, parsed once into a
-DaemonConfig. The default port, 19400 (dcgm-exporter's 9400 with a leading 1), sits outside
-the range the Prometheus wiki allocates to exporters (9100-9999, full since 2023).
+"""`rankscope serve`: the daemon's flags, parsed once into a DaemonConfig. The default port
+19400 is outside the exporters' range on the Prometheus wiki (9100-9999, full since 2023).
 """
 
 from __future__ import annotations

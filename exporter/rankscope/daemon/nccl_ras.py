@@ -1,9 +1,6 @@
-"""The NCCL RAS source: polls each RAS endpoint on a thread of its own and keeps the last
-parsed report, so a scrape never waits on NCCL.
-
-One TCP connection answers one report (docs/nccl-ras-notes.md). The endpoint is untrusted:
-every step has a deadline, the report a byte cap. Two jobs may share the default port
-(SO_REUSEPORT), so a communicator is kept until absent from ``forget_after`` polls.
+"""The NCCL RAS source: polls each endpoint (untrusted: every step has a deadline, the report
+a byte cap; docs/nccl-ras-notes.md) and keeps the last parsed report for the scrape. Jobs
+may share the default port, so a communicator is kept until absent ``forget_after`` polls.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""OTLP push of the same catalog: one observable instrument per catalog entry (a summary's
-``_count`` and ``_sum``), fed by the collectors Prometheus scrapes. The resource carries
-rankscope.boot, the newest boot: when it changes, the provider is rebuilt.
-"""
+"""OTLP push of the catalog, fed by the collectors Prometheus scrapes; the resource carries
+the newest boot, and the provider is rebuilt when it changes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The daemon assembled from its config: the sources, the collectors of the switched-on
-modules (rankscope.daemon.collectors), the app with its web config, OTLP; and its run, on
-the standard library's HTTP server until a signal."""
+"""The daemon assembled from its config (sources, collectors, app, web config, OTLP), and
+its run until a signal."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The collectors, node_exporter's way: one module each, listed in :data:`COLLECTORS` in
-scrape order. CONTRIBUTING.md, "Add a collector", gives the contract of a module.
-"""
+"""The collector modules in scrape order (CONTRIBUTING.md, "Add a collector")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The cards collector: card identity, free memory (latest and trailing-window minimum),
-the corridor floor and its breaches, the per-card memory identity, device errors, and the
-sampler's own cost."""
+"""Cards: identity, free memory, the corridor floor and its breaches, the memory identity,
+device errors, and the sampler's own cost."""
 
 from __future__ import annotations
 

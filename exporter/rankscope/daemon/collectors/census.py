@@ -1,7 +1,5 @@
-"""Census: per-rank collective counts of the newest boot, their snapshot rounds, the
-in-process divergences, and this host's summary of each group instance: the round its ranks
-here all reached, a digest of their counts there, and each lagging rank's deficit
-(docs/alerting.md, "Why this shape")."""
+"""Census of the newest boot: per-rank counts, snapshot rounds, divergences, and each group
+instance's common round, digest and deficits here (docs/alerting.md, "Why this shape")."""
 
 from __future__ import annotations
 

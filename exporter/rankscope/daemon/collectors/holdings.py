@@ -1,6 +1,5 @@
-"""The holdings collector: bytes per card and process (role rank or foreign), capped per
-card with one overflow series, and each card's largest foreign holder (one series per card
-for the alert, where a fleet has tens of thousands of process series)."""
+"""Holdings: bytes per card and process, capped per card with one overflow series, and each
+card's largest foreign holder (one series per card for the alert)."""
 
 from __future__ import annotations
 

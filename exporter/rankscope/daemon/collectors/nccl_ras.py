@@ -1,10 +1,6 @@
-"""NCCL RAS: what the RAS endpoints last reported (the poller's state, never a connection
-in the scrape path), mapped to rankscope boots and ranks where unambiguous.
-
-The mapping (docs/census.md, "NCCL RAS"): RAS names a rank by (host, pid), the pid its
-flight records carry. It maps to the one (boot, rank) with that pid, newest boot first;
-not when several hold the pid, or the report shows the pid on two hosts. A communicator
-gets a boot when its mapped ranks all share one.
+"""NCCL RAS: what the endpoints last reported (the poller's state, never a connection in
+the scrape path), mapped to rankscope boots and ranks where unambiguous (docs/census.md,
+"NCCL RAS"): a (host, pid) to the one (boot, rank) with that pid, newest boot first.
 """
 
 from __future__ import annotations

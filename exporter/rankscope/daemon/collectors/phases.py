@@ -1,6 +1,5 @@
-"""Phase marks: the allocator, driver and NVML views at each named boot boundary, and the
-posts between consecutive marks (as rankscope.reports.ledger computes them), for the newest
-boot(s) only (``--phases.boots``)."""
+"""Phase marks of the newest boot(s): the allocator, driver and NVML views at each, and the
+posts between them (as rankscope.reports.ledger computes them)."""
 
 from __future__ import annotations
 

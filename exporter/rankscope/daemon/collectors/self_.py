@@ -1,5 +1,4 @@
-"""The instrument itself: build info, whether each source answers, and the flight lines
-the reader had to skip or nulled (as the scrape's refresh step left the flight state)."""
+"""The instrument itself: build info, source health, flight lines skipped or nulled."""
 
 from __future__ import annotations
 
