@@ -7,8 +7,8 @@
   way (a global name) and called the same way. Goal: within 1.1x.
 - armed, on a GPU when there is one: against the raw reads a mark must make (the allocator's
   nested stats call, NVML's memory info and process list through pynvml's wrappers), and
-  against those reads plus the write(2) of an equally long line. Goal: within 1.2x of the raw
-  reads. The mark calls NVML's C functions directly into reused structs (one call for the
+  against those reads plus the write(2) of an equally long line. Budget: an armed mark under
+  100 us (the ratios say where its time goes). The mark calls NVML's C functions directly into reused structs (one call for the
   process list where pynvml's wrapper makes two and a Python object per process): the reads
   the mark actually makes ("lean reads") are a third baseline, the strictest.
 - armed, on this machine's CPU in every run: the mark with CUDA never initialised (its one
@@ -44,6 +44,7 @@ from rankscope.rank.probe.torch_view import Device, TorchReading, TorchView, vie
 from rankscope.rank.writer import ENCODER, RECORDER
 
 Timed = Callable[[], Any] | str
+BUDGET_US = 100  # an armed mark, whatever the machine
 
 
 def rounds_of(
@@ -318,11 +319,11 @@ def armed(number: int, rounds: int, holders: int, results: dict[str, Any]) -> No
     results["armed"]["own_share_ns"] = own
     say_time("mark minus (its reads + write): rankscope's own share", statistics.median(own))
     for label, figure in figures.items():
-        say_ratio(
-            label,
-            figure,
-            "1.2x" if label == "mark / raw reads" and "lean_reads" in per_round else "",
-        )
+        say_ratio(label, figure)
+    mark_us = median(per_round, "mark") / 1000
+    print(
+        f"  budget: an armed mark under {BUDGET_US} us: {'met' if mark_us < BUDGET_US else 'MISSED'}"
+    )
 
 
 def main() -> int:
