@@ -29,7 +29,6 @@ from rankscope.record.reader import (
     Flight,
     FlightReader,
     Record,
-    host_pid,
 )
 
 # Per process and boot, the newest lines kept (the file keeps them all).
@@ -262,11 +261,13 @@ class FlightState:
 
     def host_pid(self, rec: Record) -> int | None:
         """The host pid of the process that wrote ``rec``, as resolved at refresh."""
-        known = host_pid(rec)
-        if known is not None:
-            return known
+        return self.process_host_pid(rank_process(rec))
+
+    def process_host_pid(self, p: RankProcess) -> int | None:
+        if p.pidns == HOST_PIDNS_INODE:
+            return p.pid
         with self._lock:
-            return self._host_pids.get(rec.header.process_key)
+            return self._host_pids.get(p.key)
 
     def _resolve_new_processes(self) -> None:
         """The host pid of each process seen for the first time."""
