@@ -21,9 +21,10 @@ from tests.daemon.test_daemon_cards import CardSide, card_side
 
 from rankscope.daemon.devices import ScriptedSource, write_script
 from rankscope.daemon.flightstate import RankProcess
-from rankscope.daemon.holdings import Holding, attribute, cap, summarize
+from rankscope.daemon.holdings import attribute, cap, summarize
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.procfs import ProcCache, ProcInfo, RankIndex, parse_stat_comm, read_proc_info
+from rankscope.reports.oom import Holding
 from support.waiting import wait_for
 
 GiB = 1 << 30

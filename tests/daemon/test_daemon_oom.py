@@ -22,11 +22,10 @@ from tests.daemon.test_daemon_serve import get, serve
 from rankscope.daemon.collectors.oom import OomCollector
 from rankscope.daemon.devices import ScriptedSource, write_script
 from rankscope.daemon.flightstate import FlightState, RankProcess
-from rankscope.daemon.holdings import Holding
-from rankscope.daemon.oom import Exhaustion, ExhaustionWatch, OomBook
+from rankscope.daemon.oom import ExhaustionWatch, OomBook
 from rankscope.daemon.sampler import FloorValue, Sampler
 from rankscope.procfs import read_start_ticks
-from rankscope.reports.oom import SamplerOom, sampler_ooms_of_page
+from rankscope.reports.oom import Holding, SamplerOom, sampler_ooms_of_page
 from support.waiting import wait_for
 
 GiB = 1 << 30
@@ -77,8 +76,8 @@ def test_one_process_list_read_per_onset_and_the_worst_minimum_followed(
     at(0.3, 90 * MiB)
     assert watch.process_list_reads == 1
     (event,) = watch.events()
-    assert (event.onset_free, event.worst_free) == (200 * MiB, 40 * MiB)
-    assert event.worst_wall > event.onset_wall
+    assert (event.onset_free, event.free) == (200 * MiB, 40 * MiB)
+    assert event.wall > event.onset_wall
     roles = [(h.pid, h.comm, h.role, h.rank, h.bytes) for h in event.holders or ()]
     assert roles == [
         (holder.pid, "sleep", "foreign", None, 70 * GiB),
@@ -87,7 +86,7 @@ def test_one_process_list_read_per_onset_and_the_worst_minimum_followed(
     at(0.4, 2 * GiB)  # recovered
     at(0.5, 0)  # a new onset: a new event, a second read
     assert watch.process_list_reads == 2
-    assert [e.worst_free for e in watch.events()] == [40 * MiB, 0]
+    assert [e.free for e in watch.events()] == [40 * MiB, 0]
     assert watch.counts() == {(0, "GPU-sim-0"): 2}
 
 
@@ -103,7 +102,7 @@ def test_a_failing_process_list_keeps_the_event_with_a_why(tmp_path: Path) -> No
     sampler.source.read_processes = broken  # type: ignore[method-assign]
     sampler.sample(now=0.0)
     (event,) = watch.events()
-    assert event.holders is None and "GPU is lost" in (event.why or "")
+    assert event.holders is None and "GPU is lost" in "; ".join(event.why)
     assert sampler.samples == 1  # the sample itself completed
 
 
@@ -242,7 +241,7 @@ def test_serve_counts_both_sources_and_serves_the_latest_oom_per_card(
 def test_the_cli_reads_the_sampler_entry_the_daemon_writes_and_skips_a_bad_one() -> None:
     sleep = Holding(41, "sleep", 70 * GiB, "foreign", None, None)
     rank = Holding(42, "python3", 9 * GiB, "rank", "b1", 2)
-    x = Exhaustion(0, "GPU-sim-0", 10.0, 200 * MiB, 40 * MiB, 11.0, (sleep, rank))
+    x = SamplerOom(11.0, 0, "GPU-sim-0", 40 * MiB, 10.0, 200 * MiB, (sleep, rank))
     bad = {**x.as_json(), "free": "lots"}
     probe = {"source": "probe", "wall": 9.0}  # the flight directory has it
     page = {"ooms": [probe, x.as_json(), bad, 7], "page": {"next": "/api/v1/oom?offset=4"}}
@@ -255,7 +254,7 @@ def test_the_cli_reads_the_sampler_entry_the_daemon_writes_and_skips_a_bad_one()
     ]
     assert skipped == ["free: 'lots'", "ooms[]: 7"] and following == "/api/v1/oom?offset=4"
     assert read.as_json() == x.as_json()  # `rankscope oom --json` prints the API's own form
-    unread = Exhaustion(0, "GPU-sim-0", 10.0, 0, 0, 10.0, None, "process list read failed: x")
+    unread = SamplerOom(10.0, 0, "GPU-sim-0", 0, 10.0, 0, None, ("process list read failed: x",))
     assert SamplerOom.parse(unread.as_json()).holders is None
     assert SamplerOom.parse(unread.as_json()).as_json() == unread.as_json()
     # A daemon whose oom collector is off says why: an error, not "no OOM recorded".

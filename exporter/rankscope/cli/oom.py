@@ -13,7 +13,7 @@ from typing import TextIO
 from rankscope.cli.common import NA, add_boot, open_flight, print_json, when
 from rankscope.daemon.paging import MAX_LIMIT
 from rankscope.reports.oom import (
-    NamedHolder,
+    Holding,
     OomEvent,
     SamplerOom,
     oom_events,
@@ -116,7 +116,7 @@ def gib(value: int | None) -> str:
     return NA if value is None else f"{value / GiB:.2f} GiB"
 
 
-def held(h: NamedHolder) -> str:
+def held(h: Holding) -> str:
     role = f"rank {h.rank if h.rank is not None else '?'} of boot {h.boot}"
     return f"{h.pid} {h.comm or '?'} {role if h.role == 'rank' else 'foreign'} {gib(h.bytes)}"
 

@@ -174,7 +174,7 @@ def _card(v: CardView) -> dict[str, Any]:
         "rank_resident": held.rank_resident if held else None,
         "foreign": held.foreign if held else None,
         "unattributed": held.unattributed if held else None,
-        "processes": [h.to_json() for h in (held.processes if held else ())],
+        "processes": [h.as_json() for h in (held.processes if held else ())],
     }
 
 

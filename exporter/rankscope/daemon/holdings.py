@@ -5,27 +5,11 @@ line: command lines carry secrets)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from rankscope.procfs import ProcInfo, RankIndex
-from rankscope.reports.oom import holding_entry
+from rankscope.reports.oom import ROLE_FOREIGN, ROLE_RANK, Holding, largest_first
 
-ROLE_RANK = "rank"
-ROLE_FOREIGN = "foreign"
 ROLE_OVERFLOW = "overflow"
-
-
-@dataclass(frozen=True)
-class Holding:
-    pid: int | None  # None for the overflow series
-    comm: str
-    bytes: int | None
-    role: str  # rank, foreign, overflow
-    boot: str | None
-    rank: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return holding_entry(self.pid, self.comm, self.bytes, self.role, self.boot, self.rank)
 
 
 @dataclass(frozen=True)
@@ -52,8 +36,7 @@ def attribute(
             out.append(Holding(pid, comm, nbytes, ROLE_FOREIGN, None, None))
         else:
             out.append(Holding(pid, comm, nbytes, ROLE_RANK, rp.boot, rp.rank))
-    out.sort(key=lambda h: (h.bytes is None, -(h.bytes or 0), h.pid))
-    return out
+    return largest_first(out)
 
 
 def cap(holdings: list[Holding], max_series: int) -> list[Holding]:

@@ -1,6 +1,6 @@
 """The OOM source: the probes' ``oom`` lines, and the exhaustions no allocator saw (an NCCL
 buffer, another process) that the sampler sees as a card's free memory near zero.
-:class:`OomBook` merges both, each OOM typed once as an :class:`OomInstant`."""
+:class:`OomBook` merges both."""
 
 from __future__ import annotations
 
@@ -9,46 +9,20 @@ import operator
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from rankscope.daemon.flightstate import FlightState, RankProcess, host_pids
-from rankscope.daemon.holdings import Holding, attribute
+from rankscope.daemon.holdings import attribute
 from rankscope.daemon.sampler import CardState, FloorValue, Sampler
 from rankscope.procfs import RankIndex, read_proc_info
-from rankscope.record import SCHEMA_VERSION, AnyLine, Header, Line, Oom, UnknownKind
-from rankscope.reports.oom import NamedHolder, OomEvent, RankNamer, oom_events, sampler_entry
+from rankscope.record import Line, Oom
+from rankscope.reports.oom import Holding, OomEvent, RankNamer, SamplerOom, oom_events
 
 log = logging.getLogger("rankscope.daemon")
 
 DEFAULT_EXHAUSTED_BELOW = "256MiB"
 MAX_EXHAUSTIONS_PER_CARD = 64  # the newest are kept; the count goes on
-
-
-@dataclass
-class Exhaustion:
-    """One exhaustion of a card: free at or below the threshold, seen by the sampler."""
-
-    gpu: int
-    uuid: str
-    onset_wall: float
-    onset_free: int
-    worst_free: int
-    worst_wall: float
-    holders: tuple[Holding, ...] | None  # read once, at the onset
-    why: str | None = None  # why the holders are unknown
-
-    def as_json(self) -> dict[str, Any]:
-        return sampler_entry(
-            wall=self.worst_wall,
-            gpu=self.gpu,
-            uuid=self.uuid,
-            free=self.worst_free,
-            onset_wall=self.onset_wall,
-            onset_free=self.onset_free,
-            holders=None if self.holders is None else [h.to_json() for h in self.holders],
-            why=[self.why] if self.why else [],
-        )
 
 
 class ExhaustionWatch:
@@ -72,7 +46,7 @@ class ExhaustionWatch:
         self.process_list_reads = 0
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}  # by uuid
-        self._events: dict[str, list[Exhaustion]] = {}  # by uuid, the newest kept
+        self._events: dict[str, list[SamplerOom]] = {}  # by uuid, the newest kept
         sampler.exhaust_below = lambda identity: threshold.resolve(identity.total)
         sampler.on_exhausted = self.exhausted
 
@@ -83,7 +57,7 @@ class ExhaustionWatch:
             ident = card.identity
             if onset:
                 holders, why = self._read_holders(card)
-                event = Exhaustion(ident.index, ident.uuid, wall, free, free, wall, holders, why)
+                event = SamplerOom(wall, ident.index, ident.uuid, free, wall, free, holders, why)
                 with self._lock:
                     self._counts[ident.uuid] = self._counts.get(ident.uuid, 0) + 1
                     events = self._events.setdefault(ident.uuid, [])
@@ -99,49 +73,32 @@ class ExhaustionWatch:
                 return
             with self._lock:
                 kept = self._events.get(ident.uuid)
-                if kept and free < kept[-1].worst_free:
-                    kept[-1].worst_free, kept[-1].worst_wall = free, wall
+                if kept and free < (kept[-1].free or 0):  # never None: the watch sets it
+                    kept[-1] = replace(kept[-1], wall=wall, free=free)
         except Exception:  # the sampler's thread goes on whatever happens here
             log.exception("exhaustion watch failed on card %s", card.identity.index)
 
-    def _read_holders(self, card: CardState) -> tuple[tuple[Holding, ...] | None, str | None]:
+    def _read_holders(self, card: CardState) -> tuple[tuple[Holding, ...] | None, tuple[str, ...]]:
         self.process_list_reads += 1
         try:
             held = self.sampler.source.read_processes(card.identity.slot)
         except Exception as exc:
-            return None, f"process list read failed: {exc}"
+            return None, (f"process list read failed: {exc}",)
         try:
             index = RankIndex(self.rank_processes())
         except Exception as exc:
             log.warning("exhaustion: rank processes unread (%s); every holder is foreign", exc)
             index = RankIndex(())
         infos = {pid: read_proc_info(pid, self.proc) for pid in held}
-        return tuple(attribute(held, infos, index)), None
+        return tuple(attribute(held, infos, index)), ()
 
-    def counts(self) -> dict[tuple[int, str], int]:
+    def counts(self) -> dict[tuple[int | None, str], int]:
         with self._lock:
             return {(e[-1].gpu, uuid): self._counts[uuid] for uuid, e in self._events.items()}
 
-    def events(self) -> list[Exhaustion]:
+    def events(self) -> list[SamplerOom]:
         with self._lock:
-            return [Exhaustion(**vars(e)) for events in self._events.values() for e in events]
-
-
-def as_line(rp: RankProcess) -> AnyLine:
-    """A header-only line of a rank process, for the resolvers that take a record."""
-    header = Header(
-        v=SCHEMA_VERSION,
-        kind="",
-        boot=rp.boot,
-        host=rp.host,
-        pid=rp.pid,
-        wall=0.0,
-        rank=rp.rank,
-        start_ticks=rp.start_ticks,
-        nspid=rp.nspid,
-        pidns=rp.pidns,
-    )
-    return Line(header, UnknownKind(""))
+            return [e for events in self._events.values() for e in events]
 
 
 def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
@@ -160,35 +117,12 @@ def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
     return name
 
 
-@dataclass(frozen=True)
-class OomInstant:
-    """One OOM instant of either source; ``holders`` None when they could not be read."""
-
-    source: str  # probe | sampler
-    wall: float
-    gpu: int | None
-    uuid: str | None
-    holders: tuple[Holding, ...] | None
-    event: OomEvent | Exhaustion
-
-    @classmethod
-    def of_probe(cls, e: OomEvent) -> OomInstant:
-        holders = tuple(_holding(h) for h in e.holders)  # empty when unread: e.why says why
-        return cls("probe", e.wall, e.gpu, e.uuid, holders, e)
-
-    @classmethod
-    def of_sampler(cls, x: Exhaustion) -> OomInstant:
-        return cls("sampler", x.worst_wall, x.gpu, x.uuid, x.holders, x)
-
-    def as_json(self) -> dict[str, Any]:
-        """The API's form (/api/v1/oom): a probe's is what `rankscope oom --json` prints."""
-        if isinstance(self.event, OomEvent):
-            return {"source": self.source, **self.event.as_json()}
-        return self.event.as_json()
+OomInstant = OomEvent | SamplerOom  # a probe's or the sampler's
 
 
-def _holding(h: NamedHolder) -> Holding:
-    return Holding(h.pid, h.comm or "", h.bytes, h.role, h.boot, h.rank)
+def instant_json(i: OomInstant) -> dict[str, Any]:
+    """The API's form (/api/v1/oom): a probe's is what `rankscope oom --json` prints."""
+    return {"source": "probe", **i.as_json()} if isinstance(i, OomEvent) else i.as_json()
 
 
 class OomBook:
@@ -202,9 +136,9 @@ class OomBook:
         self.proc = proc
         self._lock = threading.Lock()
         # The oom lines and rank processes last parsed, and their instants.
-        self._parsed: tuple[list[Line[Oom]], list[RankProcess], list[OomInstant]] = ([], [], [])
+        self._parsed: tuple[list[Line[Oom]], list[RankProcess], list[OomEvent]] = ([], [], [])
 
-    def probe_instants(self) -> list[OomInstant]:
+    def probe_instants(self) -> list[OomEvent]:
         """Every oom line in the flight directory, oldest first; parsed again only when the
         lines or the rank processes changed."""
         self.state.refresh_if_older(2.0)  # the daemon's refresher keeps it younger
@@ -214,30 +148,25 @@ class OomBook:
             return []
         ranks = view.rank_processes()
         with self._lock:
-            old_records, old_ranks, instants = self._parsed
+            old_records, old_ranks, events = self._parsed
             # The lines are the flight state's own objects, kept alive here: identity is change.
             same = len(records) == len(old_records) and all(map(operator.is_, records, old_records))
             if not same or ranks != old_ranks:
                 name = rank_namer_of(ranks, self.proc)
                 events = oom_events(records, namer=name, resolve=self.state.host_pid)
-                instants = [OomInstant.of_probe(e) for e in events]
-                self._parsed = (records, ranks, instants)
-            return instants
-
-    def exhaustions(self) -> list[Exhaustion]:
-        return self.watch.events() if self.watch is not None else []
+                self._parsed = (records, ranks, events)
+            return events
 
     def instants(self) -> list[OomInstant]:
         """Every OOM both sources know, oldest first."""
-        out = self.probe_instants() + [OomInstant.of_sampler(x) for x in self.exhaustions()]
-        out.sort(key=lambda i: i.wall)
-        return out
+        sampled = self.watch.events() if self.watch is not None else []
+        return sorted([*self.probe_instants(), *sampled], key=lambda i: i.wall)
 
     def latest_by_card(self) -> dict[str, OomInstant]:
         return {i.uuid: i for i in self.instants() if i.uuid is not None}
 
     def documents(self) -> list[dict[str, Any]]:
-        return [i.as_json() for i in self.instants()]
+        return [instant_json(i) for i in self.instants()]
 
     def latest_by_uuid(self) -> dict[str, dict[str, Any]]:
-        return {uuid: i.as_json() for uuid, i in self.latest_by_card().items()}
+        return {uuid: instant_json(i) for uuid, i in self.latest_by_card().items()}

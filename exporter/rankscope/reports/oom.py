@@ -1,6 +1,7 @@
 """The OOM report, for ``rankscope oom`` and the daemon: each probe's ``oom`` line as an
-:class:`OomEvent`, every holder named a rank of a boot (by pid and start ticks) or foreign;
-and :class:`SamplerOom`, the OOM instants the daemon's sampler saw, read back from the API.
+:class:`OomEvent`, every :class:`Holding` named a rank of a boot (by pid and start ticks) or
+foreign; and :class:`SamplerOom`, an OOM instant the daemon's sampler saw, as the daemon
+records it and the CLI reads it back from the API.
 """
 
 from __future__ import annotations
@@ -19,17 +20,32 @@ T = TypeVar("T")
 RankNamer = Callable[[int, int | None], tuple[str, int | None] | None]
 
 
-@dataclass(frozen=True)
-class NamedHolder:
-    """One process on the card at the OOM instant, named a rank of a boot or foreign."""
+# A probe's holders keep the order and the start ticks it recorded.
+RECORDED_KEYS = ("pid", "bytes", "comm", "start_ticks", "role", "boot", "rank")
 
-    pid: int
-    bytes: int | None
+
+@dataclass(frozen=True)
+class Holding:
+    """One process holding a card's memory, named a rank of a boot or foreign."""
+
+    pid: int | None  # None for the daemon's overflow series
     comm: str | None
-    start_ticks: int | None
-    role: str  # ROLE_RANK or ROLE_FOREIGN
+    bytes: int | None
+    role: str  # ROLE_RANK, ROLE_FOREIGN, or the daemon's overflow
     boot: str | None
     rank: int | None
+    start_ticks: int | None = None  # the probe's; the daemon matches ranks through /proc
+
+    def as_json(
+        self, keys: Sequence[str] = ("pid", "comm", "bytes", "role", "boot", "rank")
+    ) -> dict[str, Any]:
+        """The API's form (/api/v1/cards, the sampler's /api/v1/oom entries)."""
+        return {key: getattr(self, key) for key in keys}
+
+
+def largest_first(holdings: Iterable[Holding]) -> list[Holding]:
+    """Largest first, unknown bytes last, then by pid."""
+    return sorted(holdings, key=lambda h: (h.bytes is None, -(h.bytes or 0), h.pid))
 
 
 @dataclass(frozen=True)
@@ -53,12 +69,12 @@ class OomEvent:
     pools: dict[str, dict[str, int | None]] | None
     phase: str | None
     capturing: bool | None
-    holders: tuple[NamedHolder, ...]  # largest first
+    holders: tuple[Holding, ...]  # largest first
     why: tuple[str, ...]  # every read that failed, and why
 
     def as_json(self) -> dict[str, Any]:
         doc = asdict(self)
-        doc["holders"] = [asdict(h) for h in self.holders]
+        doc["holders"] = [h.as_json(RECORDED_KEYS) for h in self.holders]
         doc["why"] = list(self.why)
         return doc
 
@@ -95,10 +111,7 @@ def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> 
         named = name(held.pid, held.start_ticks)
         role = ROLE_RANK if named else ROLE_FOREIGN
         boot, rank = named or (None, None)
-        holders.append(
-            NamedHolder(held.pid, held.bytes, held.comm, held.start_ticks, role, boot, rank)
-        )
-    holders.sort(key=lambda x: (x.bytes is None, -(x.bytes or 0), x.pid))
+        holders.append(Holding(held.pid, held.comm, held.bytes, role, boot, rank, held.start_ticks))
     return OomEvent(
         wall=h.wall,
         boot=h.boot,
@@ -117,7 +130,7 @@ def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> 
         pools=None if body.pools is None else {n: p.to_json() for n, p in body.pools.items()},
         phase=body.phase,
         capturing=body.capturing,
-        holders=tuple(holders),
+        holders=tuple(largest_first(holders)),
         why=tuple(f"{what}: {why}" for what, why in parts.items() if why is not None),
     )
 
@@ -132,45 +145,6 @@ def oom_events(
     return sorted(events, key=lambda e: e.wall)
 
 
-def holding_entry(
-    pid: int | None,
-    comm: str | None,
-    held: int | None,
-    role: str,
-    boot: str | None,
-    rank: int | None,
-) -> dict[str, Any]:
-    """A process's holding of a card in the API's form (/api/v1/cards, /api/v1/oom)."""
-    return {"pid": pid, "comm": comm, "bytes": held, "role": role, "boot": boot, "rank": rank}
-
-
-def sampler_entry(
-    *,
-    wall: float,
-    gpu: int | None,
-    uuid: str | None,
-    free: int | None,
-    onset_wall: float | None,
-    onset_free: int | None,
-    holders: list[dict[str, Any]] | None,
-    why: list[str],
-) -> dict[str, Any]:
-    """An /api/v1/oom entry of the daemon's sampler; a rank's OOM fields it cannot know are
-    null."""
-    return {
-        "source": "sampler",
-        "wall": wall,
-        "gpu": gpu,
-        "uuid": uuid,
-        **dict.fromkeys(("boot", "rank", "pid", "requested")),
-        "free": free,
-        "onset_wall": onset_wall,
-        "onset_free": onset_free,
-        "holders": holders,
-        "why": why,
-    }
-
-
 @dataclass(frozen=True)
 class SamplerOom:
     """An OOM instant the daemon's sampler saw (free at or below --oom.free-below)."""
@@ -181,16 +155,23 @@ class SamplerOom:
     free: int | None  # free bytes at the worst instant
     onset_wall: float | None
     onset_free: int | None
-    holders: tuple[NamedHolder, ...] | None  # read once, at the onset; None when unread
-    why: tuple[str, ...]
+    holders: tuple[Holding, ...] | None  # read once, at the onset; None when unread
+    why: tuple[str, ...] = ()  # why the holders are unknown
 
     def as_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        if self.holders is not None:
-            doc["holders"] = [
-                holding_entry(h.pid, h.comm, h.bytes, h.role, h.boot, h.rank) for h in self.holders
-            ]
-        return sampler_entry(**dict(doc, why=list(self.why)))
+        """An /api/v1/oom entry; a rank's OOM fields the sampler cannot know are null."""
+        return {
+            "source": "sampler",
+            "wall": self.wall,
+            "gpu": self.gpu,
+            "uuid": self.uuid,
+            **dict.fromkeys(("boot", "rank", "pid", "requested")),
+            "free": self.free,
+            "onset_wall": self.onset_wall,
+            "onset_free": self.onset_free,
+            "holders": None if self.holders is None else [h.as_json() for h in self.holders],
+            "why": list(self.why),
+        }
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> SamplerOom:
@@ -210,16 +191,15 @@ class SamplerOom:
         )
 
 
-def _holder(obj: Any) -> NamedHolder:
+def _holder(obj: Any) -> Holding:
     h = _of(obj, dict, "holders")
     role = _of(h.get("role"), str, "holders.role")
     if role not in (ROLE_RANK, ROLE_FOREIGN):
         raise ValueError(f"holders.role: {role!r}")
-    return NamedHolder(
+    return Holding(
         pid=_of(h.get("pid"), int, "holders.pid"),
-        bytes=_opt(h.get("bytes"), int, "holders.bytes"),
         comm=_opt(h.get("comm"), str, "holders.comm"),
-        start_ticks=None,  # the sampler matched ranks through /proc; it keeps no start ticks
+        bytes=_opt(h.get("bytes"), int, "holders.bytes"),
         role=role,
         boot=_opt(h.get("boot"), str, "holders.boot"),
         rank=_opt(h.get("rank"), int, "holders.rank"),

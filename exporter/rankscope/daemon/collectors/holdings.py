@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.config import DaemonConfig
-from rankscope.daemon.holdings import ROLE_FOREIGN, cap
+from rankscope.daemon.holdings import cap
 from rankscope.daemon.registry import add, gauge
 from rankscope.daemon.sampler import Sampler
 from rankscope.daemon.sources import Sources
+from rankscope.reports.oom import ROLE_FOREIGN
 
 NAME = "holdings"
 HELP = "per-process bytes on each card"

@@ -10,7 +10,7 @@ from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.holdings import cap
-from rankscope.daemon.oom import OomBook, as_line
+from rankscope.daemon.oom import OomBook
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.daemon.sources import Sources
 
@@ -36,7 +36,7 @@ class OomCollector:
         counts: dict[Key, int] = {}
         for st in book.state.view().streams:
             p = st.process
-            pid = book.state.host_pid(as_line(p))
+            pid = book.state.process_host_pid(p)
             for (gpu, uuid), n in st.oom_counts.items():
                 key: Key = (gpu, uuid, st.boot, p.rank, pid if pid is not None else p.pid)
                 counts[key] = counts.get(key, 0) + n
