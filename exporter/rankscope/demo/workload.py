@@ -88,7 +88,7 @@ class Placement:
 
 
 def serve(rank: int, world: int, args: argparse.Namespace) -> int:
-    from rankscope.rank import census, probe
+    from rankscope import census, probe  # the public API, as a user's server imports it
 
     pp_rank, tp_rank = divmod(rank, args.tp)
     probe.configure(tp_rank=tp_rank, pp_rank=pp_rank, runner="target")
@@ -121,7 +121,7 @@ def join(rank: int, world: int, tp: int) -> Placement:
     import torch
     import torch.distributed as dist
 
-    from rankscope.rank import census
+    from rankscope import census
 
     pp_rank, tp_rank = divmod(rank, tp)
     stages = world // tp
@@ -156,7 +156,8 @@ def boot(at: Placement, args: argparse.Namespace) -> tuple[Callable[..., Any], K
     import torch
     import torch.distributed as dist
 
-    from rankscope.rank import auto, probe
+    from rankscope import probe
+    from rankscope.rank import auto
 
     device, cuda = at.device, at.device.type == "cuda"
     # Marked before touching the GPU: until then the daemon can only call its memory foreign.
