@@ -48,7 +48,8 @@ def json_default(obj: Any) -> Any:
     return str(obj)
 
 
-ENCODER = json.JSONEncoder(separators=(",", ":"), default=json_default)
+# No circular check: a cyclic extra ends in RecursionError, a counted drop like any bad value.
+ENCODER = json.JSONEncoder(separators=(",", ":"), default=json_default, check_circular=False)
 
 
 def current_process() -> ProcessIdentity:
