@@ -37,7 +37,7 @@ tls_server_config:
   min_version: TLS13
 http_server_config:
   headers:
-    x-frame-options: deny
+    X-Frame-Options: deny
 basic_auth_users:
   alice: {ALICE_HASH}
 """
@@ -51,20 +51,64 @@ basic_auth_users:
     assert parse_web_config("", tmp_path) == webconfig.WebConfig()
 
 
+TLS = "tls_server_config:\n  cert_file: a\n  key_file: b\n"
+HASH_LINE = f"basic_auth_users:\n  alice: '{ALICE_HASH}'\n"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("basic_auth_user:\n  alice: x\n", "unknown key.*basic_auth_user"),
         ("basic_auth_users:\n  alice: plaintext\n", "alice is not a bcrypt hash"),
-        ("tls_server_config:\n  cert_file: a.crt\n", "needs key_file"),
-        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: SSL3\n", "min_version"),
+        # Cut by one character: Go refuses it too ("hashedSecret too short").
+        (f"basic_auth_users:\n  alice: '{ALICE_HASH[:-1]}'\n", "59 characters where bcrypt has 60"),
+        (f"basic_auth_users:\n  alice: '{ALICE_HASH[:-1]}!'\n", "alice is not a bcrypt hash"),
+        (f"basic_auth_users:\n  alice: '{ALICE_HASH.replace('$04$', '$03$')}'\n", "cost 03"),
+        ("tls_server_config:\n  cert_file: a.crt\n", "missing one of key or key_file"),
+        ("tls_server_config:\n  key_file: a.key\n", "missing one of cert or cert_file"),
+        (TLS + "  min_version: SSL3\n", "unknown TLS version"),
+        (TLS + "  min_version: TLS13\n  max_version: TLS12\n", "above max_version"),
+        (TLS + "  client_auth_type: RequireAndVerifyClientCert\n", "needs client_ca_file"),
+        (TLS + "  client_auth_type: RequireAnyClientCert\n", "needs client_ca_file"),
+        (TLS + "  client_auth_type: Sometimes\n", "invalid ClientAuth"),
+        (TLS + "  client_ca_file: ca.crt\n", "client CA's have been configured without a Client"),
+        (TLS + "  client_ca: x\n", "without a Client Auth Policy"),
+        (TLS + "  cipher_suites: [TLS_RSA_WITH_RC4_128_SHA]\n", "unknown cipher"),
+        (TLS + "  cipher_suites: TLS_AES_128_GCM_SHA256\n", "cipher_suites must be a list"),
+        (TLS + "  curve_preferences: [CurveP257]\n", "unknown curve"),
         (
-            "tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAndVerifyClientCert\n",
-            "needs client_ca_file",
+            TLS + "  client_auth_type: VerifyClientCertIfGiven\n  client_allowed_sans: [a]\n",
+            "client_allowed_sans is not supported",
         ),
-        ("http_server_config:\n  headers:\n    Set-Cookie: x\n", "Set-Cookie.*cannot be set"),
+        (TLS + "  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384]\n", "HTTP/2-required"),
+        ("tls_server_config:\n  min_version: TLS13\n", "no certificate"),
+        (
+            "http_server_config:\n  headers:\n    Set-Cookie: x\n",
+            "Set-Cookie.*can not be configured",
+        ),
+        ("http_server_config:\n  headers:\n    x-frame-options: deny\n", "can not be configured"),
+        (
+            "http_server_config:\n  headers:\n    X-Frame-Options: foo\n",
+            "invalid value for X-Frame-Options",
+        ),
+        ("http_server_config:\n  headers:\n    X-Frame-Options: DENY\n", "invalid value"),
+        ("http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n", "invalid value"),
+        ('http_server_config:\n  headers:\n    X-XSS-Protection: "1\\u0000"\n', "printable ASCII"),
+        ('http_server_config:\n  headers:\n    X-XSS-Protection: "1é"\n', "printable ASCII"),
+        ("http_server_config:\n  http2: maybe\n", "http2 must be true or false"),
+        ("http_server_config:\n  http2: 'true'\n", "http2 must be true or false"),
+        ("http_server_config:\n  http2: 1\n", "http2 must be true or false"),
+        ("rate_limit:\n  interval: soon\n", "not a duration"),
+        ("rate_limit:\n  interval: 1\n  burst: many\n", "burst must be an integer"),
         ("tls_server_config: [1, 2]\n", "must be a mapping"),
+        ("just words\n", "top level must be a mapping"),
         ("{{{", "not valid YAML"),
+        # Duplicate keys: the second, empty one would turn TLS or auth off (yaml.v2's strict
+        # parser refuses them).
+        (TLS + "tls_server_config:\n", "'tls_server_config' appears twice"),
+        (HASH_LINE + "basic_auth_users:\n", "'basic_auth_users' appears twice"),
+        (HASH_LINE + "  alice: x\n", "'alice' appears twice in basic_auth_users"),
+        ("tls_server_config:\n  cert_file: a\n  cert_file: b\n  key_file: c\n", "appears twice"),
     ],
 )
 def test_a_bad_config_is_refused_with_the_key_named(
@@ -72,6 +116,85 @@ def test_a_bad_config_is_refused_with_the_key_named(
 ) -> None:
     with pytest.raises(WebConfigError, match=message):
         parse_web_config(text, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("http_server_config:\n  http2: yes\n", {"http2": True}),
+        ("http_server_config:\n  http2: n\n", {"http2": False}),  # YAML 1.1, as yaml.v2 reads
+        ("http_server_config:\n  http2: Off\n", {"http2": False}),
+        ("http_server_config:\n  http2:\n", {"http2": False}),  # null: Go's zero value
+        ("http_server_config:\n", {"http2": True}),
+        (
+            "rate_limit:\n  interval: 1m30s\n  burst: 5\n",
+            {"rate_limit": webconfig.RateLimit(90.0, 5)},
+        ),
+        ("rate_limit:\n  interval: 1500ms\n", {"rate_limit": webconfig.RateLimit(1.5, 0)}),
+        ("rate_limit:\n  interval: 0\n  burst: 3\n", {"rate_limit": None}),
+        ("rate_limit:\n  interval: -1s\n", {"rate_limit": None}),
+        # CR/LF are sent as spaces, as Go's net/http does; a folded scalar's final newline goes.
+        (
+            'http_server_config:\n  headers:\n    Content-Security-Policy: "a\\r\\nSet-Cookie: x"\n',
+            {"headers": {"Content-Security-Policy": "a  Set-Cookie: x"}},
+        ),
+        (
+            "http_server_config:\n  headers:\n    Content-Security-Policy: >\n      default-src 'self'\n",
+            {"headers": {"Content-Security-Policy": "default-src 'self'"}},
+        ),
+        (
+            "http_server_config:\n  headers:\n    X-XSS-Protection: 1\n",
+            {"headers": {"X-XSS-Protection": "1"}},
+        ),
+        ("basic_auth_users:\n", {"users": {}}),
+        ("", {}),
+    ],
+)
+def test_values_read_as_go_reads_them(tmp_path: Path, text: str, expected: dict[str, Any]) -> None:
+    config = parse_web_config(text, tmp_path)
+    for name, value in expected.items():
+        assert getattr(config, name) == value
+
+
+def test_tls_options_map_onto_openssl(tmp_path: Path) -> None:
+    text = TLS + (
+        "  client_auth_type: RequireClientCert\n  client_ca_file: ca.pem\n"
+        "  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, TLS_AES_128_GCM_SHA256]\n"
+        "  curve_preferences: [X25519, CurveP256]\n  prefer_server_cipher_suites: false\n"
+        "  max_version: TLS12\n"
+    )
+    tls = parse_web_config(text, tmp_path).tls
+    assert tls is not None
+    assert tls.client_auth_type == "RequireAnyClientCert"  # Go's old name, kept as an alias
+    assert tls.cert_reqs == ssl.CERT_REQUIRED
+    assert tls.cipher_suites == ("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "TLS_AES_128_GCM_SHA256")
+    assert tls.curve_preferences == ("X25519", "CurveP256")
+    assert (tls.min_version, tls.max_version, tls.prefer_server_cipher_suites) == (
+        "TLS12",
+        "TLS12",
+        False,
+    )
+    # RequestClientCert asks for nothing here: Go asks but never checks what it gets.
+    request = parse_web_config(TLS + "  client_auth_type: RequestClientCert\n", tmp_path).tls
+    assert request is not None and request.cert_reqs == ssl.CERT_NONE
+    # Go's main test config: VerifyClientCertIfGiven with no CA.
+    given = parse_web_config(TLS + "  client_auth_type: VerifyClientCertIfGiven\n", tmp_path).tls
+    assert given is not None and given.cert_reqs == ssl.CERT_OPTIONAL
+
+
+def test_inline_certificate_and_key_make_a_context_and_never_show_in_repr(tmp_path: Path) -> None:
+    cert, key = make_self_signed(tmp_path)
+    indent = "\n    "
+    text = (
+        "tls_server_config:\n  cert: |\n    " + indent.join(cert.read_text().splitlines())
+        + "\n  key: |\n    " + indent.join(key.read_text().splitlines()) + "\n"
+    )  # fmt: skip
+    tls = parse_web_config(text, tmp_path).tls
+    assert tls is not None and tls.cert_file is None and tls.key_file is None
+    assert "PRIVATE KEY" not in repr(tls) and "inline key" in tls.describe()
+    assert isinstance(tls.context(), ssl.SSLContext)
+    assert tls.expired(0.0) is None
+    assert list(tmp_path.glob("**/key.pem")) == []
 
 
 def test_missing_certificate_files_are_named(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The exporter-toolkit web configuration (--web.config.file, docs/daemon.md): TLS, basic
-auth with bcrypt hashes, and response headers. An unknown key is an error, so a typo never
-leaves the daemon open. The users are read again when the file changes; TLS settings need a
-restart.
+auth with bcrypt hashes, response headers and a rate limit, parsed as exporter-toolkit's Go
+code parses them (its web/testdata is the oracle: tests/faults/test_fault_webconfig_oracle.py).
+An unknown or repeated key is an error, so a typo never leaves the daemon open.
 """
 
 from __future__ import annotations
@@ -12,127 +12,95 @@ import functools
 import hashlib
 import logging
 import os
-import ssl
+import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import yaml
 
 from rankscope.daemon.httpserver import App, HTTPError, Request, Response
+from rankscope.daemon.webconfig_tls import (
+    CIPHER_SUITES,
+    CLIENT_AUTH,
+    CURVES,
+    HTTP2_REQUIRED_CIPHERS,
+    TLS_VERSIONS,
+    TLSConfig,
+    parse_tls,
+)
+from rankscope.daemon.webconfig_yaml import Reader, WebConfigError
+
+__all__ = [
+    "ALLOWED_HEADERS",
+    "CIPHER_SUITES",
+    "CLIENT_AUTH",
+    "CURVES",
+    "TLS_VERSIONS",
+    "RateLimit",
+    "TLSConfig",
+    "WebConfig",
+    "WebConfigError",
+    "load_web_config",
+    "parse_web_config",
+]
 
 log = logging.getLogger("rankscope.daemon")
 
-TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
+# The headers exporter-toolkit lets a web config set, with the only values it allows (None:
+# any value). Names are matched exactly, as Go does.
+ALLOWED_HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
 }
-# exporter-toolkit's client_auth_type values, as Python's ssl module can honour them.
-CLIENT_AUTH = {
-    "NoClientCert": ssl.CERT_NONE,
-    "RequestClientCert": ssl.CERT_OPTIONAL,
-    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
-}
-# The headers exporter-toolkit lets a web config set.
-ALLOWED_HEADERS = (
-    "Strict-Transport-Security",
-    "X-Content-Type-Options",
-    "X-Frame-Options",
-    "X-XSS-Protection",
-    "Content-Security-Policy",
-)
-_TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users")
-_HTTP_KEYS = ("headers", "http2")
-
-
-class WebConfigError(ValueError):
-    """The web config file cannot be used; the message names the file and the key."""
+_TOP_KEYS = ("tls_server_config", "http_server_config", "rate_limit", "basic_auth_users")
+_HTTP_KEYS = ("http2", "headers")
+_RATE_KEYS = ("burst", "interval")
+# A whole bcrypt hash: $2a$/$2b$/$2y$, a two-digit cost, 22 characters of salt and 31 of hash.
+_BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+_BCRYPT_LENGTH = 60
+_PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
 
 
 @dataclass(frozen=True)
-class TLSConfig:
-    cert_file: Path
-    key_file: Path
-    client_auth_type: str = "NoClientCert"
-    client_ca_file: Path | None = None
-    min_version: str = "TLS12"
-    max_version: str | None = None
+class RateLimit:
+    """At most ``burst`` requests at once, refilled one per ``interval_s`` (Go's
+    rate.Limiter); requests over it are answered 429."""
 
-    @property
-    def cert_reqs(self) -> int:
-        return int(CLIENT_AUTH[self.client_auth_type])
-
-    def expired(self, now: float) -> str | None:
-        """When the certificate's validity ended, if it has (served all the same: refusing
-        to start would turn an expiry into an outage of the metrics)."""
-        try:
-            # The stdlib's only certificate decoder without a handshake.
-            not_after = ssl._ssl._test_decode_cert(str(self.cert_file))["notAfter"]  # type: ignore[attr-defined]
-        except (OSError, ValueError, KeyError, AttributeError):
-            return None
-        return not_after if ssl.cert_time_to_seconds(not_after) < now else None
-
-    def context(self) -> ssl.SSLContext:
-        """The server's TLS context; ssl.SSLError when the files cannot serve together."""
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(str(self.cert_file), str(self.key_file))
-        context.verify_mode = ssl.VerifyMode(self.cert_reqs)
-        if self.client_ca_file is not None:
-            context.load_verify_locations(cafile=str(self.client_ca_file))
-        context.minimum_version = TLS_VERSIONS[self.min_version]
-        if self.max_version is not None:
-            context.maximum_version = TLS_VERSIONS[self.max_version]
-        return context
-
-
-_TLS_KEYS = tuple(f.name for f in fields(TLSConfig))
+    interval_s: float
+    burst: int
 
 
 @dataclass(frozen=True)
 class WebConfig:
     tls: TLSConfig | None = None
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # name -> value, as sent
+    http2: bool = True  # accepted as Go accepts it; the daemon speaks HTTP/1.1 either way
+    rate_limit: RateLimit | None = None  # None: no limit
 
 
 def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> WebConfig:
-    """Parse the YAML of a web config; paths resolve against ``base_dir``."""
-    import yaml  # only a daemon given --web.config.file loads it
-
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise WebConfigError(f"{source}: not valid YAML: {exc}") from exc
-    if doc is None:
-        return WebConfig()
-    top = _mapping(doc, source, "the top level", _TOP_KEYS)
-    tls_raw = top.get("tls_server_config")
-    tls = _parse_tls(tls_raw, base_dir, source) if tls_raw is not None else None
-    headers: dict[str, str] = {}
-    if top.get("http_server_config") is not None:
-        http = _mapping(top["http_server_config"], source, "http_server_config", _HTTP_KEYS)
-        raw_headers = http.get("headers") or {}
-        if not isinstance(raw_headers, dict):
-            raise WebConfigError(f"{source}: http_server_config.headers must be a mapping")
-        for name, value in raw_headers.items():
-            canonical = next((h for h in ALLOWED_HEADERS if h.lower() == str(name).lower()), None)
-            if canonical is None:
-                raise WebConfigError(
-                    f"{source}: header {name!r} cannot be set here (allowed: {', '.join(ALLOWED_HEADERS)})"
-                )
-            headers[canonical] = str(value)
-    users: dict[str, bytes] = {}
-    raw_users = top.get("basic_auth_users") or {}
-    if not isinstance(raw_users, dict):
-        raise WebConfigError(f"{source}: basic_auth_users must map user names to bcrypt hashes")
-    for user, hashed in raw_users.items():
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            raise WebConfigError(f"{source}: basic_auth_users.{user} is not a bcrypt hash")
-        users[str(user)] = hashed.encode()
-    return WebConfig(tls=tls, users=users, headers=headers)
+    """Parse the YAML of a web config; paths resolve against ``base_dir``. Files are not
+    read here (load_web_config checks them)."""
+    reader = Reader(source)
+    top = reader.mapping(reader.document(text), "the top level", _TOP_KEYS)
+    tls = parse_tls(reader, top.get("tls_server_config"), base_dir)
+    http = reader.mapping(top.get("http_server_config"), "http_server_config", _HTTP_KEYS)
+    http2 = reader.boolean(http.get("http2"), "http_server_config.http2", True)
+    if tls is not None and http2:
+        _check_http2_ciphers(reader, tls)
+    return WebConfig(
+        tls=tls,
+        users=_users(reader, top.get("basic_auth_users")),
+        headers=_headers(reader, http.get("headers")),
+        http2=http2,
+        rate_limit=_rate_limit(reader, top.get("rate_limit")),
+    )
 
 
 def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
@@ -141,52 +109,83 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
         text = p.read_text()
     except OSError as exc:
         raise WebConfigError(f"cannot read web config {p}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise WebConfigError(f"web config {p} is not UTF-8 text: {exc}") from exc
     config = parse_web_config(text, p.parent, str(p))
     if config.tls is not None:
-        for name in ("cert_file", "key_file", "client_ca_file"):
-            f = getattr(config.tls, name)
-            if f is not None and not f.is_file():
+        for name, f in config.tls.files.items():
+            if not f.is_file():
                 raise WebConfigError(f"{p}: tls_server_config.{name} {f} does not exist")
     return config
 
 
-def _mapping(value: Any, source: str, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise WebConfigError(f"{source}: {where} must be a mapping")
-    unknown = sorted(str(k) for k in value if k not in allowed)
-    if unknown:
-        raise WebConfigError(
-            f"{source}: unknown key(s) {', '.join(unknown)} in {where} (known: {', '.join(allowed)})"
-        )
-    return value
+def _users(reader: Reader, node: yaml.Node | None) -> dict[str, bytes]:
+    users: dict[str, bytes] = {}
+    for user, value in reader.mapping(node, "basic_auth_users").items():
+        hashed = reader.string(value, f"basic_auth_users.{user}")
+        problem = _bcrypt_problem(hashed)
+        if problem:
+            raise reader.error(f"basic_auth_users.{user} is not a bcrypt hash: {problem}")
+        users[user] = hashed.encode()
+    return users
 
 
-def _parse_tls(tls_raw: object, base_dir: Path, source: str) -> TLSConfig:
-    raw = _mapping(tls_raw, source, "tls_server_config", _TLS_KEYS)
-    for required in ("cert_file", "key_file"):
-        if not raw.get(required):
-            raise WebConfigError(f"{source}: tls_server_config needs {required}")
-    auth = raw.get("client_auth_type") or "NoClientCert"
-    if auth not in CLIENT_AUTH:
-        raise WebConfigError(
-            f"{source}: client_auth_type {auth!r} is not one of {', '.join(CLIENT_AUTH)}"
-        )
-    ca = raw.get("client_ca_file")
-    if CLIENT_AUTH[auth] != ssl.CERT_NONE and not ca:
-        raise WebConfigError(f"{source}: client_auth_type {auth} needs client_ca_file")
-    for bound in ("min_version", "max_version"):
-        if raw.get(bound) is not None and raw[bound] not in TLS_VERSIONS:
-            raise WebConfigError(
-                f"{source}: {bound} {raw[bound]!r} is not one of {', '.join(TLS_VERSIONS)}"
+def _bcrypt_problem(hashed: str) -> str | None:
+    """Why ``hashed`` is not a whole bcrypt hash (Go refuses one that is too short and
+    starts anyway with other damage, then refuses every password: refused here at once)."""
+    if len(hashed) != _BCRYPT_LENGTH:
+        return f"{len(hashed)} characters where bcrypt has {_BCRYPT_LENGTH} (cut or padded?)"
+    found = _BCRYPT.fullmatch(hashed)
+    if found is None:
+        return "expected $2a$, $2b$ or $2y$, a two-digit cost and 53 characters of [./A-Za-z0-9]"
+    if not 4 <= int(found.group(1)) <= 31:
+        return f"cost {found.group(1)} is outside bcrypt's 04..31"
+    return None
+
+
+def _headers(reader: Reader, node: yaml.Node | None) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for name, value_node in reader.mapping(node, "http_server_config.headers").items():
+        if name not in ALLOWED_HEADERS:
+            raise reader.error(
+                f"HTTP header {name!r} can not be configured (allowed: {', '.join(ALLOWED_HEADERS)})"
             )
-    return TLSConfig(
-        cert_file=base_dir / str(raw["cert_file"]),
-        key_file=base_dir / str(raw["key_file"]),
-        client_auth_type=auth,
-        client_ca_file=base_dir / str(ca) if ca else None,
-        min_version=raw.get("min_version") or "TLS12",
-        max_version=raw.get("max_version"),
-    )
+        value = reader.string(value_node, f"http_server_config.headers.{name}")
+        allowed = ALLOWED_HEADERS[name]
+        if allowed is not None and value not in allowed:
+            raise reader.error(
+                f"invalid value for {name}. Expected one of: {list(allowed)}, but got: {value!r}"
+            )
+        # Go's net/http writes CR and LF in a value as spaces (a folded YAML scalar ends in
+        # one); leading and trailing blanks are not part of an HTTP field value.
+        value = value.replace("\r", " ").replace("\n", " ").strip(" \t")
+        if not _PRINTABLE.fullmatch(value):
+            raise reader.error(
+                f"http_server_config.headers.{name} must be printable ASCII (got {value!r})"
+            )
+        headers[name] = value
+    return headers
+
+
+def _rate_limit(reader: Reader, node: yaml.Node | None) -> RateLimit | None:
+    raw = reader.mapping(node, "rate_limit", _RATE_KEYS)
+    interval = reader.duration(raw.get("interval"), "rate_limit.interval")
+    burst = reader.integer(raw.get("burst"), "rate_limit.burst")
+    # Go: an interval of 0 turns the limiter off; a negative one limits nothing.
+    return RateLimit(interval, burst) if interval > 0 else None
+
+
+def _check_http2_ciphers(reader: Reader, tls: TLSConfig) -> None:
+    """Go's net/http refuses to start HTTP/2 with TLS 1.2 cipher suites that lack the one
+    HTTP/2 requires; the same file is refused here, so it behaves the same in both."""
+    if not tls.cipher_suites or tls.min_version == "TLS13":
+        return
+    if not any(name in HTTP2_REQUIRED_CIPHERS for name in tls.cipher_suites):
+        raise reader.error(
+            "http2: TLSConfig.CipherSuites is missing an HTTP/2-required AES_128_GCM_SHA256 "
+            f"cipher (need at least one of {' or '.join(HTTP2_REQUIRED_CIPHERS)}); add one "
+            "or set http_server_config.http2: false"
+        )
 
 
 @functools.cache

@@ -1,0 +1,288 @@
+"""The web config's `tls_server_config`, as exporter-toolkit reads it, and the server's
+TLS context made from it. Go's names map onto OpenSSL's; where Python's ssl module cannot do
+what Go does, the config is refused with the reason, never served with less protection
+(docs/daemon.md lists each difference).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rankscope.daemon.webconfig_yaml import Reader
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+# Go's crypto/tls CipherSuites() (the ones without known weaknesses), by OpenSSL's name.
+# TLS 1.3 suites are None: Go does not let them be configured either.
+CIPHER_SUITES: dict[str, str | None] = {
+    "TLS_AES_128_GCM_SHA256": None,
+    "TLS_AES_256_GCM_SHA384": None,
+    "TLS_CHACHA20_POLY1305_SHA256": None,
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+# Go's net/http refuses to serve HTTP/2 over TLS 1.2 without one of these.
+HTTP2_REQUIRED_CIPHERS = (
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+)
+CURVES = {
+    "CurveP256": "prime256v1",
+    "CurveP384": "secp384r1",
+    "CurveP521": "secp521r1",
+    "X25519": "X25519",
+}
+# Go's client_auth_type -> what the ssl module does. Python cannot ask for a certificate
+# without verifying it, so RequestClientCert does not ask (Go never checks the certificate
+# it asks for either) and RequireAnyClientCert verifies against client_ca_file.
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_NONE,
+    "RequireAnyClientCert": ssl.CERT_REQUIRED,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_CLIENT_AUTH_ALIASES = {"": "NoClientCert", "RequireClientCert": "RequireAnyClientCert"}
+TLS_KEYS = (
+    "cert",
+    "key",
+    "client_ca",
+    "cert_file",
+    "key_file",
+    "client_auth_type",
+    "client_ca_file",
+    "cipher_suites",
+    "curve_preferences",
+    "min_version",
+    "max_version",
+    "prefer_server_cipher_suites",
+    "client_allowed_sans",
+)
+# Keys whose presence turns TLS on in Go (TLSConfig.IsEnabled).
+_ENABLING = (
+    "cert",
+    "key",
+    "client_ca",
+    "cert_file",
+    "key_file",
+    "client_auth_type",
+    "client_ca_file",
+)
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """A certificate and key each come from a file or inline PEM (the file wins, as in Go)."""
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    cert: str | None = field(default=None, repr=False)
+    key: str | None = field(default=None, repr=False)
+    client_auth_type: str = "NoClientCert"
+    client_ca_file: Path | None = None
+    client_ca: str | None = field(default=None, repr=False)
+    cipher_suites: tuple[str, ...] = ()  # Go's names, in the server's order of preference
+    curve_preferences: tuple[str, ...] = ()  # Go's names
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+    prefer_server_cipher_suites: bool = True
+
+    @property
+    def cert_reqs(self) -> int:
+        return int(CLIENT_AUTH[self.client_auth_type])
+
+    @property
+    def files(self) -> dict[str, Path]:
+        """The files this config reads, by key."""
+        named = {
+            "cert_file": self.cert_file,
+            "key_file": self.key_file,
+            "client_ca_file": self.client_ca_file,
+        }
+        return {key: path for key, path in named.items() if path is not None}
+
+    def describe(self) -> str:
+        """Where the certificate and key come from, for messages (never the inline PEM)."""
+        cert = str(self.cert_file) if self.cert_file else "the inline cert"
+        key = str(self.key_file) if self.key_file else "the inline key"
+        return f"certificate {cert} with key {key}"
+
+    def expired(self, now: float) -> str | None:
+        """When the certificate's validity ended, if it has (served all the same: refusing
+        to start would turn an expiry into an outage of the metrics)."""
+        try:
+            with self._pem_files() as (cert, _key):
+                # The stdlib's only certificate decoder without a handshake.
+                not_after = ssl._ssl._test_decode_cert(cert)["notAfter"]  # type: ignore[attr-defined]
+        except (OSError, ValueError, KeyError, AttributeError):
+            return None
+        return not_after if ssl.cert_time_to_seconds(not_after) < now else None
+
+    def context(self) -> ssl.SSLContext:
+        """The server's TLS context; ssl.SSLError when the files cannot serve together."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        with self._pem_files() as (cert, key):
+            context.load_cert_chain(cert, key)
+        context.minimum_version = TLS_VERSIONS[self.min_version]
+        context.maximum_version = TLS_VERSIONS[self.max_version]
+        if self.cert_reqs != ssl.CERT_NONE:
+            if self.client_ca_file is not None:
+                context.load_verify_locations(cafile=str(self.client_ca_file))
+            elif self.client_ca is not None:
+                context.load_verify_locations(cadata=self.client_ca)
+        context.verify_mode = ssl.VerifyMode(self.cert_reqs)
+        if self.cipher_suites:
+            tls12 = [CIPHER_SUITES[name] for name in self.cipher_suites]
+            openssl = [name for name in tls12 if name is not None]
+            if openssl:
+                context.set_ciphers(":".join(openssl))
+            else:  # only TLS 1.3 suites listed: Go then has no TLS 1.2 suite either
+                context.minimum_version = ssl.TLSVersion.TLSv1_3
+        if self.prefer_server_cipher_suites:
+            context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+        else:
+            context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+        if self.curve_preferences:
+            # The ssl module sets one group: the most preferred (docs/daemon.md).
+            context.set_ecdh_curve(CURVES[self.curve_preferences[0]])
+        return context
+
+    @contextlib.contextmanager
+    def _pem_files(self) -> Iterator[tuple[str, str]]:
+        """Paths of the certificate and key; inline PEM lives in a private temporary
+        directory (mode 0700) only while OpenSSL reads it, since the ssl module loads a
+        certificate chain from files only."""
+        if self.cert_file is not None and self.key_file is not None:
+            yield str(self.cert_file), str(self.key_file)
+            return
+        with tempfile.TemporaryDirectory(prefix="rankscope-tls-") as private:
+            cert = self.cert_file or _write_private(Path(private) / "cert.pem", self.cert)
+            key = self.key_file or _write_private(Path(private) / "key.pem", self.key)
+            yield str(cert), str(key)
+
+
+def _write_private(path: Path, text: str | None) -> Path:
+    path.touch(mode=0o600)
+    path.write_text(text or "")
+    return path
+
+
+def parse_tls(reader: Reader, node: yaml.Node | None, base_dir: Path) -> TLSConfig | None:
+    """The TLS settings, None when the file asks for none."""
+    raw = reader.mapping(node, "tls_server_config", TLS_KEYS)
+    text = {k: reader.string(raw.get(k), f"tls_server_config.{k}") for k in _ENABLING}
+    if not any(text.values()):
+        if raw:
+            # Go serves plain HTTP here and ignores these settings; refusing keeps a file
+            # that asked for TLS from being served without it.
+            raise reader.error(
+                f"tls_server_config sets {', '.join(sorted(raw))} but no certificate: "
+                "set cert_file and key_file (or cert and key)"
+            )
+        return None
+    where = "tls_server_config"
+    if not text["cert_file"] and not text["cert"]:
+        raise reader.error(f"{where}: missing one of cert or cert_file")
+    if not text["key_file"] and not text["key"]:
+        raise reader.error(f"{where}: missing one of key or key_file")
+    auth = _client_auth(reader, text)
+    if reader.strings(raw.get("client_allowed_sans"), f"{where}.client_allowed_sans"):
+        raise reader.error(
+            f"{where}.client_allowed_sans is not supported: Python's ssl module gives no "
+            "hook to check the client certificate's SANs during the handshake; list the "
+            "allowed clients' CA in client_ca_file instead"
+        )
+    versions = [
+        _version(reader, raw.get(k), f"{where}.{k}", default)
+        for k, default in (("min_version", "TLS12"), ("max_version", "TLS13"))
+    ]
+    if TLS_VERSIONS[versions[0]] > TLS_VERSIONS[versions[1]]:
+        raise reader.error(
+            f"{where}: min_version {versions[0]} is above max_version {versions[1]}; "
+            "no client could connect"
+        )
+    return TLSConfig(
+        cert_file=_path(base_dir, text["cert_file"]),
+        key_file=_path(base_dir, text["key_file"]),
+        cert=None if text["cert_file"] else text["cert"],
+        key=None if text["key_file"] else text["key"],
+        client_auth_type=auth,
+        client_ca_file=_path(base_dir, text["client_ca_file"]),
+        client_ca=None if text["client_ca_file"] else text["client_ca"] or None,
+        cipher_suites=_names(reader, raw.get("cipher_suites"), "cipher", CIPHER_SUITES),
+        curve_preferences=_names(reader, raw.get("curve_preferences"), "curve", CURVES),
+        min_version=versions[0],
+        max_version=versions[1],
+        prefer_server_cipher_suites=reader.boolean(
+            raw.get("prefer_server_cipher_suites"), f"{where}.prefer_server_cipher_suites", True
+        ),
+    )
+
+
+def _client_auth(reader: Reader, text: dict[str, str]) -> str:
+    given = text["client_auth_type"]
+    auth = _CLIENT_AUTH_ALIASES.get(given, given)
+    if auth not in CLIENT_AUTH:
+        raise reader.error(
+            f"invalid ClientAuth: tls_server_config.client_auth_type {given!r} is not one "
+            f"of {', '.join(CLIENT_AUTH)}"
+        )
+    has_ca = bool(text["client_ca_file"] or text["client_ca"])
+    if has_ca and auth == "NoClientCert":
+        # Go's own refusal: a CA without a policy would serve clients without certificates.
+        raise reader.error(
+            "client CA's have been configured without a Client Auth Policy: set "
+            "tls_server_config.client_auth_type (RequireAndVerifyClientCert to require one)"
+        )
+    if CLIENT_AUTH[auth] == ssl.CERT_REQUIRED and not has_ca:
+        raise reader.error(
+            f"tls_server_config.client_auth_type {auth} needs client_ca_file (or client_ca): "
+            "without it Go trusts the system's public CAs, and Python's ssl module cannot "
+            "accept a certificate it has not verified"
+        )
+    return auth
+
+
+def _version(reader: Reader, node: yaml.Node | None, where: str, default: str) -> str:
+    if node is None:
+        return default
+    value = reader.string(node, where)
+    if value not in TLS_VERSIONS:
+        raise reader.error(
+            f"unknown TLS version: {where} {value!r} is not one of {', '.join(TLS_VERSIONS)}"
+        )
+    return value
+
+
+def _names(
+    reader: Reader, node: yaml.Node | None, kind: str, known: dict[str, str | None] | dict[str, str]
+) -> tuple[str, ...]:
+    where = f"tls_server_config.{'cipher_suites' if kind == 'cipher' else 'curve_preferences'}"
+    names = reader.strings(node, where)
+    for name in names:
+        if name not in known:
+            raise reader.error(f"unknown {kind}: {name!r} in {where} (known: {', '.join(known)})")
+    return names
+
+
+def _path(base_dir: Path, value: str) -> Path | None:
+    return base_dir / value if value else None
