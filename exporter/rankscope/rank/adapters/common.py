@@ -4,7 +4,7 @@ ranks from the framework's parallel_state, mark the end of the boot, hold KV are
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -21,10 +21,17 @@ def group_of(coordinator: Any) -> str | None:
     return census.coordinator_group(coordinator)
 
 
-def count_methods(module: Any, points: list[HookPoint], table: Mapping[str, Op]) -> list[Undo]:
+def count_methods(
+    module: Any,
+    points: list[HookPoint],
+    table: Mapping[str, Op],
+    eager_only: Iterable[str] = (),
+) -> list[Undo]:
     """Count the methods of ``points`` (all of one class) under the ops of ``table``. The
     census's shared guard counts a call that reaches another counted one once, under the
-    outermost name (a coordinator method calling its communicator or torch.distributed)."""
+    outermost name (a coordinator method calling its communicator or torch.distributed).
+    ``eager_only``: methods whose traced path reaches another counted method (through the
+    framework's custom op, or directly), so torch.compile'd they count nothing themselves."""
     if not points:
         return []
     owners = {resolve(module, p)[0] for p in points}
@@ -32,7 +39,9 @@ def count_methods(module: Any, points: list[HookPoint], table: Mapping[str, Op])
         raise AttachError(points[0].name, "count points span more than one class")
     namers = op_namers(table)
     methods = {m: namers[m] for m in (p.qualname.rsplit(".", 1)[1] for p in points)}
-    return [census.instrument_methods(owners.pop(), methods, group_of=group_of)]
+    return [
+        census.instrument_methods(owners.pop(), methods, group_of=group_of, eager_only=eager_only)
+    ]
 
 
 # A counted method's op: a collective's name, or a p2p op's (send or recv, the peer's
@@ -70,14 +79,18 @@ def coordinator_points(parallel_state: str, ops: Mapping[str, Op]) -> tuple[Hook
 
 
 def install_parallel_state(
-    adapter: Adapter, module: ModuleType, name: str, table: Mapping[str, Op]
+    adapter: Adapter,
+    module: ModuleType,
+    name: str,
+    table: Mapping[str, Op],
+    eager_only: Iterable[str] = (),
 ) -> list[Undo]:
     """The parallel-state module both frameworks share the shape of: resolve the functions
     the adapter calls (a missing one fails the attach here, not mid-boot), then count the
     GroupCoordinator's methods under ``table``."""
     for point in points_of(adapter, name, ("call",)):
         resolve(module, point)
-    return count_methods(module, points_of(adapter, name, ("count",)), table)
+    return count_methods(module, points_of(adapter, name, ("count",)), table, eager_only)
 
 
 def configure_ranks(parallel_state: str, *, runner: str | None) -> None:

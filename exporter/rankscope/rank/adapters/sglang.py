@@ -36,6 +36,7 @@ COORDINATOR_OPS: dict[str, common.Op] = {
     "all_reduce": "all_reduce",
     "_all_reduce_in_place": "all_reduce",
     "_all_reduce_out_place": "all_reduce",
+    "_flashinfer_allreduce": "all_reduce",
     "all_gather_into_tensor": "all_gather_into_tensor",
     "_all_gather_into_tensor": "all_gather_into_tensor",
     "all_gather": "all_gather",
@@ -43,14 +44,33 @@ COORDINATOR_OPS: dict[str, common.Op] = {
     "_reduce_scatter_tensor": "reduce_scatter_tensor",
     "all_to_all_single": "all_to_all_single",
     "_all_to_all_single": "all_to_all_single",
+    "reduce_scatter": "reduce_scatter",
+    "all_gatherv": "all_gatherv",
+    "reduce_scatterv": "reduce_scatterv",
     "broadcast": "broadcast",
+    "broadcast_object": "broadcast_object",
+    "broadcast_object_list": "broadcast_object",
+    "broadcast_tensor_dict": "broadcast_tensor_dict",
+    "all_gather_object": "all_gather_object",
     "gather": "gather",
     "barrier": "barrier",
     "send": ("send", "dst", 1),
     "recv": ("recv", "src", 2),
     "send_object": ("send", "dst", 1),
     "recv_object": ("recv", "src", 0),
+    "send_tensor_dict": ("send", "dst", 1),
+    "recv_tensor_dict": ("recv", "src", 0),
 }
+# Traced by torch.compile, these reach SGLang's opaque custom ops (inplace_all_reduce,
+# outplace_all_reduce, flashinfer_allreduce, reg_*), whose private methods count each call
+# when the graph runs: the public method counting too would count it twice.
+EAGER_ONLY = (
+    "all_reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "all_gather",
+)
 
 POINTS: tuple[HookPoint, ...] = (
     *common.coordinator_points(PARALLEL_STATE, COORDINATOR_OPS),
@@ -115,7 +135,9 @@ class SGLangAdapter(Adapter):
         }
 
     def _install_parallel_state(self, module: ModuleType) -> list[Undo]:
-        return common.install_parallel_state(self, module, PARALLEL_STATE, COORDINATOR_OPS)
+        return common.install_parallel_state(
+            self, module, PARALLEL_STATE, COORDINATOR_OPS, EAGER_ONLY
+        )
 
     def _install_model_runner(self, module: ModuleType) -> list[Undo]:
         cls = {resolve(module, p)[0] for p in points_of(self, MODEL_RUNNER, ("wrap",))}.pop()

@@ -40,17 +40,27 @@ COORDINATOR_OPS: dict[str, common.Op] = {
     "_reduce_scatter_out_place": "reduce_scatter",
     "all_gatherv": "all_gatherv",
     "reduce_scatterv": "reduce_scatterv",
+    "reduce_scatterv_into_output": "reduce_scatterv",
     "gather": "gather",
     "broadcast": "broadcast",
     "broadcast_object": "broadcast_object",
+    "broadcast_object_list": "broadcast_object",
     "broadcast_tensor_dict": "broadcast_tensor_dict",
     "barrier": "barrier",
+    "cpu_all_reduce_": "cpu_all_reduce",
+    "dispatch_router_logits": "dispatch",
+    "dispatch": "dispatch",
+    "combine": "combine",
+    "combine_into_output": "combine",
     "send": ("send", "dst", 1),
     "recv": ("recv", "src", 2),
     "send_object": ("send", "dst", 1),
+    "isend_object": ("send", "dst", 1),
     "recv_object": ("recv", "src", 0),
     "send_tensor_dict": ("send", "dst", 1),
+    "isend_tensor_dict": ("send", "dst", 1),
     "recv_tensor_dict": ("recv", "src", 0),
+    "irecv_tensor_dict": ("recv", "src", 0),
 }
 # CudaCommunicator method -> census op: the coordinator's names, so a call counted at either
 # layer lands on the same (group, op).
@@ -137,7 +147,8 @@ class VLLMAdapter(Adapter):
 
     def _install_communicator(self, module: ModuleType) -> list[Undo]:
         counted = points_of(self, CUDA_COMMUNICATOR, ("count",))
-        return common.count_methods(module, counted, COMMUNICATOR_OPS)
+        # Traced, a communicator method is reached from a counted coordinator method.
+        return common.count_methods(module, counted, COMMUNICATOR_OPS, eager_only=COMMUNICATOR_OPS)
 
     def _install_worker(self, module: ModuleType) -> list[Undo]:
         cls = {resolve(module, p)[0] for p in points_of(self, GPU_WORKER, ("wrap",))}.pop()

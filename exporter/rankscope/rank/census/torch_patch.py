@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rankscope.rank.census import counts as _counts
-from rankscope.rank.census.wrap import GUARD, MARK
+from rankscope.rank.census.wrap import GUARD, MARK, compiling_check
 from rankscope.rank.writer import RECORDER
 from rankscope.record.naming import RECV, SEND, group_instance, p2p_name
 
@@ -143,10 +143,13 @@ def _counting(
     failure costs a count, never the call), then the original, holding the guard for the
     functions that nest."""
     nests = name in NESTING
+    compiling = compiling_check()
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if GUARD.depth:
+        # Traced, the call becomes one of torch's functional collectives: not counted, and
+        # the guard (a thread-local dynamo would guard on) untouched.
+        if compiling() or GUARD.depth:
             return original(*args, **kwargs)
         try:
             count(args, kwargs)
@@ -227,9 +230,11 @@ def _batch_wrapper(
             peer = _peer(dist, p2p.group, p2p.peer, getattr(p2p, "group_peer", None))
             _counts.count(instance, p2p_name(kind, peer))
 
+    compiling = compiling_check()
+
     @functools.wraps(original)
     def wrapper(p2p_op_list: list[Any], *args: Any, **kwargs: Any) -> Any:
-        if GUARD.depth:
+        if compiling() or GUARD.depth:
             return original(p2p_op_list, *args, **kwargs)
         GUARD.depth = 1
         swapped: list[tuple[Any, Any]] = []

@@ -1,13 +1,20 @@
 """Counting named methods of a framework's coordinator class (SGLang's or vLLM's
 GroupCoordinator), given how to read the group instance from ``self``. The thread-local
 guard is shared with the torch.distributed patch: a counted call reaching another counted
-call on the same thread counts once, under the outermost name.
+call on the same thread counts once, under the outermost name. A call that raises is not
+counted (its count is taken back).
+
+Under torch.compile the wrapper never touches the guard (dynamo would trace the
+thread-local and guard on it): the group is read once per trace
+(``assume_constant_result``) and the count is a registered custom op with a side effect,
+``rankscope::census_count``, which the compiled graph runs on every call.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -74,26 +81,115 @@ def coordinator_p2p(kind: str, param: str, position: int) -> OpNamer:
     return namer
 
 
+def _not_compiling() -> bool:
+    return False
+
+
+def compiling_check() -> Callable[[], bool]:
+    """torch.compiler.is_compiling of the torch this process imported (a constant to dynamo,
+    so a wrapper branching on it traces only its compiled branch); without torch, False."""
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    check: Callable[[], bool] = getattr(compiler, "is_compiling", _not_compiling)
+    return check
+
+
+_count_op: Any = None  # torch.ops.rankscope.census_count, once registered
+
+
+def _register_count_op(torch: Any) -> Any:
+    """The custom op a compiled graph counts through (registered once per process). Marked
+    side-effectful, or AOTAutograd drops it from the graph as an op with no output."""
+    global _count_op
+    if _count_op is None:
+
+        def census_count(group: str, op: str) -> None:
+            _counts.count(group, op)
+
+        # custom_op reads the annotations; this module's are strings (future annotations)
+        census_count.__annotations__ = {"group": str, "op": str, "return": None}
+        registered = torch.library.custom_op("rankscope::census_count", mutates_args=())(
+            census_count
+        )
+        registered.register_fake(lambda group, op: None)
+        torch.fx.node.has_side_effect(torch.ops.rankscope.census_count.default)
+        _count_op = torch.ops.rankscope.census_count
+    return _count_op
+
+
+def _compile_support() -> tuple[Any, Any]:
+    """(count op, assume_constant_result) of the torch this process imported; (None, None)
+    without torch (nothing can be traced) or where the op cannot be registered."""
+    if compiling_check() is _not_compiling:
+        return None, None
+    torch = sys.modules["torch"]
+    try:
+        return _register_count_op(torch), torch.compiler.assume_constant_result
+    except Exception as exc:  # traced calls pass through uncounted; eager ones still count
+        log.warning("rankscope census: no counting under torch.compile: %r", exc)
+        return None, None
+
+
+def _traced_counter(
+    group_of: _GroupCache, op: str | OpNamer, traced: bool
+) -> Callable[[Any], None] | None:
+    """What a wrapper does under tracing: emit the count op for ``self``'s group, the group
+    read at trace time as a constant. None: pass through uncounted (a method whose compiled
+    path reaches a counted method through the framework's opaque custom op, counted there
+    when it runs; or a p2p op, whose peer is an argument)."""
+    count_op, constant = _compile_support()
+    if not traced or not isinstance(op, str) or count_op is None:
+        return None
+
+    def group_or_none(obj: Any) -> str | None:
+        try:
+            return group_of(obj)
+        except Exception as exc:
+            _counts._count_failed("traced", op, exc)
+            return None
+
+    traced_group = constant(group_or_none)
+
+    def count_traced(obj: Any) -> None:
+        group = traced_group(obj)
+        if group is not None:
+            count_op(group, op)
+
+    return count_traced
+
+
 def _method_wrapper(
-    original: Callable[..., Any], op: str | OpNamer, group_of: _GroupCache
+    original: Callable[..., Any], op: str | OpNamer, group_of: _GroupCache, traced: bool
 ) -> Callable[..., Any]:
     namer = op if callable(op) else None
     fixed_op = op if isinstance(op, str) else ""
+    compiling = compiling_check()
+    count_traced = _traced_counter(group_of, op, traced)
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if compiling():  # a constant to dynamo: the eager branch below is never traced
+            if count_traced is not None:
+                count_traced(self)
+            return original(self, *args, **kwargs)
         if GUARD.depth:
             return original(self, *args, **kwargs)
         GUARD.depth = 1
         try:
+            key = None
             try:
                 group = group_of(self)
                 name = namer(self, args, kwargs) if namer is not None else fixed_op
                 if group is not None and name is not None:
+                    key = (group, name)
                     _counts.count(group, name)
             except Exception as exc:  # a naming failure costs a count, never the call
                 _counts._count_failed(original.__name__, op, exc)
-            return original(self, *args, **kwargs)
+            try:
+                return original(self, *args, **kwargs)
+            except BaseException:
+                if key is not None:  # a call that raised did not happen: take it back
+                    _counts.count(*key, -1)
+                raise
         finally:
             GUARD.depth = 0
 
@@ -105,15 +201,20 @@ def instrument_methods(
     cls: type,
     methods: Mapping[str, str | OpNamer] | Iterable[str],
     group_of: GroupOf = coordinator_group,
+    *,
+    eager_only: Iterable[str] = (),
 ) -> Callable[[], None]:
     """Count each call of the named methods of ``cls``: ``methods`` maps a method name to
     its op name (or an op namer, for p2p), or lists names counted under their own name;
-    ``group_of(self)`` gives the group instance (None: not counted). A method missing or
-    already wrapped is skipped with a log line. Returns the undo."""
+    ``group_of(self)`` gives the group instance (None: not counted). ``eager_only``: methods
+    that torch.compile traces into a call of the framework's opaque custom op, which reaches
+    another counted method when it runs: traced, they count nothing (else twice). A method
+    missing or already wrapped is skipped with a log line. Returns the undo."""
     table: dict[str, str | OpNamer] = (
         dict(methods) if isinstance(methods, Mapping) else {m: m for m in methods}
     )
     cache = _GroupCache(group_of)
+    untraced = frozenset(eager_only)
     saved: dict[str, Any] = {}
     for name, op in table.items():
         current = getattr(cls, name, None)
@@ -129,7 +230,7 @@ def instrument_methods(
             )
             continue
         saved[name] = cls.__dict__.get(name, _INHERITED)
-        setattr(cls, name, _method_wrapper(current, op, cache))
+        setattr(cls, name, _method_wrapper(current, op, cache, name not in untraced))
 
     def undo() -> None:
         for name, original in saved.items():

@@ -103,6 +103,38 @@ class GroupCoordinator:
     def recv_tensor_dict(self, src: int | None = None) -> Any:
         raise NotImplementedError("stand-in")
 
+    def isend_object(self, obj: Any, dst: int) -> Any:
+        raise NotImplementedError("stand-in")
+
+    def isend_tensor_dict(self, tensor_dict: dict[str, Any], dst: int | None = None) -> Any:
+        raise NotImplementedError("stand-in")
+
+    def irecv_tensor_dict(self, src: int | None = None) -> Any:
+        raise NotImplementedError("stand-in")
+
+    def reduce_scatterv_into_output(
+        self, input_: torch.Tensor, output: torch.Tensor, dim: int = -1, sizes: Any = None
+    ) -> Any:
+        raise NotImplementedError("stand-in")
+
+    def broadcast_object_list(self, obj_list: list[Any], src: int = 0, group: Any = None) -> Any:
+        raise NotImplementedError("stand-in")
+
+    def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("stand-in")
+
+    def dispatch_router_logits(self, hidden_states: Any, router_logits: Any) -> Any:
+        raise NotImplementedError("stand-in: expert parallelism needs a GPU")
+
+    def dispatch(self, hidden_states: Any, topk_weights: Any, topk_ids: Any) -> Any:
+        raise NotImplementedError("stand-in: expert parallelism needs a GPU")
+
+    def combine(self, hidden_states: Any, is_sequence_parallel: bool = False) -> Any:
+        raise NotImplementedError("stand-in: expert parallelism needs a GPU")
+
+    def combine_into_output(self, hidden_states: Any, output: Any) -> Any:
+        raise NotImplementedError("stand-in: expert parallelism needs a GPU")
+
 
 def get_world_group() -> GroupCoordinator:
     assert _WORLD is not None

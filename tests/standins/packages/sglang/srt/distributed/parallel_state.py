@@ -116,6 +116,36 @@ class GroupCoordinator:
     def recv_object(self, src: int) -> Any:
         raise NotImplementedError("stand-in")
 
+    def _flashinfer_allreduce(self, input_: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("stand-in: FlashInfer needs a GPU")
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor]) -> None:
+        dist.reduce_scatter(output, input_list, group=self.device_group)
+
+    def all_gatherv(self, input_: Any, sizes: Any = None, output: Any = None) -> Any:
+        raise NotImplementedError("stand-in: pynccl needs a GPU")
+
+    def reduce_scatterv(self, input_: Any, output: Any = None, sizes: Any = None) -> Any:
+        raise NotImplementedError("stand-in: pynccl needs a GPU")
+
+    def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
+        raise NotImplementedError("stand-in")
+
+    def broadcast_object_list(self, obj_list: list[Any], src: int = 0, group: Any = None) -> None:
+        raise NotImplementedError("stand-in")
+
+    def broadcast_tensor_dict(self, tensor_dict: Any = None, src: int = 0) -> Any:
+        raise NotImplementedError("stand-in")
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        raise NotImplementedError("stand-in")
+
+    def send_tensor_dict(self, tensor_dict: dict[str, Any], dst: int | None = None) -> Any:
+        raise NotImplementedError("stand-in")
+
+    def recv_tensor_dict(self, src: int | None = None) -> Any:
+        raise NotImplementedError("stand-in")
+
 
 def get_world_group() -> GroupCoordinator:
     assert _WORLD is not None

@@ -1,0 +1,168 @@
+"""Counted methods under torch.compile (CPU here; the gpu-marked variant compiles CUDA
+tensors with inductor): a wrapped collective-shaped method compiles as it would unwrapped
+(one graph, no break, fullgraph on or off), and is counted once per call, not per trace.
+
+The coordinator here is a stand-in class of the shape of SGLang's and vLLM's
+GroupCoordinator; its "collective" is arithmetic (no process group is needed to trace).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rankscope.rank import census
+from rankscope.rank.census import counts
+
+torch = pytest.importorskip("torch")
+dynamo_testing = pytest.importorskip("torch._dynamo.testing")
+
+N = 7
+KEY = ("tp:0-1", "all_reduce")
+
+
+class Coordinator:
+    """GroupCoordinator-shaped: unique_name, ranks, and a traceable collective."""
+
+    unique_name = "tp:0"
+    ranks = (0, 1)
+    world_size = 2
+    rank_in_group = 0
+
+    def all_reduce(self, x: Any) -> Any:
+        return x * 2
+
+
+@pytest.fixture
+def counted() -> Iterator[Coordinator]:
+    undo = census.instrument_methods(Coordinator, {"all_reduce": "all_reduce"})
+    counts.reset()
+    torch._dynamo.reset()
+    yield Coordinator()
+    undo()
+    counts.reset()
+    torch._dynamo.reset()
+
+
+def _model(coordinator: Coordinator) -> Any:
+    def model(x: Any) -> Any:
+        return coordinator.all_reduce(torch.sin(x)) + 1
+
+    return model
+
+
+def _frames(model: Any, fullgraph: bool) -> tuple[Any, int | None]:
+    """Compile ``model`` through dynamo's counting backend (AOTAutograd is what drops an op
+    with no output, so it runs behind the counter), call it N times: (the counter, the
+    count then)."""
+    counter = dynamo_testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, fullgraph=fullgraph, backend=counter)
+    x = torch.ones(4)
+    for _ in range(N):
+        out = compiled(x)
+    counted = counts.snapshot().get(KEY)
+    assert torch.equal(out, model(x))
+    return counter, counted
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_compiled_counted_method_is_counted_per_call_in_one_graph(counted, fullgraph):
+    counter, calls = _frames(_model(counted), fullgraph)
+    assert counter.frame_count == 1  # one graph: no graph break, no recompile
+    assert calls == N
+
+
+def test_the_wrapped_method_compiles_to_the_graph_of_the_unwrapped_one_plus_the_count():
+    torch._dynamo.reset()
+    plain, _ = _frames(_model(Coordinator()), fullgraph=True)
+    undo = census.instrument_methods(Coordinator, {"all_reduce": "all_reduce"})
+    try:
+        torch._dynamo.reset()
+        counts.reset()
+        wrapped, calls = _frames(_model(Coordinator()), fullgraph=True)
+    finally:
+        undo()
+        torch._dynamo.reset()
+    assert (wrapped.frame_count, wrapped.op_count) == (plain.frame_count, plain.op_count + 1)
+    assert calls == N
+
+
+@pytest.fixture
+def opaque_op() -> Iterator[Any]:
+    """A custom op of the framework's kind (SGLang's inplace_all_reduce): opaque to dynamo, it
+    looks the coordinator up and calls its private method when the graph runs."""
+    registry: dict[str, Coordinator] = {}
+
+    @torch.library.custom_op("rankscope_test::inplace_all_reduce", mutates_args=["x"])
+    def inplace_all_reduce(x: torch.Tensor, group_name: str) -> None:
+        registry[group_name]._all_reduce_in_place(x)
+
+    yield registry, inplace_all_reduce
+
+
+def test_a_public_method_reaching_a_counted_private_one_through_a_custom_op_counts_once(
+    opaque_op,
+):
+    registry, inplace_all_reduce = opaque_op
+
+    class Sglangish(Coordinator):
+        def all_reduce(self, x: Any) -> Any:
+            if torch.compiler.is_compiling():
+                inplace_all_reduce(x, self.unique_name)
+                return x
+            self._all_reduce_in_place(x)
+            return x
+
+        def _all_reduce_in_place(self, x: Any) -> None:
+            x.mul_(2)
+
+    undo = census.instrument_methods(
+        Sglangish,
+        {"all_reduce": "all_reduce", "_all_reduce_in_place": "all_reduce"},
+        eager_only=("all_reduce",),
+    )
+    coordinator = Sglangish()
+    registry[coordinator.unique_name] = coordinator
+    try:
+        torch._dynamo.reset()
+        counts.reset()
+        compiled = torch.compile(
+            lambda x: coordinator.all_reduce(torch.sin(x)), fullgraph=True, backend="aot_eager"
+        )
+        for _ in range(N):
+            compiled(torch.ones(4))
+        assert counts.snapshot()[KEY] == N  # the private method, once per call
+        coordinator.all_reduce(torch.ones(4))  # eager: the public method, once
+        assert counts.snapshot()[KEY] == N + 1
+    finally:
+        undo()
+        counts.reset()
+        torch._dynamo.reset()
+
+
+def test_a_call_that_raises_is_not_counted(counted):
+    class Failing(Coordinator):
+        def barrier(self) -> None:
+            raise RuntimeError("peer gone")
+
+    undo = census.instrument_methods(Failing, ["barrier"])
+    try:
+        with pytest.raises(RuntimeError, match="peer gone"):
+            Failing().barrier()
+        counted.all_reduce(torch.ones(1))
+    finally:
+        undo()
+    assert counts.snapshot() == {KEY: 1, ("tp:0-1", "barrier"): 0}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_compiled_counted_method_on_cuda_with_inductor_is_counted_per_call(counted, fullgraph):
+    compiled = torch.compile(_model(counted), fullgraph=fullgraph, backend="inductor")
+    x = torch.ones(4, device="cuda")
+    for _ in range(N):
+        compiled(x)
+    torch.cuda.synchronize()
+    assert counts.snapshot()[KEY] == N
