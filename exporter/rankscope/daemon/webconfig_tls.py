@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,8 +143,10 @@ class TLSConfig:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         with self._pem_files() as (cert, key):
             context.load_cert_chain(cert, key)
-        context.minimum_version = TLS_VERSIONS[self.min_version]
-        context.maximum_version = TLS_VERSIONS[self.max_version]
+        with warnings.catch_warnings():  # TLS10/TLS11 are deprecated, but the file asks
+            warnings.simplefilter("ignore", DeprecationWarning)
+            context.minimum_version = TLS_VERSIONS[self.min_version]
+            context.maximum_version = TLS_VERSIONS[self.max_version]
         if self.cert_reqs != ssl.CERT_NONE:
             if self.client_ca_file is not None:
                 context.load_verify_locations(cafile=str(self.client_ca_file))
