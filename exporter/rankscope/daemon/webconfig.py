@@ -1,5 +1,5 @@
 """The exporter-toolkit web configuration (--web.config.file, docs/daemon.md): TLS, basic
-auth with bcrypt hashes, response headers and a rate limit, parsed as exporter-toolkit's Go
+auth with bcrypt hashes and response headers, parsed as exporter-toolkit's Go
 code parses them (its web/testdata is the oracle: tests/faults/test_fault_webconfig_oracle.py).
 An unknown or repeated key is an error, so a typo never leaves the daemon open.
 """
@@ -38,7 +38,6 @@ __all__ = [
     "CLIENT_AUTH",
     "CURVES",
     "TLS_VERSIONS",
-    "RateLimit",
     "TLSConfig",
     "WebConfig",
     "WebConfigError",
@@ -67,21 +66,11 @@ _PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
 
 
 @dataclass(frozen=True)
-class RateLimit:
-    """At most ``burst`` requests at once, refilled one per ``interval_s`` (Go's
-    rate.Limiter); requests over it are answered 429."""
-
-    interval_s: float
-    burst: int
-
-
-@dataclass(frozen=True)
 class WebConfig:
     tls: TLSConfig | None = None
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
     headers: dict[str, str] = field(default_factory=dict)  # name -> value, as sent
     http2: bool = True  # accepted as Go accepts it; the daemon speaks HTTP/1.1 either way
-    rate_limit: RateLimit | None = None  # None: no limit
 
 
 def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> WebConfig:
@@ -90,6 +79,7 @@ def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> W
     reader = Reader(source)
     top = reader.mapping(reader.document(text), "the top level", _TOP_KEYS)
     tls = parse_tls(reader, top.get("tls_server_config"), base_dir)
+    _check_rate_limit(reader, top.get("rate_limit"))
     http = reader.mapping(top.get("http_server_config"), "http_server_config", _HTTP_KEYS)
     http2 = reader.boolean(http.get("http2"), "http_server_config.http2", True)
     if tls is not None and http2:
@@ -99,7 +89,6 @@ def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> W
         users=_users(reader, top.get("basic_auth_users")),
         headers=_headers(reader, http.get("headers")),
         http2=http2,
-        rate_limit=_rate_limit(reader, top.get("rate_limit")),
     )
 
 
@@ -167,12 +156,18 @@ def _headers(reader: Reader, node: yaml.Node | None) -> dict[str, str]:
     return headers
 
 
-def _rate_limit(reader: Reader, node: yaml.Node | None) -> RateLimit | None:
+def _check_rate_limit(reader: Reader, node: yaml.Node | None) -> None:
+    """Read as Go reads it; a limit that is on is refused, since the daemon has no rate
+    limiter and serving without the limit the file asks for would protect less."""
     raw = reader.mapping(node, "rate_limit", _RATE_KEYS)
     interval = reader.duration(raw.get("interval"), "rate_limit.interval")
-    burst = reader.integer(raw.get("burst"), "rate_limit.burst")
+    reader.integer(raw.get("burst"), "rate_limit.burst")
     # Go: an interval of 0 turns the limiter off; a negative one limits nothing.
-    return RateLimit(interval, burst) if interval > 0 else None
+    if interval > 0:
+        raise reader.error(
+            "rate_limit is not supported: rankscope serve has no rate limiter (set interval "
+            "to 0, or limit at a proxy in front of it)"
+        )
 
 
 def _check_http2_ciphers(reader: Reader, tls: TLSConfig) -> None:
