@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The demo's port first, before minutes of installs: --port N or --port=N (default 19400;
-# 0 picks a free one, so there is nothing to check).
+# 0 picks a free one, so there is nothing to check). Bound with SO_REUSEADDR as the daemon
+# binds it: a port left in TIME-WAIT by the last run is free, one a process listens on not.
 port=19400 prev=
 for arg in "$@"; do
   if [ "$prev" = --port ]; then port=$arg; fi
@@ -15,7 +16,8 @@ for arg in "$@"; do
   prev=$arg
 done
 if [[ "$port" =~ ^[0-9]+$ ]] && [ "$port" -ne 0 ] && ! python3 -c \
-    'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+    'import socket, sys; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1])))' \
+    "$port" 2>/dev/null; then
   echo "rankscope demo: 127.0.0.1:$port is taken (another rankscope daemon?); pass --port 0 for a free port" >&2
   exit 2
 fi

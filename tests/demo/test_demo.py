@@ -35,7 +35,7 @@ from rankscope.demo.cards import (
 )
 from rankscope.demo.cli import MAX_RANKS, verdict
 from rankscope.demo.scenarios import SCENARIOS, Result
-from rankscope.demo.services import Page
+from rankscope.demo.services import Page, port_free
 from rankscope.demo.view import View, card_lines
 from support.services import binary
 
@@ -344,6 +344,46 @@ def test_demo_sh_refuses_a_taken_port_before_installing_anything(tmp_path: Path)
             assert proc.returncode == 2, proc.stdout + proc.stderr
             assert f"127.0.0.1:{port} is taken" in proc.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+def port_in_time_wait() -> int:
+    """A loopback port whose only user is a closed connection in TIME-WAIT, as a demo that
+    just ended (or was interrupted) leaves its daemon's port for about 60 s."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = int(listener.getsockname()[1])
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            conn, _ = listener.accept()
+            conn.close()  # the server closes first, so its end waits in TIME-WAIT
+            assert client.recv(1) == b""
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # what a check without SO_REUSEADDR would see
+    return port
+
+
+def test_a_port_left_in_time_wait_is_free_and_a_listened_one_is_not() -> None:
+    assert port_free(port_in_time_wait())
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the daemon binds
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert not port_free(taken.getsockname()[1])
+
+
+def test_demo_sh_takes_a_port_left_in_time_wait(tmp_path: Path) -> None:
+    # The scratch checkout has no scripts/venv.sh: past the port check, the script stops
+    # there (exit 1), which shows the check let the port through.
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "demo.sh"
+    script.write_text((Path(__file__).parents[2] / "scripts" / "demo.sh").read_text())
+    port = port_in_time_wait()
+    proc = subprocess.run(
+        ["bash", str(script), "--port", str(port)], capture_output=True, text=True, timeout=60
+    )
+    assert "is taken" not in proc.stderr, proc.stderr
+    assert "venv.sh" in proc.stderr and proc.returncode == 1, proc.stderr
 
 
 def test_the_card_summary_never_mixes_instants() -> None:

@@ -38,7 +38,11 @@ def free_port() -> int:
 
 
 def port_free(port: int) -> bool:
+    """Whether the daemon could listen on ``port``: with SO_REUSEADDR, as it binds, a port
+    whose only users are closed connections in TIME-WAIT (a demo that just ended) is free,
+    while one a process listens on is still taken."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
