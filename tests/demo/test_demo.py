@@ -386,27 +386,45 @@ def test_demo_sh_takes_a_port_left_in_time_wait(tmp_path: Path) -> None:
     assert "venv.sh" in proc.stderr and proc.returncode == 1, proc.stderr
 
 
-def test_the_card_summary_never_mixes_instants() -> None:
-    # The latest sample says free 79.75 GiB (the ranks just exited) while the last holdings
-    # scan still saw two ranks holding 65 GiB: each figure is said with its instant, the
-    # scan's free is the scan's own, the worst is the scenario's, and an exited holder is
-    # named as exited.
+def summary_card(**changes: object) -> dict[str, object]:
     card = {
         "gpu": 0, "uuid": "GPU-0", "source": "simulated", "total": 80 * GiB,
-        "free": 79 * GiB + 768 * MiB, "free_min": 1 * GiB, "floor": 6 * GiB,
-        "margin": 73 * GiB + 768 * MiB, "breaches": 0, "rank_resident": 65 * GiB,
+        "free": 10 * GiB + 768 * MiB, "free_min": 1 * GiB, "floor": 6 * GiB,
+        "margin": -5 * GiB, "breaches": 3, "rank_resident": 65 * GiB,
         "foreign": 4 * GiB, "unattributed": 256 * MiB,
         "processes": [
-            {"pid": 1, "comm": "python3", "bytes": 65 * GiB, "role": "rank"},
+            {"pid": 1, "comm": "python3", "bytes": 32 * GiB + 512 * MiB, "role": "rank"},
+            {"pid": 3, "comm": "python3", "bytes": 32 * GiB + 512 * MiB, "role": "rank"},
             {"pid": 2, "comm": None, "bytes": 4 * GiB, "role": "foreign"},
         ],
     }  # fmt: skip
-    (line,) = card_lines({"cards": [card]}, worst={"GPU-0": 10 * GiB})
-    assert "now free 79.75 GiB (worst this scenario 10.00 GiB)" in line
-    assert "last holdings scan: ranks 1 holding 65.00 GiB" in line
+    return {**card, **changes}
+
+
+def test_the_card_summary_says_counts_and_totals_in_words() -> None:
+    (line,) = card_lines({"cards": [summary_card()]}, {"GPU-0": 10 * GiB}, {"GPU-0": 3})
+    assert "last holdings scan: 2 ranks hold 65.00 GiB in all" in line
     assert "pid 2 (exited) 4.00 GiB" in line and "?" not in line
-    assert line.endswith("free 10.75 GiB")  # 80 - 65 - 4 - 0.25, from the same scan
-    assert "1.00 GiB" not in line  # the daemon's window, spanning an earlier scenario
-    # The margin is the daemon's (its window's minimum), and says so: a trough shorter than
-    # the summary's polling shows there while "worst this scenario" missed it.
-    assert "margin over the daemon's window +73.75 GiB" in line
+    assert "older" not in line  # the scan and the sample agree: 80 - 65 - 4 - 0.25
+
+
+def test_the_card_summary_flags_a_holdings_scan_older_than_the_sample() -> None:
+    # The sample says 14.75 GiB free (two ranks hold 65 GiB) while the last scan still saw
+    # the card empty: the scan's free is said as the scan's, never next to "now" unflagged.
+    empty = summary_card(free=14 * GiB + 768 * MiB, rank_resident=0, foreign=0, processes=[])
+    (line,) = card_lines({"cards": [empty]}, {"GPU-0": 14 * GiB + 768 * MiB}, {})
+    assert line.startswith("  gpu 0 (simulated card): free 14.75 GiB now;")
+    assert "0 ranks hold 0.00 GiB in all" in line
+    assert "(the scan is older than the sample: free 79.75 GiB then)" in line
+
+
+def test_the_card_summary_counts_only_this_scenarios_breaches_and_worst() -> None:
+    # The daemon's counter stood at 2 and its window's worst at 1 GiB (the trough of an
+    # earlier scenario) when this one began: one breach and a 10 GiB worst are this one's.
+    (line,) = card_lines({"cards": [summary_card()]}, {"GPU-0": 10 * GiB}, {"GPU-0": 2})
+    assert "this scenario: worst free 10.00 GiB, margin +4.00 GiB over the 6.00 GiB floor" in line
+    assert "breaches 1;" in line
+    assert "1.00 GiB" not in line and "-5.00" not in line
+    (unmeasured,) = card_lines({"cards": [summary_card(free=None, breaches=None)]}, {}, {})
+    assert "free n/a now; this scenario: worst free n/a, margin n/a" in unmeasured
+    assert "breaches n/a" in unmeasured

@@ -21,7 +21,14 @@ from types import FrameType
 from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.demo import alerting, services
 from rankscope.demo.cards import FLOOR, GiB, SimulatedCards
-from rankscope.demo.scenarios import SCENARIOS, Options, Result, ScenarioRun, Stack
+from rankscope.demo.scenarios import (
+    SAMPLER_WINDOW,
+    SCENARIOS,
+    Options,
+    Result,
+    ScenarioRun,
+    Stack,
+)
 from rankscope.demo.view import View, gib
 
 GPU_FLOOR = 8 * GiB
@@ -143,7 +150,10 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
         raise ValueError(
             f"127.0.0.1:{port} is taken (another rankscope daemon?); pass --port 0 for a free port"
         )
-    daemon_args = ["--sampler.interval=100ms", f"--corridor.floor={floor}"]
+    # Holdings scanned about as often as the card is sampled, so the progress lines' holdings
+    # and free memory are of nearly one instant.
+    daemon_args = ["--sampler.interval=100ms", f"--sampler.window={SAMPLER_WINDOW:g}s"]
+    daemon_args += ["--holdings.interval=200ms", f"--corridor.floor={floor}"]
     cards: SimulatedCards | None = None
     if gpu:
         view.line(f"GPU present: the cards are real (NVML); floor {gib(floor)} per card")

@@ -68,6 +68,9 @@ SQUEEZE_AFTER = 0.3  # of the duration: when the trough and the exhaustion start
 SETTLE_SECONDS = 25.0  # after serving, for pages still on their way
 QUIET_SECONDS = 3.0  # once the expected pages are in, listening for unexpected ones
 SUMMARY_EVERY = 4.0
+# The daemon's trailing window of worst free memory (--sampler.window): once a scenario has
+# run this long, the window lies inside it and its worst counts towards the scenario's.
+SAMPLER_WINDOW = 15.0
 OBSERVE_EVERY = 0.5
 BOOT_TIMEOUT = 120.0
 STRAGGLER_GRACE = 5.0  # in a collective after the first rank finished serving
@@ -146,14 +149,15 @@ class ScenarioRun:
         self.notes = stack.notes.setdefault(scenario.name, [])
         self.shown = stack.shown.setdefault(scenario.name, set())
         self.foreign_since: dict[int, float] = {}  # pid -> first seen
-        self.breaches_before: dict[Any, int] | None = None
-        self.breached: set[Any] = set()  # cards whose breach counter rose in this scenario
-        self.oomed: set[Any] = set()  # cards with an OOM instant in this scenario
+        self.breaches_before: dict[str, int] | None = None  # the daemon's counters at start
+        self.breached: set[str] = set()  # cards whose breach counter rose in this scenario
+        self.oomed: set[str] = set()  # cards with an OOM instant in this scenario
         self.worst_free: dict[str, int] = {}  # by card uuid, over this scenario's samples
         self.page_index = stack.receiver.count() if stack.receiver else 0
         self.serving_since: float | None = None
         self.acted = False  # the scenario's own event (foreign holder, trough, OOM) is done
         self.started_wall = time.time()
+        self.started = time.monotonic()
 
     def launch(self) -> None:
         o = self.stack.options
@@ -311,10 +315,10 @@ class ScenarioRun:
             return None
         now = time.monotonic()
         cards = doc.get("cards", [])
-        breaches = {c.get("uuid"): c.get("breaches") or 0 for c in cards}
+        breaches = {str(c.get("uuid")): c.get("breaches") or 0 for c in cards}
         # An OOM's page holds back its card's breach (the shipped inhibition).
         self.oomed |= {
-            c.get("uuid")
+            str(c.get("uuid"))
             for c in cards
             if (c.get("last_oom") or {}).get("wall", 0) >= self.started_wall
         }
@@ -328,9 +332,11 @@ class ScenarioRun:
         self.shown.discard(alerting.CORRIDOR_BREACH)
         if self.breached - self.oomed:
             self.shown.add(alerting.CORRIDOR_BREACH)
+        window_inside = now - self.started >= SAMPLER_WINDOW
         for card in cards:
-            free, uuid = card.get("free"), card.get("uuid")
-            if isinstance(free, int) and isinstance(uuid, str):
+            uuid = str(card.get("uuid"))
+            seen = [card.get("free"), card.get("free_min") if window_inside else None]
+            for free in (f for f in seen if isinstance(f, int)):
                 self.worst_free[uuid] = min(self.worst_free.get(uuid, free), free)
             for proc in card.get("processes") or []:
                 if proc.get("role") == "foreign" and isinstance(proc.get("pid"), int):
@@ -345,7 +351,7 @@ class ScenarioRun:
             return
         served = ", ".join(f"r{r}:{n}" for r, n in sorted(self.rounds.items())) or "none yet"
         self.view.line(f"rounds served (latest census snapshot per rank): {served}")
-        self.view.block(card_lines(cards, self.worst_free))
+        self.view.block(card_lines(cards, self.worst_free, self.breaches_before or {}))
         try:
             census: dict[str, Any] = self.stack.daemon.get(f"/api/v1/census?boot={self.boot}")
         except Exception as exc:

@@ -50,33 +50,47 @@ class View:
             self.line(f"     {what}")
 
 
-def card_lines(cards_doc: dict[str, Any], worst: dict[str, int] | None = None) -> list[str]:
-    """Per card: the latest sample, then the last holdings scan with that scan's free bytes."""
+def card_lines(
+    cards_doc: dict[str, Any], worst: dict[str, int], breaches_before: dict[str, int]
+) -> list[str]:
+    """Per card: the latest sample; this scenario's worst free, margin and breaches (the
+    daemon's counter less its value when the scenario began); then the last holdings scan,
+    flagged when it is older than the sample."""
     lines = []
     for card in cards_doc.get("cards", []):
         tag = " (simulated card)" if card.get("source") == "simulated" else ""
-        procs = card.get("processes") or []
-        ranks = [p for p in procs if p.get("role") == "rank"]
-        foreign = [
-            f"pid {p.get('pid')} {p.get('comm') or '(exited)'} {gib(p.get('bytes'))}"
-            for p in procs
-            if p.get("role") == "foreign"
-        ]
-        uuid = card.get("uuid")
-        if worst is not None and isinstance(uuid, str) and uuid in worst:
-            low = f"worst this scenario {gib(worst[uuid])}"
-        else:
-            low = f"worst in the daemon's window {gib(card.get('free_min'))}"
-        held = [card.get(k) for k in ("rank_resident", "foreign", "unattributed")]
-        total = card.get("total")
-        measured = isinstance(total, int) and all(isinstance(h, int) for h in held)
-        scan_free = total - sum(held) if measured else None
+        uuid = str(card.get("uuid"))
+        free, floor = card.get("free"), card.get("floor")
+        low = worst.get(uuid)
+        margin = low - floor if isinstance(low, int) and isinstance(floor, int) else None
+        breaches = card.get("breaches")
+        if isinstance(breaches, int):
+            breaches -= breaches_before.get(uuid, breaches)
         lines.append(
-            f"  gpu {card.get('gpu')}{tag}: now free {gib(card.get('free'))} ({low}), "
-            f"floor {gib(card.get('floor'))}, "
-            f"margin over the daemon's window {gib(card.get('margin'), signed=True)}, "
-            f"breaches {card.get('breaches', 'n/a')}; last holdings scan: ranks {len(ranks)} "
-            f"holding {gib(card.get('rank_resident'))}, foreign: {', '.join(foreign) or 'none'}, "
-            f"free {gib(scan_free)}"
+            f"  gpu {card.get('gpu')}{tag}: free {gib(free)} now; this scenario: worst free "
+            f"{gib(low)}, margin {gib(margin, signed=True)} over the {gib(floor)} floor, "
+            f"breaches {breaches if isinstance(breaches, int) else 'n/a'}; {_holdings(card)}"
         )
     return lines or ["  no cards reported yet"]
+
+
+def _holdings(card: dict[str, Any]) -> str:
+    procs = card.get("processes") or []
+    ranks = sum(1 for p in procs if p.get("role") == "rank")
+    foreign = [
+        f"pid {p.get('pid')} {p.get('comm') or '(exited)'} {gib(p.get('bytes'))}"
+        for p in procs
+        if p.get("role") == "foreign"
+    ]
+    parts = [card.get(k) for k in ("rank_resident", "foreign", "unattributed")]
+    held = [p for p in parts if isinstance(p, int)]
+    total, free = card.get("total"), card.get("free")
+    text = (
+        f"last holdings scan: {ranks} rank{'' if ranks == 1 else 's'} hold "
+        f"{gib(card.get('rank_resident'))} in all, foreign: {', '.join(foreign) or 'none'}"
+    )
+    if isinstance(total, int) and len(held) == len(parts):
+        scan_free = total - sum(held)
+        if scan_free != free:  # the card changed since the scan: say so, never mix them
+            text += f" (the scan is older than the sample: free {gib(scan_free)} then)"
+    return text
