@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -209,8 +210,8 @@ def test_status_page_shows_cards_ranks_census_and_follows_the_flight_dir(
                 for r in range(WORLD):
                     row = page.locator(f".wf-row[data-rank='{r}']")
                     row.wait_for()
-                    assert row.locator(".wf-seg[data-phase='weights_loaded']").count() == 1
-                    assert row.locator(".wf-seg[data-phase='boot_complete']").count() == 0
+                    assert row.locator(".wf-seg[data-to='weights_loaded']").count() == 1
+                    assert row.locator(".wf-seg[data-to='boot_complete']").count() == 0
                 page.wait_for_selector("table.census")
                 header = page.locator("table.census thead").inner_text()
                 assert all(f"rank {r}" in header for r in range(WORLD))
@@ -224,7 +225,7 @@ def test_status_page_shows_cards_ranks_census_and_follows_the_flight_dir(
                 for i, r in enumerate(rs):
                     r.do("serve 2" if i == 3 else "serve 3")
                 page.wait_for_selector(
-                    ".wf-row[data-rank='3'] .wf-seg[data-phase='boot_complete']", timeout=15_000
+                    ".wf-row[data-rank='3'] .wf-seg[data-to='boot_complete']", timeout=15_000
                 )
                 page.wait_for_selector("table.census tr.diverged[data-group='tp:2-3']")
                 lagging = page.locator("table.census tr.diverged td.num.diverged")
@@ -267,3 +268,120 @@ def test_the_legend_names_only_colours_a_bar_draws(
             "swatch unattributed",
             "swatch free",
         ]
+
+
+@pytest.fixture(scope="module")
+def torchrun_boot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A flight directory one real torchrun launch wrote under `rankscope run`: two gloo ranks
+    of the demo's workload (start-up, group creations, its framework phases) and the
+    launcher, armed too, with no rank."""
+    flight = tmp_path_factory.mktemp("torchrun") / "flight"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    torchrun += [f"--master-port={free_port()}"]
+    workload = [
+        "-m",
+        "rankscope.demo.workload",
+        "--tp",
+        "1",
+        "--steps",
+        "3",
+        "--step-interval",
+        "0.01",
+    ]
+    run = [sys.executable, "-m", "rankscope", "run", "--dir", str(flight), "--boot-id", BOOT, "--"]
+    done = subprocess.run(
+        [*run, *torchrun, *workload],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return flight
+
+
+def page_of(browser: Any, url: str) -> Any:
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page.goto(url + "/")
+    page.wait_for_function("() => Number(document.body.dataset.refreshed || 0) >= 1")
+    return page
+
+
+def test_the_waterfall_names_each_bar_by_its_span_and_keeps_every_bar_readable(
+    torchrun_boot: Path, tmp_path: Path, browser: Any
+) -> None:
+    cards = SimulatedCards(tmp_path / "cards.json")
+    cards.write()
+    with serve(torchrun_boot, cards.path) as url:
+        page = page_of(browser, url)
+        page.wait_for_selector(".wf-row[data-rank='1'] .wf-seg")
+        for rank in (0, 1):
+            row = page.locator(f".wf-row[data-rank='{rank}']")
+            spans = row.locator(".wf-seg").evaluate_all("els => els.map(e => e.dataset.span)")
+            # Interpreter and torch start-up is no group init; the gloo groups are no nccl.
+            assert spans[:2] == ["start-up", "gloo init"], spans
+            assert not [s for s in spans if "nccl_init_begin" in s or "nccl init" in s], spans
+            assert "pre_weight_load → weights_loaded" in spans, spans
+            first = row.locator(".wf-seg").first
+            assert first.get_attribute("data-from") == "process_start"
+        bars = page.eval_on_selector_all(
+            ".wf-seg",
+            "els => els.map(e => [e.dataset.span, e.getBoundingClientRect().width, e.innerText])",
+        )
+        # Each bar, a millisecond's included, is wide enough to read its duration.
+        narrow = [(name, width) for name, width, _ in bars if width < 40]
+        assert not narrow, narrow
+        assert all(re.match(r"(<1 ms|\d+ ms|\d+\.\d+ s) ", text) for _, _, text in bars), bars
+        # The legend names what the bars measure, each in a colour some bar draws.
+        legend = page.eval_on_selector_all(
+            ".wf-legend span",
+            "els => els.map(e => [e.innerText.trim(),"
+            " getComputedStyle(e.querySelector('i')).backgroundColor])",
+        )
+        drawn = page.eval_on_selector_all(
+            ".wf-seg", "els => els.map(e => [e.dataset.span, getComputedStyle(e).backgroundColor])"
+        )
+        assert sorted(map(tuple, legend)) == sorted(set(map(tuple, drawn)))
+        assert len({colour for _, colour in legend}) == len(legend), legend
+
+
+def test_the_launcher_is_a_process_with_no_rank_not_rank_unknown(
+    torchrun_boot: Path, tmp_path: Path, browser: Any
+) -> None:
+    cards = SimulatedCards(tmp_path / "cards.json")
+    cards.write()
+    with serve(torchrun_boot, cards.path) as url:
+        page = page_of(browser, url)
+        page.wait_for_selector(".wf-row[data-rank='1'] .wf-seg")
+        labels = page.locator(".wf-label").all_inner_texts()
+        assert labels[:2] == ["rank 0", "rank 1"], labels
+        (launcher,) = labels[2:]
+        assert re.fullmatch(r"pid \d+ \(no rank\)", launcher), labels
+        assert "?" not in " ".join(labels)
+
+
+def test_without_a_gpu_the_cards_say_so_plainly_and_draw_no_legend(
+    torchrun_boot: Path, browser: Any
+) -> None:
+    """The daemon's default device source, NVML, on this machine: a real NVML failure."""
+    with daemon(torchrun_boot.parent, torchrun_boot, free_port()) as d:
+        if d.get("/api/v1/cards")["cards"]:
+            pytest.skip("a GPU is visible here: NVML is up")
+        page = page_of(browser, d.url)
+        note = page.locator("#no-cards").inner_text()
+        assert note.startswith("No GPU to show: NVML is down"), note
+        assert "need no GPU" in note
+        assert not page.locator("#cards-section .legend").is_visible()
+        assert [name for name, _ in visible_legend(page)] == []
+
+
+def test_every_endpoint_is_in_the_header_and_nothing_follows_the_footer(
+    flight_dir: Path, tmp_path: Path, browser: Any
+) -> None:
+    cards = SimulatedCards(tmp_path / "cards.json")
+    cards.write()
+    with serve(flight_dir, cards.path) as url:
+        page = page_of(browser, url)
+        assert page.locator("header nav a[href='api/v1/oom']").count() == 1
+        assert page.locator("footer ~ *:not(script)").count() == 0
+        assert page.locator("nav.endpoints").count() == 0

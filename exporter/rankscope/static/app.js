@@ -5,8 +5,9 @@
 "use strict";
 
 const REFRESH_MS = 2000;
-const PHASE_COLOURS = [
-  "#3b6fd8", "#2a9d8f", "#e9a03b", "#8e5cc9", "#d8503b", "#5a8f29", "#c4458f", "#4a6a8a",
+// The waterfall's spans other than start-up and group init, which have their own colours.
+const SPAN_PALETTE = [
+  "#3b6fd8", "#e9a03b", "#8e5cc9", "#d8503b", "#5a8f29", "#c4458f", "#4a6a8a", "#a07a2c",
 ];
 
 // ---- small helpers ------------------------------------------------------------------------
@@ -199,82 +200,179 @@ function renderCard(card) {
   );
 }
 
+// Why there are no cards, said plainly: no GPU (NVML down), another source down, or not yet.
+function noCards(why) {
+  const down = /^device source (\S+) is down: ([\s\S]*)$/.exec(why || "");
+  const headline = !down
+    ? "No cards to show: " + (why || "none reported yet") + "."
+    : down[1] === "nvml"
+      ? "No GPU to show: NVML is down, so this daemon sees no GPU (none here, or no driver)."
+      : "No cards to show: the device source " + down[1] + " is down.";
+  return el(
+    "div",
+    { id: "no-cards" },
+    el("p", { class: "headline" }, headline),
+    down ? el("p", { class: "detail" }, "The error, retried with backoff: ", el("code", {}, down[2])) : null,
+    el("p", { class: "detail" }, "The boot phases and the census below come from the flight directory; they need no GPU."),
+  );
+}
+
 function renderCards(doc) {
   const cards = (doc && doc.cards) || [];
   const box = document.getElementById("cards");
+  // The legend names only what some bar draws (no floor configured: no floor entry; no
+  // cards: no legend at all).
+  const legend = document.querySelector("#cards-section .legend");
+  legend.hidden = !cards.length;
   if (!cards.length) {
-    replace(box, el("p", { class: "empty" }, (doc && doc.why) || "no cards reported yet"));
+    replace(box, noCards(doc && doc.why));
     return;
   }
   replace(box, cards.map(renderCard));
-  // The legend names only what some bar draws (no floor configured: no floor entry).
-  for (const entry of document.querySelectorAll(".legend [data-drawn]")) {
+  for (const entry of legend.querySelectorAll("[data-drawn]")) {
     entry.hidden = !box.querySelector(".bar " + entry.dataset.drawn);
   }
 }
 
 // ---- phase waterfall ----------------------------------------------------------------------
 
+// A bar is a span between two marks of one process, named by what it measures: "start-up"
+// from the process's start to its first phase (the interpreter and its imports), "gloo init"
+// or "nccl init" for a run of process-group creations back to back, else "from → to".
+const INIT_MARKS = ["nccl_init_begin", "nccl_init_end"];
+const START_UP = "start-up";
+const START_UP_COLOUR = "#8a99ad";
+const INIT_COLOUR = "#2a9d8f";
+
+function spanName(from, to) {
+  if (from.phase === "process_start" && to.phase !== "process_exit") return START_UP;
+  if (INIT_MARKS.includes(from.phase) && INIT_MARKS.includes(to.phase)) return "init";
+  return from.phase + " → " + to.phase;
+}
+
+function initBackend(marks) {
+  const named = marks.map((m) => m.extra && m.extra.backend).find((b) => typeof b === "string");
+  return (named || "group") + " init";
+}
+
+function processSpans(marks) {
+  const spans = [];
+  for (let i = 1; i < marks.length; i += 1) {
+    const name = spanName(marks[i - 1], marks[i]);
+    const prev = spans[spans.length - 1];
+    if (name === "init" && prev && prev.init) {
+      prev.to = marks[i];
+      prev.marks.push(marks[i]);
+    } else {
+      spans.push({ name, init: name === "init", from: marks[i - 1], to: marks[i], marks: [marks[i - 1], marks[i]] });
+    }
+  }
+  for (const span of spans.filter((sp) => sp.init)) {
+    span.name = initBackend(span.marks);
+    span.groups = span.marks
+      .filter((m) => m.phase === "nccl_init_end" && m.extra && m.extra.member !== false)
+      .map((m) => (m.extra && m.extra.group) || "?");
+  }
+  return spans;
+}
+
+function duration(s) {
+  if (!isNum(s)) return "—";
+  if (s < 0.0005) return "<1 ms";
+  return s < 1 ? Math.round(s * 1000) + " ms" : seconds(s);
+}
+
+// Widths grow with a span's seconds on a compressed (log) scale with a floor, shared by every
+// row, so 1 ms of weight loading stays a readable bar beside 2 s of start-up; each bar says
+// its own seconds. A process starting late starts its row later on the same scale.
+const SPAN_MIN_UNITS = 3;
+const SPAN_UNIT_SECONDS = 0.01;
+
+function units(secs, floor) {
+  return floor + Math.log1p(Math.max(secs, 0) / SPAN_UNIT_SECONDS);
+}
+
+function processLabel(p) {
+  return p.rank === null || p.rank === undefined ? "pid " + p.pid + " (no rank)" : rankLabel(p);
+}
+
+function spanBar(sp, t0, left, width, colour) {
+  const secs = sp.to.wall - sp.from.wall;
+  const groups = !sp.groups ? "" : " (" + sp.groups.length + " group" + (sp.groups.length === 1 ? "" : "s") +
+    (sp.groups.length ? ": " + sp.groups.join(", ") : "") + ")";
+  return el(
+    "div",
+    {
+      class: "wf-seg",
+      "data-span": sp.name,
+      "data-from": sp.from.phase,
+      "data-to": sp.to.phase,
+      title: sp.name + groups + ": " + duration(secs) + ", +" + (sp.from.wall - t0).toFixed(2) + " s to +" +
+        (sp.to.wall - t0).toFixed(2) + " s" + (sp.to.runner ? " [" + sp.to.runner + "]" : ""),
+      style: { left: left.toFixed(3) + "%", width: width.toFixed(3) + "%", background: colour },
+    },
+    duration(secs) + " " + sp.name,
+  );
+}
+
+function waterfallRow(row, t0, scale, colour) {
+  const { p, marks, spans } = row;
+  const track = el("div", { class: "wf-track" });
+  let at = row.lead;
+  for (const sp of spans) {
+    const width = units(sp.to.wall - sp.from.wall, SPAN_MIN_UNITS);
+    track.append(spanBar(sp, t0, (100 * at) / scale, (100 * width) / scale, colour(sp.name)));
+    at += width;
+  }
+  const ranked = isNum(p.rank);
+  const why = ranked ? "" : ": no launcher or framework gave it a rank (a launcher such as torchrun's, or a helper)";
+  const last = marks[marks.length - 1];
+  return el(
+    "div",
+    { class: "wf-row", "data-rank": p.rank, "data-pid": p.pid },
+    el("div", { class: "wf-label" + (ranked ? "" : " no-rank"), title: "pid " + p.pid + " on " + p.host + why },
+      processLabel(p)),
+    track,
+    el("div", { class: "wf-last", title: "latest mark, since the boot's first" }, last.phase + " +" + seconds(last.wall - t0)),
+  );
+}
+
 function renderPhases(doc) {
   const box = document.getElementById("phases");
-  const procs = ((doc && doc.processes) || []).filter((p) => (p.marks || []).length);
-  if (!procs.length) {
+  const rows = ((doc && doc.processes) || [])
+    .map((p) => ({ p, marks: (p.marks || []).filter((m) => isNum(m.wall)).sort((a, b) => a.wall - b.wall) }))
+    .filter((row) => row.marks.length);
+  if (!rows.length) {
     replace(box, el("p", { class: "empty" }, "no marks recorded for this boot yet"));
     return;
   }
-  let t0 = Infinity;
-  let t1 = -Infinity;
-  const phaseNames = [];
-  for (const p of procs) {
-    for (const m of p.marks) {
-      if (isNum(m.wall)) {
-        t0 = Math.min(t0, m.wall);
-        t1 = Math.max(t1, m.wall);
-      }
-      if (!phaseNames.includes(m.phase)) phaseNames.push(m.phase);
-    }
+  const t0 = Math.min(...rows.map((row) => row.marks[0].wall));
+  const names = [];
+  for (const row of rows) {
+    row.spans = processSpans(row.marks);
+    row.lead = units(row.marks[0].wall - t0, 0);
+    row.total = row.spans.reduce((sum, sp) => sum + units(sp.to.wall - sp.from.wall, SPAN_MIN_UNITS), row.lead);
+    for (const sp of row.spans) if (!names.includes(sp.name)) names.push(sp.name);
   }
-  const span = Math.max(t1 - t0, 1e-3);
-  const colour = (phase) => PHASE_COLOURS[phaseNames.indexOf(phase) % PHASE_COLOURS.length];
-  const rows = procs.map((p) => {
-    const marks = p.marks.filter((m) => isNum(m.wall)).sort((a, b) => a.wall - b.wall);
-    const track = el("div", { class: "wf-track" });
-    marks.forEach((m, i) => {
-      // A segment runs from the previous mark to this one and is named by this mark: the
-      // time the rank took to reach it.
-      const start = i === 0 ? m.wall : marks[i - 1].wall;
-      const left = (100 * (start - t0)) / span;
-      const width = Math.max((100 * (m.wall - start)) / span, 0.4);
-      track.append(
-        el(
-          "div",
-          {
-            class: "wf-seg",
-            "data-phase": m.phase,
-            title: m.phase + (m.runner ? " [" + m.runner + "]" : "") + " at +" +
-              (m.wall - t0).toFixed(2) + " s (" + (m.wall - start).toFixed(2) + " s after the previous mark)",
-            style: { left: left.toFixed(3) + "%", width: width.toFixed(3) + "%", background: colour(m.phase) },
-          },
-          m.phase,
-        ),
-      );
-    });
-    const last = marks.length ? marks[marks.length - 1].phase : "—";
-    return el(
-      "div",
-      { class: "wf-row", "data-rank": p.rank, "data-pid": p.pid },
-      el("div", { class: "wf-label", title: "pid " + p.pid + " on " + p.host }, rankLabel(p)),
-      track,
-      el("div", { class: "wf-last", title: "latest mark" }, last),
-    );
-  });
+  const scale = Math.max(...rows.map((row) => row.total), 1e-9);
+  const generic = names.filter((n) => n !== START_UP && !n.endsWith(" init"));
+  const colour = (name) =>
+    name === START_UP ? START_UP_COLOUR
+      : name.endsWith(" init") ? INIT_COLOUR
+        : SPAN_PALETTE[generic.indexOf(name) % SPAN_PALETTE.length];
   const legend = el(
     "div",
     { class: "wf-legend" },
-    phaseNames.map((name) => el("span", {}, el("i", { style: { background: colour(name) } }), name)),
+    names.map((name) => el("span", {}, el("i", { style: { background: colour(name) } }), name)),
   );
-  const axis = el("div", { class: "wf-axis" }, el("span", {}, "0 s"), el("span", {}, "+" + span.toFixed(2) + " s"));
-  replace(box, el("div", { class: "waterfall" }, rows, axis, legend));
+  const note = el(
+    "p",
+    { class: "wf-note" },
+    "Each bar is the time between two marks, named by what it measures and labelled with its " +
+      "duration; widths grow with duration on a compressed scale, so short phases stay readable. " +
+      "Right: each process's latest mark, seconds after the boot's first.",
+  );
+  replace(box, el("div", { class: "waterfall" }, rows.map((row) => waterfallRow(row, t0, scale, colour)), legend, note));
 }
 
 // ---- census -------------------------------------------------------------------------------
