@@ -8,39 +8,23 @@ that only boot a toy job. The version under test comes from a generated dist-inf
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tests.support.services import free_port
 
 from rankscope.rank.adapters import ADAPTERS
 from rankscope.rank.adapters.manifest import check_point
+from rankscope.rank.adapters.source import extract, module_path, wanted
 from rankscope.record import AdapterStatus, of_kind
 from rankscope.record.reader import read_flight
 from rankscope.reports.census import census_document
 from rankscope.reports.ledger import marks_of
-
-
-def _manifest_tool() -> Any:
-    """scripts/adapter-manifest.py, which extracts the manifest from a source (``extract``)."""
-    path = Path(__file__).resolve().parents[2] / "scripts" / "adapter-manifest.py"
-    spec = importlib.util.spec_from_file_location("adapter_manifest", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-TOOL = _manifest_tool()
-extract, module_path, wanted = TOOL.extract, TOOL.module_path, TOOL.wanted
-
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = ROOT / "tests" / "standins" / "packages"
@@ -78,10 +62,19 @@ def _site(tmp_path: Path, framework: str, version: str, tree: Path = STANDINS) -
     return site
 
 
-def _boot(tmp_path: Path, framework: str, site: Path, *, adapters: bool = True, steps: int = 4):
+def _boot(
+    tmp_path: Path,
+    framework: str,
+    site: Path,
+    *,
+    adapters: bool = True,
+    steps: int = 4,
+    extra_env: dict[str, str] | None = None,
+):
     """Run the fake boot as WORLD real processes; (flight dir, {rank: stdout}, {rank: rc})."""
     flight = tmp_path / ("flight" if adapters else "flight-off")
     env = {
+        **(extra_env or {}),
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "exporter")]),
         "RANKSCOPE_DIR": str(flight),
@@ -230,9 +223,12 @@ def test_vllm_adapter_marks_arenas_and_census_through_standins(tmp_path):
     assert doc["ranks"][0]["snapshots"] == 3  # one tick per engine step
 
 
-def test_an_unknown_version_leaves_one_line_and_an_untouched_job(tmp_path):
+CHECKED_ONLY = {"RANKSCOPE_ADAPTERS": "checked-only"}
+
+
+def test_checked_only_leaves_an_unknown_version_one_line_and_an_untouched_job(tmp_path):
     site = _site(tmp_path, "sglang", "0.4.0")
-    flight, outs, _ = _boot(tmp_path, "sglang", site)
+    flight, outs, _ = _boot(tmp_path, "sglang", site, extra_env=CHECKED_ONLY)
     _, baseline, _ = _boot(tmp_path, "sglang", site, adapters=False)
     records = read_flight(flight).records
     for rank in range(WORLD):
@@ -245,11 +241,61 @@ def test_an_unknown_version_leaves_one_line_and_an_untouched_job(tmp_path):
     for line in lines:
         assert line.body.status == "not_attached"
         assert line.body.version == "0.4.0"
-        assert line.body.failed_why == "sglang 0.4.0 is not a checked version"
+        assert line.body.failed_why == (
+            "sglang 0.4.0 is not a checked version (RANKSCOPE_ADAPTERS=checked-only)"
+        )
         assert line.body.hooks == ()
     assert marks_of(records) == []
     # Only the generic torch.distributed layer counted: no coordinator group instance.
     assert all(group != "tp:0-1" for group, _ in _dump_counts(census_document(read_flight(flight))))
+
+
+def test_a_next_release_with_every_hook_point_attaches_as_unverified(tmp_path):
+    """A synthetic "next release": the same source under a version no one checked. Every hook
+    point verifies in its installed source, so it attaches, and says it is unverified."""
+    site = _site(tmp_path, "sglang", "0.5.24")
+    flight, outs, _ = _boot(tmp_path, "sglang", site)
+    records = read_flight(flight).records
+    for rank in range(WORLD):
+        assert _job_output(outs[rank]) == JOB_OUTPUT.format(rank=rank)
+    lines = _adapter_lines(records)
+    assert len(lines) == WORLD
+    assert {(a.body.status, a.body.version) for a in lines} == {
+        ("attached_unverified_version", "0.5.24")
+    }
+    assert "sglang.srt.managers.scheduler:Scheduler.ingest_requests" in lines[0].body.hooks
+    assert [m.body.phase for m in marks_of(records)][-1] == "boot_complete"
+    assert _dump_counts(census_document(read_flight(flight)))[("tp:0-1", "all_reduce")] == {
+        "0": 6,
+        "1": 6,
+    }
+
+
+def test_a_next_release_with_a_hook_renamed_is_not_attached_with_one_line(tmp_path):
+    """The same next release with one hook point renamed (Scheduler.ingest_requests, a module
+    the scheduler process imports last): the run-time check finds it before anything is
+    installed; one line names it and the job runs as without the adapter."""
+    tree = tmp_path / "renamed"
+    shutil.copytree(STANDINS / "sglang", tree / "sglang")
+    scheduler = tree / "sglang" / "srt" / "managers" / "scheduler.py"
+    scheduler.write_text(scheduler.read_text().replace("ingest_requests", "ingest_reqs"))
+    site = _site(tmp_path, "sglang", "0.5.24", tree=tree)
+    flight, outs, _ = _boot(tmp_path, "sglang", site)
+    records = read_flight(flight).records
+    for rank in range(WORLD):
+        assert _job_output(outs[rank]) == JOB_OUTPUT.format(rank=rank)
+        assert _wrapped(outs[rank]) == []
+    lines = _adapter_lines(records)
+    assert len(lines) == WORLD  # one a process
+    assert {(a.body.status, a.body.failed_hook, a.body.failed_why) for a in lines} == {
+        (
+            "not_attached",
+            "sglang.srt.managers.scheduler:Scheduler.ingest_requests",
+            "sglang.srt.managers.scheduler:Scheduler.ingest_requests: "
+            "Scheduler defines no method ingest_requests",
+        )
+    }
+    assert marks_of(records) == []
 
 
 def test_a_missing_hook_point_detaches_everything_with_one_line(tmp_path):

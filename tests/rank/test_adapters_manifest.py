@@ -5,30 +5,15 @@ the check failing on a copy of the manifest with a hook target renamed."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rankscope.rank.adapters import ADAPTERS
 from rankscope.rank.adapters.manifest import check, load
 from rankscope.rank.adapters.points import HookPoint
-
-
-def _manifest_tool() -> Any:
-    """scripts/adapter-manifest.py, which extracts the manifest from a source (``extract``)."""
-    path = Path(__file__).resolve().parents[2] / "scripts" / "adapter-manifest.py"
-    spec = importlib.util.spec_from_file_location("adapter_manifest", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-extract = _manifest_tool().extract
+from rankscope.rank.adapters.source import extract
 
 MANIFEST = load()
 BY_NAME = {a.framework: a for a in ADAPTERS}

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.rank.adapters.points import Adapter, HookPoint
+from rankscope.rank.adapters.source import Params
 
 MANIFEST_PATH = Path(__file__).with_name("manifest.json")
-
-Params = list[list[str]]
 
 
 def _check_params(point: HookPoint, params: Params) -> list[str]:

@@ -3,6 +3,7 @@
 An adapter declares every place it touches in a framework as a :class:`HookPoint`, which
 the committed manifest is checked against (rankscope.rank.adapters.manifest). At run time it
 attaches module by module as each is imported: the installed version must be a checked one,
+or one whose installed source offers every hook point (rankscope.rank.adapters.verify);
 every hook point of the module is resolved before any is installed, and on any failure
 everything installed is undone, so the job runs untouched. Either way the process's record
 gets one ``adapter`` line saying what attached, or which hook could not and why.
@@ -49,6 +50,10 @@ class HookPoint:
     def name(self) -> str:
         return f"{self.module}:{self.qualname}"
 
+
+# The status of an attach to a version that is not a checked one, each hook point verified
+# in its installed source at run time.
+ATTACHED_UNVERIFIED = "attached_unverified_version"
 
 Undo = Callable[[], None]
 # module -> the undo of everything it installed; raises AttachError when a point is missing.
@@ -156,6 +161,7 @@ class Adapter:
         self._done: set[str] = set()
         self.hooks: list[str] = []
         self.booted = False  # first_forward marked
+        self.unverified = False  # attached to a version verified at run time, not checked
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
 
@@ -164,7 +170,7 @@ class Adapter:
         self._lock = threading.RLock()
         if self.state == "attached":
             try:
-                self._write("attached", None)
+                self._write(self._attached_status(), None)
             except Exception as exc:
                 log.warning("rankscope adapter %s: %r", self.framework, exc)
 
@@ -191,13 +197,11 @@ class Adapter:
             with contextlib.suppress(Exception):  # no distribution metadata: None
                 self.version = importlib.metadata.version(self.distribution)
             if not is_checked(self.version, self.checked_versions):
-                why = (
-                    f"{self.distribution} {self.version} is not a checked version"
-                    if self.version is not None
-                    else f"no {self.distribution} distribution metadata: version unknown"
-                )
-                self._give_up(name, why)
-                return
+                failed = self._unchecked_failure(name)
+                if failed is not None:
+                    self._give_up(*failed)
+                    return
+                self.unverified = True
             self.state = "attaching"
             # A process that imports only some of the modules (a front-end process) still
             # gets its one line, at exit, with the modules that never came as pending.
@@ -215,13 +219,28 @@ class Adapter:
         required = set(self.installers()) - set(self.deferred)
         if self.state == "attaching" and required <= self._done:
             self.state = "attached"
-            self._write("attached", None)
+            self._write(self._attached_status(), None)
+
+    def _unchecked_failure(self, module: str) -> tuple[str, str] | None:
+        """Why a version that is not a checked one cannot attach, or None: every hook point
+        verified in its installed source. RANKSCOPE_ADAPTERS=checked-only: never attach."""
+        # imported here: the check is built on the manifest's, which needs this module
+        from rankscope.rank.adapters import verify
+
+        if self.version is None:
+            return module, f"no {self.distribution} distribution metadata: version unknown"
+        if verify.checked_only():
+            return module, (
+                f"{self.distribution} {self.version} is not a checked version "
+                f"({verify.ENV_ADAPTERS}={verify.CHECKED_ONLY})"
+            )
+        return verify.first_problem(self)
 
     def _at_exit(self) -> None:
         with self._lock:
             if self.state == "attaching":
                 self.state = "attached"
-                self._write("attached", None)
+                self._write(self._attached_status(), None)
 
     def _give_up(self, point: str, why: str) -> None:
         was = self.state
@@ -241,8 +260,11 @@ class Adapter:
         self._write("detached" if was == "attached" else "not_attached", (point, why))
         self.hooks = []
 
+    def _attached_status(self) -> str:
+        return ATTACHED_UNVERIFIED if self.unverified else "attached"
+
     def _write(self, status: str, failed: tuple[str, str] | None) -> None:
-        attached = status == "attached"
+        attached = status in ("attached", ATTACHED_UNVERIFIED)
         RECORDER.write_record(
             AdapterStatus(
                 framework=self.framework,
