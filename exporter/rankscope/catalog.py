@@ -362,13 +362,20 @@ CATALOG: tuple[Metric, ...] = (
         (
             "rankscope_flight_lines_skipped_total",
             "Flight-record lines skipped by the reader, by reason (torn, malformed, newer_schema, "
-            "oversized).",
+            "oversized, too_deep: nested past the parse's depth limit).",
         ),
         (
             "rankscope_flight_fields_invalid_total",
             "Flight-record values the reader nulled as impossible (a negative or absurd byte "
             "count, a non-finite time), by field; the line itself was kept.",
             ("field",),
+        ),
+        ("rankscope_flight_files", "Flight files the daemon tracks in the flight directory.", ()),
+        (
+            "rankscope_flight_files_unreadable",
+            "Flight files the daemon's last try could not read (a permission, an I/O error); "
+            "each is retried when it changes, and the other files are read meanwhile.",
+            (),
         ),
     ),
 )

@@ -253,16 +253,28 @@ def test_readiness_says_why_it_is_not_ready(tmp_path: Path, serve_app: ServeApp)
     assert response.status_code == 503
     assert str(not_a_dir) in response.json()["problems"][0]
     assert client.get("/healthz").status_code == 200
+    later = FlightState(tmp_path / "not-yet")
     ok = serve_app(
         create_app(
             registry=TimedCollectors().registry(),
-            state=FlightState(tmp_path / "not-yet"),
+            state=later,
             phases_report=phases_document,
             census_report=census_document,
         )
     )
-    assert ok.get("/readyz").json() == {"ready": True, "problems": []}
+    # A directory no job has made yet: not ready (a mistyped path shows), the API answers.
+    not_yet = ok.get("/readyz")
+    assert not_yet.status_code == 503
+    missing = f"flight directory {tmp_path / 'not-yet'}: no such directory"
+    assert not_yet.json()["problems"] == [missing]
     assert ok.get("/api/v1/boots").json() == {"boots": []}
+    (tmp_path / "not-yet").mkdir()
+    later.refresh()  # as the daemon's refresher does
+    assert ok.get("/readyz").json() == {
+        "ready": True,
+        "problems": [],
+        "flight": {"files": 0, "unreadable": 0},
+    }
 
 
 def _children(pid: int) -> list[int]:
@@ -319,7 +331,9 @@ def test_the_api_answers_from_the_tailed_state_without_rereading_per_request(
     polls: list[int] = []
     real_poll = state._reader.poll
     monkeypatch.setattr(
-        state._reader, "poll", lambda budget=None: polls.append(1) or real_poll(budget)
+        state._reader,
+        "poll",
+        lambda budget=None, changed=None: polls.append(1) or real_poll(budget, changed),
     )
     proc_walks: list[str] = []
     monkeypatch.setattr(flightstate, "list_pids", lambda proc: proc_walks.append(proc) or [])

@@ -159,7 +159,13 @@ def test_torn_and_newer_lines_are_counted_not_fatal(flight_dir: Path) -> None:
         f.write(b'{"v": 1, "kind": "mark", "bo\n')
     state = FlightState(flight_dir)
     state.refresh()
-    assert state.view().skipped == {"torn": 1, "malformed": 1, "newer_schema": 1, "oversized": 0}
+    assert state.view().skipped == {
+        "torn": 1,
+        "malformed": 1,
+        "newer_schema": 1,
+        "oversized": 0,
+        "too_deep": 0,
+    }
     assert len(state.view().streams[0].marks) == 1
 
 

@@ -59,11 +59,17 @@ class Daemon:
 
 @contextlib.contextmanager
 def daemon(
-    flight_dir: Path, tmp_path: Path, *args: str, port: int | None = None
+    flight_dir: Path,
+    tmp_path: Path,
+    *args: str,
+    port: int | None = None,
+    wrap: tuple[str, ...] = (),
 ) -> Iterator[Daemon]:
+    """``wrap`` prefixes the command (e.g. setpriv, to run without some capabilities)."""
     port = port or free_port()
     log = tmp_path / "serve.log"
     cmd = [
+        *wrap,
         sys.executable,
         "-m",
         "rankscope",

@@ -59,7 +59,7 @@ def test_bad_lines_are_counted_and_good_ones_kept(served: tuple[Daemon, int]) ->
     d, _ = served
     assert phase_stamps(d, "boot-sound") == sorted(["weights_loaded", EVIL])
     skipped = {lab["reason"]: v for lab, v in d.samples("rankscope_flight_lines_skipped_total")}
-    assert skipped == {"torn": 1, "malformed": 2, "newer_schema": 1, "oversized": 0}
+    assert skipped == {"torn": 1, "malformed": 2, "newer_schema": 1, "oversized": 0, "too_deep": 0}
 
 
 def test_hostile_label_values_round_trip(served: tuple[Daemon, int]) -> None:

@@ -333,7 +333,13 @@ def test_the_phases_document(flight_dir: Path) -> None:
     fixture_flight(flight_dir)
     doc = phases_document(read_flight(flight_dir))
     assert doc["boot"] == "b1"
-    assert doc["skipped"] == {"torn": 1, "malformed": 0, "newer_schema": 0, "oversized": 0}
+    assert doc["skipped"] == {
+        "torn": 1,
+        "malformed": 0,
+        "newer_schema": 0,
+        "oversized": 0,
+        "too_deep": 0,
+    }
     assert [(p["pid"], p["rank"]) for p in doc["processes"]] == [(10, 0), (11, 1)]
     p10 = doc["processes"][0]
     assert [m["phase"] for m in p10["marks"]] == ["pre_weight_load", "weights_loaded"]

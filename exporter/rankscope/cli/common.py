@@ -37,16 +37,20 @@ def add_boot(parser: argparse.ArgumentParser, verb: str = "show") -> None:
 
 def open_flight(args: argparse.Namespace, **scope: Any) -> Flight | None:
     """The flight in DIR (``scope`` as read_flight takes it), or None once the reason it
-    cannot be read is on stderr (the command then exits 2)."""
+    cannot be read is on stderr (the command then exits 2). A file that cannot be read is
+    named on stderr and left out; the others are read."""
     command = f"rankscope {args._command}"
     if not args.flight_dir:
         print(f"{command}: give DIR or set {ENV_DIR}", file=sys.stderr)
         return None
     try:
-        return read_flight(args.flight_dir, **scope)
+        flight = read_flight(args.flight_dir, **scope)
     except (OSError, BootNotFoundError) as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return None
+    for name, why in sorted(flight.unreadable.items()):
+        print(f"{command}: cannot read {name} ({why}); its records are left out", file=sys.stderr)
+    return flight
 
 
 def no_boots_hint(flight_dir: str) -> str:

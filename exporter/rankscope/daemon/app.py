@@ -103,11 +103,12 @@ def _readiness(
         problems: list[str] = []
         if state.up is None:
             state.refresh()
-        if not state.up:
-            problems.append(f"flight directory {state.flight_dir}: {state.error}")
-        elif state.backlog:
+        flight = state.health()
+        if flight.directory_error is not None:
+            problems.append(f"flight directory {state.flight_dir}: {flight.directory_error}")
+        elif flight.backlog:
             problems.append(
-                f"catching up: {state.backlog / 2**20:.1f} MiB of flight directory "
+                f"catching up: {flight.backlog / 2**20:.1f} MiB of flight directory "
                 f"{state.flight_dir} left to read"
             )
         if cards is not None and not cards.tried.is_set():
@@ -115,7 +116,7 @@ def _readiness(
         running = collecting() if collecting is not None else None
         if running is not None and running > STUCK_SCRAPE_SECONDS:
             problems.append(f"a scrape has been collecting for {running:.0f}s")
-        body = {"ready": not problems, "problems": problems}
+        body = {"ready": not problems, "problems": problems, "flight": flight.as_json()}
         return json_response(body, status=200 if not problems else 503)
 
     return readyz

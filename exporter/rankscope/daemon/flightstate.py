@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from rankscope.daemon.dirwatch import DirWatch
 from rankscope.procfs import (
     DEFAULT_ROOT,
     HOST_PIDNS_INODE,
@@ -22,7 +23,6 @@ from rankscope.procfs import (
 )
 from rankscope.record import Census, CensusDump, Divergence, Line, Mark, Oom
 from rankscope.record.reader import (
-    FILE_SUFFIX,
     SKIP_REASONS,
     BootNotFoundError,
     BootSummary,
@@ -84,6 +84,19 @@ class StreamState:
 
 
 @dataclass(frozen=True)
+class FlightHealth:
+    """The flight directory's part of readiness."""
+
+    files: int  # flight files tracked
+    unreadable: int  # of them, how many the last try could not read
+    directory_error: str | None  # the directory is missing or cannot be listed
+    backlog: int  # bytes left to read (catching up)
+
+    def as_json(self) -> dict[str, object]:
+        return {"files": self.files, "unreadable": self.unreadable}
+
+
+@dataclass(frozen=True)
 class FlightView:
     """A consistent copy of the state for one scrape or one API answer."""
 
@@ -92,6 +105,7 @@ class FlightView:
     boots: tuple[str, ...]  # oldest first, by first record
     skipped: dict[str, int]
     invalid: dict[str, int]  # field name -> values nulled by the parse (rankscope.record.codec)
+    unreadable: int  # flight files the last try could not read
 
     @property
     def latest_boot(self) -> str | None:
@@ -119,6 +133,7 @@ class FlightState:
         exited_grace: float = EXITED_GRACE_S,
         proc: str = DEFAULT_ROOT,
         read_budget: int = READ_BUDGET_BYTES,
+        use_inotify: bool = True,
     ) -> None:
         self.flight_dir = Path(flight_dir)
         self.read_budget = read_budget
@@ -138,31 +153,55 @@ class FlightState:
         self.error: str | None = None
         self.refreshed_at: float | None = None  # time.monotonic() of the last refresh
         self._host_pids: dict[tuple[str, int, int | None], int | None] = {}
+        self._watch = DirWatch(self.flight_dir, use_inotify)
+        self._exit_candidates: list[RankProcess] | None = None  # None: streams changed
+        self._boots: list[BootSummary] | None = None  # None: streams changed
 
     def refresh(self) -> bool:
-        """False (and ``error`` set) when the directory cannot be read: a down source."""
+        """Reads what changed (only the files the watch names, or a full pass). False (and
+        ``error`` set) when the directory cannot be listed: a down source. One file that
+        cannot be read fails alone (``health().unreadable``)."""
         with self._polling:
             try:
-                records = self._reader.poll(self.read_budget)
-                restarted = self._reader.restarted
-                present = _present_files(self.flight_dir)
+                records = self._reader.poll(self.read_budget, self._watch.changes())
             except OSError as exc:
                 with self._lock:
                     self.up, self.error = False, str(exc)
                 return False
+            reader = self._reader
             self._note_directory()
-            self._note_backlog(self._reader.backlog)
-            self._note_exits()
+            self._note_backlog(reader.backlog)
             with self._lock:
                 # A file truncated or replaced is read again: its old state goes first.
-                self._forget_missing(present - restarted)
+                if reader.removed or reader.restarted:
+                    self._forget_missing(reader.present - reader.restarted)
                 for rec in records:
                     self._add(rec)
-                self._forget_missing(present)
-                self._resolve_new_processes()
+                if records:
+                    self._changed()
+                    self._resolve_new_processes()
                 self.up, self.error = True, None
                 self.refreshed_at = time.monotonic()
+            self._note_exits()
             return True
+
+    def health(self) -> FlightHealth:
+        """What readiness reports of the flight directory, from the last refresh."""
+        with self._lock:
+            reader = self._reader
+            return FlightHealth(
+                files=len(reader.present),
+                unreadable=len(reader.unreadable),
+                directory_error=self._directory_error(),
+                backlog=self.backlog,
+            )
+
+    def _directory_error(self) -> str | None:
+        if self.up is False:
+            return self.error
+        if not self._dir_seen:
+            return "no such directory"
+        return None
 
     def _note_backlog(self, backlog: int) -> None:
         """Logs a backlog (a large directory at start-up) when it appears and when read."""
@@ -181,22 +220,34 @@ class FlightState:
         self.backlog = backlog
 
     def _note_exits(self) -> None:
-        """When each process of this host's PID namespace was first found gone."""
+        """When each process of this host's PID namespace was first found gone; one found
+        gone stays gone (its pid and start time never come back), so only the living are
+        looked at again."""
         with self._lock:
-            processes = {st.process for st in self._streams.values()}
+            if self._exit_candidates is None:
+                processes = {st.process for st in self._streams.values()}
+                self._exited_at = {p: t for p, t in self._exited_at.items() if p in processes}
+                self._exit_candidates = [
+                    p
+                    for p in processes
+                    if p.host == self._host
+                    and p.pidns == HOST_PIDNS_INODE
+                    and p.start_ticks is not None
+                ]
+            candidates = [p for p in self._exit_candidates if p not in self._exited_at]
         now = time.monotonic()
-        for p in processes:
-            if p.host != self._host or p.pidns != HOST_PIDNS_INODE or p.start_ticks is None:
-                continue
-            if read_start_ticks(p.pid, self._proc) == p.start_ticks:
-                self._exited_at.pop(p, None)
-            else:
-                self._exited_at.setdefault(p, now)
-        self._exited_at = {p: t for p, t in self._exited_at.items() if p in processes}
+        for p in candidates:
+            if read_start_ticks(p.pid, self._proc) != p.start_ticks:
+                self._exited_at[p] = now
 
     def _note_directory(self) -> None:
-        """Logs the flight directory going away and coming back."""
+        """Logs the flight directory missing at start, going away and coming back."""
         exists = self.flight_dir.is_dir()
+        if self.refreshed_at is None and not exists:
+            log.warning(
+                "flight directory %s does not exist; /readyz answers 503 until it does",
+                self.flight_dir,
+            )
         if self._dir_seen and not exists:
             self._dir_lost = True
             log.warning(
@@ -214,9 +265,19 @@ class FlightState:
         if at is None or time.monotonic() - at >= max_age:
             self.refresh()
 
+    def _changed(self) -> None:
+        """The streams changed: what is derived from all of them is computed again."""
+        self._exit_candidates = None
+        self._boots = None
+
+    def _summaries(self) -> list[BootSummary]:
+        if self._boots is None:
+            self._boots = _summaries(self._by_boot())
+        return self._boots
+
     def view(self) -> FlightView:
         with self._lock:
-            boots = tuple(b.boot for b in _summaries(self._by_boot()))
+            boots = tuple(b.boot for b in self._summaries())
             # Series of a process gone past the grace go (the API and CLI still show it).
             gone_before = time.monotonic() - self.exited_grace
             streams = tuple(
@@ -230,12 +291,13 @@ class FlightState:
                 boots=boots,
                 skipped={reason: self._reader.skipped[reason] for reason in SKIP_REASONS},
                 invalid=dict(self._reader.invalid),
+                unreadable=len(self._reader.unreadable),
             )
 
     def boots(self) -> list[BootSummary]:
         """Every boot the state holds, oldest first (what /api/v1/boots returns)."""
         with self._lock:
-            return _summaries(self._by_boot())
+            return list(self._summaries())
 
     def flight(self, boot: str | None = None) -> Flight:
         """One boot's records (the latest by default) as a one-shot read gives them."""
@@ -332,6 +394,7 @@ class FlightState:
         for key in gone:
             del self._streams[key]
         if gone:
+            self._changed()
             live = {st.process.key for st in self._streams.values()}
             for process in [p for p in self._host_pids if p not in live]:
                 del self._host_pids[process]
@@ -366,13 +429,6 @@ def _summaries(by_boot: dict[str, list[StreamState]]) -> list[BootSummary]:
         )
         for boot in order
     ]
-
-
-def _present_files(flight_dir: Path) -> set[str]:
-    try:
-        return {e.name for e in os.scandir(flight_dir) if e.name.endswith(FILE_SUFFIX)}
-    except FileNotFoundError:
-        return set()  # no job has written yet: nothing recorded, not an error
 
 
 def _round_wall(line: Line[Divergence]) -> tuple[int, float]:

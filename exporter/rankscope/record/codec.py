@@ -9,10 +9,17 @@ goes to ``bad``: the line is kept. A ``required`` field missing or wrong: ``pars
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, field, fields
 from functools import partial
 from typing import Any, ClassVar, NamedTuple, TypeVar
+
+# Far deeper than any record the probe writes, with room for a user's extra; a line nested past it is skipped before the JSON parser recurses into it.
+MAX_DEPTH = 64
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_OPEN_CLOSE = bytes.maketrans(b"[{]}", b"(())")
+_NOT_BRACKET = bytes(c for c in range(256) if c not in b"[{]}")
 
 # No card holds a pebibyte: a byte count at or past 2**50 is a corrupted value, not a reading.
 MAX_BYTES = 1 << 50
@@ -21,6 +28,21 @@ Json = dict[str, Any]
 Bad = list[str]  # names of the fields a parse rejected, e.g. "mark.torch.reserved"
 # A validator: (raw value, bad, dotted name) -> the value, or None and the name in bad.
 Parse = Callable[[Any, Bad, str], Any]
+
+
+def nested_deeper_than(text: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether the JSON ``text`` nests arrays and objects more than ``limit`` deep, found
+    without parsing it: outside its strings, innermost bracket pairs are peeled off a level
+    at a time (C-speed passes, at most ``limit`` of them)."""
+    if text.count(b"[") + text.count(b"{") <= limit:
+        return False
+    shape = _STRING.sub(b"", text).translate(_OPEN_CLOSE, _NOT_BRACKET)
+    for depth in range(limit + 1):
+        if b"()" not in shape:
+            # What is left never closes; each unclosed opener is one more level.
+            return depth + shape.count(b"(") > limit
+        shape = shape.replace(b"()", b"")
+    return True
 
 
 def reject(value: Any, bad: Bad, name: str) -> Any:

@@ -1,6 +1,6 @@
 """Reading flight directories (docs/architecture.md, "The record"): one-shot reads scoped to
 a boot, and an incremental tail. What a crash leaves never fails a read: a line is skipped
-and counted (``torn``, ``malformed``, ``newer_schema``, ``oversized``); only regular files
+and counted (``torn``, ``malformed``, ``newer_schema``, ``oversized``, ``too_deep``); only regular files
 are read, never blocking; a value that fails validation is None, counted in ``invalid``.
 """
 
@@ -18,10 +18,11 @@ from typing import Any
 
 from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.record import SCHEMA_VERSION, AnyLine, Bad, parse_object
+from rankscope.record.codec import nested_deeper_than
 
 Record = AnyLine
 
-SKIP_REASONS = ("torn", "malformed", "newer_schema", "oversized")
+SKIP_REASONS = ("torn", "malformed", "newer_schema", "oversized", "too_deep")
 FILE_SUFFIX = ".jsonl"
 MAX_LINE_BYTES = 4 << 20  # a mark with a large NVML process map is ~10 KiB
 READ_CHUNK = 1 << 20
@@ -56,6 +57,8 @@ def parse_line(raw: bytes, file: str = "", bad: Bad | None = None) -> Record | s
     text = raw.strip()
     if not text:
         return None
+    if nested_deeper_than(text):
+        return "too_deep"
     try:
         obj = json.loads(text)
     except (ValueError, UnicodeDecodeError):
@@ -70,6 +73,11 @@ def parse_line(raw: bytes, file: str = "", bad: Bad | None = None) -> Record | s
         return "newer_schema"
     line = parse_object(obj, [] if bad is None else bad, file)
     return "malformed" if line is None else line
+
+
+def _flight_names(flight_dir: Path) -> set[str]:
+    """The names of the flight files in ``flight_dir``, symlinks left out (and logged)."""
+    return {path.name for path in _flight_files(flight_dir)}
 
 
 def _flight_files(flight_dir: Path) -> list[Path]:
@@ -137,41 +145,114 @@ class _Tail:
     oversized: bool = False  # inside a line past MAX_LINE_BYTES: dropped up to its newline
 
 
+# A poll logs this many files that turned unreadable by name, then only how many more.
+LOG_UNREADABLE_NAMES = 5
+
+
 class FlightReader:
     """Incremental tail of a flight directory; the daemon polls it. A file replaced in place
     (new inode, or shorter than what was read) is read again from its start and named in
-    ``restarted`` after that poll, so a holder of its earlier records drops them first."""
+    ``restarted`` after that poll, so a holder of its earlier records drops them first.
+
+    A poll opens only files whose size or inode moved. Each file fails alone: an error
+    reading one is kept in ``unreadable`` (name -> error), logged when it starts and ends,
+    and neither stops the other files nor moves any read position; the file is tried again
+    when it changes or at the next full pass."""
 
     def __init__(self, flight_dir: str | os.PathLike[str]) -> None:
         self.flight_dir = Path(flight_dir)
         self.skipped: collections.Counter[str] = collections.Counter()
         self.invalid: collections.Counter[str] = collections.Counter()  # per field name
         self.restarted: set[str] = set()
+        self.removed: set[str] = set()  # files gone since the previous poll
+        self.present: set[str] = set()  # the directory's flight files as last seen
+        self.unreadable: dict[str, str] = {}
         self.backlog = 0  # bytes left unread by the last poll (past its budget)
         self._tails: dict[str, _Tail] = {}
+        self._unfinished: set[str] = set()  # files a budget left partly unread
 
-    def poll(self, budget: int | None = None) -> list[Record]:
-        """The lines appended since the last poll; with ``budget``, at most that many bytes
-        are read and the rest is counted in ``backlog`` for the next poll."""
+    def poll(self, budget: int | None = None, changed: Iterable[str] | None = None) -> list[Record]:
+        """The lines appended since the last poll. ``changed`` names the only files that may
+        have changed since (a watcher's word); None lists the directory and checks every
+        file by stat. With ``budget``, at most that many bytes are read and the rest is
+        counted in ``backlog`` for the next poll. OSError only when the directory cannot be
+        listed."""
         records: list[Record] = []
-        present: set[str] = set()
-        self.restarted = set()
+        self.restarted, self.removed = set(), set()
+        if changed is None:
+            listed = _flight_names(self.flight_dir)
+            for gone in self.present - listed:
+                self._gone(gone)
+            names = listed
+        else:
+            names = {n for n in changed if n.endswith(FILE_SUFFIX)} | self._unfinished
         left = budget if budget is not None else -1
         self.backlog = 0
-        for path in _flight_files(self.flight_dir):
-            name = path.name
-            present.add(name)
+        self._unfinished = set()
+        failed: list[str] = []
+        for name in sorted(names):
             try:
-                if left != 0:
-                    read = self._poll_file(path, records, left)
-                    left = max(left - read, 0) if left > 0 else left
-                if left == 0:
-                    self.backlog += self._unread(path)
-            except FileNotFoundError:  # removed between the listing and the open
-                present.discard(name)
-        for gone in set(self._tails) - present:
-            del self._tails[gone]
+                left = self._poll_name(name, records, left)
+            except OSError as exc:
+                if name not in self.unreadable:
+                    failed.append(name)
+                self.unreadable[name] = exc.strerror or str(exc)
+        self._log_unreadable(failed)
         return records
+
+    def _poll_name(self, name: str, records: list[Record], left: int) -> int:
+        """Reads what file ``name`` appended within ``left`` bytes (-1: no bound); what is
+        left of the budget."""
+        path = self.flight_dir / name
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            self._gone(name)
+            return left
+        if stat.S_ISLNK(st.st_mode):
+            _warn_once(str(path), "is a symlink; not followed")
+            self._gone(name)
+            return left
+        self.present.add(name)
+        tail = self._current(name, st)
+        unread = st.st_size - (tail.offset if tail else 0)
+        if unread <= 0 and tail is not None:
+            return left  # unchanged: not even opened
+        if left == 0:
+            self.backlog += unread
+            self._unfinished.add(name)
+            return left
+        read = self._poll_file(path, records, left)
+        if self.unreadable.pop(name, None) is not None:
+            log.warning("flight file %s is readable again", path)
+        if left > 0:
+            left = max(left - read, 0)
+            if read < unread:
+                self.backlog += unread - read
+                self._unfinished.add(name)
+        return left
+
+    def _gone(self, name: str) -> None:
+        self.present.discard(name)
+        self._tails.pop(name, None)
+        self.unreadable.pop(name, None)
+        if name not in self.restarted:
+            self.removed.add(name)
+
+    def _log_unreadable(self, failed: list[str]) -> None:
+        for name in failed[:LOG_UNREADABLE_NAMES]:
+            log.warning(
+                "flight file %s cannot be read (%s); the other files go on, and it is "
+                "tried again when it changes",
+                self.flight_dir / name,
+                self.unreadable[name],
+            )
+        if len(failed) > LOG_UNREADABLE_NAMES:
+            log.warning(
+                "%d more flight files in %s cannot be read",
+                len(failed) - LOG_UNREADABLE_NAMES,
+                self.flight_dir,
+            )
 
     def _current(self, name: str, st: os.stat_result) -> _Tail | None:
         """The tail of file ``name`` unless the file was replaced since (or is new)."""
@@ -179,11 +260,6 @@ class FlightReader:
         if tail is None or tail.inode != st.st_ino or st.st_size < tail.offset:
             return None
         return tail
-
-    def _unread(self, path: Path) -> int:
-        st = path.lstat()
-        tail = self._current(path.name, st)
-        return st.st_size - (tail.offset if tail else 0)
 
     def _poll_file(self, path: Path, records: list[Record], budget: int = -1) -> int:
         """Read what ``path`` appended, at most ``budget`` bytes unless negative; bytes read."""
@@ -247,6 +323,7 @@ class Flight:
     boot: str | None  # the selected boot (None when all_boots or the directory is empty)
     skipped: collections.Counter[str] = field(default_factory=collections.Counter)
     invalid: collections.Counter[str] = field(default_factory=collections.Counter)
+    unreadable: dict[str, str] = field(default_factory=dict)  # file name -> why, left out
 
 
 def summarize_boots(records: Iterable[Record]) -> list[BootSummary]:
@@ -293,6 +370,7 @@ def read_flight(
     records: list[Record] = []
     skipped: collections.Counter[str] = collections.Counter()
     invalid: collections.Counter[str] = collections.Counter()
+    unreadable: dict[str, str] = {}
     for path in _flight_files(root):
         try:
             fd = _open_regular(path)
@@ -302,8 +380,9 @@ def read_flight(
                 data = f.read()
         except FileNotFoundError:
             continue
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot read flight file {path}: {exc.strerror}") from exc
+        except OSError as exc:  # this file's records are left out, the others read
+            unreadable[path.name] = exc.strerror or str(exc)
+            continue
         cut = data.rfind(b"\n")
         _parse_into(data[: cut + 1], path.name, records, skipped, invalid)
         if data[cut + 1 :].strip():
@@ -311,10 +390,10 @@ def read_flight(
             skipped["torn"] += 1
     boots = summarize_boots(records)
     if all_boots:
-        return Flight(records=records, boots=boots, boot=None, skipped=skipped, invalid=invalid)
+        return Flight(records, boots, None, skipped, invalid, unreadable)
     known = [b.boot for b in boots]
     if boot is not None and boot not in known:
         raise BootNotFoundError(boot, known)
     selected = boot if boot is not None else (known[-1] if known else None)
     chosen = [r for r in records if r.header.boot == selected]
-    return Flight(records=chosen, boots=boots, boot=selected, skipped=skipped, invalid=invalid)
+    return Flight(chosen, boots, selected, skipped, invalid, unreadable)

@@ -47,7 +47,12 @@ class SelfCollector:
         invalid = counter("rankscope_flight_fields_invalid_total")
         for name, n in sorted(view.invalid.items()):
             add(invalid, (name,), n)
-        yield from (build_info, started, up, skipped, invalid)
+        health = self.state.health()
+        files = gauge("rankscope_flight_files")
+        add(files, (), health.files)
+        unreadable = gauge("rankscope_flight_files_unreadable")
+        add(unreadable, (), health.unreadable)
+        yield from (build_info, started, up, skipped, invalid, files, unreadable)
 
 
 def process_start_time() -> float | None:
