@@ -4,9 +4,11 @@ serving TLS with a self-signed certificate made here."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import ipaddress
 import ssl
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -205,9 +207,14 @@ def test_inline_certificate_and_key_make_a_context_and_never_show_in_repr(tmp_pa
     tls = parse_web_config(text, tmp_path).tls
     assert tls is not None and tls.cert_file is None and tls.key_file is None
     assert "PRIVATE KEY" not in repr(tls) and "inline key" in tls.describe()
+    temporary = Path(tempfile.gettempdir())
+    before = set(temporary.glob("rankscope-tls-*"))
     assert isinstance(tls.context(), ssl.SSLContext)
     assert tls.expired(0.0) is None
-    assert list(tmp_path.glob("**/key.pem")) == []
+    assert set(temporary.glob("rankscope-tls-*")) == before  # the key's copy is gone
+    broken = dataclasses.replace(tls, key=tls.key.replace("A", "B") if tls.key else None)
+    with pytest.raises(ssl.SSLError):
+        broken.context()
 
 
 def test_missing_certificate_files_are_named(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ class Client:
     tls: bool = True
     cert: str | None = None
     max_tls11: bool = False
+    min_tls13: bool = False
     ciphers: str | None = None  # OpenSSL names
     curve: str | None = None
     chosen: str | None = None  # the cipher Go's test expects the server to choose
@@ -345,6 +346,31 @@ CASES = [
         OK,
         difference="`tls_server_config` with settings but no certificate",
     ),
+    # crypto/tls: the version bounds, and TLS 1.3 suites that are not configurable.
+    Case(
+        "max TLS12",
+        TLS + "  max_version: TLS12\n",
+        OK,
+        clients=(Client(OK), Client("protocol version not supported", min_tls13=True)),
+    ),
+    Case(
+        "TLS 1.3 suites only, http2 on",
+        TLS + "  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+        "TLSConfig.CipherSuites is missing an HTTP/2-required",
+    ),
+    Case(
+        "TLS 1.3 suites only",
+        TLS + "  cipher_suites: [TLS_AES_128_GCM_SHA256]\nhttp_server_config:\n  http2: false\n",
+        OK,
+        clients=(Client(OK), Client("handshake failure", ciphers="ECDHE-RSA-AES128-GCM-SHA256")),
+    ),
+    # x509.CertPool.AppendCertsFromPEM skips what is not a certificate: an empty pool.
+    Case(
+        "junk inline client CA",
+        TLS + "  client_auth_type: VerifyClientCertIfGiven\n  client_ca: junk\n",
+        OK,
+        difference="client CA with no usable certificate",
+    ),
     Case(
         "several curves",
         TLS + "  curve_preferences: [X25519, CurveP384]\n",
@@ -487,6 +513,8 @@ def _client_context(client: Client) -> ssl.SSLContext:
             warnings.simplefilter("ignore", DeprecationWarning)
             context.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
             context.maximum_version = ssl.TLSVersion.TLSv1_1
+    if client.min_tls13:
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
     if client.ciphers is not None:  # Go's client ciphers apply to TLS 1.2
         context.maximum_version = ssl.TLSVersion.TLSv1_2
         context.set_ciphers(client.ciphers)

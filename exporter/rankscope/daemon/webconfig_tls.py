@@ -131,7 +131,7 @@ class TLSConfig:
         """When the certificate's validity ended, if it has (served all the same: refusing
         to start would turn an expiry into an outage of the metrics)."""
         try:
-            with self._pem_files() as (cert, _key):
+            with _pem_path(self.cert_file, self.cert) as cert:
                 # The stdlib's only certificate decoder without a handshake.
                 not_after = ssl._ssl._test_decode_cert(cert)["notAfter"]  # type: ignore[attr-defined]
         except (OSError, ValueError, KeyError, AttributeError):
@@ -141,17 +141,17 @@ class TLSConfig:
     def context(self) -> ssl.SSLContext:
         """The server's TLS context; ssl.SSLError when the files cannot serve together."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        with self._pem_files() as (cert, key):
+        with (
+            _pem_path(self.cert_file, self.cert) as cert,
+            _pem_path(self.key_file, self.key) as key,
+        ):
             context.load_cert_chain(cert, key)
         with warnings.catch_warnings():  # TLS10/TLS11 are deprecated, but the file asks
             warnings.simplefilter("ignore", DeprecationWarning)
             context.minimum_version = TLS_VERSIONS[self.min_version]
             context.maximum_version = TLS_VERSIONS[self.max_version]
         if self.cert_reqs != ssl.CERT_NONE:
-            if self.client_ca_file is not None:
-                context.load_verify_locations(cafile=str(self.client_ca_file))
-            elif self.client_ca is not None:
-                context.load_verify_locations(cadata=self.client_ca)
+            self._load_client_ca(context)
         context.verify_mode = ssl.VerifyMode(self.cert_reqs)
         if self.cipher_suites:
             tls12 = [CIPHER_SUITES[name] for name in self.cipher_suites]
@@ -169,24 +169,32 @@ class TLSConfig:
             context.set_ecdh_curve(CURVES[self.curve_preferences[0]])
         return context
 
-    @contextlib.contextmanager
-    def _pem_files(self) -> Iterator[tuple[str, str]]:
-        """Paths of the certificate and key; inline PEM lives in a private temporary
-        directory (mode 0700) only while OpenSSL reads it, since the ssl module loads a
-        certificate chain from files only."""
-        if self.cert_file is not None and self.key_file is not None:
-            yield str(self.cert_file), str(self.key_file)
-            return
-        with tempfile.TemporaryDirectory(prefix="rankscope-tls-") as private:
-            cert = self.cert_file or _write_private(Path(private) / "cert.pem", self.cert)
-            key = self.key_file or _write_private(Path(private) / "key.pem", self.key)
-            yield str(cert), str(key)
+    def _load_client_ca(self, context: ssl.SSLContext) -> None:
+        where = f"client_ca_file {self.client_ca_file}" if self.client_ca_file else "client_ca"
+        try:
+            if self.client_ca_file is not None:
+                context.load_verify_locations(cafile=str(self.client_ca_file))
+            elif self.client_ca is not None:
+                context.load_verify_locations(cadata=self.client_ca)
+        except ssl.SSLError as exc:
+            raise ssl.SSLError(
+                f"{where} holds no usable CA certificate: {exc.reason or exc}"
+            ) from exc
 
 
-def _write_private(path: Path, text: str | None) -> Path:
-    path.touch(mode=0o600)
-    path.write_text(text or "")
-    return path
+@contextlib.contextmanager
+def _pem_path(path: Path | None, inline: str | None) -> Iterator[str]:
+    """A path to read PEM from: the file, or the inline PEM in a private temporary directory
+    (mode 0700) only while OpenSSL reads it (the ssl module loads certificates and keys from
+    files only)."""
+    if path is not None:
+        yield str(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="rankscope-tls-") as private:
+        written = Path(private) / "inline.pem"
+        written.touch(mode=0o600)
+        written.write_text(inline or "")
+        yield str(written)
 
 
 def parse_tls(reader: Reader, node: yaml.Node | None, base_dir: Path) -> TLSConfig | None:
