@@ -132,7 +132,9 @@ def test_a_bad_config_is_refused_with_the_key_named(
         ("http_server_config:\n  http2: n\n", {"http2": False}),  # YAML 1.1, as yaml.v2 reads
         ("http_server_config:\n  http2: Off\n", {"http2": False}),
         ("http_server_config:\n  http2:\n", {"http2": False}),  # null: Go's zero value
-        ("http_server_config:\n", {"http2": True}),
+        ("http_server_config:\n", {"http2": False}),  # a null section: Go's zero value
+        ("http_server_config:\n  headers: {}\n", {"http2": True}),
+        ("", {"http2": True}),
         ("rate_limit:\n  interval: 0\n  burst: 3\n", {}),  # Go: off
         ("rate_limit:\n  interval: -1s\n", {}),  # Go: limits nothing
         # CR/LF are sent as spaces, as Go's net/http does; a folded scalar's final newline goes.

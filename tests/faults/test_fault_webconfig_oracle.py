@@ -359,6 +359,11 @@ CASES = [
         "TLSConfig.CipherSuites is missing an HTTP/2-required",
     ),
     Case(
+        "TLS 1.3 suites only, null http_server_config",  # Go's zero value: http2 off
+        TLS + "  cipher_suites: [TLS_AES_128_GCM_SHA256]\nhttp_server_config:\n",
+        OK,
+    ),
+    Case(
         "TLS 1.3 suites only",
         TLS + "  cipher_suites: [TLS_AES_128_GCM_SHA256]\nhttp_server_config:\n  http2: false\n",
         OK,

@@ -30,7 +30,7 @@ from rankscope.daemon.webconfig_tls import (
     TLSConfig,
     parse_tls,
 )
-from rankscope.daemon.webconfig_yaml import Reader, WebConfigError
+from rankscope.daemon.webconfig_yaml import Reader, WebConfigError, is_null
 
 __all__ = [
     "ALLOWED_HEADERS",
@@ -80,8 +80,11 @@ def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> W
     top = reader.mapping(reader.document(text), "the top level", _TOP_KEYS)
     tls = parse_tls(reader, top.get("tls_server_config"), base_dir)
     _check_rate_limit(reader, top.get("rate_limit"))
-    http = reader.mapping(top.get("http_server_config"), "http_server_config", _HTTP_KEYS)
-    http2 = reader.boolean(http.get("http2"), "http_server_config.http2", True)
+    http_node = top.get("http_server_config")
+    http = reader.mapping(http_node, "http_server_config", _HTTP_KEYS)
+    # A null section is Go's zero value, http2 false; an absent one keeps the default.
+    http2_default = http_node is None or not is_null(http_node)
+    http2 = reader.boolean(http.get("http2"), "http_server_config.http2", http2_default)
     if tls is not None and http2:
         _check_http2_ciphers(reader, tls)
     return WebConfig(
