@@ -17,7 +17,11 @@ source scripts/venv.sh
 venv_install_rankscope "[test]"
 
 # The Prometheus Operator's CRD schemas (ServiceMonitor, PodMonitor, PrometheusRule), compiled
-# from the operator's API types, for validating the rendered chart.
+# from the operator's API types, for validating the rendered chart. npm is Debian's package
+# (a nodejs from elsewhere may bring its own npm: left as it is).
+if ! command -v npm >/dev/null; then
+  as_root apt-get install -y -q --no-install-recommends npm >/dev/null
+fi
 npm install --no-audit --no-fund --silent --prefix build/crd-schemas \
   @kubernetes-models/prometheus-operator@6.0.0
 

@@ -31,6 +31,11 @@ if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is
     pip_install "torch==2.13.0"
   fi
 fi
+# numpy beside torch: without it, every process that imports torch warns "Failed to
+# initialize NumPy" on stderr (torch's wheels do not require it).
+if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('numpy') is None)"; then
+  pip_install "numpy>=1.26"
+fi
 
 # rankscope itself (editable) with the extras asked for; skipped when the package's metadata
 # has not changed since the last install into this venv.

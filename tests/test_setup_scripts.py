@@ -81,3 +81,28 @@ def test_venv_script_builds_its_venv_inside_the_checkout(tmp_path: Path) -> None
         check=True,
     )
     assert Path(out.stdout.strip()).resolve() == (tmp_path / ".venv").resolve()
+
+
+def test_test_sh_installs_npm_before_it_runs_npm() -> None:
+    """A fresh Debian has no npm: test.sh installs Debian's package where npm is missing,
+    before its `npm install` (it used to run `npm install` on the assumption)."""
+    lines = [line.strip() for line in code_lines(ROOT / "scripts" / "test.sh")]
+    runs = next(i for i, line in enumerate(lines) if line.startswith("npm install"))
+    installs = [
+        i
+        for i, line in enumerate(lines)
+        if "apt-get install" in line and re.search(r"\snpm(\s|$)", line)
+    ]
+    assert installs and installs[0] < runs, lines
+    guard = lines[installs[0] - 1]
+    assert guard == "if ! command -v npm >/dev/null; then", guard
+
+
+def test_the_venv_gets_numpy_beside_torch() -> None:
+    """torch's wheels do not require numpy, and without it every process that imports torch
+    warns "Failed to initialize NumPy" (tests/rank/test_run.py checks a real one)."""
+    venv = code_lines(ROOT / "scripts" / "venv.sh")
+    assert any(re.search(r'pip_install "numpy[>=<]', line) for line in venv), venv
+    assert "find_spec('numpy')" in "\n".join(venv)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^torch = \["torch>=[\d.]+", "numpy>=[\d.]+"\]$', pyproject, re.M)

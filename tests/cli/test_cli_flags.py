@@ -54,7 +54,7 @@ def test_the_top_level_help_is_for_users(capsys) -> None:
     assert "imported only" not in text and "never pays for torch" not in text
 
 
-@pytest.mark.parametrize("command", ["boots", "phases", "census"])
+@pytest.mark.parametrize("command", ["boots", "phases", "census", "oom"])
 def test_readers_take_rankscope_dir_when_dir_is_left_out(
     command: str, flight_dir, monkeypatch, capsys
 ) -> None:

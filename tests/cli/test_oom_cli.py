@@ -251,3 +251,47 @@ def test_a_daemon_on_this_hosts_loopback_is_reached_without_the_environments_pro
     url: str, loopback: bool
 ) -> None:
     assert oom_cli.on_loopback(url) is loopback
+
+
+def test_a_daemon_given_as_host_and_port_is_reached_over_http(flight_dir: Path) -> None:
+    """--daemon 127.0.0.1:PORT, no scheme, as the daemon's own --web.listen-address spells
+    it: taken as http:// (a real server, the standard library's, answers one empty page).
+    Before, urllib refused it: `<urlopen error unknown url type: 127.0.0.1>`."""
+    import http.server
+
+    make_flight(flight_dir)
+    (alone,) = run(str(flight_dir)).stdout.splitlines()
+
+    class OnePage(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"ooms": [], "page": {"next": None}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), OnePage) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            got = run(str(flight_dir), "--daemon", f"127.0.0.1:{server.server_address[1]}")
+        finally:
+            server.shutdown()
+    assert (got.returncode, got.stderr) == (0, "")
+    assert got.stdout.splitlines() == [alone]
+
+
+def test_an_unreachable_or_unusable_daemon_address_is_said_plainly(flight_dir: Path) -> None:
+    make_flight(flight_dir)
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    refused = run(str(flight_dir), "--daemon", f"127.0.0.1:{port}")
+    assert refused.returncode == 1
+    assert refused.stderr == f"rankscope oom: daemon http://127.0.0.1:{port}: Connection refused\n"
+    ftp = run(str(flight_dir), "--daemon", "ftp://127.0.0.1:21")
+    assert ftp.returncode == 2
+    assert "'ftp://127.0.0.1:21' is not a daemon's address: give http://HOST:PORT" in ftp.stderr
+    assert "urlopen" not in refused.stderr + ftp.stderr

@@ -204,6 +204,8 @@ def test_sample_interval_from_the_environment() -> None:
     assert samples.every_from_env({}) == samples.DEFAULT_EVERY_S
     assert samples.every_from_env({"RANKSCOPE_SAMPLE_EVERY": "0.5"}) == 0.5
     assert samples.every_from_env({"RANKSCOPE_SAMPLE_EVERY": "0"}) == 0
+    for short in ("1e-9", "0.01"):  # raised to the shortest interval, never thousands a second
+        assert samples.every_from_env({"RANKSCOPE_SAMPLE_EVERY": short}) == samples.MIN_EVERY_S
     for bad in ("-1", "nan", "inf", "soon"):
         value = samples.every_from_env({"RANKSCOPE_SAMPLE_EVERY": bad})
         assert value == samples.DEFAULT_EVERY_S and math.isfinite(value)

@@ -188,7 +188,13 @@ def test_torch_distributed_run_output_and_status_unchanged(venv: ArmedVenv, tmp_
     # (a line's text and its newline can land apart): compare what each rank printed.
     assert rank_lines(armed.stdout) == rank_lines(plain.stdout)
     assert len(rank_lines(plain.stdout)) == 2
-    assert "rankscope" not in armed.stderr
+    # rankscope adds nothing to stderr. A line the program prints anyway (a torch warning
+    # naming the venv's path, which holds the clone's folder "rankscope") is the program's.
+    added = collections.Counter(armed.stderr.splitlines()) - collections.Counter(
+        plain.stderr.splitlines()
+    )
+    assert [line for line in added if "rankscope" in line] == [], armed.stderr[-3000:]
+    assert "Failed to initialize NumPy" not in plain.stderr  # numpy sits beside torch
     flight, by = marks_by_process(flight_dir)
     assert len(flight.boots) == 1
     assert sorted(rank_phases(by)) == [0, 1]

@@ -9,8 +9,11 @@ see it all work on this machine (demo). `rankscope COMMAND --help` for each."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import importlib
 import sys
+from typing import Any
 
 # name -> (module, one-line help). Each module has configure_parser(p) and main(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,10 +27,45 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """The top-level parser: a flag the chosen subcommand does not know is reported with that
+    subcommand's usage and the flag it most likely meant, not the top-level usage."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            command: argparse.ArgumentParser = getattr(parsed, "_parser", self)
+            command.error(unrecognized(unknown, command, getattr(parsed, "_synonyms", {})))
+        return parsed
+
+
+def unrecognized(
+    unknown: list[str], parser: argparse.ArgumentParser, synonyms: dict[str, str]
+) -> str:
+    """argparse's message for ``unknown`` arguments, with a suggestion for each flag among
+    them: its synonym in ``synonyms`` (--port: --web.listen-address), else the closest of
+    ``parser``'s flags, whole or by the part after its last dot (--floor: --corridor.floor)."""
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    by_name = {"--" + o.rsplit(".", 1)[1]: o for o in options if "." in o}
+    by_name.update({o: o for o in options})  # a flag's own name before another's last part
+    hints = []
+    for arg in unknown:
+        flag = arg.split("=", 1)[0]
+        if not flag.startswith("-"):
+            continue
+        meant = synonyms.get(flag) or next(
+            iter(difflib.get_close_matches(flag, by_name, n=1, cutoff=0.6)), None
+        )
+        if meant is not None:
+            hints.append(f"{flag}: did you mean {by_name.get(meant, meant)}?")
+    message = "unrecognized arguments: " + " ".join(unknown)
+    return message + "".join(f"\n  {hint}" for hint in hints)
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     from rankscope import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="rankscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
@@ -38,7 +76,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         if name == chosen:
             mod = importlib.import_module(module)
             mod.configure_parser(p, name)
-            p.set_defaults(_main=mod.main)
+            # A wrong flag is reported against this parser, with the module's synonyms.
+            p.set_defaults(_main=mod.main, _parser=p, _synonyms=getattr(mod, "SYNONYMS", {}))
     return parser
 
 
@@ -46,11 +85,22 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     try:
-        return int(args._main(args) or 0)
+        with output_for(args):
+            return int(args._main(args) or 0)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `rankscope phases DIR | head`
         return 0
+
+
+def output_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    """What the command prints through: with control characters escaped where it prints
+    what a flight record holds."""
+    if not getattr(args, "_printable_output", False):
+        return contextlib.nullcontext()
+    from rankscope.cli.common import printable_output
+
+    return printable_output()
 
 
 if __name__ == "__main__":

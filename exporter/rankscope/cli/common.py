@@ -4,11 +4,14 @@ formatting (tables in MiB for people; --json prints bytes)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import io
 import json
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,7 +31,7 @@ def add_flight_dir(parser: argparse.ArgumentParser, name: str) -> None:
         default=os.environ.get(ENV_DIR),
         help=f"the flight directory the probes write (default ${ENV_DIR})",
     )
-    parser.set_defaults(_command=name)
+    parser.set_defaults(_command=name, _printable_output=True)
 
 
 def add_boot(parser: argparse.ArgumentParser, verb: str = "show") -> None:
@@ -78,16 +81,56 @@ def when(wall: float) -> str:
     )
 
 
+# C0 and C1 control characters (ESC, CR, BEL, CSI...) in a phase name or boot id would
+# drive the terminal; newline and tab are the output's own layout.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with each control character written as its escape (ESC as ``\\x1b``)."""
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+class PrintableStream(io.TextIOBase):
+    """A text stream that writes through to ``raw`` with control characters escaped."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(printable(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def isatty(self) -> bool:
+        return self.raw.isatty()
+
+
+@contextlib.contextmanager
+def printable_output() -> Iterator[None]:
+    """stdout and stderr escaping control characters, for a command that prints what a
+    flight record holds (names any program wrote)."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = PrintableStream(out), PrintableStream(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
 def table(
     rows: Sequence[Sequence[str]], *, numbers_right: bool = True, indent: str = ""
 ) -> list[str]:
     """The rows in columns two spaces apart: the first left-aligned, the others right-aligned
     (numbers) unless ``numbers_right`` is false."""
-    widths = [max(len(str(c)) for c in col) for col in zip(*rows, strict=True)]
+    rows = [[printable(str(c)) for c in row] for row in rows]
+    widths = [max(len(c) for c in col) for col in zip(*rows, strict=True)]
     return [
         indent
         + "  ".join(
-            str(c).rjust(w) if i and numbers_right else str(c).ljust(w)
+            c.rjust(w) if i and numbers_right else c.ljust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ).rstrip()
         for row in rows

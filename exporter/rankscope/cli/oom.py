@@ -10,7 +10,7 @@ import json
 import sys
 from typing import TextIO
 
-from rankscope.cli.common import NA, add_boot, open_flight, print_json, when
+from rankscope.cli.common import NA, add_boot, add_flight_dir, open_flight, print_json, when
 from rankscope.daemon.paging import MAX_LIMIT
 from rankscope.reports.oom import (
     Holding,
@@ -26,15 +26,15 @@ GiB = 1 << 30
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument("flight_dir", metavar="DIR", help="the flight directory (RANKSCOPE_DIR)")
-    parser.set_defaults(_command=name)
+    add_flight_dir(parser, name)
     add_boot(parser)
     parser.add_argument("--json", action="store_true", help="print JSON (bytes) instead of lines")
     parser.add_argument(
         "--daemon",
         metavar="URL",
+        type=daemon_url,
         help="also the OOMs the daemon's sampler saw, which no rank recorded: the daemon at "
-        "URL (http://127.0.0.1:19400) holds them in memory, never in DIR",
+        "URL (http://127.0.0.1:19400, or HOST:PORT) holds them in memory, never in DIR",
     )
 
 
@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             held, skipped = fetch_sampler_ooms(args.daemon)
         except (OSError, ValueError) as exc:  # unreachable, not a daemon: what DIR holds still
-            print(f"rankscope oom: daemon {args.daemon}: {exc}", file=sys.stderr)
+            print(f"rankscope oom: daemon {args.daemon}: {fetch_failure(exc)}", file=sys.stderr)
         else:
             sampled = sampler_ooms_of_boot(held, chosen.boots, chosen.boot)
             if skipped:
@@ -68,6 +68,19 @@ def main(args: argparse.Namespace) -> int:
     else:
         print_events(events, sampled or [], chosen.boot, sys.stdout)
     return 1 if args.daemon and sampled is None else 0
+
+
+def daemon_url(text: str) -> str:
+    """The daemon's base URL: http:// or https://, or a bare HOST:PORT taken as http://."""
+    import urllib.parse
+
+    url = text if "://" in text else "http://" + text
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a daemon's address: give http://HOST:PORT or HOST:PORT"
+        )
+    return url
 
 
 def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOom], list[str]]:
@@ -96,6 +109,16 @@ def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOo
         ooms += page
         skipped += bad
     return ooms, skipped
+
+
+def fetch_failure(exc: Exception) -> str:
+    """Why a fetch failed, without urllib's wrapping (``<urlopen error [Errno 111] ...>``)."""
+    import urllib.error
+
+    if isinstance(exc, urllib.error.HTTPError):
+        return str(exc)  # HTTP Error 404: Not Found
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return getattr(reason, "strerror", None) or str(reason)
 
 
 def on_loopback(url: str) -> bool:

@@ -33,6 +33,16 @@ if TYPE_CHECKING:
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 # Every --collector.NAME switch (tests/mixin/test_helm.py reads the two old names).
 SWITCHES = tuple(m.NAME for m in collectors.COLLECTORS if m.DEFAULT is not None)
+# Flags other exporters and servers spell differently: what a wrong one most likely meant.
+SYNONYMS = {
+    "--port": "--web.listen-address",
+    "--host": "--web.listen-address",
+    "--bind": "--web.listen-address",
+    "--listen": "--web.listen-address",
+    "--address": "--web.listen-address",
+    "--dir": "--flight.dir",
+    "--config": "--web.config.file",
+}
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:

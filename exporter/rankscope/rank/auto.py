@@ -39,6 +39,7 @@ OPTIONAL_INSTALLS = (
 )
 
 _armed = False
+_tried = False  # arm() made its one attempt
 _cuda_marked = False
 _internal = threading.local()  # set while rankscope creates its own process group
 
@@ -55,12 +56,16 @@ def is_armed() -> bool:
 
 def arm() -> bool:
     """Arm this process (idempotent). Never raises; True when armed."""
-    global _armed
-    if _armed:
-        return True
+    global _armed, _tried
+    # One attempt per process: a venv's site.py runs the .pth line twice (the venv's
+    # site-packages is both its own prefix's and the site prefixes'), and a failed attempt
+    # tried again would say its warning again.
+    if _armed or _tried:
+        return _armed
     try:
         if not enabled():
             return False
+        _tried = True
         _armed = _arm()
     except Exception as exc:
         log.warning("rankscope: automatic instrumentation failed and is off: %r", exc)

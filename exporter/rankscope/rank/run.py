@@ -8,6 +8,7 @@ COMMAND's own. ``rankscope-auto.pth`` arms each Python process inheriting the en
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shutil
 import signal
@@ -22,6 +23,9 @@ PTH_NAME = "rankscope-auto.pth"
 NOT_FOUND = 127
 NOT_EXECUTABLE = 126
 USAGE = 2
+SHELL = "/bin/sh"
+# What a wrong flag most likely meant (the reader commands' and the daemon's spellings).
+SYNONYMS = {"--flight-dir": "--dir", "--flight.dir": "--dir", "--boot": "--boot-id"}
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
@@ -129,5 +133,27 @@ def main(args: argparse.Namespace) -> int:
     try:
         os.execve(program, command, env)
     except OSError as exc:
+        if exc.errno == errno.ENOEXEC and is_text(program):
+            return exec_with_shell(program, command, env)
         return fail(f"{command[0]}: {exc.strerror or exc}", NOT_EXECUTABLE)
     return NOT_EXECUTABLE  # not reached: execve returns only by raising
+
+
+def is_text(program: str) -> bool:
+    """Whether ``program`` reads as a script: no NUL byte in its first line, the test a
+    shell makes before running a file the kernel cannot execute."""
+    try:
+        with open(program, "rb") as f:
+            return b"\0" not in f.read(256).split(b"\n", 1)[0]
+    except OSError:
+        return False
+
+
+def exec_with_shell(program: str, command: list[str], env: dict[str, str]) -> int:
+    """An executable script with no ``#!`` line, run as a shell and execvp run it: by
+    /bin/sh, with COMMAND's arguments."""
+    try:
+        os.execve(SHELL, [SHELL, program, *command[1:]], env)
+    except OSError as exc:
+        return fail(f"{command[0]}: {exc.strerror or exc}", NOT_EXECUTABLE)
+    return NOT_EXECUTABLE  # not reached

@@ -1,6 +1,6 @@
 """Serving samples: while a rank serves, one ``sample`` line (what a mark measures, without
-a phase) every RANKSCOPE_SAMPLE_EVERY seconds (default 10; 0: none), so the KV arena's
-backed bytes are a time series and not only a boot value. A daemon thread takes them; it
+a phase) every RANKSCOPE_SAMPLE_EVERY seconds (default 10, at least 0.1; 0: none), so the
+KV arena's backed bytes are a time series and not only a boot value. A daemon thread takes them; it
 is stopped when the main thread finishes, before the interpreter tears torch down.
 """
 
@@ -20,11 +20,24 @@ log = logging.getLogger("rankscope")
 
 ENV_EVERY = "RANKSCOPE_SAMPLE_EVERY"
 DEFAULT_EVERY_S = 10.0
+# The shortest interval taken: the daemon's own sampling period. Each sample is a line in
+# every rank's file; 1e-9 would write thousands a second.
+MIN_EVERY_S = 0.1
 
 
 def every_from_env(environ: Any = None) -> float:
-    """Seconds between samples; 0 for none."""
-    return env_number(ENV_EVERY, DEFAULT_EVERY_S, float, 0.0, environ)
+    """Seconds between samples; 0 for none. A positive value under MIN_EVERY_S is raised to
+    it, with a log line (the caller asks once per process)."""
+    every = env_number(ENV_EVERY, DEFAULT_EVERY_S, float, 0.0, environ)
+    if 0 < every < MIN_EVERY_S:
+        log.warning(
+            "rankscope: %s=%g is below the shortest interval; sampling every %g s",
+            ENV_EVERY,
+            every,
+            MIN_EVERY_S,
+        )
+        return MIN_EVERY_S
+    return every
 
 
 def take() -> Sample | None:
@@ -65,8 +78,10 @@ def start(every_s: float | None = None) -> ServingSampler | None:
     global _sampler
     if _sampler is not None:
         return _sampler
+    if not RECORDER.armed:
+        return None
     every_s = every_from_env() if every_s is None else every_s
-    if not RECORDER.armed or every_s <= 0:
+    if every_s <= 0:
         return None
     if not stop_before_teardown(stop):
         return None  # the interpreter is already shutting down: no thread now
