@@ -107,7 +107,8 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     if config.tls is not None:
         for name, f in config.tls.files.items():
             if not f.is_file():
-                raise WebConfigError(f"{p}: tls_server_config.{name} {f} does not exist")
+                problem = "is not a regular file" if f.exists() else "does not exist"
+                raise WebConfigError(f"{p}: tls_server_config.{name} {f} {problem}")
     return config
 
 
