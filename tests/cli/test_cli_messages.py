@@ -131,3 +131,8 @@ def test_every_subcommand_reports_an_unknown_flag_with_its_own_usage(command: st
     assert done.stderr.startswith(f"usage: rankscope {command} "), done.stderr
     assert "unrecognized arguments: --no-such-flag-at-all" in done.stderr
     assert "did you mean" not in done.stderr  # nothing is close: no guess
+
+
+def test_phases_counts_one_process_in_the_singular(flight_dir: Path) -> None:
+    assert rank_recorder(flight_dir, 0, boot="b1").write_record(Mark(phase="start"))
+    assert rankscope("phases", str(flight_dir)).stdout.startswith("boot b1: 1 process\n")

@@ -39,7 +39,8 @@ def print_phases(document: dict[str, Any], out: TextIO, empty: str) -> None:
     if document["boot"] is None:
         out.write(empty)
         return
-    out.write(f"boot {document['boot']}: {len(document['processes'])} processes\n")
+    n = len(document["processes"])
+    out.write(f"boot {document['boot']}: {n} process{'es' if n != 1 else ''}\n")
     for process in document["processes"]:
         _print_process(process, out)
     for card in document["cards"]:
