@@ -23,6 +23,7 @@ HOLDING_LABELS = ("gpu", "uuid", "pid", "comm", "role", "boot", "rank")
 CENSUS_RANK_LABELS = ("boot", "rank")
 CENSUS_OP_LABELS = ("boot", "rank", "group", "op")
 CENSUS_GROUP_LABELS = ("boot", "group")
+CENSUS_STATE_LABELS = ("boot", "rank", "state")
 DIVERGENCE_LABELS = ("boot", "group", "op")
 OOM_LABELS = ("gpu", "uuid", "boot", "rank", "pid")
 NCCL_COMM_LABELS = ("endpoint", "comm", "comm_secondary", "boot")
@@ -226,6 +227,29 @@ CATALOG: tuple[Metric, ...] = (
             "rankscope_census_rank_deficit",
             "Collectives a rank is behind the most advanced rank of its group instance on this "
             "host at rankscope_census_group_round; published only for a rank behind.",
+        ),
+        (
+            "rankscope_census_rank_state",
+            "1 for the rank's census state (running, stalled: no collective counted for the stall "
+            "time, exited: it wrote its exit line, dead: its process is gone without one), 0 for "
+            "the other states.",
+            CENSUS_STATE_LABELS,
+        ),
+        (
+            "rankscope_census_since_progress_seconds",
+            "Seconds since the rank's collective counts last moved, as its census lines say.",
+            CENSUS_RANK_LABELS,
+        ),
+        (
+            "rankscope_census_blocked_collective",
+            "Sequence number (its count on the group instance) of the collective a stalled or "
+            "dead rank counted last, the one it is blocked in; published only for such a rank.",
+        ),
+        (
+            "rankscope_census_latest_deficit",
+            "Collectives a rank is behind the most advanced member of its group instance at their "
+            "latest counts, while no member is moving (each stalled, exited or dead); published "
+            "only for a rank behind.",
         ),
     ),
     *_collector(

@@ -1,11 +1,13 @@
-"""`rankscope census DIR [--boot ID] [--json]`: per group instance and op, each rank's count
-at the latest common round, the divergence and the lagging ranks, and the first round at
-which a divergence appeared."""
+"""`rankscope census DIR [--boot ID] [--json]`: each rank's state (running, stalled in a
+collective, exited, dead), per group instance and op each rank's count at the latest common
+round and at the latest counts once the ranks stand still, the lagging ranks, and the
+divergences and skews that came and went."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,8 +18,8 @@ from rankscope.reports.census import census_document
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     parser.epilog = (
-        "exit status: 0 when the ranks agree at the latest common round, 1 when they "
-        "diverge there, 2 when the directory or boot cannot be read"
+        "exit status: 0 when the job is healthy, 1 when the ranks diverge or a rank is "
+        "stalled or dead, 2 on a usage error or when the directory holds no census records"
     )
     common.add_flight_dir(parser, name)
     common.add_boot(parser, "read")
@@ -29,11 +31,27 @@ def main(args: argparse.Namespace) -> int:
     if flight is None:
         return 2
     report = census_document(flight)
+    if not report["ranks"]:
+        print(f"rankscope census: {_no_records(report, args.flight_dir)}", file=sys.stderr)
+        return 2
     if args.json:
         common.print_json(report, sys.stdout)
     else:
         sys.stdout.write(render_text(report))
-    return 1 if report["divergent"] else 0
+    return 0 if healthy(report) else 1
+
+
+def healthy(report: Mapping[str, Any]) -> bool:
+    """No divergence, no stalled rank, no dead rank."""
+    states = report["states"]
+    return not (report["divergent"] or states["stalled"] or states["dead"])
+
+
+def _no_records(report: Mapping[str, Any], flight_dir: str) -> str:
+    boot = report["boot"]
+    if boot is None:
+        return common.no_boots_hint(flight_dir).rstrip("\n")
+    return f"no census records in boot {boot} of {flight_dir}"
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:
@@ -49,6 +67,46 @@ def _status(entry: Entry) -> str:
     return "DIVERGENT, lagging: " + ",".join(str(r) for r in entry["lagging"])
 
 
+def _state_text(rank: Mapping[str, Any]) -> str:
+    state = rank["state"]
+    blocked = rank["blocked_in"]
+    if blocked is not None:
+        where = f"{blocked['group']} {blocked['op']} #{blocked['seq']}"
+        verb = "was in" if state == "dead" else "in"
+        state += f" {verb} {where} since {_clock(blocked['since'])}"
+    if rank["alive"] is None and state not in ("exited",):
+        state += " (process unknown: not on this host)"
+    return state
+
+
+def _clock(wall: float | None) -> str:
+    if wall is None:
+        return "?"
+    return time.strftime("%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 10)} UTC"
+
+
+def _states_text(report: Mapping[str, Any]) -> list[str]:
+    states = report["states"]
+    said = [f"{state} {','.join(map(str, ranks))}" for state, ranks in states.items() if ranks]
+    lines = ["ranks by state: " + "; ".join(said)]
+    if report["dead_in_group"]:
+        lines.append("DEAD member(s): " + ",".join(map(str, report["dead_in_group"])))
+    return lines
+
+
+def _skews_text(skews: list[Mapping[str, Any]]) -> list[str]:
+    if not skews:
+        return []
+    lines = ["", "skews while the ranks stood still:"]
+    for s in skews:
+        until = "still standing" if s["until"] is None else f"made up at {_clock(s['until'])}"
+        lines.append(
+            f"  {s['group']} {s['op']}: {_counts_text(s['counts'])}, lagging "
+            f"{','.join(map(str, s['lagging']))}, from {_clock(s['since'])}, {until}"
+        )
+    return lines
+
+
 def render_text(report: Mapping[str, Any]) -> str:
     ranks = report["ranks"]
     if not ranks:
@@ -59,6 +117,15 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"census of boot {report['boot']}: {len(ranks)} rank(s) with census records"
         + (f", a snapshot every {every} ticks" if every else "")
     ]
+    lines += _states_text(report)
+    if report["latest"]:
+        rows = [["GROUP", "OP", "LATEST COUNTS (rank:n)", "STATUS"]]
+        rows += [
+            [e["group"], e["op"], _counts_text(e["counts"]), _status(e)] for e in report["latest"]
+        ]
+        lines += ["", "at the latest counts (no member moving):"]
+        lines += common.table(rows, numbers_right=False)
+        lines.append("")
     if not report["entries"]:
         lines.append("no group instance has two ranks with a snapshot at a common round")
     else:
@@ -104,11 +171,13 @@ def render_text(report: Mapping[str, Any]) -> str:
                 for e in dumps["entries"]
             ]
             lines.extend(common.table(rows, numbers_right=False, indent="  "))
+    lines += _skews_text(report["skews"])
     lines += ["", "ranks:"]
     for r in ranks:
         last = r["last_round"]
         lines.append(
-            f"  rank {r['rank']}: pid {r['pid']} on {r['host']}, {r['snapshots']} snapshot(s)"
+            f"  rank {r['rank']}: {_state_text(r)}; pid {r['pid']} on {r['host']}, "
+            f"{r['snapshots']} snapshot(s)"
             + (f", last at round {last}" if last is not None else "")
         )
     if report["skipped"]:

@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from rankscope.procfs import (
     read_proc_info,
     read_start_ticks,
 )
-from rankscope.record import Census, CensusDump, Divergence, Line, Mark, Oom
+from rankscope.record import Census, CensusDump, CensusLive, Divergence, Line, Mark, Oom
 from rankscope.record.reader import (
     SKIP_REASONS,
     BootNotFoundError,
@@ -77,6 +78,9 @@ class StreamState:
     census_lines: list[Record] = field(default_factory=list)  # census, dumps, divergences
     census: Line[Census | CensusDump] | None = None  # latest census or census_dump line
     snapshot: Line[Census] | None = None  # latest readable census line (a snapshot round)
+    # The census_live lines folded into one: every count at its highest, the newest line's
+    # header and stall (a live line carries only what changed, so none may be forgotten).
+    live: Line[CensusLive] | None = None
     arenas: Line[Mark] | None = None  # latest line carrying arena figures (a mark)
     marks_forgotten: int = 0  # oldest marks dropped past MAX_MARKS_PER_PROCESS
     ooms: list[Line[Oom]] = field(default_factory=list)  # oom lines, newest last
@@ -154,7 +158,8 @@ class FlightState:
         self.refreshed_at: float | None = None  # time.monotonic() of the last refresh
         self._host_pids: dict[tuple[str, int, int | None], int | None] = {}
         self._watch = DirWatch(self.flight_dir, use_inotify)
-        self._exit_candidates: list[RankProcess] | None = None  # None: streams changed
+        # (process, host pid) of this host's processes; None: streams changed
+        self._exit_candidates: list[tuple[RankProcess, int]] | None = None
         self._boots: list[BootSummary] | None = None  # None: streams changed
 
     def refresh(self) -> bool:
@@ -228,16 +233,16 @@ class FlightState:
                 processes = {st.process for st in self._streams.values()}
                 self._exited_at = {p: t for p, t in self._exited_at.items() if p in processes}
                 self._exit_candidates = [
-                    p
+                    (p, pid)
                     for p in processes
                     if p.host == self._host
-                    and p.pidns == HOST_PIDNS_INODE
                     and p.start_ticks is not None
+                    and (pid := self._host_pid_locked(p)) is not None
                 ]
-            candidates = [p for p in self._exit_candidates if p not in self._exited_at]
+            candidates = [(p, pid) for p, pid in self._exit_candidates if p not in self._exited_at]
         now = time.monotonic()
-        for p in candidates:
-            if read_start_ticks(p.pid, self._proc) != p.start_ticks:
+        for p, pid in candidates:
+            if read_start_ticks(pid, self._proc) != p.start_ticks:
                 self._exited_at[p] = now
 
     def _note_directory(self) -> None:
@@ -308,12 +313,32 @@ class FlightState:
                 raise BootNotFoundError(boot, [b.boot for b in boots])
             selected = boot if boot is not None else boots[-1].boot if boots else None
             streams = by_boot[selected] if selected is not None else []
-            records: list[Record] = [r for st in streams for r in (*st.marks, *st.census_lines)]
+            records: list[Record] = [r for st in streams for r in census_records(st, st.marks)]
             skipped = collections.Counter(self._reader.skipped)
             invalid = collections.Counter(self._reader.invalid)
+            alive = self._alive_locked()
         return Flight(
-            records=records, boots=list(boots), boot=selected, skipped=skipped, invalid=invalid
+            records=records,
+            boots=list(boots),
+            boot=selected,
+            skipped=skipped,
+            invalid=invalid,
+            alive=alive,
         )
+
+    def alive(self) -> dict[tuple[str, int, int | None], bool]:
+        """Whether each process this daemon can see still runs, as of the last refresh."""
+        with self._lock:
+            return self._alive_locked()
+
+    def _alive_locked(self) -> dict[tuple[str, int, int | None], bool]:
+        out: dict[tuple[str, int, int | None], bool] = {}
+        for st in self._streams.values():
+            p = st.process
+            known = p.host == self._host and p.start_ticks is not None
+            if known and self._host_pid_locked(p) is not None:
+                out[p.key] = p not in self._exited_at
+        return out
 
     def _by_boot(self) -> dict[str, list[StreamState]]:
         by_boot: dict[str, list[StreamState]] = {}
@@ -326,10 +351,11 @@ class FlightState:
         return self.process_host_pid(rank_process(rec))
 
     def process_host_pid(self, p: RankProcess) -> int | None:
-        if p.pidns == HOST_PIDNS_INODE:
-            return p.pid
         with self._lock:
-            return self._host_pids.get(p.key)
+            return self._host_pid_locked(p)
+
+    def _host_pid_locked(self, p: RankProcess) -> int | None:
+        return p.pid if p.pidns == HOST_PIDNS_INODE else self._host_pids.get(p.key)
 
     def _resolve_new_processes(self) -> None:
         """The host pid of each process seen for the first time."""
@@ -370,7 +396,9 @@ class FlightState:
             del st.ooms[:-MAX_OOMS_PER_PROCESS]
             card = (body.device.nvml_index, body.device.uuid)
             st.oom_counts[card] = st.oom_counts.get(card, 0) + 1
-        if isinstance(body, (Census, CensusDump, Divergence)):
+        if isinstance(body, CensusLive):
+            st.live = _fold_live(st.live, Line(h, body))
+        elif isinstance(body, (Census, CensusDump, Divergence)):
             st.census_lines.append(rec)
             del st.census_lines[:-MAX_CENSUS_LINES_PER_PROCESS]
         if isinstance(body, Census):
@@ -403,6 +431,19 @@ class FlightState:
                 del by_key[gk]
             if not by_key:
                 del self._divergences[boot]
+
+
+def _fold_live(folded: Line[CensusLive] | None, line: Line[CensusLive]) -> Line[CensusLive]:
+    counts = dict(folded.body.changed) if folded is not None else {}
+    for key, n in line.body.changed.items():
+        counts[key] = max(n, counts.get(key, n))
+    return Line(line.header, CensusLive(line.body.round, counts, line.body.blocked_in))
+
+
+def census_records(st: StreamState, extra: Iterable[Record] = ()) -> list[Record]:
+    """A stream's census lines as a reader replays them (its live lines folded into one)."""
+    live: list[Record] = [st.live] if st.live is not None else []
+    return [*extra, *st.census_lines, *live]
 
 
 def _copy(st: StreamState) -> StreamState:

@@ -250,6 +250,8 @@ def _after_world(dist: Any, seconds: float) -> None:
         return
     # Every rank dumps its local counts at exit or on SIGTERM, whatever the cadence reached.
     census.install_abort_handlers()
+    # A hung rank is named from outside it: its counts are written on time, and its stall.
+    census.start_watcher()
     if enabled({ENV_AUTO: os.environ.get(ENV_COMPARE, "")}):
         # new_group is a collective: every rank reaches this point right after the world
         # group, before any group of the program's own, so the order agrees on all ranks.

@@ -2,8 +2,8 @@
 reader (reports, CLI, daemon); import them from here (docs/architecture.md, "The record").
 
 A :class:`Line` is the common :class:`Header` and a typed body, one class per kind:
-``mark`` and ``sample`` (record/mark.py), ``census``, ``census_dump`` and ``divergence``
-(record/census.py), ``adapter`` (record/adapter.py), ``oom`` (record/oom.py). Readers narrow
+``mark`` and ``sample`` (record/mark.py), ``census``, ``census_dump``, ``census_live`` and
+``divergence`` (record/census.py), ``adapter`` (record/adapter.py), ``oom`` (record/oom.py). Readers narrow
 with ``isinstance(line.body, Mark)`` or :func:`of_kind`, never indexing a raw dict by
 string, and treat a parsed line as read-only.
 
@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar, Union, get_args
 
 from rankscope.record.adapter import AdapterStatus
-from rankscope.record.census import Census, CensusDump, Divergence, GraphCounts, encode_counts
+from rankscope.record.census import (
+    BlockedIn,
+    Census,
+    CensusDump,
+    CensusLive,
+    Divergence,
+    GraphCounts,
+    encode_counts,
+)
 from rankscope.record.codec import Bad, Json
 from rankscope.record.header import (
     ENV_BOOT_ID,
@@ -59,9 +67,11 @@ __all__ = [
     "AdapterStatus",
     "AnyLine",
     "Bad",
+    "BlockedIn",
     "Body",
     "Census",
     "CensusDump",
+    "CensusLive",
     "Divergence",
     "GraphCounts",
     "GroupFields",
@@ -110,6 +120,7 @@ Body = Union[  # noqa: UP007 (the trailing comma keeps one kind per line)
     Mark,
     Census,
     CensusDump,
+    CensusLive,
     Divergence,
     AdapterStatus,
     Oom,

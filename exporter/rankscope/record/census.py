@@ -1,5 +1,6 @@
-"""Kinds ``census``, ``census_dump`` and ``divergence`` (docs/census.md): a rank's collective
-counts, stored as sorted ``[group, op, n]`` rows."""
+"""Kinds ``census``, ``census_dump``, ``census_live`` and ``divergence`` (docs/census.md): a
+rank's collective counts, stored as sorted ``[group, op, n]`` rows, or for ``census_live``
+only the counts that changed, as ``{group: {op: n}}``."""
 
 # ruff: noqa: RUF009 (the codec's field builders return dataclasses.field()s)
 
@@ -108,6 +109,65 @@ class CensusDump(Codec):
         out = codec.encode_fields(self, CensusDump)
         out["reason"] = out.pop("reason")  # written last
         return out
+
+
+def encode_changed(counts: Mapping[tuple[str, str], int] | None) -> Json:
+    """Counts as ``{group: {op: n}}``: each group name written once (a compact live line)."""
+    out: Json = {}
+    for (group, op), n in sorted((counts or {}).items()):
+        out.setdefault(group, {})[op] = n
+    return out
+
+
+def decode_changed(value: Any, bad: Bad, name: str) -> Counts:
+    """``{group: {op: n}}`` -> counts; an entry that is not a count is named in ``bad``."""
+    out: Counts = {}
+    for group, ops in codec.as_object(value, bad, name).items():
+        for op, n in codec.as_object(ops, bad, name).items():
+            count = codec.as_count(n, bad, name)
+            if count is not None:
+                out[group, op] = count
+    return out
+
+
+@dataclass(slots=True)
+class BlockedIn(Codec):
+    """The collective a stalled rank counted last, so the one it is in: group instance, op,
+    its sequence number (the count of that op on that group) and when progress stopped."""
+
+    WHERE: ClassVar[str] = "census_live.blocked_in"
+
+    group: str | None = codec.text()
+    op: str | None = codec.text()
+    seq: int | None = codec.count()
+    since: float | None = codec.time()
+
+    def to_json(self) -> Json:
+        return codec.encode_fields(self, BlockedIn)
+
+
+def _blocked_in(value: Any, bad: Bad, name: str) -> BlockedIn | None:
+    if value is None:
+        return None
+    return codec.parse_section(BlockedIn, codec.as_object(value, bad, name), bad)
+
+
+@dataclass(slots=True)
+class CensusLive(Codec):
+    """The census watcher's line, on time rather than at a round: the counts that changed since
+    this process's previous ``census_live`` line (its first carries them all), and, on a
+    stall, the collective the rank is blocked in. Replayed in order, the lines give the
+    rank's latest counts."""
+
+    KIND: ClassVar[str] = "census_live"
+    STREAM: ClassVar[str] = "census"
+    WHERE: ClassVar[str] = "census_live"
+
+    round: int | None = codec.count(default=MISSING)
+    changed: Counts = codec.custom(decode_changed, encode_changed, factory=dict)
+    blocked_in: BlockedIn | None = codec.custom(
+        _blocked_in, lambda v: None if v is None else v.to_json()
+    )
 
 
 def _lagging(value: Any, bad: Bad, name: str) -> tuple[int, ...]:

@@ -324,6 +324,9 @@ class Flight:
     skipped: collections.Counter[str] = field(default_factory=collections.Counter)
     invalid: collections.Counter[str] = field(default_factory=collections.Counter)
     unreadable: dict[str, str] = field(default_factory=dict)  # file name -> why, left out
+    # Per process (host, pid, start ticks), whether it still runs, where the reader knows it
+    # (the daemon); None: a one-shot read, which judges from /proc itself.
+    alive: dict[tuple[str, int, int | None], bool] | None = None
 
 
 def summarize_boots(records: Iterable[Record]) -> list[BootSummary]:

@@ -1,5 +1,7 @@
-"""The census report (``rankscope census --json``, /api/v1/census): each group instance
-compared at its latest common round, earlier divergences in ``history``, local dumps apart."""
+"""The census report (``rankscope census --json``, /api/v1/census): each rank's state (running,
+stalled in a collective, exited, dead), each group instance compared at its latest common
+round and, once none of its members is running, at their latest counts; earlier divergences
+in ``history``, skews seen while ranks stood still in ``skews``, local dumps apart."""
 
 from __future__ import annotations
 
@@ -8,15 +10,28 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rankscope.record import AnyLine, Census, CensusDump, Divergence, Line
-from rankscope.record.compare import Entry, compare_group, compare_split, split_by_group
-from rankscope.record.naming import parse_p2p, report_op_name
+from rankscope.record import AnyLine, BlockedIn, Census, CensusDump, CensusLive, Divergence, Line
+from rankscope.record.compare import (
+    Entry,
+    compare_group,
+    compare_split,
+    members_of,
+    split_by_group,
+)
+from rankscope.record.naming import Key, parse_p2p, report_op_name
+from rankscope.reports.liveness import Alive, local_alive
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
+from rankscope.reports.skews import RankMoment, latest_entries, skew_spans
 
 if TYPE_CHECKING:
     from rankscope.record.reader import Flight
 
-CENSUS_KINDS = (Census, CensusDump, Divergence)
+RUNNING, STALLED, EXITED, DEAD = "running", "stalled", "exited", "dead"
+STATES = (RUNNING, STALLED, EXITED, DEAD)
+
+CENSUS_KINDS = (Census, CensusDump, CensusLive, Divergence)
+# A census_dump of these reasons is the rank's exit line: the process ended on its own terms.
+EXIT_REASONS = frozenset({"exit", "SIGTERM", "SIGABRT"})
 
 Record = AnyLine
 
@@ -27,11 +42,26 @@ class _Rank:
 
     rank: int
     process: tuple[Any, ...] | None = None  # host, pid, start ticks
+    pidns: int | None = None
     snapshots: dict[int, Census] = field(default_factory=dict)  # by round
     snapshot_wall: dict[int, float] = field(default_factory=dict)
     every: int | None = None
     dump: dict[str, Any] | None = None
     dump_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    latest: dict[Key, int] = field(default_factory=dict)  # per key, the highest count read
+    live_wall: float | None = None  # the newest census_live line's time
+    blocked_in: BlockedIn | None = None  # the newest census_live line's, when it is a stall
+    moments: list[RankMoment] = field(default_factory=list)  # the live lines, replayed
+
+    @property
+    def exited(self) -> bool:
+        return self.dump is not None and self.dump["reason"] in EXIT_REASONS
+
+    def absorb(self, counts: Mapping[Key, int]) -> None:
+        """Counts only grow within a process: the latest is each key's highest."""
+        for key, n in counts.items():
+            if n > self.latest.get(key, -1):
+                self.latest[key] = n
 
 
 def _newest_processes(
@@ -65,12 +95,21 @@ def _load(
         state = ranks[rank] = _Rank(rank)
         for rec in recs:
             h, body = rec.header, rec.body
-            state.process = (h.host, h.pid, h.start_ticks)
+            state.process, state.pidns = (h.host, h.pid, h.start_ticks), h.pidns
             if isinstance(body, Divergence):
                 divergences.append(Line(h, body))
-            elif not isinstance(body, (Census, CensusDump)):
                 continue
-            elif body.counts is None or body.round is None:
+            if isinstance(body, CensusLive):
+                state.absorb(body.changed)
+                state.live_wall, state.blocked_in = h.wall, body.blocked_in
+                settled = body.blocked_in is not None
+                state.moments.append(RankMoment(h.wall, dict(body.changed), settled))
+                continue
+            if not isinstance(body, (Census, CensusDump)):
+                continue
+            if body.counts is not None:
+                state.absorb(body.counts)
+            if body.counts is None or body.round is None:
                 skipped["bad_census_line"] += 1
             elif isinstance(body, Census):
                 state.snapshots[body.round] = body
@@ -79,6 +118,8 @@ def _load(
             elif state.dump is None or h.wall >= state.dump["wall"]:
                 state.dump = {"reason": str(body.reason), "round": body.round, "wall": h.wall}
                 state.dump_counts = split_by_group(body.counts)
+                if state.exited:
+                    state.moments.append(RankMoment(h.wall, dict(body.counts), True))
     return ranks, divergences
 
 
@@ -106,28 +147,78 @@ def _spans(
     return spans
 
 
+@dataclass(frozen=True)
+class States:
+    """Each rank's summary with its state, and the comparison at the latest counts of each
+    group instance none of whose members is moving: the rule the daemon publishes too."""
+
+    ranks: list[dict[str, Any]]
+    latest: list[Entry]
+    dead_in_group: list[int]
+
+    def of(self, state: str) -> list[int]:
+        return [r["rank"] for r in self.ranks if r["state"] == state]
+
+
+def rank_states(ranks: dict[int, _Rank], alive: Alive) -> States:
+    summaries = [_rank_summary(ranks[r], alive) for r in sorted(ranks)]
+    states = {r["rank"]: r["state"] for r in summaries}
+    settled = {rank for rank, state in states.items() if state != RUNNING}
+    latest = latest_entries({r: s.latest for r, s in ranks.items()}, settled)
+    return States(summaries, latest, _dead_in_group(ranks, states))
+
+
+def states_of(records: Iterable[Record], alive: Alive = local_alive) -> States:
+    """:class:`States` alone, for a reader that needs no history (the daemon's scrape)."""
+    skips: collections.Counter[str] = collections.Counter()
+    ranks, _ = _load(_newest_processes(records, skips), skips)
+    return rank_states(ranks, alive)
+
+
 def build_report(
-    records: Iterable[Record], *, boot: str | None = None, skipped: Mapping[str, int] | None = None
+    records: Iterable[Record],
+    *,
+    boot: str | None = None,
+    skipped: Mapping[str, int] | None = None,
+    alive: Alive = local_alive,
 ) -> dict[str, Any]:
-    """The census of one boot's records; ``skipped``: the reader's own skip counts."""
+    """The census of one boot's records; ``skipped``: the reader's own skip counts;
+    ``alive``: whether a rank's process still runs (None: cannot tell from here)."""
     skips: collections.Counter[str] = collections.Counter(skipped or {})
     ranks, divergences = _load(_newest_processes(records, skips), skips)
     groups, entries, history = _snapshot_sections(ranks)
     everies = sorted({s.every for s in ranks.values() if s.every is not None})
+    states = rank_states(ranks, alive)
     return {
         "boot": boot,
-        "ranks": [_rank_summary(ranks[r]) for r in sorted(ranks)],
+        "ranks": states.ranks,
+        "states": {state: states.of(state) for state in STATES},
         "every": everies[0] if len(everies) == 1 else everies or None,
         "groups": groups,
         "entries": entries,
-        "divergent": any(e["divergent"] for e in entries),
+        "latest": states.latest,
+        "divergent": any(e["divergent"] for e in (*entries, *states.latest))
+        or bool(states.dead_in_group),
+        "dead_in_group": states.dead_in_group,
         "first_divergent_round": min((e["rounds"][0] for e in history), default=None),
         "history": history,
+        "skews": skew_spans({r: s.moments for r, s in ranks.items()}),
         "dumps": _dump_section(ranks),
         "in_process": _in_process_section(divergences),
         "in_process_lines": len(divergences),
         "skipped": dict(sorted(skips.items())),
     }
+
+
+def _dead_in_group(ranks: dict[int, _Rank], states: dict[int, str]) -> list[int]:
+    """The dead ranks that share a group instance with another rank of the record."""
+    split = {r: split_by_group(s.latest) for r, s in ranks.items()}
+    out = []
+    for rank in sorted(r for r, st in states.items() if st == DEAD):
+        groups = split[rank]
+        if any(len(members_of(g, split, [r for r in split if g in split[r]])) > 1 for g in groups):
+            out.append(rank)
+    return out
 
 
 def _snapshot_sections(
@@ -196,26 +287,66 @@ def _in_process_section(divergences: list[Line[Divergence]]) -> list[dict[str, A
 
 
 def census_document(flight: Flight) -> dict[str, Any]:
-    """What `rankscope census --json` prints and /api/v1/census returns, for one read."""
-    return build_report(flight.records, boot=flight.boot, skipped=flight.skipped)
+    """What `rankscope census --json` prints and /api/v1/census returns, for one read: the
+    reader's own judgement of which processes run (the daemon's) where it has one."""
+    known = flight.alive
+
+    def alive(host: str | None, pid: int | None, start: int | None, ns: int | None) -> bool | None:
+        judged = (
+            None if known is None or host is None or pid is None else known.get((host, pid, start))
+        )
+        if judged is not None:
+            return judged
+        return local_alive(host, pid, start, ns)
+
+    return build_report(flight.records, boot=flight.boot, skipped=flight.skipped, alive=alive)
 
 
-def _rank_summary(state: _Rank) -> dict[str, Any]:
+def rank_state(state: _Rank, alive: bool | None) -> str:
+    """Exited on its exit line; dead when gone without one; stalled on a stall line that no
+    line has followed; running otherwise."""
+    if state.exited:
+        return EXITED
+    if alive is False:
+        return DEAD
+    return STALLED if state.blocked_in is not None else RUNNING
+
+
+def _blocked_json(rank: int, blocked: BlockedIn | None) -> dict[str, Any] | None:
+    if blocked is None:
+        return None
+    op = None if blocked.op is None else report_op_name(rank, blocked.op)
+    return {"group": blocked.group, "op": op, "seq": blocked.seq, "since": blocked.since}
+
+
+def _rank_summary(state: _Rank, alive_of: Alive) -> dict[str, Any]:
     last_round = max(state.snapshots) if state.snapshots else None
     host, pid, start_ticks = state.process or (None, None, None)
+    alive = alive_of(host, pid, start_ticks, state.pidns)
+    status = rank_state(state, alive)
     latest = state.snapshots[last_round].counts if last_round is not None else None
+    blocked = state.blocked_in if status in (STALLED, DEAD) else None
     return {
         "rank": state.rank,
         "host": host,
         "pid": pid,
         "start_ticks": start_ticks,
+        "state": status,
+        "alive": alive,
+        "blocked_in": _blocked_json(state.rank, blocked),
+        "last_progress_wall": state.blocked_in.since if state.blocked_in else state.live_wall,
         "snapshots": len(state.snapshots),
         "last_round": last_round,
         "last_snapshot_wall": state.snapshot_wall.get(last_round) if last_round else None,
-        "counts": [
-            [g, op, n]
-            for g, ops in sorted(split_by_group(latest or {}).items())
-            for op, n in sorted((report_op_name(state.rank, op), n) for op, n in ops.items())
-        ],
+        "counts": _rows(state.rank, latest or {}),
+        "latest_counts": _rows(state.rank, state.latest),
         "dump": state.dump,
     }
+
+
+def _rows(rank: int, counts: Mapping[Key, int]) -> list[list[Any]]:
+    return [
+        [g, op, n]
+        for g, ops in sorted(split_by_group(counts).items())
+        for op, n in sorted((report_op_name(rank, op), n) for op, n in ops.items())
+    ]

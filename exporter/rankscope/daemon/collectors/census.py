@@ -1,8 +1,11 @@
-"""Census of the newest boot: per-rank counts, snapshot rounds, divergences, and each group
-instance's common round, digest and deficits here (docs/alerting.md, "Why this shape")."""
+"""Census of the newest boot: per-rank counts, snapshot rounds, divergences, each group
+instance's common round, digest and deficits here (docs/alerting.md, "Why this shape"), and
+each rank's state, stall and deficit at the latest counts, by the rule of ``rankscope
+census`` (rankscope.reports.census)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,11 +13,12 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.config import DaemonConfig
-from rankscope.daemon.flightstate import FlightState, StreamState
+from rankscope.daemon.flightstate import FlightState, FlightView, StreamState, census_records
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.daemon.sources import Sources
 from rankscope.record import Census, CensusDump, Divergence, Line
 from rankscope.record.compare import digest
+from rankscope.reports.census import STATES, States, states_of
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
 
 NAME = "census"
@@ -155,3 +159,41 @@ class CensusCollector:
                 add(divergence, (boot, group, op), 1.0 if diverges(line.body) else 0.0)
         yield from (total, round_, round_counts, stamp, divergence)
         yield from (group_round, group_digest, deficit)
+        if boot is not None:
+            yield from self.states(view, boot)
+
+    def states(self, view: FlightView, boot: str) -> Iterator[Metric]:
+        """Each rank's state, its time since progress, the collective it is blocked in and
+        its deficit at the latest counts."""
+        state = gauge("rankscope_census_rank_state")
+        since = gauge("rankscope_census_since_progress_seconds")
+        blocked = gauge("rankscope_census_blocked_collective")
+        behind = gauge("rankscope_census_latest_deficit")
+        found = boot_states(self.state, view, boot)
+        now = time.time()
+        for rank in found.ranks:
+            labels = (boot, rank["rank"])
+            for name in STATES:
+                add(state, (*labels, name), 1.0 if rank["state"] == name else 0.0)
+            progress = rank["last_progress_wall"]
+            add(since, labels, None if progress is None else max(0.0, now - progress))
+            where = rank["blocked_in"]
+            if where is not None and where["group"] is not None:
+                add(blocked, (*labels, where["group"], where["op"]), where["seq"])
+        for entry in found.latest:
+            top = max(entry["counts"].values())
+            for rank in entry["lagging"]:
+                n = entry["counts"][str(rank)]
+                add(behind, (boot, rank, entry["group"], entry["op"]), top - n)
+        yield from (state, since, blocked, behind)
+
+
+def boot_states(state: FlightState, view: FlightView, boot: str) -> States:
+    """The census states of ``boot``'s ranks from the streams of ``view``."""
+    alive = state.alive()
+    records = [r for st in view.streams if st.boot == boot for r in census_records(st)]
+
+    def judged(host: str | None, pid: int | None, start: int | None, ns: int | None) -> bool | None:
+        return alive.get((host, pid, start)) if host is not None and pid is not None else None
+
+    return states_of(records, judged)

@@ -1,7 +1,8 @@
 """The collective census in the rank (docs/census.md): counts per group instance and op,
 snapshotted at a replicated point so ranks can be compared. Modules: ``counts``, the sources
 ``wrap`` (a coordinator class) and ``torch_patch`` (torch.distributed), ``graphs`` (CUDA graph
-replays), ``snapshots`` (rounds, snapshots, dumps), ``gloo`` (the in-process comparison).
+replays), ``snapshots`` (rounds, snapshots, dumps), ``watcher`` (live lines and stalls, on
+time), ``gloo`` (the in-process comparison).
 A name's module loads at its first use (PEP 562): ``from rankscope import census`` in the
 daemon loads no patching code.
 """
@@ -35,6 +36,7 @@ _MODULES = {
         "name_group",
         "uninstrument_torch_distributed",
     ),
+    "rankscope.rank.census.watcher": ("start_watcher", "stop_watcher"),
     "rankscope.rank.census.wrap": ("coordinator_group", "coordinator_p2p", "instrument_methods"),
     "rankscope.record.naming": ("compact_ranks", "group_instance", "p2p_name", "parse_instance"),
 }

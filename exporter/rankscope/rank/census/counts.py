@@ -20,6 +20,9 @@ ARMED: bool = os.environ.get(ENV_CENSUS, "1").strip().lower() not in ("0", "fals
 # Every collective this process issued, per (group instance, op), graph replays included.
 COUNTS: collections.defaultdict[Key, int] = collections.defaultdict(int)
 
+# The key counted last, the collective a blocked rank is in (the census watcher reads it).
+last_key: Key | None = None
+
 # Calls that could not be counted (an unhashable group, a non-numeric n): counted, not raised.
 failed_counts = 0
 
@@ -40,9 +43,13 @@ if ARMED:
 
     def count(group: str, op: str, n: int = 1) -> None:
         """Count ``n`` calls of collective ``op`` on group instance ``group`` (a name from
-        :func:`group_instance`). The hot path: one dict increment, never raises."""
+        :func:`group_instance`). The hot path: one dict increment and one store, never
+        raises."""
+        global last_key
         try:
-            COUNTS[group, op] += n
+            key = (group, op)
+            COUNTS[key] += n
+            last_key = key
         except Exception as exc:  # an unhashable group must not reach the host program
             _count_failed(group, op, exc)
 
@@ -59,4 +66,6 @@ def snapshot() -> dict[Key, int]:
 
 def reset() -> None:
     """Forget every count (tests, or a framework that re-initialises its groups)."""
+    global last_key
     COUNTS.clear()
+    last_key = None

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -45,6 +46,9 @@ class _State:
     on_snapshot: Callable[[int, dict[Key, int]], None] | None = None
     # An explicit tick() was seen: the framework drives the rounds, auto_tick() stands down.
     explicit = False
+    # (monotonic time, counts) of the newest census line: the watcher's next line carries
+    # only what changed since.
+    full_written: tuple[float, dict[Key, int]] | None = None
     handlers_installed = False
     signal_dumped = False
     failures = 0
@@ -105,8 +109,10 @@ def _advance() -> None:
 def take_snapshot() -> dict[Key, int]:
     """Record the counts at the current round (and hand them to the comparison)."""
     counts = _counts.snapshot()
-    if RECORDER.armed:
-        RECORDER.write_record(Census(STATE.round, STATE.every, counts, _graphs.graph_counts()))
+    if RECORDER.armed and RECORDER.write_record(
+        Census(STATE.round, STATE.every, counts, _graphs.graph_counts())
+    ):
+        STATE.full_written = (time.monotonic(), counts)
     hook = STATE.on_snapshot
     if hook is not None:
         hook(STATE.round, counts)
@@ -190,3 +196,4 @@ def reset() -> None:
     STATE.explicit = False
     STATE.failures = 0
     STATE.signal_dumped = False
+    STATE.full_written = None

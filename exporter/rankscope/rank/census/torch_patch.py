@@ -175,7 +175,7 @@ def _collective_wrapper(
     if name in P2P:
         return _p2p_wrapper(dist, name, original)
     group_at = _position(original, "group")
-    world, table, names = dist.distributed_c10d._world, _counts.COUNTS, _names
+    world, table, names, counts = dist.distributed_c10d._world, _counts.COUNTS, _names, _counts
     # the field itself where this torch has it: the property is a Python call
     default_of = operator.attrgetter(
         "_default_pg" if hasattr(world, "_default_pg") else "default_pg"
@@ -190,7 +190,9 @@ def _collective_wrapper(
             group = default
         instance = names.get(id(group)) or _instance_of(dist, group)
         if instance:
-            table[instance, name] += 1
+            key = (instance, name)
+            table[key] += 1
+            counts.last_key = key  # the collective a blocked rank is in, for the watcher
         if on_world is not None and group is default:
             on_world()
 

@@ -1,0 +1,133 @@
+"""The census watcher: a thread that writes the counts on time, not only at a round, so a hung
+rank is named from its record while it hangs (docs/census.md, "Live lines and stalls").
+
+Every POLL_S it copies the counts (one C-level dict copy, under the GIL). While they move, a
+``census_live`` line with the counts changed since this process's previous census or
+census_live line, at most every PERIOD_S.
+When they have not moved for the stall time (RANKSCOPE_CENSUS_STALL_S, default 1 s), one line
+naming the collective counted last, the one a blocked rank is in. It never touches a process
+group and adds nothing to a collective's path: ``count`` already stores the key it counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from rankscope.rank import env_number, stop_before_teardown
+from rankscope.rank.census import counts as _counts
+from rankscope.rank.census import snapshots as _snapshots
+from rankscope.rank.writer import RECORDER
+from rankscope.record import BlockedIn, CensusLive
+from rankscope.record.naming import Key
+
+log = logging.getLogger("rankscope.census")
+
+ENV_STALL = "RANKSCOPE_CENSUS_STALL_S"
+DEFAULT_STALL_S = 1.0
+POLL_S = 0.2
+PERIOD_S = 1.0
+
+
+class Watcher:
+    """What the watcher knows between polls; ``poll`` is one step (tests drive it directly)."""
+
+    def __init__(self, stall_s: float, period_s: float = PERIOD_S) -> None:
+        self.stall_s = stall_s
+        self.period_s = period_s
+        self.written: dict[Key, int] = {}  # the counts as this process's live lines left them
+        self.seen: dict[Key, int] = {}  # the counts at the previous poll
+        self.progress_mono = time.monotonic()
+        self.progress_wall = time.time()
+        self.written_mono = float("-inf")
+        self.stalled = False  # the stall line of the current stall is written
+        self.lines = 0
+
+    def poll(self, mono: float, wall: float) -> CensusLive | None:
+        """The line to write now, if any, given the counts now."""
+        counts = _counts.snapshot()
+        self._note_full_snapshot()
+        if counts != self.seen:
+            resumed, self.stalled = self.stalled, False
+            self.seen, self.progress_mono, self.progress_wall = counts, mono, wall
+            if resumed or mono - self.written_mono >= self.period_s:
+                return self._line(counts, mono, None)
+            return None
+        if self.stalled or not counts or mono - self.progress_mono < self.stall_s:
+            return None
+        self.stalled = True
+        key = _counts.last_key
+        if key is None or key not in counts:
+            blocked = BlockedIn(None, None, None, self.progress_wall)
+        else:
+            blocked = BlockedIn(key[0], key[1], counts[key], self.progress_wall)
+        return self._line(counts, mono, blocked)
+
+    def _note_full_snapshot(self) -> None:
+        """A census line written since this watcher's last line holds every count: the next
+        live line need carry only what changed after it, and not before a period has passed."""
+        full = _snapshots.STATE.full_written
+        if full is not None and full[0] > self.written_mono:
+            self.written_mono, self.written = full
+
+    def _line(self, counts: dict[Key, int], mono: float, blocked: BlockedIn | None) -> CensusLive:
+        changed = {k: n for k, n in counts.items() if self.written.get(k) != n}
+        self.written = counts
+        self.written_mono = mono
+        self.lines += 1
+        return CensusLive(_snapshots.STATE.round, changed, blocked)
+
+
+class _Thread:
+    thread: threading.Thread | None = None
+    stop = threading.Event()
+    watcher: Watcher | None = None
+    failures = 0
+
+
+THREAD = _Thread()
+
+
+def stall_from_env(environ: dict[str, str] | None = None) -> float:
+    return env_number(ENV_STALL, DEFAULT_STALL_S, float, 0.1, environ)
+
+
+def _run(watcher: Watcher, stop: threading.Event) -> None:
+    while not stop.wait(POLL_S):
+        try:
+            line = watcher.poll(time.monotonic(), time.time())
+            if line is not None:
+                RECORDER.write_record(line)
+        except Exception as exc:  # the host program never sees it; the thread carries on
+            THREAD.failures += 1
+            if THREAD.failures == 1:
+                log.warning("rankscope census: the watcher failed (%r); carrying on", exc)
+
+
+def start_watcher(stall_s: float | None = None) -> bool:
+    """Start the watcher thread (idempotent). False when the census is disarmed or the
+    interpreter is shutting down."""
+    if not _counts.ARMED:
+        return False
+    if THREAD.thread is not None and THREAD.thread.is_alive():
+        return True
+    watcher = Watcher(stall_from_env() if stall_s is None else stall_s)
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=_run, args=(watcher, stop), name="rankscope-census-watcher", daemon=True
+    )
+    if not stop_before_teardown(stop_watcher):
+        return False
+    THREAD.thread, THREAD.stop, THREAD.watcher = thread, stop, watcher
+    thread.start()
+    return True
+
+
+def stop_watcher() -> None:
+    """Stop the watcher and wait for it (ahead of the interpreter's teardown)."""
+    thread = THREAD.thread
+    THREAD.stop.set()
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=2.0)
+    THREAD.thread = None

@@ -1,0 +1,71 @@
+"""Comparing ranks at their latest counts rather than at a common round. Counts in flux say
+nothing (no two ranks are at the same collective at the same instant), so a group instance
+is compared only while none of its members is moving: each stalled in a collective, exited
+or dead. A skew is a (group, op) whose counts differ then; replaying each rank's live lines
+in time gives the skews that came and went (docs/census.md, "States and skews")."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rankscope.record.compare import Entry, compare_group, members_of, split_by_group
+from rankscope.record.naming import Key
+
+
+@dataclass(frozen=True)
+class RankMoment:
+    """One line of a rank, in time: the counts it changed, and whether the rank stood still
+    from then on (a stall line, or its exit line)."""
+
+    wall: float
+    changed: dict[Key, int]
+    settled: bool
+
+
+def latest_entries(
+    latest: Mapping[int, Mapping[Key, int]], settled: Collection[int]
+) -> list[Entry]:
+    """The comparison of each group instance whose members are all ``settled``, at their
+    latest counts (a group with a moving member is left out)."""
+    split = {rank: split_by_group(counts) for rank, counts in latest.items()}
+    entries: list[Entry] = []
+    for group in sorted({g for by_group in split.values() for g in by_group}):
+        reporters = [rank for rank, by_group in split.items() if group in by_group]
+        members = members_of(group, split, reporters)
+        if len(members) < 2 or any(m not in settled for m in members):
+            continue
+        entries.extend(compare_group(group, {m: split[m].get(group, {}) for m in members}))
+    return entries
+
+
+def skew_spans(moments: Mapping[int, list[RankMoment]]) -> list[dict[str, Any]]:
+    """Every skew the ranks' lines show, in time: {group, op, counts, lagging, since, until,
+    resolved}; ``until`` is null for a skew that still stands at the last line."""
+    events = sorted((m.wall, rank, i, m) for rank, ms in moments.items() for i, m in enumerate(ms))
+    counts: dict[int, dict[Key, int]] = {rank: {} for rank in moments}
+    settled: set[int] = set()
+    open_spans: dict[tuple[str, str], dict[str, Any]] = {}
+    spans: list[dict[str, Any]] = []
+    for wall, rank, _, moment in events:
+        counts[rank].update(moment.changed)
+        if moment.settled:
+            settled.add(rank)
+        else:
+            settled.discard(rank)
+        entries = latest_entries(counts, settled) if len(settled) > 1 else []
+        current = {(e["group"], e["op"]): e for e in entries if e["divergent"]}
+        for key in list(open_spans):
+            entry = current.get(key)
+            if entry is None or entry["lagging"] != open_spans[key]["lagging"]:
+                open_spans[key]["until"] = wall
+                spans.append(open_spans.pop(key))
+        for key, entry in current.items():
+            if key not in open_spans:
+                open_spans[key] = {**entry, "since": wall, "until": None}
+    spans.extend(open_spans.values())
+    for span in spans:
+        span["resolved"] = span["until"] is not None
+    spans.sort(key=lambda s: (s["since"], s["group"], s["op"]))
+    return spans
