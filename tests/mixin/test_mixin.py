@@ -100,7 +100,7 @@ def test_an_unknown_config_key_is_an_error() -> None:
 def test_promtool_checks_the_rules() -> None:
     result = run(binary("promtool"), "check", "rules", str(ALERTS / "rankscope.rules.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 13 rules found" in result.stdout
+    assert "SUCCESS: 14 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
@@ -118,6 +118,7 @@ def test_promtool_unit_tests_pass() -> None:
         {"censusSkewFor": "30s"},
         {"censusSkewLookback": "1s"},
         {"censusStallSeconds": 600},
+        {"censusHangFor": "30s"},
         {"foreignHolderFor": "1m"},
         {"corridorBreachWindow": "10m"},
         {"samplerOverrunShare": 0.2},
@@ -193,6 +194,7 @@ def test_alerts_carry_severity_summary_description_and_runbook() -> None:
         "RankscopeCorridorBreach",
         "RankscopeCorridorThin",
         "RankscopeCensusSkew",
+        "RankscopeCensusHang",
         "RankscopeCensusStalled",
         "RankscopeNcclCountMismatch",
         "RankscopeNcclPeerDead",
@@ -385,7 +387,7 @@ def test_amtool_checks_the_example() -> None:
     result = run(binary("amtool"), "check-config", str(AM_EXAMPLE))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
-    assert "6 inhibit rules" in result.stdout
+    assert "7 inhibit rules" in result.stdout
 
 
 @pytest.mark.parametrize(

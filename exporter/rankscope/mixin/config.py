@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     # iteration ahead stands alone at a new round at some scrapes), for this long.
     "censusSkewLookback": "2m",
     "censusSkewFor": "1m",
+    # RankscopeCensusHang: ranks of a group standing still at different counts, or a dead
+    # rank, for this long.
+    "censusHangFor": "10s",
     # RankscopeCensusStalled: a live rank's latest snapshot is older than this many seconds.
     "censusStallSeconds": 300,
     "censusStalledFor": "1m",

@@ -334,7 +334,7 @@ def _rank_summary(state: _Rank, alive_of: Alive) -> dict[str, Any]:
         "state": status,
         "alive": alive,
         "blocked_in": _blocked_json(state.rank, blocked),
-        "last_progress_wall": state.blocked_in.since if state.blocked_in else state.live_wall,
+        "last_progress_wall": _progress_wall(state),
         "snapshots": len(state.snapshots),
         "last_round": last_round,
         "last_snapshot_wall": state.snapshot_wall.get(last_round) if last_round else None,
@@ -342,6 +342,15 @@ def _rank_summary(state: _Rank, alive_of: Alive) -> dict[str, Any]:
         "latest_counts": _rows(state.rank, state.latest),
         "dump": state.dump,
     }
+
+
+def _progress_wall(state: _Rank) -> float | None:
+    """When the rank's counts last moved: its stall's start, else its newest line that
+    carries counts (a live line, or a snapshot where no watcher runs)."""
+    if state.blocked_in is not None:
+        return state.blocked_in.since
+    walls = [w for w in (state.live_wall, *state.snapshot_wall.values()) if w is not None]
+    return max(walls, default=None)
 
 
 def _rows(rank: int, counts: Mapping[Key, int]) -> list[list[Any]]:

@@ -1,4 +1,4 @@
-"""The census: ranks of one group instance disagreeing on a collective count, or stalled.
+"""The census: ranks of one group instance disagreeing on a collective count, hung, or stalled.
 
 Rules that selected the ranks x (group, op) count series would read all of them (51,200 at 64
 hosts of 8 ranks) at every evaluation. So the daemon compares the ranks of its own host at a
@@ -31,9 +31,10 @@ RECORDING = {
 # op reads the group's count series, and runs only while the alert is active.
 _SKEW = """{{ if $labels.rank }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} is
 {{ $value }} {{ $labels.op }} collective(s) behind the most advanced rank of group
-{{ $labels.group }} on {{ $labels.instance }} at census round {{ with printf
+{{ $labels.group }} on {{ $labels.instance }}{{ with printf
 "rankscope_census_group_round{instance=%q,boot=%q,group=%q}" $labels.instance
-$labels.boot $labels.group | query }}{{ . | first | value }}{{ end }}.{{ else if
+$labels.boot $labels.group | query }} at census round {{ . | first | value }}{{ else }}
+at their latest counts{{ end }}.{{ else if
 $labels.op }}The in-process comparison of boot {{ $labels.boot }} found the ranks
 of group {{ $labels.group }} disagreeing on {{ $labels.op }}.{{ else }}The hosts
 of group {{ $labels.group }} of boot {{ $labels.boot }} disagree on its collective
@@ -52,12 +53,40 @@ have moved on since; rankscope census names them.{{ end }}{{ end }} A rank skipp
 or added a collective; the group will hang in its next mismatched collective."""
 
 
+_HANG = """{{ if $labels.op }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} stands
+{{ $value }} {{ $labels.op }} collective(s) behind the most advanced rank of group
+{{ $labels.group }} on {{ $labels.instance }}, and no rank of the group is moving: the job
+is hung in a mismatched collective.{{ range printf
+"rankscope_census_blocked_collective{instance=%q,boot=%q}" $labels.instance $labels.boot |
+query }} Rank {{ .Labels.rank }} is in {{ .Labels.group }} {{ .Labels.op }} #{{ .Value
+}}.{{ end }}{{ else }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} on {{
+$labels.instance }} is dead: its process is gone without its exit line, and its peers
+will hang in their next collective with it.{{ end }} rankscope census names every rank's
+state."""
+
+
 ALERTS = (
+    Alert(
+        "RankscopeCensusHang",
+        "critical",
+        expr="""
+        max by (job, instance, boot, rank, group, op) (rankscope_census_latest_deficit{{{selector}}}) > 0
+        and on(boot)
+        count by (boot) (rankscope_census_rank_state{{{selector}, state="stalled"}} == 1)
+        or
+        max by (job, instance, boot, rank) (rankscope_census_rank_state{{{selector}, state="dead"}}) == 1
+        """,
+        for_="censusHangFor",
+        summary="A group's ranks stand still at different collective counts, or a rank is dead.",
+        description=_HANG,
+    ),
     Alert(
         "RankscopeCensusSkew",
         "critical",
         expr="""
         max_over_time(rankscope_census_rank_deficit{{{selector}}}[{censusSkewLookback}]) > 0
+        or on(boot, group)
+        max_over_time(rankscope_census_latest_deficit{{{selector}}}[{censusSkewLookback}]) > 0
         or on(boot, group)
         max_over_time(rankscope:census_group_digests[{censusSkewLookback}]) > 1
         or on(boot, group)

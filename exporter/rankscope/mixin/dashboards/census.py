@@ -42,6 +42,42 @@ def _groups(s: str, op: str, lookback: str) -> list[dict]:
     ]
 
 
+def _states(rank: str) -> list[dict]:
+    """Each rank's state and how long its counts have stood still (the hang, named)."""
+    return [
+        table(
+            "Rank states",
+            "Each rank's census state (running; stalled: no collective counted for the stall "
+            "time; exited; dead: gone without its exit line) and the seconds since its counts "
+            "last moved. `rankscope census` and the status page name the collective a stalled "
+            "rank is in; RankscopeCensusHang pages when a group stands still at different "
+            "counts or has a dead member.",
+            [
+                f"rankscope_census_rank_state{{{rank}}} == 1",
+                f"rankscope_census_since_progress_seconds{{{rank}}}",
+            ],
+            width=24,
+        ),
+        timeseries(
+            "Stalled and dead ranks",
+            "Ranks per boot in each state but running: stalled ranks while a job idles between "
+            "collectives are normal, stalled ranks that stay are a hang.",
+            [
+                (
+                    f'sum by (boot, state) (rankscope_census_rank_state{{{rank}, state!="running"}})',
+                    "{{boot}} {{state}}",
+                )
+            ],
+        ),
+        timeseries(
+            "Seconds since progress",
+            "Seconds since each rank's collective counts last moved.",
+            [(f"rankscope_census_since_progress_seconds{{{rank}}}", "{{boot}} rank {{rank}}")],
+            unit="s",
+        ),
+    ]
+
+
 def _ranks(rank: str, op: str) -> list[dict]:
     """Each rank's own census: divergence, round, snapshot age and collective rate."""
     return [
@@ -147,9 +183,14 @@ def build(c: Mapping[str, Any]) -> dict:
         "Collective counts per rank, group instance and op, compared only between ranks at "
         "the same census round; skew, deficits and how fresh each rank's snapshot is.",
         [
-            variable("instance", "Host", f"rankscope_census_round{{{s}}}", include_all=False),
-            variable("boot", "Boot", f"rankscope_census_round{{{host}}}"),
+            variable("instance", "Host", f"rankscope_census_rank_state{{{s}}}", include_all=False),
+            variable("boot", "Boot", f"rankscope_census_rank_state{{{host}}}"),
             variable("group", "Group instance", 'rankscope:census_group_round{boot=~"$boot"}'),
         ],
-        [*_groups(s, op, c["censusSkewLookback"]), *_ranks(rank, op), *_nccl_ras(host)],
+        [
+            *_states(rank),
+            *_groups(s, op, c["censusSkewLookback"]),
+            *_ranks(rank, op),
+            *_nccl_ras(host),
+        ],
     )
