@@ -45,7 +45,16 @@ def test_a_bad_floor_says_its_value_once_and_a_negative_one_reaches_its_parser(c
 
 
 def test_census_help_states_its_exit_statuses(capsys) -> None:
-    assert "1 when they diverge" in help_text(["census"], capsys)
+    text = " ".join(help_text(["census"], capsys).split())
+    assert "1 when the ranks diverge or a rank is stalled or dead" in text
+    assert "2 on a usage error or when the directory holds no record" in text
+
+
+def test_census_on_an_empty_directory_says_so_and_exits_2(tmp_path, capsys) -> None:
+    assert cli.main(["census", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"no boots recorded in {tmp_path}" in captured.err
 
 
 def test_the_top_level_help_is_for_users(capsys) -> None:

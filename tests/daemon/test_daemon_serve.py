@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.daemon.test_daemon_flightstate import GiB, census, mark, rank_recorder
 
 from rankscope import catalog
-from rankscope.record import MarkArena, MarkDevice, Oom, OomHolder
+from rankscope.record import BlockedIn, CensusLive, MarkArena, MarkDevice, Oom, OomHolder
 from rankscope.record.reader import read_flight
 from rankscope.reports.ledger import phases_document
 from support.services import binary, free_port, prometheus, stop
@@ -166,6 +166,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         kv = MarkArena(reserved=40 * GiB, backed=24 * GiB, retained=1 * GiB)
         gpu_rank.write_record(mark("kv_pool_sized", gpu=1, reserved=30 * GiB, arenas={"kv": kv}))
         gpu_rank.write_record(census(2, [["tp:0-1", "all_reduce", 10]]))
+        # Ranks 2 and 3 of a group tp:2-3 hung at different counts (their pids run no process:
+        # the daemon names them dead, each with the collective it was in, rank 3 behind).
+        for rank, pid, n in ((2, gpu_rank.process.pid, 5), (3, ranks[0].pid + 100001, 4)):
+            writer = gpu_rank if rank == 2 else rank_recorder(flight_dir, BOOT, rank, pid=pid)
+            stall = BlockedIn("tp:2-3", "all_reduce", n, time.time())
+            writer.write_record(CensusLive(n, {("tp:2-3", "all_reduce"): n}, stall))
         # An OOM instant of that rank on card 1, with the card's holders right then.
         gpu_rank.write_record(
             Oom(

@@ -19,7 +19,7 @@ from rankscope.reports.census import census_document
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     parser.epilog = (
         "exit status: 0 when the job is healthy, 1 when the ranks diverge or a rank is "
-        "stalled or dead, 2 on a usage error or when the directory holds no census records"
+        "stalled or dead, 2 on a usage error or when the directory holds no record"
     )
     common.add_flight_dir(parser, name)
     common.add_boot(parser, "read")
@@ -31,8 +31,8 @@ def main(args: argparse.Namespace) -> int:
     if flight is None:
         return 2
     report = census_document(flight)
-    if not report["ranks"]:
-        print(f"rankscope census: {_no_records(report, args.flight_dir)}", file=sys.stderr)
+    if report["boot"] is None:  # nothing recorded: a mistyped directory, most likely
+        print(f"rankscope census: {common.no_boots_hint(args.flight_dir)}", end="", file=sys.stderr)
         return 2
     if args.json:
         common.print_json(report, sys.stdout)
@@ -45,13 +45,6 @@ def healthy(report: Mapping[str, Any]) -> bool:
     """No divergence, no stalled rank, no dead rank."""
     states = report["states"]
     return not (report["divergent"] or states["stalled"] or states["dead"])
-
-
-def _no_records(report: Mapping[str, Any], flight_dir: str) -> str:
-    boot = report["boot"]
-    if boot is None:
-        return common.no_boots_hint(flight_dir).rstrip("\n")
-    return f"no census records in boot {boot} of {flight_dir}"
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:
