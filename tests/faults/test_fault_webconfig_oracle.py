@@ -566,8 +566,10 @@ def test_a_real_daemon_serves_a_sample_as_go_does(
             return
         status, headers, _ = get(url + "/healthz")
         assert status == 200
+        sent = {name.lower(): value for name, value in headers.items()}
+        assert len(config.headers) == 5
         for header, value in config.headers.items():
-            assert headers[header.lower()] == value
+            assert sent[header.lower()] == value
 
 
 def _basic(user: str, password: str) -> dict[str, str]:
