@@ -115,6 +115,8 @@ CASES = [
             Client("HTTP Request to HTTPS server", tls=False),
             Client(OK),
             Client("protocol version not supported", max_tls11=True),
+            # Go checks a given certificate against the system's CAs: a self-signed one fails.
+            Client("bad certificate", cert="client_selfsigned"),
         ),
     ),
     Case("TLS inline", "web_config_noAuth_tlsInline.good.yml", OK, clients=(Client(OK),)),
@@ -316,7 +318,7 @@ CASES = [
         "RequestClientCert, no CA",
         TLS + "  client_auth_type: RequestClientCert\n",
         OK,
-        clients=(Client(OK),),
+        clients=(Client(OK), Client(OK, cert="client_selfsigned")),
     ),
     Case(
         "VerifyClientCertIfGiven with a CA",
