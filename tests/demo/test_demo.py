@@ -101,7 +101,23 @@ def test_demo_runs_every_scenario_and_pages_exactly_as_expected(tmp_path: Path) 
         assert f"the daemon's API showed {shown}\n" in out
     # The skipped collective is named: the group, the op and the lagging rank.
     assert "group=tp:2-3" in out and "op=all_reduce" in out and "rank=3" in out
+    # The progress lines' worst and breaches are each scenario's own: the trough's 400 ms
+    # below the floor shows in its worst (shorter than the polling, so from the daemon's
+    # window) and its breach count, and neither carries into the scenario after it.
+    for name in ("healthy", "skip", "foreign"):
+        assert all("breaches 0;" in line for line in card_lines_of(out, name)), name
+    trough = card_lines_of(out, "trough")[-1]
+    assert re.search(r"breaches [1-9]\d*;", trough) and "margin -" in trough, trough
+    assert "breaches 0;" in card_lines_of(out, "oom")[0]
     assert_cleaned_up(tmp_path, out)
+
+
+def card_lines_of(out: str, scenario: str) -> list[str]:
+    """The progress lines of card 0 during ``scenario``."""
+    section = out.split(f"=== scenario {scenario}:")[1].split("\n=== ")[0]
+    lines = [line for line in section.splitlines() if "  gpu 0 " in line]
+    assert lines, f"no progress line for card 0 in {scenario}"
+    return lines
 
 
 @pytest.mark.gpu
@@ -404,6 +420,8 @@ def summary_card(**changes: object) -> dict[str, object]:
 def test_the_card_summary_says_counts_and_totals_in_words() -> None:
     (line,) = card_lines({"cards": [summary_card()]}, {"GPU-0": 10 * GiB}, {"GPU-0": 3})
     assert "last holdings scan: 2 ranks hold 65.00 GiB in all" in line
+    one = summary_card(processes=summary_card()["processes"][1:], rank_resident=32 * GiB)
+    assert "1 rank holds 32.00 GiB in all" in card_lines({"cards": [one]}, {}, {})[0]
     assert "pid 2 (exited) 4.00 GiB" in line and "?" not in line
     assert "older" not in line  # the scan and the sample agree: 80 - 65 - 4 - 0.25
 

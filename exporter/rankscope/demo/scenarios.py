@@ -68,9 +68,10 @@ SQUEEZE_AFTER = 0.3  # of the duration: when the trough and the exhaustion start
 SETTLE_SECONDS = 25.0  # after serving, for pages still on their way
 QUIET_SECONDS = 3.0  # once the expected pages are in, listening for unexpected ones
 SUMMARY_EVERY = 4.0
-# The daemon's trailing window of worst free memory (--sampler.window): once a scenario has
-# run this long, the window lies inside it and its worst counts towards the scenario's.
-SAMPLER_WINDOW = 15.0
+# The daemon's trailing window of worst free memory (--sampler.window), short for the demo:
+# once a scenario has run this long, the window lies inside it and its worst counts towards
+# the scenario's, so a trough shorter than the polling is still this scenario's worst.
+SAMPLER_WINDOW = 2.0
 OBSERVE_EVERY = 0.5
 BOOT_TIMEOUT = 120.0
 STRAGGLER_GRACE = 5.0  # in a collective after the first rank finished serving

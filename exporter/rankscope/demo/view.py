@@ -86,7 +86,7 @@ def _holdings(card: dict[str, Any]) -> str:
     held = [p for p in parts if isinstance(p, int)]
     total, free = card.get("total"), card.get("free")
     text = (
-        f"last holdings scan: {ranks} rank{'' if ranks == 1 else 's'} hold "
+        f"last holdings scan: {ranks} {'rank holds' if ranks == 1 else 'ranks hold'} "
         f"{gib(card.get('rank_resident'))} in all, foreign: {', '.join(foreign) or 'none'}"
     )
     if isinstance(total, int) and len(held) == len(parts):
