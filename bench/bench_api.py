@@ -36,7 +36,7 @@ from prometheus_client.registry import CollectorRegistry
 from rankscope.daemon import app as app_module
 from rankscope.daemon.app import create_app
 from rankscope.daemon.flightstate import FlightState
-from rankscope.daemon.httpserver import serving
+from rankscope.daemon.server import serving
 from rankscope.rank.writer import ProcessIdentity, RankIdentity, Recorder
 from rankscope.record import Census, Mark, MarkDevice, MarkDriver, MarkNvml, MarkTorch
 from rankscope.record.reader import read_flight
@@ -98,7 +98,7 @@ def measure(flight: Path, requests: int) -> dict[str, float]:
     )
     stack = contextlib.ExitStack()
     server = stack.enter_context(serving(app))
-    host, port = server.socket.getsockname()[:2]
+    host, port = server.address
     client = http.client.HTTPConnection(host, port, timeout=30)
     stack.callback(client.close)
     state.refresh()

@@ -50,14 +50,14 @@ def flight_dir(tmp_path):
 
 @pytest.fixture
 def serve_app():
-    """Serves a daemon app (rankscope.daemon.app.create_app) with the daemon's own HTTP
-    server on a free loopback port, and returns an httpx client for it; stopped after the
-    test. Call it once per app."""
+    """Serves a daemon app (rankscope.daemon.app.create_app) as the daemon does (uvicorn,
+    rankscope.daemon.server.serving) on a free loopback port, and returns an httpx client
+    for it; stopped after the test. Call it once per app."""
     import contextlib
 
     import httpx
 
-    from rankscope.daemon.httpserver import serving
+    from rankscope.daemon.server import serving
 
     with contextlib.ExitStack() as stack:
 

@@ -1,16 +1,17 @@
-"""The /metrics encoders (rankscope.daemon.exposition) held to client_python's own: the text
-format byte for byte for every kind of family and for the daemon's real registry, the same
-format chosen for each Accept header, and the catalog's names legal without any escaping."""
+"""/metrics as served over loopback, held to client_python's own exposition: the format each
+Accept header gets, byte for byte for every kind of family and for the daemon's real
+registry, gzip when asked, a bad version answered rather than a 500, and the catalog's names
+legal without any escaping."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-import pytest
 from prometheus_client import exposition as client
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -28,8 +29,15 @@ from prometheus_client.registry import CollectorRegistry
 from tests.daemon.test_daemon_flightstate import census, mark, rank_recorder
 
 from rankscope import catalog
-from rankscope.daemon import cli, exposition
+from rankscope.daemon import cli
+from rankscope.daemon.app import create_app
+from rankscope.daemon.flightstate import FlightState
 from rankscope.record import MarkArena
+from rankscope.reports.census import census_document
+from rankscope.reports.ledger import phases_document
+
+ServeApp = Callable[[Any], Any]  # the conftest fixture serve_app
+TEXT_TYPE = client.choose_encoder("")[1]  # the text format, with no Accept header
 
 
 class Fixed:
@@ -75,11 +83,15 @@ def every_kind() -> CollectorRegistry:
     return registry
 
 
-def test_the_text_format_is_client_pythons_byte_for_byte_for_every_kind() -> None:
-    registry = every_kind()
-    ours = exposition.generate_text(registry)
-    assert ours == client.generate_latest(registry)
-    assert b"_created" in ours and b"_gsum" in ours and b"\\n" in ours  # the cases are there
+def metrics_client(registry: CollectorRegistry, flight_dir: Path, serve_app: ServeApp) -> Any:
+    state = FlightState(flight_dir)
+    app = create_app(
+        registry=registry,
+        state=state,
+        phases_report=lambda flight: phases_document(flight, state.host_pid),
+        census_report=census_document,
+    )
+    return serve_app(app)
 
 
 def daemon_registry(flight_dir: Path, tmp_path: Path) -> CollectorRegistry:
@@ -98,11 +110,13 @@ def daemon_registry(flight_dir: Path, tmp_path: Path) -> CollectorRegistry:
     return cli.build(args).collectors.registry()
 
 
-def test_the_daemons_own_registry_encodes_as_client_python_encodes_it(
-    flight_dir: Path, tmp_path: Path
+def test_the_daemons_own_registry_is_served_as_client_python_encodes_it(
+    flight_dir: Path, tmp_path: Path, serve_app: ServeApp
 ) -> None:
     registry = daemon_registry(flight_dir, tmp_path)
-    ours = exposition.generate_text(registry)
+    served = metrics_client(registry, flight_dir, serve_app).get("/metrics")
+    assert served.headers["content-type"] == TEXT_TYPE
+    ours = served.content
     assert b"rankscope_phase_reserved_bytes{" in ours and b"rankscope_collectives_total{" in ours
     # Two scrapes of a live registry differ in the collectors' timings only.
     timing = re.compile(rb"^rankscope_collector_duration_seconds.*$", re.M)
@@ -120,46 +134,55 @@ PROMETHEUS_2 = (
 )
 
 
-@pytest.mark.parametrize(
-    "accept",
-    [
-        "",
-        "*/*",
-        "application/json",
-        "text/plain",
-        "text/plain; version=0.0.4",
-        "text/plain;version=1.0.0;escaping=allow-utf-8",
-        "text/plain;version=1.0.0;escaping=dots",
-        "application/openmetrics-text",
-        "application/openmetrics-text; version=1.0.0",
-        "application/openmetrics-text; version=0.0.1",
-        "application/openmetrics-text;version=0.0.1,application/openmetrics-text;version=1.0.0",
-        PROMETHEUS_3,
-        PROMETHEUS_2,
-    ],
-)
-def test_each_accept_header_gets_the_format_client_python_chooses(accept: str) -> None:
+ACCEPTS = [
+    "",
+    "*/*",
+    "application/json",
+    "text/plain",
+    "text/plain; version=0.0.4",
+    "text/plain;version=1.0.0;escaping=allow-utf-8",
+    "text/plain;version=1.0.0;escaping=dots",
+    "application/openmetrics-text",
+    "application/openmetrics-text; version=1.0.0",
+    "application/openmetrics-text; version=0.0.1",
+    "application/openmetrics-text;version=0.0.1,application/openmetrics-text;version=1.0.0",
+    PROMETHEUS_3,
+    PROMETHEUS_2,
+]
+
+
+def test_each_accept_header_gets_the_format_client_python_chooses(
+    flight_dir: Path, serve_app: ServeApp
+) -> None:
     registry = every_kind()
-    encoder, content_type = exposition.choose_encoder(accept)
-    theirs, their_type = client.choose_encoder(accept)
-    if their_type.startswith("application/openmetrics-text"):
-        assert content_type == "application/openmetrics-text; version=1.0.0; charset=utf-8"
-    else:
-        # Text 0.0.4 whatever version was asked: every rankscope name is legal without
-        # escaping, so the body is the same (below).
-        assert their_type.startswith("text/plain")
-        assert content_type == "text/plain; version=0.0.4; charset=utf-8"
-    if "dots" in accept:
-        return  # client_python answers escaping=dots, each '_' doubled; ours names as they are
-    assert encoder(registry) == theirs(registry)
+    http = metrics_client(registry, flight_dir, serve_app)
+    for accept in ACCEPTS:
+        served = http.get("/metrics", headers={"Accept": accept})
+        theirs, their_type = client.choose_encoder(accept)
+        assert served.status_code == 200 and served.headers["content-type"] == their_type, accept
+        assert served.content == theirs(registry), accept
+        assert served.headers["vary"] == "Accept, Accept-Encoding"
+    assert b"_created" in served.content and b"\\n" in served.content  # the cases are there
 
 
-def test_a_version_that_is_not_a_number_gets_the_text_format() -> None:
-    # client_python 0.26 raises TypeError here (a 500 from its own server).
-    assert exposition.choose_encoder("application/openmetrics-text; version=junk") == (
-        exposition.generate_text,
-        exposition.CONTENT_TYPE_TEXT,
-    )
+def test_gzip_when_the_client_takes_it(flight_dir: Path, serve_app: ServeApp) -> None:
+    registry = every_kind()
+    http = metrics_client(registry, flight_dir, serve_app)
+    plain = http.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert "content-encoding" not in plain.headers
+    zipped = http.get("/metrics", headers={"Accept-Encoding": "br, gzip;q=0.8"})
+    assert zipped.headers["content-encoding"] == "gzip"
+    assert int(zipped.headers["content-length"]) < len(plain.content)
+    assert zipped.content == plain.content == client.generate_latest(registry)  # httpx unzips
+
+
+def test_a_version_that_is_not_a_number_gets_the_text_format(
+    flight_dir: Path, serve_app: ServeApp
+) -> None:
+    # client_python's choose_encoder raises here (a 500 from its own server).
+    http = metrics_client(every_kind(), flight_dir, serve_app)
+    served = http.get("/metrics", headers={"Accept": "application/openmetrics-text; version=junk"})
+    assert served.status_code == 200 and served.headers["content-type"] == TEXT_TYPE
 
 
 LEGACY_METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")

@@ -19,7 +19,7 @@ import pytest
 from tests.daemon.test_daemon_serve import serve
 
 from rankscope.daemon import webconfig
-from rankscope.daemon.webconfig import BasicAuth, WebConfigError, load_web_config, parse_web_config
+from rankscope.daemon.webconfig import WebConfigError, load_web_config, parse_web_config
 from rankscope.daemon.webconfig_yaml import go_duration
 
 # Cost 4 keeps the tests quick; the daemon accepts any bcrypt cost.
@@ -226,37 +226,6 @@ def test_missing_certificate_files_are_named(tmp_path: Path) -> None:
         load_web_config(cfg)
 
 
-def test_basic_auth_good_bad_and_unknown() -> None:
-    auth = BasicAuth({"alice": ALICE_HASH.encode()})
-    assert auth.check(basic("alice", "wonderland"))
-    assert auth.check(basic("alice", "wonderland"))  # the cached outcome
-    assert not auth.check(basic("alice", "looking-glass"))
-    assert not auth.check(basic("mallory", "wonderland"))
-    assert not auth.check(None)
-    assert not auth.check(b"Bearer abc")
-    assert not auth.check(b"Basic !!!not-base64")
-    assert not auth.check(b"Basic " + base64.b64encode(b"no-colon"))
-
-
-def test_an_unknown_user_costs_a_bcrypt_check_like_a_known_one(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Refusal of an unknown user runs bcrypt against a dummy hash, so the response time does
-    not tell which users exist."""
-    checked: list[bytes] = []
-    real = bcrypt.checkpw
-
-    def spy(password: bytes, hashed: bytes) -> bool:
-        checked.append(hashed)
-        return real(password, hashed)
-
-    monkeypatch.setattr(bcrypt, "checkpw", spy)
-    auth = BasicAuth({"alice": ALICE_HASH.encode()})
-    assert not auth.check(basic("mallory", "x"))
-    assert not auth.check(basic("alice", "x"))
-    assert checked == [webconfig.dummy_hash(), ALICE_HASH.encode()]
-
-
 def _write_key_and_cert(directory: Path, stem: str, key: Any, cert: Any) -> tuple[Path, Path]:
     from cryptography.hazmat.primitives import serialization
 
@@ -412,15 +381,3 @@ def test_client_certificates_and_the_minimum_tls_version_are_enforced(
         old_tls.maximum_version = ssl.TLSVersion.TLSv1_2
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
             https_get(https, old_tls)
-
-
-def test_a_web_config_broken_while_running_keeps_the_users_it_had(tmp_path: Path) -> None:
-    cfg = tmp_path / "web.yml"
-    cfg.write_text(f"basic_auth_users:\n  alice: '{ALICE_HASH}'\n")
-    auth = webconfig.ReloadingAuth(cfg, load_web_config(cfg))
-    assert auth.check(basic("alice", "wonderland"))
-    cfg.write_text("basic_auth_users:\n  alice: not-a-hash-any-more\n")
-    assert auth.check(basic("alice", "wonderland"))
-    assert not auth.check(basic("alice", "not-a-hash-any-more"))
-    cfg.write_text("basic_auth_users: {}\n# now open\n")
-    assert not auth.enabled  # emptied on purpose: the file says so

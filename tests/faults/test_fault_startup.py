@@ -97,7 +97,7 @@ def test_an_expired_certificate_is_served_with_a_warning(flight_dir: Path, tmp_p
     assert "WARNING" in text and f"TLS certificate {cert} expired" in text, text
 
 
-def test_a_live_edit_that_empties_basic_auth_users_is_a_warning(
+def test_a_live_edit_that_empties_basic_auth_users_keeps_auth_on(
     flight_dir: Path, tmp_path: Path
 ) -> None:
     cfg = tmp_path / "web.yml"
@@ -106,6 +106,6 @@ def test_a_live_edit_that_empties_basic_auth_users_is_a_warning(
     with serve(flight_dir, f"--web.config.file={cfg}", log=log) as url:
         assert get(url + "/healthz")[0] == 401
         cfg.write_text("basic_auth_users: {}\n")
-        assert get(url + "/healthz")[0] == 200  # emptied on purpose: open, but said loudly
-    warnings = [line for line in log.read_text().splitlines() if " WARNING " in line]
-    assert any("basic_auth_users is now empty" in w and str(cfg) in w for w in warnings), warnings
+        assert get(url + "/healthz")[0] == 401  # fail closed: only a restart turns auth off
+    errors = [line for line in log.read_text().splitlines() if " ERROR " in line]
+    assert any("basic auth stays on" in e and str(cfg) in e for e in errors), errors

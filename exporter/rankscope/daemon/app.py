@@ -1,30 +1,28 @@
-"""The daemon's HTTP side: /metrics, /healthz, /readyz, the JSON API, the status page."""
+"""The daemon's HTTP side on FastAPI: /metrics, /healthz, /readyz, the JSON API, the status
+page."""
 
 from __future__ import annotations
 
 import gzip
+import html
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client.exposition import (
+    choose_encoder,
+    gzip_accepted,
+)
 from prometheus_client.registry import CollectorRegistry
 
 from rankscope import __version__
-from rankscope.daemon.exposition import choose_encoder
 from rankscope.daemon.flightstate import FlightState
-from rankscope.daemon.httpserver import (
-    Handler,
-    HTTPError,
-    Request,
-    Response,
-    Router,
-    json_response,
-    query_int,
-    static_files,
-    text,
-)
 from rankscope.daemon.oom import OomBook
-from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, paginate
+from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, page_url, paginate
 from rankscope.daemon.sampler import CardView, Sampler
 from rankscope.daemon.sources import FLIGHT_REFRESH_S
 from rankscope.record.reader import BootNotFoundError, Flight
@@ -33,6 +31,8 @@ from rankscope.record.reader import BootNotFoundError, Flight
 STUCK_SCRAPE_SECONDS = 10.0
 # The API refreshes the flight state itself only when older (no refresher running).
 API_REFRESH_S = 2 * FLIGHT_REFRESH_S
+# An error answer echoes at most this much of what the client sent.
+ECHO_BYTES = 200
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -47,9 +47,14 @@ LINKS = (
     ("/api/v1/oom", "OOM instants and who held the card"),
 )
 
-
 # A report function turns the records of one boot into what the CLI's --json prints.
 Report = Callable[[Flight], dict[str, Any]]
+Offset = Annotated[int, Query(ge=0)]
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
+
+# The long lists of each answer, paged by ?offset= and ?limit= (docs/architecture.md, API).
+PHASES_LISTS = ("processes",)
+CENSUS_LISTS = ("ranks", "entries", "history", "in_process")
 
 
 def create_app(
@@ -62,86 +67,135 @@ def create_app(
     ooms: OomBook | None = None,
     static_dir: Path = STATIC_DIR,
     collecting: Callable[[], float | None] | None = None,
-) -> Router:
-    app = Router()
-    app.get("/metrics")(_metrics(registry))
-    app.get("/healthz")(lambda request: text("ok\n"))
-    app.get("/readyz")(_readiness(state, cards, collecting))
-    app.get("/api/v1/boots")(lambda request: _boots(state))
-    app.get("/api/v1/phases")(
-        _paged(lambda request: phases_report(_flight(state, request)), PHASES_LISTS)
-    )
-    app.get("/api/v1/census")(
-        _paged(lambda request: census_report(_flight(state, request)), CENSUS_LISTS)
-    )
-    app.get("/api/v1/cards")(lambda request: json_response(cards_document(cards, ooms)))
-    app.get("/api/v1/oom")(_paged(lambda request: _oom_document(ooms), ("ooms",)))
+) -> FastAPI:
+    # No generated docs: the API is documented in docs/architecture.md, and /docs would
+    # load its script from a CDN.
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
+    app.add_exception_handler(RequestValidationError, _clipped_validation_error)  # type: ignore[arg-type]
+    # Routes are plain functions: FastAPI runs each on its thread pool, so a slow collector
+    # or a large flight directory never holds up the event loop.
+    get = app.api_route
+
+    @get("/metrics", methods=["GET", "HEAD"])
+    def metrics(request: Request) -> Response:
+        return _exposition(registry, request)
+
+    @get("/healthz", methods=["GET", "HEAD"])
+    def healthz() -> Response:
+        return PlainTextResponse("ok\n")
+
+    @get("/readyz", methods=["GET", "HEAD"])
+    def readyz() -> Response:
+        return _readiness(state, cards, collecting)
+
+    @get("/api/v1/boots", methods=["GET", "HEAD"])
+    def boots() -> Response:
+        _fresh(state)
+        return _json({"boots": [b.as_json() for b in state.boots()]})
+
+    @get("/api/v1/phases", methods=["GET", "HEAD"])
+    def phases(
+        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
+    ) -> Response:
+        doc = phases_report(_flight(state, boot))
+        return _paged(request, doc, PHASES_LISTS, offset, limit)
+
+    @get("/api/v1/census", methods=["GET", "HEAD"])
+    def census(
+        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
+    ) -> Response:
+        doc = census_report(_flight(state, boot))
+        return _paged(request, doc, CENSUS_LISTS, offset, limit)
+
+    @get("/api/v1/cards", methods=["GET", "HEAD"])
+    def cards_route() -> Response:
+        return _json(cards_document(cards, ooms))
+
+    @get("/api/v1/oom", methods=["GET", "HEAD"])
+    def oom(request: Request, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT) -> Response:
+        return _paged(request, _oom_document(ooms), ("ooms",), offset, limit)
+
     if static_dir.is_dir():
-        app.mount("/static", static_files(static_dir, "/static"))
-    app.get("/")(_landing(static_dir / "index.html"))
+        app.mount("/static", StaticFiles(directory=static_dir), name="static")
+    index = static_dir / "index.html"
+
+    @get("/", methods=["GET", "HEAD"])
+    def landing() -> Response:
+        if index.is_file():
+            return HTMLResponse(with_links(index.read_text(encoding="utf-8")))
+        return HTMLResponse(landing_page())
+
     return app
 
 
-def _metrics(registry: CollectorRegistry) -> Handler:
-    def metrics(request: Request) -> Response:
-        # Each request has its own thread, so a slow collector holds up no other request.
+def _exposition(registry: CollectorRegistry, request: Request) -> Response:
+    """client_python's exposition in the format the Accept header asks for, gzipped when
+    the client takes it."""
+    try:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        body = encoder(registry)
-        headers = {"Vary": "Accept, Accept-Encoding"}
-        if "gzip" in request.headers.get("accept-encoding", ""):
-            body = gzip.compress(body, compresslevel=6)
-            headers["Content-Encoding"] = "gzip"
-        return Response(200, body, content_type, headers)
-
-    return metrics
+    except (TypeError, ValueError):  # client_python's parse of a version that is no number
+        encoder, content_type = choose_encoder("")
+    body = encoder(registry)
+    headers = {"Vary": "Accept, Accept-Encoding"}
+    if gzip_accepted(request.headers.get("accept-encoding", "")):
+        body = gzip.compress(body, compresslevel=6)
+        headers["Content-Encoding"] = "gzip"
+    return Response(body, media_type=content_type, headers=headers)
 
 
 def _readiness(
     state: FlightState, cards: Sampler | None, collecting: Callable[[], float | None] | None
-) -> Handler:
-    def readyz(request: Request) -> Response:
-        problems: list[str] = []
-        if state.up is None:
-            state.refresh()
-        flight = state.health()
-        if flight.directory_error is not None:
-            problems.append(f"flight directory {state.flight_dir}: {flight.directory_error}")
-        elif flight.backlog:
-            problems.append(
-                f"catching up: {flight.backlog / 2**20:.1f} MiB of flight directory "
-                f"{state.flight_dir} left to read"
-            )
-        if cards is not None and not cards.tried.is_set():
-            problems.append("the device source has not been tried yet")
-        running = collecting() if collecting is not None else None
-        if running is not None and running > STUCK_SCRAPE_SECONDS:
-            problems.append(f"a scrape has been collecting for {running:.0f}s")
-        body = {"ready": not problems, "problems": problems, "flight": flight.as_json()}
-        return json_response(body, status=200 if not problems else 503)
-
-    return readyz
+) -> Response:
+    problems: list[str] = []
+    if state.up is None:
+        state.refresh()
+    flight = state.health()
+    if flight.directory_error is not None:
+        problems.append(f"flight directory {state.flight_dir}: {flight.directory_error}")
+    elif flight.backlog:
+        problems.append(
+            f"catching up: {flight.backlog / 2**20:.1f} MiB of flight directory "
+            f"{state.flight_dir} left to read"
+        )
+    if cards is not None and not cards.tried.is_set():
+        problems.append("the device source has not been tried yet")
+    running = collecting() if collecting is not None else None
+    if running is not None and running > STUCK_SCRAPE_SECONDS:
+        problems.append(f"a scrape has been collecting for {running:.0f}s")
+    body = {"ready": not problems, "problems": problems, "flight": flight.as_json()}
+    return _json(body, status=200 if not problems else 503)
 
 
-def _boots(state: FlightState) -> Response:
-    _fresh(state)
-    return json_response({"boots": [b.as_json() for b in state.boots()]})
+def _json(doc: Any, status: int = 200) -> Response:
+    return JSONResponse(doc, status_code=status)
 
 
-def _paged(document: Callable[[Request], dict[str, Any]], lists: tuple[str, ...]) -> Handler:
-    """A route answering ``document`` with its ``lists`` paged by ?offset= and ?limit=."""
+def _paged(
+    request: Request, doc: dict[str, Any], lists: tuple[str, ...], offset: int, limit: int
+) -> Response:
+    def next_url(at: int) -> str:
+        return page_url(request.url.path, request.url.query, offset=at, limit=limit)
 
-    def answer(request: Request) -> Response:
-        # A bad page is a 422 naming it, before anything is read.
-        offset = query_int(request, "offset", 0, ge=0)
-        limit = query_int(request, "limit", DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
-        doc = document(request)
+    return _json(paginate(doc, lists, offset, limit, next_url))
 
-        def next_url(at: int) -> str:
-            return request.url_with(offset=at, limit=limit)
 
-        return json_response(paginate(doc, lists, offset, limit, next_url))
+def clip(text: str, limit: int = ECHO_BYTES) -> str:
+    """At most ``limit`` bytes (UTF-8) of a client's text, marked when cut."""
+    raw = text.encode("utf-8", "surrogateescape")
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode("utf-8", "ignore") + "..."
 
-    return answer
+
+async def _clipped_validation_error(request: Request, exc: RequestValidationError) -> Response:
+    """FastAPI's 422, with each echoed input cut to ECHO_BYTES."""
+    errors = []
+    for error in exc.errors():
+        error = {k: v for k, v in error.items() if k != "ctx"}
+        if isinstance(error.get("input"), str):
+            error["input"] = clip(error["input"])
+        errors.append(error)
+    return _json({"detail": errors}, status=422)
 
 
 def cards_document(cards: Sampler | None, ooms: OomBook | None = None) -> dict[str, Any]:
@@ -185,52 +239,27 @@ def _oom_document(ooms: OomBook | None) -> dict[str, Any]:
     return {"ooms": ooms.documents()}
 
 
-def _landing(index: Path) -> Handler:
-    def landing(request: Request) -> Response:
-        if index.is_file():
-            return text(with_links(index.read_text(encoding="utf-8")), content_type="text/html")
-        return text(landing_page(), content_type="text/html")
-
-    return landing
-
-
-# The long lists of each answer, paged by ?offset= and ?limit= (docs/architecture.md, API).
-PHASES_LISTS = ("processes",)
-CENSUS_LISTS = ("ranks", "entries", "history", "in_process")
-
-
 def _fresh(state: FlightState) -> None:
     """The state as of at most API_REFRESH_S ago; 503 when the directory cannot be read (a
     directory no job has written yet is empty, not an error)."""
     state.refresh_if_older(API_REFRESH_S)
     if state.up is False:
-        raise HTTPError(503, f"flight directory {state.flight_dir}: {state.error}")
+        raise HTTPException(503, f"flight directory {state.flight_dir}: {state.error}")
 
 
-def _flight(state: FlightState, request: Request) -> Flight:
+def _flight(state: FlightState, boot: str | None) -> Flight:
     """The boot ?boot= names (the latest by default); 404 for one the state lacks."""
     _fresh(state)
     try:
-        return state.flight(request.args().get("boot"))
+        return state.flight(boot)
     except BootNotFoundError as exc:
-        raise HTTPError(404, str(exc)) from exc
-
-
-_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"}
-
-
-def escape(text: str) -> str:
-    """html.escape (quotes included) without the html module, whose entity table cost the
-    daemon 0.3 MiB of resident memory."""
-    for char, entity in _ENTITIES.items():
-        text = text.replace(char, entity)
-    return text
+        raise HTTPException(404, clip(str(exc))) from exc
 
 
 def _link_items(links: tuple[tuple[str, str], ...]) -> str:
     # Relative hrefs, so the page works behind a proxy that serves it under a path prefix.
     return "\n".join(
-        f'    <li><a href="{href.lstrip("/")}">{escape(href)}</a> {escape(what)}</li>'
+        f'    <li><a href="{href.lstrip("/")}">{html.escape(href)}</a> {html.escape(what)}</li>'
         for href, what in links
     )
 
@@ -253,6 +282,6 @@ def landing_page() -> str:
     items = _link_items(LINKS)
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>rankscope</title></head>\n"
-        f"<body>\n  <h1>rankscope {escape(__version__)}</h1>\n  <ul>\n{items}\n  </ul>\n"
+        f"<body>\n  <h1>rankscope {html.escape(__version__)}</h1>\n  <ul>\n{items}\n  </ul>\n"
         "</body></html>\n"
     )

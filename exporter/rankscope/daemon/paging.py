@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 DEFAULT_LIMIT = 500  # items per list in one answer, unless ?limit= says otherwise
 MAX_LIMIT = 5000
@@ -32,3 +33,9 @@ def paginate(
         "next": next_url(offset + limit) if truncated else None,
     }
     return doc
+
+
+def page_url(path: str, query: str, **params: int | str) -> str:
+    """``path`` with ``query``'s parameters and ``params`` set (the others kept, in order)."""
+    kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in params]
+    return f"{path}?{urlencode([*kept, *((k, str(v)) for k, v in params.items())])}"

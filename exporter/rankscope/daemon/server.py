@@ -1,20 +1,24 @@
 """The daemon assembled from its config (sources, collectors, app, web config, OTLP), and
-its run until a signal."""
+its run on uvicorn until a signal."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import uvicorn
 
 from rankscope.daemon import collectors
 from rankscope.daemon.app import create_app
 from rankscope.daemon.config import DaemonConfig
-from rankscope.daemon.httpserver import App, Server, listen
+from rankscope.daemon.guard import RequestGuard, StrictH11Protocol
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.sources import Poller, Sources
 from rankscope.reports.census import census_document
@@ -38,7 +42,7 @@ def build(config: DaemonConfig) -> Daemon:
     enabled = [m for m in collectors.COLLECTORS if config.enabled(m.NAME, m.DEFAULT)]
     timed = TimedCollectors([m.build(config, sources) for m in enabled], sources.flight.refresh)
     state = sources.flight
-    app: App = create_app(
+    app: Any = create_app(
         registry=timed.registry(),
         state=state,
         cards=sources.card_sampler,
@@ -49,9 +53,10 @@ def build(config: DaemonConfig) -> Daemon:
     )
     tls = None
     if config.web.config_file is not None:  # the web config, and with it ssl, only when given
-        from rankscope.daemon.webconfig import with_web_config
+        from rankscope.daemon.webauth import with_web_config
 
-        app, tls = with_web_config(app, config.web.config_file)
+        app, web = with_web_config(app, config.web.config_file)
+        tls = web.tls
     otlp = _otlp(config, timed, state.latest_boot)
     return Daemon(app, config.web.host, config.web.port, timed, sources, tls, otlp)
 
@@ -67,7 +72,7 @@ def _otlp(config: DaemonConfig, timed: TimedCollectors, latest_boot: Any) -> Pol
 
 @dataclass
 class Daemon:
-    app: App
+    app: Any  # an ASGI app
     host: str
     port: int
     collectors: TimedCollectors
@@ -104,26 +109,19 @@ class Daemon:
     def run(self, tls: ssl.SSLContext | None, sock: socket.socket) -> int:
         """Serve until SIGTERM or SIGINT; then stop serving, stop the threads, and end by
         the signal as a process without handlers would (SIGINT: KeyboardInterrupt)."""
-        stop = threading.Event()
+        server = HTTPServer(self.app, tls)
         caught: list[int] = []
 
         def on_signal(signum: int, _frame: Any) -> None:
             caught.append(signum)
-            stop.set()
+            server.should_exit = True
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         self.sources.start()
         try:
             if self.otlp is not None:
                 self.otlp.start()
-            server = Server(sock, self.app, tls)
-            server.start()
-            try:
-                log.info("rankscope serving on %s/metrics", server.url)
-                while not stop.wait(1.0):
-                    pass
-            finally:
-                server.stop()
+            server.run(sockets=[sock])
         finally:
             sock.close()
             if self.otlp is not None:
@@ -134,3 +132,92 @@ class Daemon:
         for signum in caught[:1]:
             signal.raise_signal(signum)
         return 0
+
+
+KEEP_ALIVE_S = 30.0  # an idle kept-alive connection is closed after this
+STOP_GRACE_S = 5.0  # how long a stop waits for the answers in flight
+
+
+class _Config(uvicorn.Config):
+    """uvicorn's config with the web config's TLS context, built by rankscope (uvicorn's
+    own would take file names only)."""
+
+    def __init__(self, app: Any, tls: ssl.SSLContext | None) -> None:
+        super().__init__(
+            RequestGuard(app),
+            http=StrictH11Protocol,
+            loop="asyncio",
+            lifespan="off",
+            ws="none",
+            interface="asgi3",
+            log_config=None,  # the daemon's logging, as configured by `rankscope serve`
+            access_log=False,  # RequestGuard logs each answer at debug, escaped
+            server_header=False,  # no version advertised
+            timeout_keep_alive=int(KEEP_ALIVE_S),
+            timeout_graceful_shutdown=int(STOP_GRACE_S),
+        )
+        self.tls = tls
+
+    def load(self) -> None:
+        super().load()
+        self.ssl = self.tls
+
+
+class HTTPServer(uvicorn.Server):
+    """uvicorn serving an app on sockets the caller bound; the caller handles signals."""
+
+    def __init__(self, app: Any, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(_Config(app, tls))
+        self.address: tuple[str, int] = ("", 0)  # the host and port it listens on, once started
+        self.url = ""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # Daemon.run has its own handlers, which set should_exit
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and sockets:
+            host, port = self.address = sockets[0].getsockname()[:2]
+            host = f"[{host}]" if ":" in host else host
+            scheme = "https" if self.config.ssl is not None else "http"
+            self.url = f"{scheme}://{host}:{port}"
+            log.info("rankscope serving on %s/metrics", self.url)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port``, not listening yet; OSError naming a taken one."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+@contextlib.contextmanager
+def serving(
+    app: Any, sock: socket.socket | None = None, tls: ssl.SSLContext | None = None
+) -> Iterator[HTTPServer]:
+    """``app`` served on a thread on ``sock`` (default: a free loopback port) until the
+    block ends; for tests and benches, as the daemon serves it."""
+    server = HTTPServer(app, tls)
+    thread = threading.Thread(
+        target=server.run,
+        kwargs={"sockets": [sock if sock is not None else listen("127.0.0.1", 0)]},
+        name="rankscope-http",
+        daemon=True,
+    )
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join(STOP_GRACE_S + 5)

@@ -6,21 +6,13 @@ An unknown or repeated key is an error, so a typo never leaves the daemon open.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import functools
-import hashlib
-import logging
 import os
 import re
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from rankscope.daemon.httpserver import App, HTTPError, Request, Response
 from rankscope.daemon.webconfig_tls import (
     CIPHER_SUITES,
     CLIENT_AUTH,
@@ -45,7 +37,6 @@ __all__ = [
     "parse_web_config",
 ]
 
-log = logging.getLogger("rankscope.daemon")
 
 # The headers exporter-toolkit lets a web config set, with the only values it allows (None:
 # any value). Names are matched exactly, as Go does.
@@ -185,156 +176,3 @@ def _check_http2_ciphers(reader: Reader, tls: TLSConfig) -> None:
             f"cipher (need at least one of {' or '.join(HTTP2_REQUIRED_CIPHERS)}); add one "
             "or set http_server_config.http2: false"
         )
-
-
-@functools.cache
-def dummy_hash() -> bytes:
-    """Checked for an unknown user, so the response time does not tell which users exist;
-    made on first use, so a daemon without basic auth never loads bcrypt."""
-    import bcrypt
-
-    return bcrypt.hashpw(b"rankscope: no such user", bcrypt.gensalt(rounds=10))
-
-
-_CACHE_SIZE = 256
-
-
-class BasicAuth:
-    """Checks an Authorization header against the users. Outcomes are cached by a digest of
-    (user, hash, password), as exporter-toolkit does: a scraper pays for bcrypt once."""
-
-    def __init__(self, users: dict[str, bytes]) -> None:
-        self.users = dict(users)
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
-        self._lock = threading.Lock()
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.users)
-
-    def check(self, authorization: bytes | None) -> bool:
-        user, password = parse_basic(authorization)
-        hashed = self.users.get(user) if user is not None else None
-        known = hashed is not None
-        hashed = hashed if hashed is not None else dummy_hash()
-        pw = (password or "").encode()
-        key = hashlib.sha256(b"\0".join([(user or "").encode(), hashed, pw])).digest()
-        with self._lock:
-            cached = self._cache.get(key)
-        if cached is not None:
-            return cached
-        import bcrypt
-
-        try:
-            matches = bcrypt.checkpw(pw, hashed)
-        except ValueError:  # a malformed hash in the config
-            matches = False
-        ok = known and matches and user is not None
-        with self._lock:
-            self._cache[key] = ok
-            while len(self._cache) > _CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return ok
-
-
-def parse_basic(authorization: bytes | None) -> tuple[str | None, str | None]:
-    """(user, password) of a Basic Authorization header, (None, None) for anything else."""
-    if not authorization:
-        return None, None
-    scheme, _, token = authorization.partition(b" ")
-    if scheme.lower() != b"basic":
-        return None, None
-    try:
-        decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
-        return None, None
-    user, sep, password = decoded.partition(":")
-    return (user, password) if sep else (None, None)
-
-
-class ReloadingAuth:
-    """The users of a web config file, read again when it changes (kept if it breaks)."""
-
-    def __init__(self, path: Path, config: WebConfig) -> None:
-        self.path = path
-        self._auth = BasicAuth(config.users)
-        self._mtime = _mtime(path)
-        self._lock = threading.Lock()
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._current().users)
-
-    def check(self, authorization: bytes | None) -> bool:
-        return self._current().check(authorization)
-
-    def _current(self) -> BasicAuth:
-        mtime = _mtime(self.path)
-        with self._lock:
-            if mtime == self._mtime:
-                return self._auth
-            self._mtime = mtime
-            try:
-                users = load_web_config(self.path).users
-            except WebConfigError as exc:
-                log.error(
-                    "web config %s changed but cannot be used, keeping the previous users: %s",
-                    self.path,
-                    exc,
-                )
-                return self._auth
-            if self._auth.users and not users:
-                log.warning(
-                    "web config %s changed: basic_auth_users is now empty, so every "
-                    "request is served WITHOUT authentication",
-                    self.path,
-                )
-            else:
-                log.info("web config %s changed: %d user(s)", self.path, len(users))
-            self._auth = BasicAuth(users)
-            return self._auth
-
-
-def _mtime(path: Path) -> tuple[int, int] | None:
-    # With the size: a rewrite within one tick of a coarse file-system clock still shows.
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
-class WebConfigMiddleware:
-    """Basic auth on every path and the configured headers on every answer, refusals too."""
-
-    def __init__(
-        self, app: App, auth: ReloadingAuth | BasicAuth | None, headers: dict[str, str]
-    ) -> None:
-        self.app = app
-        self.auth = auth
-        self.headers = dict(headers)
-
-    def __call__(self, request: Request) -> Response:
-        if self.auth is not None and self.auth.enabled:
-            header = request.headers.get("authorization")
-            # RequestHandler decodes headers as latin-1: this gives back the bytes sent.
-            if not self.auth.check(header.encode("latin-1") if header is not None else None):
-                response = Response(401, b"Unauthorized\n")
-                response.headers["WWW-Authenticate"] = 'Basic realm="rankscope"'
-                response.headers.update(self.headers)
-                return response
-        try:
-            response = self.app(request)
-        except HTTPError as exc:
-            response = exc.response()
-        response.headers.update(self.headers)
-        return response
-
-
-def with_web_config(app: App, path: Path) -> tuple[App, TLSConfig | None]:
-    """``app`` behind the web config at ``path``, and the TLS settings to serve it with."""
-    web = load_web_config(path)
-    if web.users or web.headers:
-        auth = ReloadingAuth(path, web) if web.users else None
-        app = WebConfigMiddleware(app, auth, web.headers)
-    return app, web.tls

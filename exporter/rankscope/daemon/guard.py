@@ -1,0 +1,204 @@
+"""The HTTP server's limits toward the network, on uvicorn's h11 protocol: a deadline for
+each request head (slowloris), bounds on a head's size and field count, no duplicate or
+ambiguous body length (request smuggling), no control character in a path or query, escaped
+log lines, and a cap on open connections that sheds the one waiting longest for a head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+import h11
+from h11._readers import maybe_read_from_IDLE_client
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("rankscope.daemon")
+
+HEAD_DEADLINE_S = 10.0  # a request head (line and fields) must arrive whole within this
+MAX_HEAD_BYTES = 16 * 1024  # of a request head: h11's default bound on an incomplete event
+MAX_HEADERS = 100  # header fields in one head
+MAX_CONNECTIONS = 1000  # open at once; past it, the one waiting longest for a head is shed
+LOGGED_CHARS = 200  # of a client's path in a log line
+
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
+_CONTENT_LENGTH = re.compile(rb"content-length[ \t]*:[ \t]*(.*?)[ \t\r]*$", re.IGNORECASE)
+
+
+def loggable(text: str) -> str:
+    """A client's text safe in one log line: cut, with control and non-ASCII characters
+    escaped, so no input forges a line."""
+    return text[:LOGGED_CHARS].encode("unicode_escape").decode("ascii")
+
+
+def _strict_head(buf: Any) -> h11.Request | None:
+    """h11's reader of a request head, refusing what h11 lets through: more than
+    MAX_HEADERS fields, a head over MAX_HEAD_BYTES that arrived in one piece, more than one
+    Content-Length (two fields or a list, even of equal values), Content-Length with
+    Transfer-Encoding, and a target that is not ASCII."""
+    pending = bytes(buf)
+    request = maybe_read_from_IDLE_client(buf)
+    if request is None:
+        return None
+    head = pending[: len(pending) - len(buf)]
+    if len(head) > MAX_HEAD_BYTES:
+        raise h11.LocalProtocolError("request head too large", error_status_hint=431)
+    fields = [line for line in head.split(b"\n")[1:] if line.strip()]
+    if len(fields) > MAX_HEADERS:
+        raise h11.LocalProtocolError("too many header fields", error_status_hint=431)
+    lengths = [m.group(1) for m in map(_CONTENT_LENGTH.match, fields) if m]
+    if len(lengths) > 1 or any(not length.isdigit() for length in lengths):
+        raise h11.LocalProtocolError("more than one Content-Length")
+    names = {name for name, _ in request.headers}
+    if b"content-length" in names and b"transfer-encoding" in names:
+        raise h11.LocalProtocolError("both Content-Length and Transfer-Encoding")
+    if not request.target.isascii():
+        raise h11.LocalProtocolError("request target not ASCII")
+    return request
+
+
+class StrictConnection(h11.Connection):
+    """An h11 server connection that reads request heads with _strict_head."""
+
+    def _get_io_object(self, role: Any, event: Any, io_dict: Any) -> Any:
+        io = super()._get_io_object(role, event, io_dict)
+        return _strict_head if io is maybe_read_from_IDLE_client else io
+
+
+class StrictH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with StrictConnection, a deadline for each request head
+    (from its first byte; a new connection's clock starts at once), and a cap on open
+    connections."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = StrictConnection(h11.SERVER, MAX_HEAD_BYTES)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0  # when it last began to wait for a request head
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.idle_since = self.loop.time()
+        self._start_head_clock()
+        if len(self.connections) > MAX_CONNECTIONS:
+            self._shed_one()
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is None and self.waiting_for_head():
+            self._start_head_clock()
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_clock()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        # The next head's clock starts at its first byte; till then the connection is idle
+        # (uvicorn's keep-alive timeout).
+        self._stop_head_clock()
+        self.idle_since = self.loop.time()
+        super().on_response_complete()
+
+    def waiting_for_head(self) -> bool:
+        idle = self.cycle is None or self.cycle.response_complete
+        return idle and self.conn.their_state is h11.IDLE
+
+    def _start_head_clock(self) -> None:
+        self._stop_head_clock()
+        self._head_timer = self.loop.call_later(HEAD_DEADLINE_S, self._head_overdue)
+
+    def _stop_head_clock(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        if self.waiting_for_head():
+            log.debug(
+                "http %s: no whole request head in %.0fs, closed", _peer(self), HEAD_DEADLINE_S
+            )
+            self.transport.close()
+
+    def _shed_one(self) -> None:
+        waiting = [
+            c
+            for c in self.connections
+            if isinstance(c, StrictH11Protocol) and c is not self and c.waiting_for_head()
+        ]
+        if waiting:
+            oldest = min(waiting, key=lambda c: c.idle_since)
+            log.warning(
+                "http: %d connections open, closed one from %s (idle or waiting for a "
+                "request head the longest)",
+                len(self.connections),
+                _peer(oldest),
+            )
+            oldest.transport.close()
+
+
+def _peer(protocol: H11Protocol) -> str:
+    return protocol.client[0] if protocol.client else "?"
+
+
+Scope = dict[str, Any]
+Receive = Any
+Send = Any
+
+
+class RequestGuard:
+    """The outermost ASGI layer: a 400 for a control character in the path or query
+    (decoded), a 500 logged (with an escaped path) for a failure no inner layer answered,
+    and a debug line per answer."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        what = f"{scope['method']} {loggable(path)}"
+        client = scope["client"][0] if scope.get("client") else "?"
+        query = unquote_to_bytes(scope.get("query_string", b""))
+        if _CONTROL.search(path.encode("utf-8", "surrogateescape")) or _CONTROL.search(query):
+            log.debug("http %s %s: control character, 400", client, what)
+            await plain(send, 400, b"Bad Request: a control character in the path or query\n")
+            return
+        status: list[int] = []
+
+        async def tracked(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            log.exception("http %s %s failed", client, what)
+            if not status:
+                await plain(send, 500, b"Internal Server Error\n")
+            return
+        log.debug("http %s %s %s", client, what, status[0] if status else "-")
+
+
+async def plain(
+    send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """A whole text/plain answer."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
