@@ -110,9 +110,11 @@ class Served:
 
     @classmethod
     def of(cls, config: WebConfig) -> Served:
+        # Names lower-cased, as every other header the daemon sends.
         try:
             headers = tuple(
-                (k.encode("latin-1"), v.encode("latin-1")) for k, v in config.headers.items()
+                (k.lower().encode("latin-1"), v.encode("latin-1"))
+                for k, v in config.headers.items()
             )
         except UnicodeEncodeError as exc:
             raise WebConfigError(f"a header is not Latin-1: {exc}") from None
