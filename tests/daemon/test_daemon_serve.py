@@ -171,7 +171,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         for rank, pid, n in ((2, gpu_rank.process.pid, 5), (3, ranks[0].pid + 100001, 4)):
             writer = gpu_rank if rank == 2 else rank_recorder(flight_dir, BOOT, rank, pid=pid)
             stall = BlockedIn("tp:2-3", "all_reduce", n, time.time())
-            writer.write_record(CensusLive(n, {("tp:2-3", "all_reduce"): n}, stall))
+            writer.write_record(CensusLive({("tp:2-3", "all_reduce"): n}, stall))
         # An OOM instant of that rank on card 1, with the card's holders right then.
         gpu_rank.write_record(
             Oom(

@@ -437,7 +437,7 @@ def _fold_live(folded: Line[CensusLive] | None, line: Line[CensusLive]) -> Line[
     counts = dict(folded.body.changed) if folded is not None else {}
     for key, n in line.body.changed.items():
         counts[key] = max(n, counts.get(key, n))
-    return Line(line.header, CensusLive(line.body.round, counts, line.body.blocked_in))
+    return Line(line.header, CensusLive(counts, line.body.blocked_in))
 
 
 def census_records(st: StreamState, extra: Iterable[Record] = ()) -> list[Record]:

@@ -155,19 +155,24 @@ def _blocked_in(value: Any, bad: Bad, name: str) -> BlockedIn | None:
 @dataclass(slots=True)
 class CensusLive(Codec):
     """The census watcher's line, on time rather than at a round: the counts that changed since
-    this process's previous ``census_live`` line (its first carries them all), and, on a
-    stall, the collective the rank is blocked in. Replayed in order, the lines give the
-    rank's latest counts."""
+    this process's previous ``census`` or ``census_live`` line (its first carries them all),
+    and, on a stall, the collective the rank is blocked in. Each key's highest count over a
+    process's lines is its latest (counts only grow)."""
 
     KIND: ClassVar[str] = "census_live"
     STREAM: ClassVar[str] = "census"
     WHERE: ClassVar[str] = "census_live"
 
-    round: int | None = codec.count(default=MISSING)
     changed: Counts = codec.custom(decode_changed, encode_changed, factory=dict)
     blocked_in: BlockedIn | None = codec.custom(
         _blocked_in, lambda v: None if v is None else v.to_json()
     )
+
+    def to_json(self) -> Json:
+        out = codec.encode_fields(self, CensusLive)
+        if out["blocked_in"] is None:
+            del out["blocked_in"]  # most lines: absent reads as null, and the line stays short
+        return out
 
 
 def _lagging(value: Any, bad: Bad, name: str) -> tuple[int, ...]:

@@ -51,18 +51,21 @@ class Watcher:
         if counts != self.seen:
             resumed, self.stalled = self.stalled, False
             self.seen, self.progress_mono, self.progress_wall = counts, mono, wall
-            if resumed or mono - self.written_mono >= self.period_s:
+            if resumed:  # the stall is over: say so at once
                 return self._line(counts, mono, None)
-            return None
-        if self.stalled or not counts or mono - self.progress_mono < self.stall_s:
-            return None
-        self.stalled = True
+        elif not self.stalled and counts and mono - self.progress_mono >= self.stall_s:
+            self.stalled = True
+            return self._line(counts, mono, self._blocked(counts))
+        if counts != self.written and mono - self.written_mono >= self.period_s:
+            return self._line(counts, mono, None)
+        return None
+
+    def _blocked(self, counts: dict[Key, int]) -> BlockedIn:
+        """The collective counted last: the one a rank that stopped counting is in."""
         key = _counts.last_key
         if key is None or key not in counts:
-            blocked = BlockedIn(None, None, None, self.progress_wall)
-        else:
-            blocked = BlockedIn(key[0], key[1], counts[key], self.progress_wall)
-        return self._line(counts, mono, blocked)
+            return BlockedIn(None, None, None, self.progress_wall)
+        return BlockedIn(key[0], key[1], counts[key], self.progress_wall)
 
     def _note_full_snapshot(self) -> None:
         """A census line written since this watcher's last line holds every count: the next
@@ -76,7 +79,7 @@ class Watcher:
         self.written = counts
         self.written_mono = mono
         self.lines += 1
-        return CensusLive(_snapshots.STATE.round, changed, blocked)
+        return CensusLive(changed, blocked)
 
 
 class _Thread:
