@@ -52,7 +52,11 @@ def main() -> int:
         worker = Worker(local_rank=rank, rank=rank, tp_size=world)
         worker.init_device()
         worker.load_model()
-        tensors = [KVCacheTensor(size=1 << 20), KVCacheTensor(size=1 << 20)]
+        # Two cache groups' tensors in one 2 MiB backing allocation, side by side.
+        tensors = [
+            KVCacheTensor(2 << 20, ["l0"], 1 << 20, 1 << 16),
+            KVCacheTensor(2 << 20, ["l1"], 1 << 20, 1 << 16, offset=1 << 20),
+        ]
         worker.initialize_from_config(KVCacheConfig(num_blocks=16, kv_cache_tensors=tensors))
         worker.compile_or_warm_up_model()
         for _ in range(steps):

@@ -28,7 +28,8 @@ PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 SCHEDULER = "sglang.srt.managers.scheduler"
 MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
-VMM_BACKING = "sglang.srt.mem_cache.kv_vmm_backing"
+SWA_POOL = "sglang.srt.mem_cache.swa_memory_pool"
+UNIFIED_POOL = "sglang.srt.mem_cache.unified_memory_pool"
 
 # GroupCoordinator method -> census op. The private methods are what SGLang's custom ops
 # call, so a torch.compile'd model that never enters the public method is still counted.
@@ -82,20 +83,53 @@ POINTS: tuple[HookPoint, ...] = (
     HookPoint(MODEL_RUNNER, "ModelRunner.token_to_kv_pool", "read"),
     HookPoint(SCHEDULER, "Scheduler.ingest_requests", "wrap"),
     HookPoint(SCHEDULER, "Scheduler.run_batch", "wrap"),
-    HookPoint(MEMORY_POOL, "MHATokenToKVPool.get_kv_size_bytes", "read"),
-    HookPoint(MEMORY_POOL, "MLATokenToKVPool.get_kv_size_bytes", "read"),
-    HookPoint(MEMORY_POOL, "MHATokenToKVPool._post_capture_owner", "read"),
-    HookPoint(VMM_BACKING, "KvVmmBufferOwner.backed_bytes", "read"),
+    *(
+        HookPoint(MEMORY_POOL, f"{cls}.get_kv_size_bytes", "read")
+        for cls in ("MHATokenToKVPool", "MLATokenToKVPool", "HybridLinearKVPool")
+    ),
+    HookPoint(MEMORY_POOL, "KVCache.post_capture_active", "read"),
+    HookPoint(MEMORY_POOL, "HybridLinearKVPool.post_capture_active", "read"),
+    HookPoint(MEMORY_POOL, "MHATokenToKVPool.post_capture_backed_bytes", "read"),
+    HookPoint(MEMORY_POOL, "HybridLinearKVPool.post_capture_backed_bytes", "read"),
+    HookPoint(MEMORY_POOL, "HybridLinearKVPool.full_kv_pool", "read"),
+    HookPoint(SWA_POOL, "SWAKVPool.get_kv_size_bytes", "read"),
+    HookPoint(SWA_POOL, "SWAKVPool.post_capture_active", "read"),
+    HookPoint(SWA_POOL, "SWAKVPool.post_capture_backed_bytes", "read"),
+    HookPoint(UNIFIED_POOL, "UnifiedKVPool.total_bytes", "read"),
+    HookPoint(UNIFIED_POOL, "UnifiedKVPool.post_capture_active", "read"),
+    HookPoint(UNIFIED_POOL, "UnifiedKVPool.post_capture_backed_bytes", "read"),
+    HookPoint(UNIFIED_POOL, "UnifiedMHATokenToKVPool._unified_buffer", "read"),
+    HookPoint(UNIFIED_POOL, "UnifiedMLATokenToKVPool._unified_buffer", "read"),
+    HookPoint(UNIFIED_POOL, "UnifiedSWAKVPool.unified_buffer", "read"),
 )
 
 
-class KvPoolArena:
-    """SGLang's KV pool in the arena protocol, held weakly: reserved = its K + V bytes (the
-    VA upper bound of a post-capture VMM pool); backed = its VMM owner's backed bytes where
-    it has one, else reserved (plain tensors are committed when allocated); retained unknown."""
+def unified_buffer(pool: Any) -> Any:
+    """The one byte buffer all KV sub-pools share under --enable-unified-memory (SGLang's
+    UnifiedKVPool), found on the pool or on the full-attention pool it wraps; None without."""
+    for holder in (pool, getattr(pool, "full_kv_pool", None)):
+        for attr in ("_unified_buffer", "unified_buffer"):
+            buffer = getattr(holder, attr, None)
+            if buffer is not None:
+                return buffer
+    return None
 
-    def __init__(self, pool: Any) -> None:
+
+class KvPoolArena:
+    """SGLang's KV pool in the arena protocol, held weakly (docs/integrations.md):
+
+    - reserved: under unified memory, the shared buffer's bytes, in the target's arena only
+      (a draft pool's bytes are fused into the same buffer: 0 in ``kv_draft``); else the
+      pool's own K + V bytes (``get_kv_size_bytes``; the VA upper bound of a post-capture
+      VMM pool). A pool class without it (DeepSeek-V4's) is unknown, saying so.
+    - backed: in post-capture VMM mode, the bytes SGLang has committed
+      (``post_capture_backed_bytes``, summed over a hybrid pool's sub-pools by SGLang);
+      else reserved (plain tensors are committed when allocated).
+    - retained: unknown (SGLang reports no parked handles)."""
+
+    def __init__(self, pool: Any, *, draft: bool = False) -> None:
         self._pool = weakref.ref(pool)
+        self._draft = draft
 
     def _live(self) -> Any:
         pool = self._pool()
@@ -104,13 +138,23 @@ class KvPoolArena:
         return pool
 
     def reserved_bytes(self) -> int:
-        size = self._live().get_kv_size_bytes()
+        pool = self._live()
+        shared = unified_buffer(pool)
+        if shared is not None:
+            return 0 if self._draft else int(shared.total_bytes)
+        size_of = getattr(pool, "get_kv_size_bytes", None)
+        if size_of is None:
+            raise LookupError(f"SGLang's {type(pool).__name__} does not report its size")
+        size = size_of()
         return int(sum(size)) if isinstance(size, tuple) else int(size)
 
     def backed_bytes(self) -> int:
-        owner = getattr(self._live(), "_post_capture_owner", None)
-        if owner is not None:
-            return int(owner.backed_bytes)
+        pool = self._live()
+        vmm = unified_buffer(pool) or pool
+        if getattr(vmm, "post_capture_active", False):
+            if self._draft and vmm is not pool:
+                return 0
+            return int(vmm.post_capture_backed_bytes)
         return self.reserved_bytes()
 
     def retained_bytes(self) -> None:
@@ -153,7 +197,8 @@ class SGLangAdapter(Adapter):
             role = _runner(runner)
             pool = runner.token_to_kv_pool
             if pool is not None:
-                common.register_arena("kv" if role == "target" else "kv_draft", KvPoolArena(pool))
+                arena = KvPoolArena(pool, draft=role == "draft")
+                common.register_arena("kv" if role == "target" else "kv_draft", arena)
             probe.mark("kv_pool_sized", runner=role)
 
         return [

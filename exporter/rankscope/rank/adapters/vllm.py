@@ -90,41 +90,50 @@ POINTS: tuple[HookPoint, ...] = (
     HookPoint(GPU_WORKER, "Worker.model_runner", "read"),
     HookPoint(KV_CACHE_INTERFACE, "KVCacheConfig.kv_cache_tensors", "read"),
     HookPoint(KV_CACHE_INTERFACE, "KVCacheTensor.size", "read"),
+    HookPoint(KV_CACHE_INTERFACE, "KVCacheTensor.host_resident", "read"),
     HookPoint(EXTENSIBLE_KV, "ExtensibleKVCache.physical_bytes", "read", optional=True),
+    HookPoint(EXTENSIBLE_KV, "ExtensibleKVCache.size", "read", optional=True),
 )
 
 
 class KvCacheArena:
-    """vLLM's KV cache in the arena protocol: reserved = the configured device tensors'
-    bytes; backed = an extensible cache's committed bytes, else reserved; retained unknown.
-    Holds the model runner weakly."""
+    """vLLM's KV cache in the arena protocol, holding the model runner weakly:
+
+    - reserved: an extensible cache's reservation (its ``size``: the config padded to the
+      allocator's granule), else the config's one device backing allocation;
+    - backed: an extensible cache's committed bytes (``physical_bytes``), else reserved;
+    - retained: unknown."""
 
     def __init__(self, reserved: int, model_runner: Any) -> None:
         self._reserved = reserved
         self._runner = weakref.ref(model_runner) if model_runner is not None else None
 
+    def _extensible(self) -> Any:
+        runner = self._runner() if self._runner is not None else None
+        return getattr(runner, "extensible_kv_cache", None)
+
     def reserved_bytes(self) -> int:
-        return self._reserved
+        extensible = self._extensible()
+        return int(extensible.size) if extensible is not None else self._reserved
 
     def backed_bytes(self) -> int:
-        runner = self._runner() if self._runner is not None else None
-        extensible = getattr(runner, "extensible_kv_cache", None)
-        if extensible is not None:
-            return int(extensible.physical_bytes)
-        return self._reserved
+        extensible = self._extensible()
+        return int(extensible.physical_bytes) if extensible is not None else self._reserved
 
     def retained_bytes(self) -> None:
         return None
 
 
 def device_kv_bytes(kv_cache_config: Any) -> int:
-    """Bytes of the KV cache tensors a config asks for on the device (host-resident tensors,
-    where the version has them, are not on the card)."""
-    return sum(
+    """Bytes of the one device allocation a config asks for: every device-resident
+    KVCacheTensor addresses the same backing allocation of ``size`` bytes (cache groups
+    overlay each other), so it is counted once; host-resident tensors are not on the card."""
+    sizes = {
         int(t.size)
         for t in kv_cache_config.kv_cache_tensors
         if not getattr(t, "host_resident", False)
-    )
+    }
+    return max(sizes, default=0)
 
 
 class VLLMAdapter(Adapter):

@@ -1,15 +1,20 @@
 """STAND-IN for vllm.v1.kv_cache_interface (rankscope tests): the KV cache config a worker
-is given, with the fields the adapter reads."""
+is given, with the real fields: every tensor places its layers in ONE backing allocation of
+``size`` bytes (cache groups overlay each other)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
 class KVCacheTensor:
     size: int
-    shared_by: list[str] = field(default_factory=list)
+    layers: list[str]
+    layer_stride: int
+    block_stride: int
+    offset: int = 0
+    host_resident: bool = False
 
 
 @dataclass

@@ -37,9 +37,8 @@ class Worker:
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         assert self.model_runner is not None
-        self.model_runner.kv_caches = [
-            torch.zeros(t.size, dtype=torch.uint8) for t in kv_cache_config.kv_cache_tensors
-        ]
+        (size,) = {t.size for t in kv_cache_config.kv_cache_tensors}  # one backing allocation
+        self.model_runner.kv_cache = torch.zeros(size, dtype=torch.uint8)
 
     def compile_or_warm_up_model(self) -> Any:
         assert self.model_runner is not None

@@ -1,0 +1,211 @@
+"""The KV arenas, per pool class of the checked versions. The pools here are STAND-INS named
+after SGLang's and vLLM's classes, carrying only the members the adapters read (each one a
+hook point the manifest holds from the real wheels: checked below); their sizes need CUDA
+or, for post-capture VMM and unified memory, a GPU's virtual memory. The real CPU classes
+are read by scripts/adapters-real.sh.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rankscope.rank.adapters import manifest, sglang, vllm
+from rankscope.rank.probe.arenas import read_arena
+from rankscope.record import MarkArena
+
+MIB = 1 << 20
+
+
+def _pool(cls: str, **members: Any) -> Any:
+    """An object of a class named ``cls`` with ``members``: callables become methods, the
+    rest attributes (SGLang's properties read the same)."""
+    methods = {k: (lambda self, v=v: v()) for k, v in members.items() if callable(v)}
+    instance = type(cls, (), methods)()
+    for name, value in members.items():
+        if not callable(value):
+            setattr(instance, name, value)
+    return instance
+
+
+def _unified(total: int, backed: int | None = None) -> Any:
+    vmm = {"post_capture_active": backed is not None, "post_capture_backed_bytes": backed}
+    return _pool("UnifiedKVPool", total_bytes=total, **vmm)
+
+
+SGLANG_CASES = [
+    pytest.param(
+        _pool("MHATokenToKVPool", get_kv_size_bytes=lambda: (3 * MIB, 3 * MIB)),
+        False,
+        MarkArena(6 * MIB, 6 * MIB, None, "arena reports retained_bytes as unknown"),
+        id="MHATokenToKVPool",
+    ),
+    pytest.param(
+        _pool("MLATokenToKVPool", get_kv_size_bytes=lambda: 5 * MIB),
+        False,
+        MarkArena(5 * MIB, 5 * MIB, None, "arena reports retained_bytes as unknown"),
+        id="MLATokenToKVPool",
+    ),
+    pytest.param(
+        _pool(
+            "MHATokenToKVPool",
+            get_kv_size_bytes=lambda: (8 * MIB, 8 * MIB),
+            post_capture_active=True,
+            post_capture_backed_bytes=4 * MIB,
+        ),
+        False,
+        MarkArena(16 * MIB, 4 * MIB, None, "arena reports retained_bytes as unknown"),
+        id="MHATokenToKVPool-post-capture-vmm",
+    ),
+    pytest.param(
+        _pool(
+            "HybridLinearKVPool",
+            get_kv_size_bytes=lambda: (8 * MIB, 8 * MIB),
+            post_capture_active=True,
+            post_capture_backed_bytes=2 * MIB,  # SGLang's: the full-attention pool's
+        ),
+        False,
+        MarkArena(16 * MIB, 2 * MIB, None, "arena reports retained_bytes as unknown"),
+        id="HybridLinearKVPool-post-capture-vmm",
+    ),
+    pytest.param(
+        _pool(
+            "SWAKVPool",
+            get_kv_size_bytes=lambda: (10 * MIB, 10 * MIB),
+            post_capture_active=True,
+            post_capture_backed_bytes=3 * MIB,  # SGLang's: full + sliding-window pools
+        ),
+        False,
+        MarkArena(20 * MIB, 3 * MIB, None, "arena reports retained_bytes as unknown"),
+        id="SWAKVPool-post-capture-vmm",
+    ),
+    pytest.param(
+        _pool(
+            "UnifiedMHATokenToKVPool",
+            get_kv_size_bytes=lambda: (0, 0),  # SGLang: UnifiedKVPool holds the total
+            _unified_buffer=_unified(64 * MIB),
+        ),
+        False,
+        MarkArena(64 * MIB, 64 * MIB, None, "arena reports retained_bytes as unknown"),
+        id="UnifiedMHATokenToKVPool",
+    ),
+    pytest.param(
+        _pool(
+            "UnifiedMLATokenToKVPool",
+            get_kv_size_bytes=lambda: (0, 0),
+            _unified_buffer=_unified(64 * MIB, backed=24 * MIB),
+        ),
+        False,
+        MarkArena(64 * MIB, 24 * MIB, None, "arena reports retained_bytes as unknown"),
+        id="UnifiedMLATokenToKVPool-post-capture-vmm",
+    ),
+    pytest.param(
+        _pool(
+            "UnifiedSWAKVPool",
+            get_kv_size_bytes=lambda: (0, 0),
+            unified_buffer=_unified(32 * MIB),
+        ),
+        False,
+        MarkArena(32 * MIB, 32 * MIB, None, "arena reports retained_bytes as unknown"),
+        id="UnifiedSWAKVPool",
+    ),
+    pytest.param(
+        _pool(
+            "UnifiedHybridLinearKVPool",
+            get_kv_size_bytes=lambda: (0, 0),
+            full_kv_pool=_pool("UnifiedMHATokenToKVPool", _unified_buffer=_unified(48 * MIB)),
+        ),
+        False,
+        MarkArena(48 * MIB, 48 * MIB, None, "arena reports retained_bytes as unknown"),
+        id="UnifiedHybridLinearKVPool",
+    ),
+    pytest.param(
+        _pool(
+            "UnifiedDraftKVPool",
+            get_kv_size_bytes=lambda: (0, 0),  # fused into the target's unified entries
+            _unified_buffer=_unified(64 * MIB, backed=24 * MIB),
+        ),
+        True,
+        MarkArena(0, 0, None, "arena reports retained_bytes as unknown"),
+        id="UnifiedDraftKVPool-in-kv_draft",
+    ),
+    pytest.param(
+        _pool("DeepSeekV4TokenToKVPool"),
+        False,
+        MarkArena(
+            None,
+            None,
+            None,
+            "reserved_bytes raised LookupError(\"SGLang's DeepSeekV4TokenToKVPool does not "
+            'report its size"); backed_bytes raised LookupError("SGLang\'s '
+            'DeepSeekV4TokenToKVPool does not report its size"); arena reports '
+            "retained_bytes as unknown",
+        ),
+        id="DeepSeekV4TokenToKVPool",
+    ),
+]
+
+
+@pytest.mark.parametrize(("pool", "draft", "expected"), SGLANG_CASES)
+def test_sglang_kv_arena_per_pool_class(pool, draft, expected):
+    assert read_arena(sglang.KvPoolArena(pool, draft=draft)) == expected
+
+
+def _tensor(size: int, offset: int = 0, host: bool = False) -> Any:
+    return _pool("KVCacheTensor", size=size, offset=offset, host_resident=host)
+
+
+def test_vllm_kv_config_counts_its_one_device_allocation_once():
+    """Two cache groups' tensors overlay one 8 MiB backing allocation (each says size=8 MiB);
+    a host-resident tensor is not on the card."""
+    config = _pool(
+        "KVCacheConfig",
+        kv_cache_tensors=[_tensor(8 * MIB), _tensor(8 * MIB, 4 * MIB), _tensor(2 * MIB, host=True)],
+    )
+    arena = vllm.KvCacheArena(vllm.device_kv_bytes(config), None)
+    assert read_arena(arena) == MarkArena(
+        8 * MIB, 8 * MIB, None, "arena reports retained_bytes as unknown"
+    )
+
+
+def test_vllm_extensible_kv_cache_reserves_its_padded_size_and_backs_what_it_committed():
+    runner = _pool(
+        "GPUModelRunner",
+        extensible_kv_cache=_pool("ExtensibleKVCache", size=10 * MIB, physical_bytes=3 * MIB),
+    )
+    arena = vllm.KvCacheArena(8 * MIB, runner)  # the unpadded config asked for 8 MiB
+    assert read_arena(arena) == MarkArena(
+        10 * MIB, 3 * MIB, None, "arena reports retained_bytes as unknown"
+    )
+
+
+READS = {
+    "sglang": {
+        ("MHATokenToKVPool", "get_kv_size_bytes"),
+        ("MLATokenToKVPool", "get_kv_size_bytes"),
+        ("HybridLinearKVPool", "get_kv_size_bytes"),
+        ("KVCache", "post_capture_active"),
+        ("MHATokenToKVPool", "post_capture_backed_bytes"),
+        ("HybridLinearKVPool", "post_capture_backed_bytes"),
+        ("SWAKVPool", "post_capture_backed_bytes"),
+        ("UnifiedKVPool", "total_bytes"),
+        ("UnifiedKVPool", "post_capture_backed_bytes"),
+        ("UnifiedMHATokenToKVPool", "_unified_buffer"),
+        ("UnifiedSWAKVPool", "unified_buffer"),
+        ("HybridLinearKVPool", "full_kv_pool"),
+    },
+    "vllm": {
+        ("KVCacheTensor", "size"),
+        ("KVCacheTensor", "host_resident"),
+        ("ExtensibleKVCache", "size"),
+        ("ExtensibleKVCache", "physical_bytes"),
+    },
+}
+
+
+@pytest.mark.parametrize("adapter", [sglang.ADAPTER, vllm.ADAPTER], ids=lambda a: a.framework)
+def test_the_members_these_stand_ins_carry_are_hook_points_of_the_real_classes(adapter):
+    points = {tuple(p.qualname.split(".", 1)) for p in adapter.points if p.use == "read"}
+    assert READS[adapter.framework] <= points
+    assert manifest.check(adapter, manifest.load()) == []
