@@ -9,7 +9,7 @@ Two figures, each as p50/p99 and as a ratio to the baseline measured in the same
 - collect+encode: the daemon's registry (every collector runs, the flight tail included)
   encoded by generate_latest, vs a prometheus_client registry of plain Gauges holding the
   same series (what prometheus_client costs with no collection work at all);
-- HTTP scrape: GET /metrics of the daemon (its http.server), vs prometheus_client's own
+- HTTP scrape: GET /metrics of the daemon (uvicorn and FastAPI), vs prometheus_client's own
   start_http_server serving that baseline registry.
 
 Cards come from the SIMULATED device source (there is no GPU here); the 64 processes are
@@ -88,6 +88,23 @@ def write_flight(flight_dir: Path) -> None:
         rec.write_record(Census(round=100, every=None, counts=counts))
 
 
+def host_flags(root: Path, sleepers: list[subprocess.Popen[bytes]]) -> list[str]:
+    """The flags of a daemon over a big host's flight directory and SIMULATED cards, each
+    held by every one of ``sleepers``, written under ``root``."""
+    flight_dir = root / "flight"
+    write_flight(flight_dir)
+    script = root / "cards.json"
+    per_card = {str(p.pid): (1 + i) * (64 << 20) for i, p in enumerate(sleepers)}
+    script.write_text(json.dumps({"cards": [
+        {"index": c, "uuid": f"GPU-bench-{c}", "total": 80 * GiB, "free": 20 * GiB, "processes": per_card}
+        for c in range(CARDS)
+    ]}))  # fmt: skip
+    return [
+        f"--flight-dir={flight_dir}", f"--device.script={script}", "--corridor.floor=1GiB",
+        f"--holdings.max-per-card={len(sleepers) + 1}",  # the default cadences otherwise
+    ]  # fmt: skip
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -152,24 +169,11 @@ def main() -> int:
     server_proc: subprocess.Popen[bytes] | None = None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            root = Path(tmp)
-            flight_dir = root / "flight"
-            write_flight(flight_dir)
-            script = root / "cards.json"
-            per_card = {str(p.pid): (1 + i) * (64 << 20) for i, p in enumerate(sleepers)}
-            script.write_text(json.dumps({"cards": [
-                {"index": c, "uuid": f"GPU-bench-{c}", "total": 80 * GiB, "free": 20 * GiB, "processes": per_card}
-                for c in range(CARDS)
-            ]}))  # fmt: skip
-            flags = [
-                f"--flight-dir={flight_dir}", f"--device.script={script}", "--corridor.floor=1GiB",
-                f"--holdings.max-per-card={PROCS_PER_CARD + 1}",  # the default cadences otherwise
-            ]  # fmt: skip
+            flags = host_flags(Path(tmp), sleepers)
             parser_ = argparse.ArgumentParser()
             cli.configure_parser(parser_, "serve")
             daemon = cli.build(parser_.parse_args(flags))
-            assert daemon.monitor is not None
-            daemon.monitor.start()
+            daemon.sources.start()  # the card sampler, the holdings and the flight refresher
             registry = daemon.collectors.registry()
             deadline = time.monotonic() + 30
             while (
@@ -194,7 +198,7 @@ def main() -> int:
                 lambda: generate_latest(registry), lambda: generate_latest(base), opts.scrapes
             )
             report("collect+encode", ours, theirs)
-            daemon.monitor.stop()
+            daemon.sources.stop()
 
             port, base_port = free_port(), free_port()
             server_proc = subprocess.Popen(

@@ -1,0 +1,105 @@
+"""Scrape latency of this checkout's `rankscope serve` against an older checkout's (the code
+before the daemon moved onto uvicorn and FastAPI), at a big host's scale (bench_scrape.py's
+flight directory, 8 SIMULATED cards each held by 64 real `sleep` processes).
+
+    git worktree add /tmp/base29 398695f
+    python3 bench/bench_scrape_stack.py [--baseline /tmp/base29] [--scrapes 300]
+
+Both daemons run at once from the same interpreter (each with its checkout's exporter/ first
+on PYTHONPATH), over the same flight directory and cards; scrapes alternate between them, a
+new connection each, so load from elsewhere on the machine hits both alike. Prints p50 and
+p99 of each and their ratio (goal: 1.2x or under).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_scrape import (
+    CARDS,
+    PROCS_PER_CARD,
+    free_port,
+    host_flags,
+    http_get,
+    percentile,
+    time_pairs,
+)
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def start(checkout: Path, flags: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(checkout / "exporter")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "serve", *flags,
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"],
+        env=env,
+    )  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}/metrics"
+
+
+def wait_full(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if http_get(url).count(b"rankscope_gpu_process_bytes{") >= CARDS * PROCS_PER_CARD:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url} never served every process")
+        time.sleep(0.2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, default=Path("/tmp/base29"))
+    parser.add_argument("--scrapes", type=int, default=300)
+    opts = parser.parse_args()
+    if not (opts.baseline / "exporter" / "rankscope").is_dir():
+        raise SystemExit(f"no checkout at {opts.baseline}: git worktree add {opts.baseline} REV")
+    sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(PROCS_PER_CARD)]
+    daemons: list[subprocess.Popen[bytes]] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            flags = host_flags(Path(tmp), sleepers)
+            ours, url = start(HERE, flags)
+            base, base_url = start(opts.baseline, flags)
+            daemons += [ours, base]
+            wait_full(url)
+            wait_full(base_url)
+            for _ in range(20):  # warm-up, both alike
+                http_get(url), http_get(base_url)
+            now, before = time_pairs(
+                lambda: http_get(url), lambda: http_get(base_url), opts.scrapes
+            )
+            p50, p99 = percentile(now, 0.5), percentile(now, 0.99)
+            b50, b99 = percentile(before, 0.5), percentile(before, 0.99)
+            print(
+                f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, {opts.scrapes} scrapes each"
+            )
+            print(f"this checkout   p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms")
+            print(f"{opts.baseline!s:<15} p50 {b50 * 1e3:7.2f} ms  p99 {b99 * 1e3:7.2f} ms")
+            print(
+                f"ratio           p50 {p50 / b50:5.2f}x     p99 {p99 / b99:5.2f}x  (goal <= 1.2x)"
+            )
+            for proc in daemons:  # before the cards and flight directory are removed
+                proc.terminate()
+                proc.wait()
+    finally:
+        for proc in [*daemons, *sleepers]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
