@@ -377,37 +377,52 @@ function renderPhases(doc) {
 
 // ---- census -------------------------------------------------------------------------------
 
-// The census document is `rankscope census --json`: per group instance, the counts of its
-// member ranks compared at the latest round every member snapshotted (`entries`), earlier
-// divergences (`history`), and each rank's latest snapshot (`ranks`). The page shows that
-// comparison; it never compares anything itself.
+// The census document is `rankscope census --json`: each rank's state (running, stalled in a
+// collective, exited, dead: `ranks[].state`, `ranks[].blocked_in`), per group instance the
+// counts of its member ranks compared at the latest round every member snapshotted
+// (`entries`) and, once no member moves, at their latest counts (`latest`), and earlier
+// divergences (`history`). The page shows those comparisons; it never compares anything itself.
+function blockedText(r) {
+  const b = r.blocked_in;
+  if (!b || !b.group) return r.state;
+  return r.state + (r.state === "dead" ? " (was in " : " in ") + b.group + " " + b.op + " #" + b.seq + (r.state === "dead" ? ")" : "");
+}
+
+function censusVerdict(doc, rows, ranks) {
+  const stuck = ranks.filter((r) => r.state === "stalled" || r.state === "dead");
+  const diverged = rows.filter((e) => e.divergent);
+  const first = doc.first_divergent_round;
+  const parts = [];
+  if (diverged.length) {
+    parts.push(
+      "diverged: " +
+        diverged
+          .map((e) => e.group + " " + e.op + (isNum(e.round) ? " at round " + e.round : " at the latest counts") + " (lagging: rank " + (e.lagging || []).join(", rank ") + ")")
+          .join("; ") +
+        (isNum(first) ? "; first seen at round " + first : ""),
+    );
+  }
+  if (stuck.length) parts.push("standing still: " + stuck.map((r) => "rank " + r.rank + " " + blockedText(r)).join("; "));
+  if (parts.length) return el("p", { class: "neg", id: "census-verdict" }, parts.join(" — "));
+  return el(
+    "p",
+    { id: "census-verdict" },
+    "all ranks agree at each group's latest common round" +
+      ((doc.history || []).length ? " (earlier divergences: " + doc.history.length + ", resolved)" : "") +
+      ((doc.skews || []).length ? " (skews made up: " + doc.skews.length + ")" : ""),
+  );
+}
+
 function renderCensus(doc) {
   const box = document.getElementById("census");
-  const entries = ((doc && doc.entries) || []).slice();
   const ranks = ((doc && doc.ranks) || []).slice().sort((a, b) => a.rank - b.rank);
-  if (!entries.length) {
-    replace(box, el("p", { class: "empty" }, "no census snapshots for this boot yet"));
+  const byOp = (a, b) => (a.group + " " + a.op).localeCompare(b.group + " " + b.op);
+  const rows = ((doc && doc.entries) || []).slice().sort(byOp);
+  rows.push(...((doc && doc.latest) || []).slice().sort(byOp).map((e) => Object.assign({ latest: true }, e)));
+  if (!ranks.length) {
+    replace(box, el("p", { class: "empty" }, "no census records for this boot yet"));
     return;
   }
-  entries.sort((a, b) => (a.group + " " + a.op).localeCompare(b.group + " " + b.op));
-  const diverged = entries.filter((e) => e.divergent);
-  const first = doc.first_divergent_round;
-  const verdict = diverged.length
-    ? el(
-        "p",
-        { class: "neg", id: "census-verdict" },
-        "diverged: " +
-          diverged
-            .map((e) => e.group + " " + e.op + " at round " + e.round + " (lagging: rank " + (e.lagging || []).join(", rank ") + ")")
-            .join("; ") +
-          (isNum(first) ? "; first seen at round " + first : ""),
-      )
-    : el(
-        "p",
-        { id: "census-verdict" },
-        "all ranks agree at each group's latest common round" +
-          ((doc.history || []).length ? " (earlier divergences: " + doc.history.length + ", resolved)" : ""),
-      );
   const head = el(
     "tr",
     {},
@@ -415,6 +430,14 @@ function renderCensus(doc) {
     el("th", {}, "op"),
     el("th", { class: "num" }, "round"),
     ranks.map((r) => el("th", { class: "num" }, "rank " + r.rank)),
+  );
+  const states = el(
+    "tr",
+    { class: "states" },
+    el("td", { class: "key" }, "state"),
+    el("td", {}, ""),
+    el("td", {}, ""),
+    ranks.map((r) => el("td", { class: "num state-" + r.state, "data-rank": r.rank }, blockedText(r))),
   );
   const lastRounds = el(
     "tr",
@@ -424,22 +447,26 @@ function renderCensus(doc) {
     el("td", {}, ""),
     ranks.map((r) => el("td", { class: "num" }, isNum(r.last_round) ? "round " + r.last_round : "—")),
   );
-  const body = entries.map((e) => {
+  const body = rows.map((e) => {
     const lagging = new Set((e.lagging || []).map(String));
     return el(
       "tr",
-      { class: e.divergent ? "diverged" : null, "data-group": e.group, "data-op": e.op },
+      { class: e.divergent ? "diverged" : null, "data-group": e.group, "data-op": e.op, "data-at": e.latest ? "latest" : "round" },
       el("td", { class: "key mono" }, e.group),
       el("td", { class: "key" }, e.op),
-      el("td", { class: "num" }, isNum(e.round) ? e.round : "—"),
+      el("td", { class: "num" }, e.latest ? "latest" : isNum(e.round) ? e.round : "—"),
       ranks.map((r) => {
         const n = (e.counts || {})[String(r.rank)];
         return el("td", { class: "num" + (lagging.has(String(r.rank)) ? " diverged" : "") }, n === undefined ? "" : n);
       }),
     );
   });
-  const caption = el("caption", {}, "collective calls each rank counted, per group and op, at the round shown");
-  replace(box, verdict, el("table", { class: "census" }, caption, el("thead", {}, head), el("tbody", {}, lastRounds, body)));
+  const caption = el("caption", {}, "collective calls each rank counted, per group and op, at the round shown (latest: once no rank of the group moves)");
+  replace(
+    box,
+    censusVerdict(doc, rows, ranks),
+    el("table", { class: "census" }, caption, el("thead", {}, head), el("tbody", {}, states, lastRounds, body)),
+  );
 }
 
 // ---- refresh ------------------------------------------------------------------------------
