@@ -361,6 +361,21 @@ def test_the_phases_document(flight_dir: Path) -> None:
     assert json.loads(json.dumps(doc)) == doc
 
 
+def test_a_process_takes_its_rank_from_its_first_ranked_mark(flight_dir: Path) -> None:
+    """A rank started by multiprocessing.spawn marks process_start before init tells it its
+    rank: it is that rank all the same, not a process with no rank."""
+    write_flight(
+        flight_dir,
+        [
+            mark("process_start", 1, pid=20, rank=None),
+            mark("nccl_init_end", 2, pid=20, rank=1),
+        ],
+    )
+    (process,) = phases_document(read_flight(flight_dir))["processes"]
+    assert (process["pid"], process["rank"], process["pp_rank"]) == (20, 1, 1)
+    assert [m["phase"] for m in process["marks"]] == ["process_start", "nccl_init_end"]
+
+
 def rankscope(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rankscope", *args], capture_output=True, text=True, timeout=60

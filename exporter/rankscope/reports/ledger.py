@@ -159,8 +159,9 @@ def _whys(mark: Mark) -> dict[str, str]:
 
 
 def _process(lines: list[MarkLine]) -> dict[str, Any]:
-    """One process's marks and posts, under what its records say of it."""
-    h = lines[0].header
+    """One process's marks and posts, under what its records say of it: the identity of its
+    first ranked mark, since a spawned rank learns its rank only at init."""
+    h = next((line.header for line in lines if line.header.rank is not None), lines[0].header)
     return {
         "boot": h.boot,
         "host": h.host,
