@@ -5,6 +5,9 @@ seen either way."""
 
 from __future__ import annotations
 
+import json
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from tests.daemon.test_daemon_flightstate import mark, rank_recorder
 
 from rankscope.daemon.dirwatch import DirWatch
 from rankscope.daemon.flightstate import FlightState
+from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.record import reader
 
 
@@ -95,3 +99,18 @@ def test_a_watch_on_a_missing_directory_starts_once_it_exists(tmp_path: Path) ->
     assert watch.changes() == set()
     directory.rename(tmp_path / "moved")
     assert watch.changes() is None  # the watched directory moved: watch anew
+
+
+def test_a_process_gone_before_the_daemon_looked_is_gone_since_its_last_record(
+    flight_dir: Path,
+) -> None:
+    """Old restarts of this host publish nothing; one that just ended keeps its grace."""
+    host = socket.gethostname()
+    for pid, age in ((999_990, 86400.0), (999_991, 5.0)):
+        line = {"v": 1, "kind": "mark", "boot": "b", "host": host, "pid": pid, "start_ticks": 1,
+                "pidns": HOST_PIDNS_INODE, "mono": 1.0, "wall": time.time() - age, "phase": "p"}  # fmt: skip
+        (flight_dir / f"marks-{host}-{pid}-1.jsonl").write_text(json.dumps(line) + "\n")
+    state = FlightState(flight_dir)
+    state.refresh()
+    assert [st.process.pid for st in state.view().streams] == [999_991]
+    assert [b.processes for b in state.boots()] == [2]  # the API still lists both

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "phases": ("rankscope.cli.phases", "per-process posts between boot phases, per card"),
     "census": ("rankscope.cli.census", "per-rank collective counts and their divergence"),
     "oom": ("rankscope.cli.oom", "every OOM instant: who failed, and who held the card"),
+    "prune": ("rankscope.cli.prune", "remove the flight files of old boots (--dry-run lists them)"),
     "serve": ("rankscope.daemon.cli", "run the host daemon (metrics, sampler, holdings)"),
     "demo": ("rankscope.demo.cli", "run a small instrumented multi-rank job end to end"),
     "run": ("rankscope.rank.run", "run a command with every Python process it starts instrumented"),

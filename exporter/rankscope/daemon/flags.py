@@ -8,12 +8,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 
 
 def parse_duration(text: str) -> float:
-    """Prometheus-style durations -> seconds: '100ms', '15s', '1m30s', '0.5s'."""
+    """Prometheus-style durations -> seconds: '100ms', '15s', '1m30s', '0.5s', '7d', '2w'."""
     raw = text.strip()
     parts = _DURATION_PART.findall(raw)
     if not raw or "".join(n + u for n, u in parts) != raw:

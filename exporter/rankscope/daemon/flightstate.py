@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import socket
 import threading
@@ -85,6 +86,7 @@ class StreamState:
     marks_forgotten: int = 0  # oldest marks dropped past MAX_MARKS_PER_PROCESS
     ooms: list[Line[Oom]] = field(default_factory=list)  # oom lines, newest last
     oom_counts: dict[tuple[int | None, str | None], int] = field(default_factory=dict)  # by card
+    gone_at: float | None = None  # time.monotonic() its process was taken as gone
 
 
 @dataclass(frozen=True)
@@ -158,9 +160,19 @@ class FlightState:
         self.refreshed_at: float | None = None  # time.monotonic() of the last refresh
         self._host_pids: dict[tuple[str, int, int | None], int | None] = {}
         self._watch = DirWatch(self.flight_dir, use_inotify)
-        # (process, host pid) of this host's processes; None: streams changed
-        self._exit_candidates: list[tuple[RankProcess, int]] | None = None
-        self._boots: list[BootSummary] | None = None  # None: streams changed
+        # Derived from every stream, made again only when the reader saw a change (None).
+        self._reader_version = -1
+        # This host's processes not found gone yet, each to its last record when it was in
+        # the directory at start (None for one that came later); those found running once.
+        self._living: dict[RankProcess, float | None] = {}
+        self._seen_running: set[RankProcess] = set()
+        self._caught_up = False  # the directory as it was at start has been read
+        self._boots: list[BootSummary] | None = None
+        self._boot_streams: dict[str, dict[tuple[str, str], StreamState]] = {}
+        self._boot_summaries: dict[str, BootSummary] = {}  # each with latest=False
+        self._touched_boots: set[str] = set()  # whose summary is out of date
+        self._view: tuple[FlightView, float] | None = None  # and until when it holds
+        self._running: dict[tuple[str, int, int | None], bool] | None = None  # alive()'s
 
     def refresh(self) -> bool:
         """Reads what changed (only the files the watch names, or a full pass). False (and
@@ -182,9 +194,12 @@ class FlightState:
                     self._forget_missing(reader.present - reader.restarted)
                 for rec in records:
                     self._add(rec)
-                if records:
+                if reader.version != self._reader_version:
+                    self._reader_version = reader.version
                     self._changed()
-                    self._resolve_new_processes()
+                if records:
+                    self._resolve_new_processes(records)
+                self._caught_up = self._caught_up or not reader.backlog
                 self.up, self.error = True, None
                 self.refreshed_at = time.monotonic()
             self._note_exits()
@@ -225,25 +240,36 @@ class FlightState:
         self.backlog = backlog
 
     def _note_exits(self) -> None:
-        """When each process of this host's PID namespace was first found gone; one found
-        gone stays gone (its pid and start time never come back), so only the living are
-        looked at again."""
+        """When each process of this host's PID namespace was found gone. One found gone
+        stays gone (its pid and start time never come back), so only the living are looked
+        at again. One already gone in the directory the daemon started on is taken as gone
+        since its last record: a directory of old restarts publishes nothing past the grace."""
         with self._lock:
-            if self._exit_candidates is None:
-                processes = {st.process for st in self._streams.values()}
-                self._exited_at = {p: t for p, t in self._exited_at.items() if p in processes}
-                self._exit_candidates = [
-                    (p, pid)
-                    for p in processes
-                    if p.host == self._host
-                    and p.start_ticks is not None
-                    and (pid := self._host_pid_locked(p)) is not None
-                ]
-            candidates = [(p, pid) for p, pid in self._exit_candidates if p not in self._exited_at]
-        now = time.monotonic()
-        for p, pid in candidates:
-            if read_start_ticks(pid, self._proc) != p.start_ticks:
-                self._exited_at[p] = now
+            candidates = []
+            for p, since in list(self._living.items()):
+                pid = self._host_pid_locked(p)
+                if pid is None:  # another PID namespace's, not found in /proc: never judged
+                    del self._living[p]
+                else:
+                    candidates.append((p, pid, since))
+        now, wall_now = time.monotonic(), time.time()
+        exited = {}
+        for p, pid, last_wall in candidates:
+            if read_start_ticks(pid, self._proc) == p.start_ticks:
+                self._seen_running.add(p)
+            elif last_wall is None or p in self._seen_running:
+                exited[p] = now
+            else:
+                exited[p] = min(now, now - (wall_now - last_wall))
+        if exited:
+            with self._lock:
+                self._exited_at.update(exited)
+                for p in exited:
+                    self._living.pop(p, None)
+                    self._seen_running.discard(p)
+                for st in self._streams.values():
+                    st.gone_at = self._exited_at.get(st.process, st.gone_at)
+                self._view = self._running = None
 
     def _note_directory(self) -> None:
         """Logs the flight directory missing at start, going away and coming back."""
@@ -272,32 +298,49 @@ class FlightState:
 
     def _changed(self) -> None:
         """The streams changed: what is derived from all of them is computed again."""
-        self._exit_candidates = None
         self._boots = None
+        self._view = self._running = None
 
     def _summaries(self) -> list[BootSummary]:
+        """Every boot, oldest first; only the boots whose streams changed are summed again."""
         if self._boots is None:
-            self._boots = _summaries(self._by_boot())
+            for boot in self._touched_boots:
+                streams = self._boot_streams.get(boot)
+                if streams:
+                    self._boot_summaries[boot] = _summary(boot, streams.values())
+                else:
+                    self._boot_summaries.pop(boot, None)
+            self._touched_boots.clear()
+            order = sorted(self._boot_summaries.values(), key=lambda b: (b.first_wall, b.boot))
+            self._boots = order[:-1] + [replace(b, latest=True) for b in order[-1:]]
         return self._boots
 
     def view(self) -> FlightView:
+        """One copy shared by every reader until the state changes or a series' grace ends:
+        a scrape's collectors copy nothing."""
         with self._lock:
-            boots = tuple(b.boot for b in self._summaries())
+            now = time.monotonic()
+            if self._view is not None and now < self._view[1]:
+                return self._view[0]
             # Series of a process gone past the grace go (the API and CLI still show it).
-            gone_before = time.monotonic() - self.exited_grace
-            streams = tuple(
-                _copy(st)  # a refresh may append meanwhile
+            gone_before = now - self.exited_grace
+            visible = [
+                st
                 for st in self._streams.values()
-                if self._exited_at.get(st.process, gone_before + 1) > gone_before
-            )
-            return FlightView(
-                streams=streams,
+                if st.gone_at is None or st.gone_at > gone_before
+            ]
+            ends = (st.gone_at for st in visible if st.gone_at is not None)
+            until = min((t + self.exited_grace for t in ends), default=math.inf)
+            view = FlightView(
+                streams=tuple(_copy(st) for st in visible),  # a refresh may append meanwhile
                 divergences={boot: dict(by_key) for boot, by_key in self._divergences.items()},
-                boots=boots,
                 skipped={reason: self._reader.skipped[reason] for reason in SKIP_REASONS},
                 invalid=dict(self._reader.invalid),
                 unreadable=len(self._reader.unreadable),
+                boots=tuple(b.boot for b in self._summaries()),
             )
+            self._view = (view, until)
+            return view
 
     def boots(self) -> list[BootSummary]:
         """Every boot the state holds, oldest first (what /api/v1/boots returns)."""
@@ -307,44 +350,36 @@ class FlightState:
     def flight(self, boot: str | None = None) -> Flight:
         """One boot's records (the latest by default) as a one-shot read gives them."""
         with self._lock:
-            by_boot = self._by_boot()
-            boots = _summaries(by_boot)
-            if boot is not None and boot not in by_boot:
+            boots = list(self._summaries())
+            if boot is not None and boot not in self._boot_streams:
                 raise BootNotFoundError(boot, [b.boot for b in boots])
             selected = boot if boot is not None else boots[-1].boot if boots else None
-            streams = by_boot[selected] if selected is not None else []
+            of_boot = self._boot_streams.get(selected, {}) if selected is not None else {}
+            streams = sorted(of_boot.values(), key=lambda st: st.file)
             records: list[Record] = [r for st in streams for r in census_records(st, st.marks)]
             skipped = collections.Counter(self._reader.skipped)
             invalid = collections.Counter(self._reader.invalid)
-            alive = self._alive_locked()
+            alive = dict(self._alive_locked())
         return Flight(
-            records=records,
-            boots=list(boots),
-            boot=selected,
-            skipped=skipped,
-            invalid=invalid,
-            alive=alive,
+            records=records, boots=boots, boot=selected, skipped=skipped, invalid=invalid, alive=alive
         )
 
     def alive(self) -> dict[tuple[str, int, int | None], bool]:
         """Whether each process this daemon can see still runs, as of the last refresh."""
         with self._lock:
-            return self._alive_locked()
+            return dict(self._alive_locked())
 
     def _alive_locked(self) -> dict[tuple[str, int, int | None], bool]:
-        out: dict[tuple[str, int, int | None], bool] = {}
-        for st in self._streams.values():
-            p = st.process
-            known = p.host == self._host and p.start_ticks is not None
-            if known and self._host_pid_locked(p) is not None:
-                out[p.key] = p not in self._exited_at
-        return out
-
-    def _by_boot(self) -> dict[str, list[StreamState]]:
-        by_boot: dict[str, list[StreamState]] = {}
-        for st in sorted(self._streams.values(), key=lambda st: st.file):
-            by_boot.setdefault(st.boot, []).append(st)
-        return by_boot
+        """Made again only when the streams or the exits changed (a scrape asks each time)."""
+        if self._running is None:
+            out: dict[tuple[str, int, int | None], bool] = {}
+            for st in self._streams.values():
+                p = st.process
+                known = p.host == self._host and p.start_ticks is not None
+                if known and self._host_pid_locked(p) is not None:
+                    out[p.key] = p not in self._exited_at
+            self._running = out
+        return self._running
 
     def host_pid(self, rec: Record) -> int | None:
         """The host pid of the process that wrote ``rec``, as resolved at refresh."""
@@ -357,9 +392,10 @@ class FlightState:
     def _host_pid_locked(self, p: RankProcess) -> int | None:
         return p.pid if p.pidns == HOST_PIDNS_INODE else self._host_pids.get(p.key)
 
-    def _resolve_new_processes(self) -> None:
+    def _resolve_new_processes(self, records: list[Record]) -> None:
         """The host pid of each process seen for the first time."""
-        new = [st.process for st in self._streams.values() if st.process.key not in self._host_pids]
+        processes = {rank_process(rec) for rec in records}
+        new = [p for p in processes if p.key not in self._host_pids]
         if new:
             self._host_pids.update(host_pids(new, self._proc))
 
@@ -377,10 +413,17 @@ class FlightState:
         st = self._streams.get(key)
         if st is None:
             st = self._streams[key] = StreamState(h.file, h.boot, rank_process(rec), h.wall, h.wall)
+            st.gone_at = self._exited_at.get(st.process)
+            self._boot_streams.setdefault(h.boot, {})[key] = st
         else:
             st.first_wall = min(st.first_wall, h.wall)
             st.last_wall = max(st.last_wall, h.wall)
             st.process = rank_process(rec)  # rank fields may be configured late
+        self._touched_boots.add(h.boot)
+        p = st.process
+        if p.host == self._host and p.start_ticks is not None and p not in self._exited_at:
+            since = self._living.get(p, h.wall)
+            self._living[p] = None if since is None or self._caught_up else max(since, h.wall)
         body = rec.body
         if isinstance(body, Mark):
             st.arenas = Line(h, body)
@@ -421,9 +464,18 @@ class FlightState:
         gone = [k for k in self._streams if k[0] not in present]
         for key in gone:
             del self._streams[key]
+            boot = key[1]
+            self._touched_boots.add(boot)
+            del self._boot_streams[boot][key]
+            if not self._boot_streams[boot]:
+                del self._boot_streams[boot]
         if gone:
             self._changed()
-            live = {st.process.key for st in self._streams.values()}
+            processes = {st.process for st in self._streams.values()}
+            self._exited_at = {p: t for p, t in self._exited_at.items() if p in processes}
+            self._living = {p: t for p, t in self._living.items() if p in processes}
+            self._seen_running &= processes
+            live = {p.key for p in processes}
             for process in [p for p in self._host_pids if p not in live]:
                 del self._host_pids[process]
         for boot, by_key in list(self._divergences.items()):
@@ -456,20 +508,16 @@ def _copy(st: StreamState) -> StreamState:
     )
 
 
-def _summaries(by_boot: dict[str, list[StreamState]]) -> list[BootSummary]:
-    firsts = {b: min(st.first_wall for st in sts) for b, sts in by_boot.items()}
-    order = sorted(firsts, key=lambda b: (firsts[b], b))
-    return [
-        BootSummary(
-            boot=boot,
-            first_wall=firsts[boot],
-            last_wall=max(st.last_wall for st in by_boot[boot]),
-            processes=len({st.process.key for st in by_boot[boot]}),
-            ranks=sorted({r for st in by_boot[boot] if (r := st.process.rank) is not None}),
-            latest=boot == order[-1],
-        )
-        for boot in order
-    ]
+def _summary(boot: str, streams: Iterable[StreamState]) -> BootSummary:
+    sts = list(streams)
+    return BootSummary(
+        boot=boot,
+        first_wall=min(st.first_wall for st in sts),
+        last_wall=max(st.last_wall for st in sts),
+        processes=len({st.process.key for st in sts}),
+        ranks=sorted({r for st in sts if (r := st.process.rank) is not None}),
+        latest=False,
+    )
 
 
 def _round_wall(line: Line[Divergence]) -> tuple[int, float]:

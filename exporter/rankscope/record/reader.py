@@ -168,6 +168,7 @@ class FlightReader:
         self.present: set[str] = set()  # the directory's flight files as last seen
         self.unreadable: dict[str, str] = {}
         self.backlog = 0  # bytes left unread by the last poll (past its budget)
+        self.version = 0  # moves whenever a poll read, lost or failed on a file
         self._tails: dict[str, _Tail] = {}
         self._unfinished: set[str] = set()  # files a budget left partly unread
 
@@ -194,6 +195,7 @@ class FlightReader:
             try:
                 left = self._poll_name(name, records, left)
             except OSError as exc:
+                self.version += 1
                 if name not in self.unreadable:
                     failed.append(name)
                 self.unreadable[name] = exc.strerror or str(exc)
@@ -222,6 +224,7 @@ class FlightReader:
             self.backlog += unread
             self._unfinished.add(name)
             return left
+        self.version += 1
         read = self._poll_file(path, records, left)
         if self.unreadable.pop(name, None) is not None:
             log.warning("flight file %s is readable again", path)
@@ -233,6 +236,7 @@ class FlightReader:
         return left
 
     def _gone(self, name: str) -> None:
+        self.version += 1
         self.present.discard(name)
         self._tails.pop(name, None)
         self.unreadable.pop(name, None)
