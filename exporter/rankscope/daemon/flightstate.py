@@ -361,7 +361,12 @@ class FlightState:
             invalid = collections.Counter(self._reader.invalid)
             alive = dict(self._alive_locked())
         return Flight(
-            records=records, boots=boots, boot=selected, skipped=skipped, invalid=invalid, alive=alive
+            records=records,
+            boots=boots,
+            boot=selected,
+            skipped=skipped,
+            invalid=invalid,
+            alive=alive,
         )
 
     def alive(self) -> dict[tuple[str, int, int | None], bool]:
