@@ -207,8 +207,11 @@ def test_a_skipped_all_reduce_is_named_and_kills_leave_records(flight_dir: Path)
     finally:
         stop(procs)
     code, doc = census_json(flight_dir)
-    assert code == 0  # the counts agree again at the latest round...
-    assert doc["first_divergent_round"] == 40  # ...and the divergence is still reported
+    # The counts agree again at the latest round, but rank 0 is dead: gone with no exit line.
+    assert code == 1
+    assert doc["states"]["dead"] == [0] and doc["states"]["exited"] == [1, 2]
+    assert [e for e in doc["entries"] if e["divergent"]] == []
+    assert doc["first_divergent_round"] == 40  # the divergence is still reported
     (span,) = doc["history"]
     assert (span["group"], span["op"], span["lagging"]) == ("world:0-2", "all_reduce", [2])
     assert span["rounds"] == [40, 70] and span["counts"] == {"0": 40, "1": 40, "2": 39}
