@@ -264,3 +264,13 @@ def test_the_web_config_reloads_and_once_auth_is_on_it_stays_on(
     text = log.read_text()
     assert "cannot be used, keeping the last good one" in text
     assert "basic auth stays on" in text
+
+
+def test_a_flood_of_bad_requests_does_not_flood_the_log(flight_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with serve(flight_dir, *QUIET, log=log) as url:
+        host, port = host_port(url)
+        for _ in range(50):
+            assert exchange(host, port, b"GET /x HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    lines = log.read_text().splitlines()
+    assert len(lines) < 10 and not any("Invalid HTTP request" in line for line in lines), lines

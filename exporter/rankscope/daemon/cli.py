@@ -208,6 +208,10 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # uvicorn's own lines (its start and stop, each refused request) only at debug: the daemon
+    # logs its own, and a flood of bad requests must not flood the log.
+    uvicorn_level = logging.DEBUG if args.log_level == "debug" else logging.ERROR
+    logging.getLogger("uvicorn").setLevel(uvicorn_level)
     from rankscope.daemon.server import TLSError
 
     try:
