@@ -105,3 +105,41 @@ def test_graph_replays_are_counted_through_cuda_graph_hooks(nccl: Any) -> None:
 def test_graph_replays_are_counted_through_the_explicit_api(nccl: Any) -> None:
     before, captured, after, value, _graph = _capture_and_replay(nccl, explicit=True)
     assert (captured - before, after - before, value) == (1, 1 + K, K)
+
+
+@pytest.mark.gpu
+def test_the_watcher_names_the_stall_with_graph_replays_counted(nccl: Any, flight_dir: Any) -> None:
+    """On NCCL, with CUDA graph replays counted: the watcher's lines carry the replays, and
+    when the rank stops issuing collectives its stall line names the last one it counted."""
+    import time
+
+    from tests.support.waiting import wait_for
+
+    from rankscope.rank.census import watcher
+    from rankscope.rank.writer import RECORDER
+    from rankscope.record import CensusLive, of_kind
+    from rankscope.record.reader import read_flight
+
+    RECORDER.configure(flight_dir=flight_dir, boot_id="b-gpu-watch", rank=0, world_size=1)
+    undo_graphs = census.instrument_cuda_graphs()
+    try:
+        assert watcher.start_watcher(stall_s=0.5)
+        _capture_and_replay(nccl, explicit=False)
+        time.sleep(0.1)
+
+        def stall() -> list[CensusLive]:
+            lines = of_kind(read_flight(flight_dir).records, CensusLive)
+            return [ln.body for ln in lines if ln.body.blocked_in is not None]
+
+        (line, *_) = wait_for(stall, timeout=30, what="a stall line")
+        assert line.blocked_in is not None
+        assert (line.blocked_in.group, line.blocked_in.op) == ("world:0", "all_reduce")
+        latest: dict[Any, int] = {}
+        for live in of_kind(read_flight(flight_dir).records, CensusLive):
+            for key, n in live.body.changed.items():
+                latest[key] = max(n, latest.get(key, 0))
+        assert latest[("world:0", "all_reduce")] == counts.COUNTS[("world:0", "all_reduce")]
+    finally:
+        watcher.stop_watcher()
+        undo_graphs()
+        RECORDER.configure(flight_dir=None)
