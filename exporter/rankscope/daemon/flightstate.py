@@ -356,7 +356,7 @@ class FlightState:
             selected = boot if boot is not None else boots[-1].boot if boots else None
             of_boot = self._boot_streams.get(selected, {}) if selected is not None else {}
             streams = sorted(of_boot.values(), key=lambda st: st.file)
-            records: list[Record] = [r for st in streams for r in census_records(st, st.marks)]
+            records: list[Record] = [r for st in streams for r in _census_records(st, st.marks)]
             skipped = collections.Counter(self._reader.skipped)
             invalid = collections.Counter(self._reader.invalid)
             alive = dict(self._alive_locked())
@@ -497,7 +497,7 @@ def _fold_live(folded: Line[CensusLive] | None, line: Line[CensusLive]) -> Line[
     return Line(line.header, CensusLive(counts, line.body.blocked_in))
 
 
-def census_records(st: StreamState, extra: Iterable[Record] = ()) -> list[Record]:
+def _census_records(st: StreamState, extra: Iterable[Record] = ()) -> list[Record]:
     """A stream's census lines as a reader replays them (its live lines folded into one)."""
     live: list[Record] = [st.live] if st.live is not None else []
     return [*extra, *st.census_lines, *live]

@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.config import DaemonConfig
-from rankscope.daemon.flightstate import FlightState, FlightView, StreamState, census_records
+from rankscope.daemon.flightstate import FlightState, FlightView, StreamState
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.daemon.sources import Sources
 from rankscope.record import Census, CensusDump, Divergence, Line
@@ -189,9 +189,17 @@ class CensusCollector:
 
 
 def boot_states(state: FlightState, view: FlightView, boot: str) -> States:
-    """The census states of ``boot``'s ranks from the streams of ``view``."""
+    """The census states of ``boot``'s ranks from the streams of ``view``: per stream its
+    newest snapshot, its newest census or dump line and its folded live lines hold every
+    latest count and the state (counts only grow), so a scrape reads three lines a rank."""
     alive = state.alive()
-    records = [r for st in view.streams if st.boot == boot for r in census_records(st)]
+    records = [
+        line
+        for st in view.streams
+        if st.boot == boot
+        for line in (st.snapshot, st.census, st.live)
+        if line is not None
+    ]
 
     def judged(host: str | None, pid: int | None, start: int | None, ns: int | None) -> bool | None:
         return alive.get((host, pid, start)) if host is not None and pid is not None else None
