@@ -3,6 +3,7 @@ its run on uvicorn until a signal."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -19,7 +20,7 @@ import uvicorn
 from rankscope.daemon import collectors
 from rankscope.daemon.app import create_app
 from rankscope.daemon.config import DaemonConfig
-from rankscope.daemon.guard import RequestGuard, StrictH11Protocol
+from rankscope.daemon.guard import HEAD_DEADLINE_S, RequestGuard, StrictH11Protocol
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.sources import Poller, Sources
 from rankscope.reports.census import census_document
@@ -141,6 +142,7 @@ class Daemon:
 
 KEEP_ALIVE_S = 30.0  # an idle kept-alive connection is closed after this
 STOP_GRACE_S = 5.0  # how long a stop waits for the answers in flight
+HANDSHAKE_DEADLINE_S = HEAD_DEADLINE_S  # a TLS handshake must finish within this
 
 
 class _Config(uvicorn.Config):
@@ -181,11 +183,29 @@ class HTTPServer(uvicorn.Server):
         yield  # Daemon.run has its own handlers, which set should_exit
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and sockets:
+        """uvicorn's start on the caller's sockets (lifespan is off), with a deadline for
+        each TLS handshake (asyncio's default is 60 s)."""
+        config = self.config
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        loop = asyncio.get_running_loop()
+        handshake = HANDSHAKE_DEADLINE_S if config.ssl is not None else None
+        self.servers = [
+            await loop.create_server(
+                protocol, sock=sock, ssl=config.ssl, backlog=config.backlog,
+                ssl_handshake_timeout=handshake,
+            )
+            for sock in sockets or ()
+        ]  # fmt: skip
+        self.started = True
+        if sockets:
             host, port = self.address = sockets[0].getsockname()[:2]
             host = f"[{host}]" if ":" in host else host
-            scheme = "https" if self.config.ssl is not None else "http"
+            scheme = "https" if config.ssl is not None else "http"
             self.url = f"{scheme}://{host}:{port}"
             log.info("rankscope serving on %s/metrics", self.url)
 
