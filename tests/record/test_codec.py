@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 from rankscope.rank.writer import ENCODER, Recorder
 from rankscope.record import (
     AdapterStatus,
+    BlockedIn,
     Census,
     CensusDump,
+    CensusLive,
     Divergence,
     GraphCounts,
     GroupFields,
@@ -270,6 +272,11 @@ BODIES: dict[str, Any] = {
     "sample": st.builds(Sample, **VIEWS),
     "census": st.builds(Census, COUNT, COUNT, COUNTS, GRAPHS),
     "census_dump": st.builds(CensusDump, TEXT, COUNT, COUNT, COUNTS, GRAPHS),
+    "census_live": st.builds(
+        CensusLive,
+        st.dictionaries(st.tuples(NAMES, NAMES), st.integers(0, MAX_BYTES - 1), max_size=3),
+        st.none() | st.builds(BlockedIn, TEXT, TEXT, COUNT, TIME),
+    ),
     "divergence": st.builds(
         Divergence,
         COUNT,
@@ -365,3 +372,14 @@ def test_the_special_wire_shapes_parse_as_before() -> None:
 
 
 EXPECTED_HEADER = json.loads(EXPECTED["header"])
+
+
+def test_a_census_live_line_keeps_its_readable_counts_and_names_the_rest() -> None:
+    bad: list[str] = []
+    raw = {"changed": {"g": {"op": -1, "ok": 3}, "h": 5}, "blocked_in": {"seq": "x", "op": "ok"}}
+    live = CensusLive.parse(raw, bad)
+    assert live is not None
+    assert live.changed == {("g", "ok"): 3}
+    assert live.blocked_in == BlockedIn(None, "ok", None, None)
+    assert bad == ["census_live.changed", "census_live.changed", "census_live.blocked_in.seq"]
+    assert "blocked_in" not in CensusLive({("g", "ok"): 3}).to_json()  # absent reads as null
