@@ -4,13 +4,22 @@ series, from records written by the real recorder."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from tests.daemon.test_daemon_flightstate import rank_recorder
+from tests.support.waiting import wait_for
 
 from rankscope.daemon.collectors.census import CensusCollector
 from rankscope.daemon.flightstate import FlightState
 from rankscope.record import BlockedIn, CensusLive, of_kind
+from rankscope.record.reader import read_flight
+from rankscope.reports.census import census_document
 
 AR = ("tp:0-1", "all_reduce")
 AG = ("tp:0-1", "all_gather")
@@ -57,3 +66,48 @@ def test_the_collector_names_stalled_ranks_their_collective_and_the_rank_behind(
         name == "rankscope_census_latest_deficit" and ("rank", "0") in labels
         for name, labels in got
     )
+
+
+INNER = """
+import os, sys, time
+from rankscope.rank.writer import RECORDER
+from rankscope.record import BlockedIn, CensusLive
+RECORDER.configure(flight_dir=sys.argv[1], boot_id="b-ns", rank=0, world_size=2)
+stall = BlockedIn("world:0-1", "all_reduce", 3, time.time())
+RECORDER.write_record(CensusLive({("world:0-1", "all_reduce"): 3}, stall))
+print(os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_rank_in_its_own_pid_namespace_is_judged_by_the_daemon_not_by_the_cli(
+    flight_dir: Path,
+) -> None:
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare(1) and root for a PID namespace")
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+         sys.executable, "-c", INNER, str(flight_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert int(proc.stdout.readline()) == 1  # the namespace's first process
+        state = FlightState(flight_dir)
+        state.refresh()
+        (rank,) = census_document(state.flight())["ranks"]
+        assert (rank["state"], rank["alive"]) == ("stalled", True)  # its host pid, resolved
+        # The CLI runs in another PID namespace: it cannot tell, and says so.
+        (rank,) = census_document(read_flight(flight_dir))["ranks"]
+        assert (rank["state"], rank["alive"]) == ("stalled", None)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # --kill-child takes the namespace down with it
+        proc.wait(timeout=10)
+
+    def dead() -> bool:
+        state.refresh()
+        (rank,) = census_document(state.flight())["ranks"]
+        return bool(rank["state"] == "dead" and rank["alive"] is False)
+
+    wait_for(dead, timeout=30, what="the namespaced rank named dead")
