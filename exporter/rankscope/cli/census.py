@@ -67,7 +67,7 @@ def _state_text(rank: Mapping[str, Any]) -> str:
         where = f"{blocked['group']} {blocked['op']} #{blocked['seq']}"
         verb = "was in" if state == "dead" else "in"
         state += f" {verb} {where} since {_clock(blocked['since'])}"
-    if rank["alive"] is None and state not in ("exited",):
+    if rank["alive"] is None and rank["state"] != "exited":
         state += " (process unknown: not on this host)"
     return state
 
