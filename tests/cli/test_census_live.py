@@ -5,6 +5,7 @@ change): real torchrun, three real gloo ranks (tests/programs/census_faults.py),
 - a rank skips an all_reduce and all-gathers instead: the job hangs; the CLI, /metrics and
   /api/v1/census name every rank stalled, the collective each is in, and the rank behind;
 - a rank SIGKILLed mid-job is named dead, by the CLI (its /proc) and by the daemon;
+- a rank that stops in its own code before a collective is named behind, its peers in it;
 - a rank skips an all_reduce and the job fails: the JSON says divergent and names it;
 - a rank 2.5 s late to an all_reduce, then caught up: the skew is named in the record.
 """
@@ -266,3 +267,27 @@ def test_a_transient_skew_is_named_in_the_record(venv: ArmedVenv, tmp_path: Path
     assert skew["counts"] == {"0": 6, "1": 5, "2": 6}
     assert skew["resolved"] is True
     assert skew["until"] > skew["since"]
+
+
+def test_a_rank_that_hangs_before_a_collective_is_named_behind(
+    venv: ArmedVenv, tmp_path: Path
+) -> None:
+    flight = tmp_path / "flight"
+    # Rank 1 stops in its own code before its 6th all_reduce (a sleep of 600 s stands for a
+    # wedged loader or a deadlock); ranks 0 and 2 wait in that all_reduce.
+    args = ("--fault", "slow", "--rank", "1", "--step", "5", "--slow", "600", "--steps", "10")
+    with job(venv, flight, *args):
+        _, doc = wait_for(
+            lambda: (
+                (got := census(venv, flight))[0] == 1
+                and states(got[1]) == dict.fromkeys(range(WORLD), "stalled")
+                and got
+            ),
+            timeout=NAMED_WITHIN_S,
+            interval=0.5,
+            what="every rank named stalled",
+        )
+        entry = latest(doc)["all_reduce"]
+        assert entry["lagging"] == [1] and entry["counts"] == {"0": 6, "1": 5, "2": 6}
+        assert blocked(doc, 0) == blocked(doc, 2) == (GROUP, "all_reduce", 6)
+        assert blocked(doc, 1) == (GROUP, "all_reduce", 5)  # the last one it issued
