@@ -166,3 +166,35 @@ def test_a_compiled_counted_method_on_cuda_with_inductor_is_counted_per_call(cou
         compiled(x)
     torch.cuda.synchronize()
     assert counts.snapshot()[KEY] == N
+
+
+def test_a_compiled_torch_distributed_call_compiles_and_is_not_counted(tmp_path):
+    """instrument_torch_distributed under torch.compile (fullgraph, one real gloo rank):
+    dynamo turns the call into torch's functional collective, so it compiles and counts
+    nothing (docs/integrations.md); the eager call is counted."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    undo = census.instrument_torch_distributed()
+    try:
+        torch._dynamo.reset()
+        counts.reset()
+
+        def step(x: Any) -> Any:
+            y = torch.sin(x)
+            dist.all_reduce(y)
+            return y + 1
+
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+        for _ in range(N):
+            out = compiled(torch.ones(4))
+        assert counts.snapshot() == {}
+        assert torch.equal(out, step(torch.ones(4)))
+        assert sum(counts.snapshot().values()) == 1
+    finally:
+        undo()
+        dist.destroy_process_group()
+        counts.reset()
+        torch._dynamo.reset()
