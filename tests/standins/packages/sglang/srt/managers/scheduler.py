@@ -12,6 +12,8 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 
 class Scheduler:
     def __init__(self, gpu_id: int, tp_size: int, speculative: bool) -> None:
+        # SGLang builds its groups here (bootstrap.init_parallel_runtime), before any runner.
+        parallel_state.initialize_model_parallel(tp_size, gpu_id)
         self.tp_worker = ModelRunner(gpu_id, tp_size)
         self.draft_worker = (
             ModelRunner(gpu_id, tp_size, is_draft_worker=True) if speculative else None

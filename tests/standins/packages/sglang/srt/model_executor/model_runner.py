@@ -19,8 +19,8 @@ class ModelRunner:
         self.load_model()
 
     def init_torch_distributed(self) -> None:
-        if not self.is_draft_worker:
-            parallel_state.initialize_model_parallel(self.tp_size, self.gpu_id)
+        # As SGLang's: the groups exist already (the Scheduler built them); it reads them.
+        self.pp_group = parallel_state.get_pp_group()
 
     def load_model(self) -> None:
         self.weight = torch.ones(64, 64)
