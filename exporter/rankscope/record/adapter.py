@@ -13,8 +13,9 @@ from rankscope.record.codec import Bad, Codec, Json
 
 @dataclass(slots=True)
 class AdapterStatus(Codec):
-    """``attached`` with the methods it wrapped and the modules still to come, or
-    ``not_attached`` / ``detached`` with the hook point that could not attach and why (on the
+    """``attached`` (or ``attached_unverified_version``: a release not checked, whose every
+    hook point verified at run time) with the methods it wrapped and the modules still to
+    come, or ``not_attached`` / ``detached`` with the hook point that could not attach and why (on the
     wire a nested ``failed``: {hook, why}, null when none). One line a process and adapter;
     one of no framework or status says nothing (malformed)."""
 
@@ -23,7 +24,7 @@ class AdapterStatus(Codec):
     WHERE: ClassVar[str] = "adapter"
 
     framework: str = codec.text(required=True)
-    status: str = codec.text(required=True)  # attached | not_attached | detached
+    status: str = codec.text(required=True)  # one of the statuses the docstring names
     version: str | None = codec.text()
     checked_versions: tuple[str, ...] = codec.strings()
     hooks: tuple[str, ...] = codec.strings()
