@@ -62,6 +62,23 @@ def test_an_idle_refresh_opens_nothing_and_a_change_opens_one_file(
     assert phases(state, "boot-1").count("loaded") == 1
 
 
+def test_without_inotify_a_refresh_opens_only_what_grew(
+    flight_dir: Path, opened: list[str]
+) -> None:
+    recs = [rank_recorder(flight_dir, "boot-1", r) for r in range(20)]
+    for rec in recs:
+        rec.write_record(mark("start"))
+    state = FlightState(flight_dir, use_inotify=False)
+    state.refresh()
+    opened.clear()
+    state.refresh()
+    assert opened == []  # every file stat'ed, none opened
+    recs[3].write_record(mark("loaded"))
+    state.refresh()
+    path = recs[3].path_for("marks")
+    assert path is not None and opened == [path.name]
+
+
 @pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "stat"])
 def test_created_removed_and_replaced_files_are_seen(flight_dir: Path, inotify: bool) -> None:
     state = FlightState(flight_dir, use_inotify=inotify)
