@@ -10,9 +10,10 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 
 from rankscope.daemon.dirwatch import DirWatch
 from rankscope.procfs import (
@@ -369,10 +370,11 @@ class FlightState:
             alive=alive,
         )
 
-    def alive(self) -> dict[tuple[str, int, int | None], bool]:
-        """Whether each process this daemon can see still runs, as of the last refresh."""
+    def alive(self) -> Mapping[tuple[str, int, int | None], bool]:
+        """Whether each process this daemon can see still runs, as of the last refresh (a
+        read-only view: a scrape asks each time, and a copy would cost a pass over them)."""
         with self._lock:
-            return dict(self._alive_locked())
+            return MappingProxyType(self._alive_locked())
 
     def _alive_locked(self) -> dict[tuple[str, int, int | None], bool]:
         """Made again only when the streams or the exits changed (a scrape asks each time)."""
