@@ -195,10 +195,12 @@ class FlightReader:
             try:
                 left = self._poll_name(name, records, left)
             except OSError as exc:
-                self.version += 1
+                why = exc.strerror or str(exc)
+                if self.unreadable.get(name) != why:  # a retry failing alike changes nothing
+                    self.version += 1
                 if name not in self.unreadable:
                     failed.append(name)
-                self.unreadable[name] = exc.strerror or str(exc)
+                self.unreadable[name] = why
         self._log_unreadable(failed)
         return records
 
