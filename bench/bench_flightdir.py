@@ -7,7 +7,8 @@ refresh read only what changed, in the same run.
 DIR holds the baseline's source tree (its exporter/), e.g.
 `mkdir DIR && git archive 398695f exporter | tar -x -C DIR`. For each size and each code,
 a real daemon subprocess reads the directory, then: its CPU over --idle seconds with
-nothing changing and no scrape (fraction of one core, from /proc/PID/stat), and --scrapes
+nothing changing and no scrape (fraction of one core, from /proc/PID/stat; --idle 305
+takes in one of the full stat passes the daemon makes every five minutes), and --scrapes
 GET /metrics over loopback one after another (p50, p99). Both daemons read with a budget
 large enough to catch up in one refresh, so start-up is not what is measured.
 """

@@ -203,3 +203,33 @@ def test_the_clis_leave_out_an_unreadable_file_and_name_it(flight_dir: Path) -> 
         assert "Traceback" not in run.stderr
         assert f"cannot read {bad_path.name} (Permission denied)" in run.stderr
         assert GOOD in run.stdout
+
+
+FAILING_REFRESHES = """
+import logging, sys
+from rankscope.daemon.flightstate import FlightState
+logging.basicConfig(format="%(message)s")
+state = FlightState(sys.argv[1], use_inotify=False)  # every refresh retries every file
+for _ in range(3):
+    state.refresh()
+print(state.health().unreadable)
+"""
+
+
+@needs_setpriv
+def test_failing_files_are_logged_once_while_they_fail(flight_dir: Path) -> None:
+    for pid in range(1000, 1007):
+        rec = rank_recorder(flight_dir, "boot-bad", 0, pid=pid)
+        marks(rec, 0, 1)
+        path = rec.path_for("marks")
+        assert path is not None
+        path.chmod(0)
+    run = subprocess.run(
+        [*NO_DAC, sys.executable, "-c", FAILING_REFRESHES, str(flight_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.stdout.strip() == "7", run.stderr
+    assert run.stderr.count("cannot be read (Permission denied)") == 5, run.stderr
+    assert run.stderr.count(f"2 more flight files in {flight_dir} cannot be read") == 1
