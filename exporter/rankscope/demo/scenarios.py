@@ -358,8 +358,12 @@ class ScenarioRun:
         except Exception as exc:
             self.view.line(f"  census: no report yet ({exc})")
             return
+        # Judged anew at each summary, as the alert's `for:` would: a rank that waits a
+        # moment for a slow peer is stalled in disagreement until the peer catches up.
         if census.get("divergent"):
             self.shown.add(alerting.CENSUS_SKEW)
+        else:
+            self.shown.discard(alerting.CENSUS_SKEW)
         self.view.block(census_summary(census))
 
     def run(self) -> None:
