@@ -15,6 +15,7 @@ import pytest
 
 from rankscope.rank import census
 from rankscope.rank.census import counts
+from rankscope.rank.census.wrap import TRACED_COUNT_SINCE, torch_release
 
 torch = pytest.importorskip("torch")
 dynamo_testing = pytest.importorskip("torch._dynamo.testing")
@@ -165,7 +166,28 @@ def test_a_compiled_counted_method_on_cuda_with_inductor_is_counted_per_call(cou
     for _ in range(N):
         compiled(x)
     torch.cuda.synchronize()
-    assert counts.snapshot()[KEY] == N
+    if torch_release(torch.__version__) < TRACED_COUNT_SINCE:
+        # Compiles as unwrapped and is not counted (docs/integrations.md).
+        assert counts.snapshot().get(KEY) is None
+    else:
+        assert counts.snapshot()[KEY] == N
+
+
+def test_an_older_torch_compiles_a_counted_method_uncounted(monkeypatch):
+    """A torch older than TRACED_COUNT_SINCE: the traced call passes through, one graph,
+    no count (eager calls still count)."""
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    undo = census.instrument_methods(Coordinator, {"all_reduce": "all_reduce"})
+    counts.reset()
+    torch._dynamo.reset()
+    try:
+        counter, calls = _frames(_model(Coordinator()), fullgraph=True)
+    finally:
+        undo()
+        counts.reset()
+        torch._dynamo.reset()
+    assert counter.frame_count == 1 and calls is None
+    assert torch_release("2.13.0") == TRACED_COUNT_SINCE and torch_release("2.9.1+cpu") == (2, 9)
 
 
 def test_a_compiled_torch_distributed_call_compiles_and_is_not_counted(tmp_path):

@@ -112,7 +112,9 @@ def serve(rank: int, world: int, args: argparse.Namespace) -> int:
     probe.mark("serving_done", steps=step)
     sys.stdout.flush()
     sys.stderr.flush()
-    # No destroy_process_group: after a skip a peer may never answer; the record is on disk.
+    # No destroy_process_group: after a skip a peer may never answer. os._exit runs no atexit
+    # hook, so the census's exit line is written here: without it the rank reads as dead.
+    census.dump_local("exit")
     os._exit(status)
 
 

@@ -116,12 +116,28 @@ def _register_count_op(torch: Any) -> Any:
     return _count_op
 
 
+# The oldest torch whose dynamo hands a user object to assume_constant_result (2.11 raises
+# AsPythonConstantNotImplementedError at trace time, seen on CUDA 2.11.0+cu130; 2.13 traces
+# it): on an older torch a traced call passes through uncounted, compiling as unwrapped.
+TRACED_COUNT_SINCE = (2, 13)
+
+
+def torch_release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string such as '2.11.0+cu130'."""
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
 def _compile_support() -> tuple[Any, Any]:
     """(count op, assume_constant_result) of the torch this process imported; (None, None)
-    without torch (nothing can be traced) or where the op cannot be registered."""
+    without torch (nothing can be traced), on a torch too old to trace the count, or where
+    the op cannot be registered."""
     if compiling_check() is _not_compiling:
         return None, None
     torch = sys.modules["torch"]
+    if torch_release(torch.__version__) < TRACED_COUNT_SINCE:
+        log.info("rankscope census: torch %s: compiled calls are not counted", torch.__version__)
+        return None, None
     try:
         return _register_count_op(torch), torch.compiler.assume_constant_result
     except Exception as exc:  # traced calls pass through uncounted; eager ones still count
