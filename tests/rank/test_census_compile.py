@@ -8,6 +8,8 @@ GroupCoordinator; its "collective" is arithmetic (no process group is needed to 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -220,3 +222,24 @@ def test_a_compiled_torch_distributed_call_compiles_and_is_not_counted(tmp_path)
         dist.destroy_process_group()
         counts.reset()
         torch._dynamo.reset()
+
+
+def test_wrapping_in_a_process_that_never_compiles_imports_no_dynamo():
+    """Registering the count op pulls in dynamo, which now and then aborted a process that
+    never compiles at its exit (gloo ranks of the stand-in boot, about 1 exit in 8): a
+    process without torch._dynamo wraps without it."""
+    program = (
+        "import sys, torch\n"
+        "from rankscope.rank import census\n"
+        "class Coordinator:\n"
+        "    unique_name, ranks = 'tp:0', (0, 1)\n"
+        "    def all_reduce(self, x):\n"
+        "        return x\n"
+        "census.instrument_methods(Coordinator, {'all_reduce': 'all_reduce'})\n"
+        "Coordinator().all_reduce(1)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout

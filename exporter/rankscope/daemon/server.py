@@ -201,13 +201,13 @@ class HTTPServer(uvicorn.Server):
             )
             for sock in sockets or ()
         ]  # fmt: skip
-        self.started = True
         if sockets:
             host, port = self.address = sockets[0].getsockname()[:2]
             host = f"[{host}]" if ":" in host else host
             scheme = "https" if config.ssl is not None else "http"
             self.url = f"{scheme}://{host}:{port}"
             log.info("rankscope serving on %s/metrics", self.url)
+        self.started = True  # last: a caller waiting on it reads the address next
 
 
 def listen(host: str, port: int) -> socket.socket:

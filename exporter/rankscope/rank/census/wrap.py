@@ -130,9 +130,13 @@ def torch_release(version: str) -> tuple[int, int]:
 
 def _compile_support() -> tuple[Any, Any]:
     """(count op, assume_constant_result) of the torch this process imported; (None, None)
-    without torch (nothing can be traced), on a torch too old to trace the count, or where
-    the op cannot be registered."""
+    without torch or torch._dynamo at wrap time (nothing can be traced), on a torch too old
+    to trace the count, or where the op cannot be registered."""
     if compiling_check() is _not_compiling:
+        return None, None
+    if "torch._dynamo" not in sys.modules:
+        # Nothing compiles in a process that has not imported dynamo, and registering the
+        # op pulls in its machinery, which now and then aborted such a process at exit.
         return None, None
     torch = sys.modules["torch"]
     if torch_release(torch.__version__) < TRACED_COUNT_SINCE:
