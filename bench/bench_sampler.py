@@ -68,7 +68,7 @@ from rankscope.daemon.devices import (
     write_script,
 )
 from rankscope.daemon.flightstate import RankProcess
-from rankscope.daemon.holdings_reader import HoldingsReader
+from rankscope.daemon.holdings import HoldingsReader
 from rankscope.daemon.sampler import Periodic, Sampler, parse_floors
 from rankscope.nvml_calls import hold_gil
 from rankscope.procfs import read_nspid, read_pidns_inode, read_proc_info, read_start_ticks

@@ -22,7 +22,13 @@ from rankscope.daemon.config import (
     OtlpSection,
     WebSection,
 )
-from rankscope.daemon.flags import argtype, parse_bytes, parse_duration, positive_int
+from rankscope.daemon.flags import (
+    argtype,
+    parse_bytes,
+    parse_duration,
+    parse_host_port,
+    positive_int,
+)
 from rankscope.daemon.oom import DEFAULT_EXHAUSTED_BELOW
 from rankscope.daemon.sampler import Floors, parse_floor_value, parse_floors
 from rankscope.record import ENV_DIR
@@ -128,20 +134,7 @@ def _switch(name: str) -> str:
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:
-    """'HOST:PORT', '[V6]:PORT' or ':PORT' -> (host, port)."""
-    flag = f"--web.listen-address {value!r}"
-    host, sep, port_text = value.rpartition(":")
-    if not sep:
-        raise ValueError(f"{flag}: expected HOST:PORT")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"{flag}: port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"{flag}: port {port} is out of range")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host or "0.0.0.0", port
+    return parse_host_port(value, "--web.listen-address", any_host="0.0.0.0")
 
 
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:

@@ -36,6 +36,22 @@ def argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
+def parse_host_port(text: str, flag: str, any_host: str = "") -> tuple[str, int]:
+    """'HOST:PORT' or '[V6]:PORT' -> (host, port); ':PORT' -> ``any_host`` where one is given."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not (host or any_host):
+        raise ValueError(f"{flag} {text!r}: expected HOST:PORT")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{flag} {text!r}: port {port} is out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or any_host, port
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

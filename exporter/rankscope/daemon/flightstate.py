@@ -197,9 +197,11 @@ class FlightState:
                     self._add(rec)
                 if reader.version != self._reader_version:
                     self._reader_version = reader.version
-                    self._changed()
-                if records:
-                    self._resolve_new_processes(records)
+                    self._boots = self._view = self._running = None
+                # The host pid of each process seen for the first time.
+                new = {p for rec in records if (p := rank_process(rec)).key not in self._host_pids}
+                if new:
+                    self._host_pids.update(host_pids(list(new), self._proc))
                 self._caught_up = self._caught_up or not reader.backlog
                 self.up, self.error = True, None
                 self.refreshed_at = time.monotonic()
@@ -209,20 +211,10 @@ class FlightState:
     def health(self) -> FlightHealth:
         """What readiness reports of the flight directory, from the last refresh."""
         with self._lock:
+            missing = None if self._dir_seen else "no such directory"
+            error = self.error if self.up is False else missing
             reader = self._reader
-            return FlightHealth(
-                files=len(reader.present),
-                unreadable=len(reader.unreadable),
-                directory_error=self._directory_error(),
-                backlog=self.backlog,
-            )
-
-    def _directory_error(self) -> str | None:
-        if self.up is False:
-            return self.error
-        if not self._dir_seen:
-            return "no such directory"
-        return None
+            return FlightHealth(len(reader.present), len(reader.unreadable), error, self.backlog)
 
     def _note_backlog(self, backlog: int) -> None:
         """Logs a backlog (a large directory at start-up) when it appears and when read."""
@@ -297,11 +289,6 @@ class FlightState:
         if at is None or time.monotonic() - at >= max_age:
             self.refresh()
 
-    def _changed(self) -> None:
-        """The streams changed: what is derived from all of them is computed again."""
-        self._boots = None
-        self._view = self._running = None
-
     def _summaries(self) -> list[BootSummary]:
         """Every boot, oldest first; only the boots whose streams changed are summed again."""
         if self._boots is None:
@@ -357,7 +344,10 @@ class FlightState:
             selected = boot if boot is not None else boots[-1].boot if boots else None
             of_boot = self._boot_streams.get(selected, {}) if selected is not None else {}
             streams = sorted(of_boot.values(), key=lambda st: st.file)
-            records: list[Record] = [r for st in streams for r in _census_records(st, st.marks)]
+            # Each stream's census lines as a reader replays them (its live lines folded).
+            records: list[Record] = [
+                r for st in streams for r in (*st.marks, *st.census_lines, st.live) if r is not None
+            ]
             skipped = collections.Counter(self._reader.skipped)
             invalid = collections.Counter(self._reader.invalid)
             alive = dict(self._alive_locked())
@@ -398,13 +388,6 @@ class FlightState:
 
     def _host_pid_locked(self, p: RankProcess) -> int | None:
         return p.pid if p.pidns == HOST_PIDNS_INODE else self._host_pids.get(p.key)
-
-    def _resolve_new_processes(self, records: list[Record]) -> None:
-        """The host pid of each process seen for the first time."""
-        processes = {rank_process(rec) for rec in records}
-        new = [p for p in processes if p.key not in self._host_pids]
-        if new:
-            self._host_pids.update(host_pids(new, self._proc))
 
     def latest_boot(self) -> str | None:
         self.refresh()
@@ -477,14 +460,13 @@ class FlightState:
             if not self._boot_streams[boot]:
                 del self._boot_streams[boot]
         if gone:
-            self._changed()
+            self._boots = self._view = self._running = None
             processes = {st.process for st in self._streams.values()}
             self._exited_at = {p: t for p, t in self._exited_at.items() if p in processes}
             self._living = {p: t for p, t in self._living.items() if p in processes}
             self._seen_running &= processes
             live = {p.key for p in processes}
-            for process in [p for p in self._host_pids if p not in live]:
-                del self._host_pids[process]
+            self._host_pids = {k: pid for k, pid in self._host_pids.items() if k in live}
         for boot, by_key in list(self._divergences.items()):
             for gk in [gk for gk, line in by_key.items() if line.header.file not in present]:
                 del by_key[gk]
@@ -497,12 +479,6 @@ def _fold_live(folded: Line[CensusLive] | None, line: Line[CensusLive]) -> Line[
     for key, n in line.body.changed.items():
         counts[key] = max(n, counts.get(key, n))
     return Line(line.header, CensusLive(counts, line.body.blocked_in))
-
-
-def _census_records(st: StreamState, extra: Iterable[Record] = ()) -> list[Record]:
-    """A stream's census lines as a reader replays them (its live lines folded into one)."""
-    live: list[Record] = [st.live] if st.live is not None else []
-    return [*extra, *st.census_lines, *live]
 
 
 def _copy(st: StreamState) -> StreamState:

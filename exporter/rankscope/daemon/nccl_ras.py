@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rankscope.daemon.flags import parse_host_port
 from rankscope.daemon.nccl_ras_report import (
     ERROR_REASONS,
     KNOWN_PROTOCOL,
@@ -35,11 +36,7 @@ DEFAULT_PERSIST_POLLS = 3
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    """'HOST:PORT' or '[V6]:PORT' -> (host, port); ValueError otherwise."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"{text!r} is not HOST:PORT")
-    return host.strip("[]"), int(port_text)
+    return parse_host_port(text, "--collector.nccl-ras.address")
 
 
 def _recv_line(sock: socket.socket, buf: bytearray, seconds: float) -> str:
@@ -137,7 +134,8 @@ class EndpointView:
 
 
 class Endpoint:
-    """Poll state of one address; ``poll_once`` is the whole cycle (tests drive it)."""
+    """Poll state of one address; ``poll_once`` is the whole cycle (tests drive it). Only its
+    poller thread polls; a scrape reads the view it last published."""
 
     def __init__(
         self,
@@ -155,38 +153,40 @@ class Endpoint:
         )
         self.persist_polls = persist_polls
         self.forget_after = max(10, 4 * persist_polls)
-        self._lock = threading.Lock()
-        self._polls = 0
-        self._success: bool | None = None
-        self._duration: float | None = None
-        self._error: str | None = None
-        self._errors = dict.fromkeys(ERROR_REASONS, 0)
-        self._report: RasReport | None = None
         self._comms: dict[tuple[str, str], CommState] = {}
+        errors = dict.fromkeys(ERROR_REASONS, 0)
+        self._view = EndpointView(address, 0, None, None, None, errors, None, (), {})
 
     def poll_once(self) -> None:
         start = time.perf_counter()
+        report: RasReport | None = None
+        error = None
         try:
-            report: RasReport | None = parse_report(self._fetch())
-            error = None
+            report = parse_report(self._fetch())
         except ReportError as exc:
-            report, error = None, exc.reason
+            error = exc.reason
             log.debug("nccl-ras %s: %s", self.address, exc)
         except Exception as exc:  # an endpoint must never stop the thread
-            report, error = None, "malformed"
+            error = "malformed"
             log.warning("nccl-ras %s: unexpected %r", self.address, exc)
         elapsed = time.perf_counter() - start
-        with self._lock:
-            self._polls += 1
-            self._success, self._duration, self._error = error is None, elapsed, error
-            if error is not None:
-                self._errors[error] += 1
-            if report is not None:
-                self._report = report
-                self._merge(report)
+        old = self._view
+        errors = dict(old.errors)
+        if error is not None:
+            errors[error] += 1
+        if report is not None:
+            self._merge(report, old.polls + 1)
+        comms = tuple(self._comms.values())
+        persisting = {
+            s.comm.key: tuple(op for op, (n, _) in s.streaks.items() if n >= self.persist_polls)
+            for s in comms
+        }
+        self._view = EndpointView(
+            self.address, old.polls + 1, error is None, elapsed, error, errors,
+            report or old.report, comms, persisting,
+        )  # fmt: skip
 
-    def _merge(self, report: RasReport) -> None:
-        n = self._polls
+    def _merge(self, report: RasReport, n: int) -> None:
         for comm in report.communicators:
             held = self._comms.get(comm.key)
             found: dict[str, int] = {op: low for op, (low, _high) in count_mismatches(comm).items()}
@@ -206,25 +206,7 @@ class Endpoint:
             del self._comms[key]
 
     def view(self) -> EndpointView:
-        with self._lock:
-            comms = tuple(self._comms.values())
-            persisting = {
-                s.comm.key: tuple(
-                    op for op, (count, _) in s.streaks.items() if count >= self.persist_polls
-                )
-                for s in comms
-            }
-            return EndpointView(
-                address=self.address,
-                polls=self._polls,
-                last_success=self._success,
-                last_duration=self._duration,
-                last_error=self._error,
-                errors=dict(self._errors),
-                report=self._report,
-                comms=comms,
-                persisting=persisting,
-            )
+        return self._view
 
 
 class RasPoller:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from rankscope import __version__, catalog
 from rankscope.daemon.registry import TimedCollectors
+from rankscope.daemon.sampler import Periodic
 
 if TYPE_CHECKING:  # imported where used: a daemon without OTLP never loads opentelemetry
     from opentelemetry.metrics import CallbackOptions, Observation
@@ -105,19 +106,15 @@ class OtlpPusher:
         self._cache = SampleCache(collectors, max_age=min(1.0, interval / 2))
         self._provider: MeterProvider | None = None
         self._boot: str | None = None
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._watcher = Periodic("rankscope-otlp", interval, self._watch)
 
     def start(self) -> None:
         self._boot = self.latest_boot()
         self._provider = self._build(self._boot)
-        self._watcher = threading.Thread(target=self._watch, name="rankscope-otlp", daemon=True)
         self._watcher.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=5)
+        self._watcher.stop()
         if self._provider is not None:
             self._provider.shutdown()  # flushes one last export
             self._provider = None
@@ -158,10 +155,9 @@ class OtlpPusher:
         return provider
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.interval):
-            boot = self.latest_boot()
-            if boot != self._boot and self._provider is not None:
-                log.info("newest boot is now %s: OTLP resource updated", boot)
-                old, self._provider = self._provider, self._build(boot)
-                self._boot = boot
-                old.shutdown()
+        boot = self.latest_boot()
+        if boot != self._boot and self._provider is not None:
+            log.info("newest boot is now %s: OTLP resource updated", boot)
+            old, self._provider = self._provider, self._build(boot)
+            self._boot = boot
+            old.shutdown()

@@ -32,10 +32,7 @@ class FloorValue:
     fraction: float | None = None
 
     def resolve(self, total: int) -> int:
-        if self.bytes is not None:
-            return self.bytes
-        assert self.fraction is not None
-        return round(total * self.fraction)
+        return self.bytes if self.bytes is not None else round(total * (self.fraction or 0.0))
 
 
 @dataclass(frozen=True)

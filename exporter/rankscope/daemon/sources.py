@@ -8,7 +8,7 @@ from typing import Protocol
 from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.devices import DeviceSource, make_source
 from rankscope.daemon.flightstate import FlightState
-from rankscope.daemon.holdings_reader import HoldingsReader
+from rankscope.daemon.holdings import HoldingsReader
 from rankscope.daemon.oom import ExhaustionWatch, OomBook
 from rankscope.daemon.sampler import Periodic, Sampler
 
