@@ -112,7 +112,6 @@ class FlightView:
     boots: tuple[str, ...]  # oldest first, by first record
     skipped: dict[str, int]
     invalid: dict[str, int]  # field name -> values nulled by the parse (rankscope.record.codec)
-    unreadable: int  # flight files the last try could not read
 
     @property
     def latest_boot(self) -> str | None:
@@ -324,7 +323,6 @@ class FlightState:
                 divergences={boot: dict(by_key) for boot, by_key in self._divergences.items()},
                 skipped={reason: self._reader.skipped[reason] for reason in SKIP_REASONS},
                 invalid=dict(self._reader.invalid),
-                unreadable=len(self._reader.unreadable),
                 boots=tuple(b.boot for b in self._summaries()),
             )
             self._view = (view, until)

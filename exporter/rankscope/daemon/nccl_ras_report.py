@@ -8,7 +8,20 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # The reasons a poll fails, a closed set (the label values of the self metrics).
 ERROR_REASONS = ("refused", "timeout", "truncated", "malformed", "too_large", "unknown_version")
@@ -25,44 +38,69 @@ class ReportError(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class RasRank:
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+OptInt = Annotated[int | None, BeforeValidator(_int_or_none)]  # anything else: unknown
+
+
+class _Parsed(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+
+class RasRank(_Parsed):
     """``status`` is the JSON status object flattened to a comparable tuple."""
 
-    rank: int
-    host: str
-    pid: int
-    cuda_dev: int | None
-    counts: dict[str, int] | None
-    status: tuple[tuple[str, object], ...]
+    rank: StrictInt
+    host: StrictStr
+    pid: StrictInt  # -1 when NCCL does not know it
+    cuda_dev: OptInt = None
+    counts: dict[str, StrictInt] = Field(validation_alias="collective_counts")
+    status: tuple[tuple[str, Any], ...]
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _flatten(cls, status: object) -> object:
+        return tuple(sorted(status.items())) if isinstance(status, dict) else status
 
 
-@dataclass(frozen=True)
-class MissingRank:
-    rank: int
-    host: str
-    pid: int
-    unresponsive: bool
-    considered_dead: bool
+class MissingRank(_Parsed):
+    rank: StrictInt
+    host: StrictStr
+    pid: StrictInt  # -1 when NCCL does not know it
+    unresponsive: bool = False
+    considered_dead: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_status(cls, raw: object) -> object:
+        if not isinstance(raw, dict):
+            return raw
+        status = raw["status"] if isinstance(raw.get("status"), dict) else {}
+        flags = ("unresponsive", "considered_dead")
+        return {**raw, **{flag: status.get(flag) is True for flag in flags}}
 
 
-@dataclass(frozen=True)
-class Communicator:
+class Communicator(_Parsed):
     """``key``: hash + secondary hash (the hash alone is not unique; text has none: "")."""
 
-    hash: str
-    secondary_hash: str
-    size: int | None
-    ranks_count: int | None
-    missing_ranks_count: int | None
+    hash: StrictStr
+    secondary_hash: StrictStr
+    size: StrictInt | None
+    ranks_count: StrictInt | None
+    missing_ranks_count: StrictInt | None
     ranks: tuple[RasRank, ...] = ()
-    missing: tuple[MissingRank, ...] = ()
+    missing: tuple[MissingRank, ...] = Field(default=(), validation_alias="missing_ranks")
     # Mismatches NCCL itself reported (text Warnings section): op names, or "status".
     reported_mismatches: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.hash, self.secondary_hash)
+
+
+_COMMUNICATORS = TypeAdapter(tuple[Communicator, ...])
 
 
 @dataclass(frozen=True)
@@ -100,99 +138,28 @@ def parse_json_report(text: str) -> RasReport:
         cut = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
         reason = "truncated" if cut else "malformed"
         raise ReportError(reason, f"JSON: {exc.msg} at char {exc.pos}") from None
-    doc = _object(doc, "JSON report")
+    if not isinstance(doc, dict):
+        raise ReportError("malformed", "JSON report is not an object")
     version = doc.get("nccl_version")
     if not isinstance(version, str) or not _version_ok(version):
         raise ReportError("unknown_version", f"nccl_version {version!r}")
-    comms_raw = doc.get("communicators")
-    if not isinstance(comms_raw, list):
-        raise ReportError("malformed", "no communicators list")
-    comms = tuple(_json_comm(c, i) for i, c in enumerate(comms_raw))
+    try:
+        comms = _COMMUNICATORS.validate_python(doc.get("communicators"))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
+        raise ReportError("malformed", f"communicators{where}: {error['msg']}") from None
     return RasReport(
         format="json",
         nccl_version=version,
-        cuda_runtime_version=_opt_int(doc.get("cuda_runtime_version")),
-        cuda_driver_version=_opt_int(doc.get("cuda_driver_version")),
+        cuda_runtime_version=_int_or_none(doc.get("cuda_runtime_version")),
+        cuda_driver_version=_int_or_none(doc.get("cuda_driver_version")),
         communicators=comms,
     )
 
 
 def _version_ok(version: str) -> bool:
     return re.fullmatch(r"\d+\.\d+\.\d+", version.split("+")[0]) is not None
-
-
-def _opt_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _object(raw: object, where: str) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise ReportError("malformed", f"{where} is not an object")
-    return raw
-
-
-def _req_int(obj: dict[str, Any], key: str, where: str) -> int:
-    value = _opt_int(obj.get(key))
-    if value is None:
-        raise ReportError("malformed", f"{where}.{key} is not an integer")
-    return value
-
-
-def _req_str(obj: dict[str, Any], key: str, where: str) -> str:
-    value = obj.get(key)
-    if not isinstance(value, str):
-        raise ReportError("malformed", f"{where}.{key} is not a string")
-    return value
-
-
-def _json_comm(raw_comm: object, index: int) -> Communicator:
-    where = f"communicators[{index}]"
-    raw = _object(raw_comm, where)
-    ranks_raw, missing_raw = raw.get("ranks", []), raw.get("missing_ranks", [])
-    if not isinstance(ranks_raw, list) or not isinstance(missing_raw, list):
-        raise ReportError("malformed", f"{where}: ranks / missing_ranks are not lists")
-    return Communicator(
-        hash=_req_str(raw, "hash", where),
-        secondary_hash=_req_str(raw, "secondary_hash", where),
-        size=_req_int(raw, "size", where),
-        ranks_count=_req_int(raw, "ranks_count", where),
-        missing_ranks_count=_req_int(raw, "missing_ranks_count", where),
-        ranks=tuple(_json_rank(r, f"{where}.ranks[{i}]") for i, r in enumerate(ranks_raw)),
-        missing=tuple(
-            _json_missing(r, f"{where}.missing_ranks[{i}]") for i, r in enumerate(missing_raw)
-        ),
-    )
-
-
-def _json_rank(raw_rank: object, where: str) -> RasRank:
-    raw = _object(raw_rank, where)
-    counts_raw = raw.get("collective_counts")
-    if not isinstance(counts_raw, dict) or not all(
-        _opt_int(v) is not None for v in counts_raw.values()
-    ):
-        raise ReportError("malformed", f"{where}.collective_counts is not op -> integer")
-    status_raw = _object(raw.get("status"), f"{where}.status")
-    return RasRank(
-        rank=_req_int(raw, "rank", where),
-        host=_req_str(raw, "host", where),
-        pid=_req_int(raw, "pid", where),  # -1 when NCCL does not know it
-        cuda_dev=_opt_int(raw.get("cuda_dev")),
-        counts={str(k): int(v) for k, v in counts_raw.items()},
-        status=tuple(sorted((str(k), v) for k, v in status_raw.items())),
-    )
-
-
-def _json_missing(raw_missing: object, where: str) -> MissingRank:
-    raw = _object(raw_missing, where)
-    status_raw = raw.get("status")
-    status: dict[str, Any] = status_raw if isinstance(status_raw, dict) else {}
-    return MissingRank(
-        rank=_req_int(raw, "rank", where),
-        host=_req_str(raw, "host", where),
-        pid=_req_int(raw, "pid", where),  # -1 when NCCL does not know it
-        unresponsive=status.get("unresponsive") is True,
-        considered_dead=status.get("considered_dead") is True,
-    )
 
 
 _VERSION_LINE = re.compile(r"NCCL version (\S+)")

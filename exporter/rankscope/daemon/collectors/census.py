@@ -6,40 +6,43 @@ census`` (rankscope.reports.census)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.config import DaemonConfig
-from rankscope.daemon.flightstate import FlightState, FlightView, StreamState
+from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.daemon.sources import Sources
-from rankscope.record import Census, CensusDump, Divergence, Line
-from rankscope.record.compare import digest
+from rankscope.record import Body, Census, Divergence, Line
+from rankscope.record.compare import Entry, digest
 from rankscope.reports.census import STATES, States, states_of
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
 
 NAME = "census"
 HELP = "collective counts, rounds, divergences"
 DEFAULT = True
+T = TypeVar("T", bound=Body)
 
 
 def build(config: DaemonConfig, sources: Sources) -> CensusCollector:
     return CensusCollector(sources.flight)
 
 
-def census_counts(body: Census | CensusDump) -> Iterable[tuple[str, str, float]]:
-    """The (group, op, n) rows of a census or census_dump line (none if unreadable)."""
-    for (group, op), n in (body.counts or {}).items():
-        yield group, op, float(n)
-
-
 def diverges(body: Divergence) -> bool:
     """A divergence line says ranks disagree when it names a lagging rank or its counts
     differ; a line with equal counts and no laggard records agreement restored."""
     return bool(body.lagging) or len(set(body.counts.values())) > 1
+
+
+def behind(entries: Iterable[Entry]) -> Iterator[tuple[int, Entry, int]]:
+    """(rank, entry, how far behind the entry's top count) for each lagging rank."""
+    for entry in entries:
+        top = max(entry["counts"].values())
+        for rank in entry["lagging"]:
+            yield rank, entry, top - entry["counts"][str(rank)]
 
 
 @dataclass(frozen=True)
@@ -64,21 +67,21 @@ def snapshots_since(st: StreamState, floor: int) -> dict[int, Census]:
     return out
 
 
-def host_groups(held: Mapping[Any, tuple[StreamState, Line[Census]]]) -> list[GroupRound]:
+def host_groups(held: Mapping[int | None, StreamState]) -> list[GroupRound]:
     """Each group instance of this host's ranks at its latest common round (the rule of
     ``rankscope census``), read from the snapshots since the oldest latest round; from every
     snapshot only when a group's members share no round there (a snapshot lost)."""
-    floor = min((s.body.round for _, s in held.values() if s.body.round is not None), default=0)
-    found = group_rounds(SnapshotsByRank(_history(held, floor)))
+
+    def since(floor: int) -> list[GroupRound]:
+        history = {r: snapshots_since(st, floor) for r, st in held.items() if r is not None}
+        return group_rounds(SnapshotsByRank(history))
+
+    rounds = (st.snapshot.body.round for st in held.values() if st.snapshot is not None)
+    floor = min((r for r in rounds if r is not None), default=0)
+    found = since(floor)
     if floor and any(g.round is None and len(g.members) > 1 for g in found):
-        found = group_rounds(SnapshotsByRank(_history(held, 0)))
+        found = since(0)
     return found
-
-
-def _history(
-    held: Mapping[Any, tuple[StreamState, Line[Census]]], floor: int
-) -> dict[int, dict[int, Census]]:
-    return {rank: snapshots_since(st, floor) for rank, (st, _) in held.items() if rank is not None}
 
 
 def host_summaries(found: Iterable[GroupRound]) -> dict[str, GroupSummary]:
@@ -92,27 +95,18 @@ def host_summaries(found: Iterable[GroupRound]) -> dict[str, GroupSummary]:
         for ops in group.ops.values():
             for op, n in ops.items():
                 top[op] = max(top.get(op, 0), n)
-        deficits = {
-            (rank, entry["op"]): max(entry["counts"].values()) - entry["counts"][str(rank)]
-            for entry in group.entries
-            for rank in entry["lagging"]
-        }
+        deficits = {(rank, entry["op"]): n for rank, entry, n in behind(group.entries)}
         out[group.group] = GroupSummary(group.round, digest(top), deficits)
     return out
 
 
-def latest_snapshots(
-    streams: Sequence[StreamState], boot: str | None
-) -> dict[Any, tuple[StreamState, Line[Census]]]:
-    """Per rank of ``boot``, its newest snapshot and the stream holding it."""
-    held: dict[Any, tuple[StreamState, Line[Census]]] = {}
-    for st in streams:
-        if st.boot != boot or st.snapshot is None:
-            continue
-        other = held.get(st.process.rank)
-        if other is None or other[1].header.wall <= st.snapshot.header.wall:
-            held[st.process.rank] = (st, st.snapshot)
-    return held
+def newest(
+    streams: Iterable[StreamState], line: Callable[[StreamState], Line[T] | None]
+) -> list[tuple[StreamState, Line[T]]]:
+    """Each stream's ``line`` where it has one, oldest first: keyed by labels, the newest
+    wins (a rank that restarted within one boot shows its newest process)."""
+    found = [(st, got) for st in streams if (got := line(st)) is not None]
+    return sorted(found, key=lambda pair: pair[1].header.wall)
 
 
 @dataclass
@@ -131,45 +125,42 @@ class CensusCollector:
         group_round = gauge("rankscope_census_group_round")
         group_digest = gauge("rankscope_census_group_digest")
         deficit = gauge("rankscope_census_rank_deficit")
-        # Keyed by labels: a rank that restarted within one boot shows its newest process.
-        totals: dict[tuple[Any, ...], tuple[float, float]] = {}
-        for st in view.streams:
-            if st.boot != boot or st.census is None:
-                continue
-            wall = st.census.header.wall
-            for group, op, n in census_counts(st.census.body):
-                key = (boot, st.process.rank, group, op)
-                if key not in totals or totals[key][0] <= wall:
-                    totals[key] = (wall, n)
-        for key, (_wall, n) in totals.items():
+        streams = [st for st in view.streams if st.boot == boot]
+        totals: dict[tuple[Any, ...], int] = {}
+        for st, line in newest(streams, lambda st: st.census):
+            for (group, op), n in (line.body.counts or {}).items():
+                totals[(boot, st.process.rank, group, op)] = n
+        for key, n in totals.items():
             add(total, key, n)
-        held = latest_snapshots(view.streams, boot)
-        for rank, (_st, snap) in held.items():
+        held = {st.process.rank: st for st, _ in newest(streams, lambda st: st.snapshot)}
+        for rank, st in held.items():
+            snap = st.snapshot
+            assert snap is not None
             add(round_, (boot, rank), snap.body.round)
             add(stamp, (boot, rank), snap.header.wall)
-            for group, op, n in census_counts(snap.body):
+            for (group, op), n in (snap.body.counts or {}).items():
                 add(round_counts, (boot, rank, group, op), n)
         for group, summary in host_summaries(host_groups(held)).items():
             add(group_round, (boot, group), summary.round)
             add(group_digest, (boot, group), summary.digest)
-            for (rank, op), behind in summary.deficits.items():
-                add(deficit, (boot, rank, group, op), behind)
+            for (rank, op), n in summary.deficits.items():
+                add(deficit, (boot, rank, group, op), n)
         if boot is not None:
-            for (group, op), line in view.divergences.get(boot, {}).items():
-                add(divergence, (boot, group, op), 1.0 if diverges(line.body) else 0.0)
+            for (group, op), div in view.divergences.get(boot, {}).items():
+                add(divergence, (boot, group, op), 1.0 if diverges(div.body) else 0.0)
         yield from (total, round_, round_counts, stamp, divergence)
         yield from (group_round, group_digest, deficit)
         if boot is not None:
-            yield from self.states(view, boot)
+            yield from self.states(streams, boot)
 
-    def states(self, view: FlightView, boot: str) -> Iterator[Metric]:
+    def states(self, streams: list[StreamState], boot: str) -> Iterator[Metric]:
         """Each rank's state, its time since progress, the collective it is blocked in and
         its deficit at the latest counts."""
         state = gauge("rankscope_census_rank_state")
         since = gauge("rankscope_census_since_progress_seconds")
         blocked = gauge("rankscope_census_blocked_collective")
-        behind = gauge("rankscope_census_latest_deficit")
-        found = boot_states(self.state, view, boot)
+        latest = gauge("rankscope_census_latest_deficit")
+        found = boot_states(self.state, streams)
         now = time.time()
         for rank in found.ranks:
             labels = (boot, rank["rank"])
@@ -180,25 +171,18 @@ class CensusCollector:
             where = rank["blocked_in"]
             if where is not None and where["group"] is not None:
                 add(blocked, (*labels, where["group"], where["op"]), where["seq"])
-        for entry in found.latest:
-            top = max(entry["counts"].values())
-            for rank in entry["lagging"]:
-                n = entry["counts"][str(rank)]
-                add(behind, (boot, rank, entry["group"], entry["op"]), top - n)
-        yield from (state, since, blocked, behind)
+        for lagging, entry, n in behind(found.latest):
+            add(latest, (boot, lagging, entry["group"], entry["op"]), n)
+        yield from (state, since, blocked, latest)
 
 
-def boot_states(state: FlightState, view: FlightView, boot: str) -> States:
-    """The census states of ``boot``'s ranks from the streams of ``view``: per stream its
-    newest snapshot, its newest census or dump line and its folded live lines hold every
-    latest count and the state (counts only grow), so a scrape reads three lines a rank."""
+def boot_states(state: FlightState, streams: Iterable[StreamState]) -> States:
+    """The census states of the ranks of ``streams`` (one boot's): per stream its newest
+    snapshot, its newest census or dump line and its folded live lines hold every latest
+    count and the state (counts only grow), so a scrape reads three lines a rank."""
     alive = state.alive()
     records = [
-        line
-        for st in view.streams
-        if st.boot == boot
-        for line in (st.snapshot, st.census, st.live)
-        if line is not None
+        line for st in streams for line in (st.snapshot, st.census, st.live) if line is not None
     ]
 
     def judged(host: str | None, pid: int | None, start: int | None, ns: int | None) -> bool | None:

@@ -31,10 +31,6 @@ class HoldingsCollector:
     max_per_card: int = 32
     name: str = field(default=NAME, init=False)
 
-    def __post_init__(self) -> None:
-        if self.max_per_card < 1:
-            raise ValueError("--holdings.max-per-card must be at least 1")
-
     def collect(self) -> Iterator[Metric]:
         fam = gauge("rankscope_gpu_process_bytes")
         largest = gauge("rankscope_gpu_largest_foreign_bytes")

@@ -16,6 +16,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from rankscope.catalog import CATALOG
 from rankscope.daemon import nccl_ras
 from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.daemon.flightstate import FlightState, FlightView
@@ -136,20 +137,9 @@ class NcclRasCollector:
     def collect(self) -> Iterator[Metric]:
         identities = pid_identities(self.state.view())
         fams = {
-            n: gauge(f"rankscope_nccl_{n}")
-            for n in (
-                "communicators",
-                "communicator_size",
-                "communicator_ranks_reporting",
-                "communicator_ranks_missing",
-                "count_mismatch",
-                "status_mismatch",
-                "rank_missing",
-                "dead_processes",
-                "ras_up",
-                "ras_poll_duration_seconds",
-                "ras_last_error",
-            )
+            m.name.removeprefix("rankscope_nccl_"): gauge(m.name)
+            for m in CATALOG
+            if m.collector == NAME and m.type == "gauge"
         }
         collectives = counter("rankscope_nccl_collectives_total")
         errors = counter("rankscope_nccl_ras_poll_errors_total")
