@@ -215,7 +215,7 @@ def in_process(iterations: int, rounds: int, results: dict[str, Any]) -> None:
             "plain_mark": lambda: probe.mark("weights_loaded"),
             "process_start": auto._mark_process_start,
             # as the new_group hook calls it, for the world group
-            "nccl_init_end": lambda: auto._after_group(dist, world, None, 0.1),
+            "nccl_init_end": lambda: auto._group_end(dist, ((), {}), world, 0.1),
             "base_reads": base_reads,
             "group_queries": group_queries,
             "write": write,

@@ -1,7 +1,5 @@
-"""The census's public API (docs/census.md): ``count``, ``tick``,
-``instrument_torch_distributed``, ``enable_comparison`` and the rest of ``__all__``. The
-census runs inside the rank; its code is :mod:`rankscope.rank.census`, whose modules load
-when a name is first used."""
+"""The census's public API (docs/census.md): ``count``, ``tick`` and the rest of ``__all__``.
+It runs inside the rank; its code is :mod:`rankscope.rank.census`, loaded name by name."""
 
 from typing import Any
 

@@ -1,8 +1,6 @@
 """NVML's C functions called directly, for the reads made many times (the daemon's sample,
-a mark's memory info and process list): pynvml looks each function up under a lock and
-builds a struct per call, half as much again as the read itself. Here a function is looked
-up once and fills a struct its caller keeps. Only ctypes: the probe and the daemon share it.
-"""
+a mark's memory info and process list): pynvml looks each up under a lock and builds a struct
+per call, half as much again as the read. Only ctypes: the probe and the daemon share it."""
 
 from __future__ import annotations
 
@@ -25,10 +23,9 @@ class Memory(ctypes.Structure):
 
 def hold_gil(fn: Any) -> Any:
     """The same C function, called without releasing the GIL (a ctypes.PYFUNCTYPE on its
-    address); anything else is returned as it is. Taking the GIL back after a ctypes call
-    can wait the switch interval (5 ms) while another thread runs, which would land in the
-    daemon sampler's timing; an NVML read is tens of microseconds (docs/corridor.md, "The
-    sampler's own cost"). Never in a host's process: a stalled call would stop every thread."""
+    address); anything else is returned as it is. Taking the GIL back after a ctypes call can
+    wait the switch interval (5 ms) in the daemon sampler's timing, for a read of tens of
+    microseconds. Never in a host's process: a stalled call would stop every thread."""
     if not isinstance(fn, CFuncPtr):  # a stand-in in tests
         return fn
     address = ctypes.cast(fn, ctypes.c_void_p).value
@@ -42,8 +39,7 @@ def hold_gil(fn: Any) -> Any:
 
 
 def c_function(nvml: Any, name: str, *, keep_gil: bool) -> Any | None:
-    """NVML's C function ``name`` from the binding's own lookup (GIL held through each call
-    where ``keep_gil``); None where the binding has no lookup or the library lacks it."""
+    """NVML's C function ``name`` from the binding's own lookup, or None."""
     lookup = getattr(nvml, "_nvmlGetFunctionPointer", None)
     if lookup is None:
         return None
@@ -55,9 +51,8 @@ def c_function(nvml: Any, name: str, *, keep_gil: bool) -> Any | None:
 
 
 def memory_reader(nvml: Any, *, keep_gil: bool) -> Callable[[Any], tuple[int, int]] | None:
-    """(free, total) bytes of a card by one nvmlDeviceGetMemoryInfo into a struct kept per
-    thread, raising the binding's NVMLError; None where :func:`c_function` finds none (the
-    caller then uses pynvml's wrapper)."""
+    """(free, total) bytes of a card by one nvmlDeviceGetMemoryInfo into a per-thread struct,
+    raising NVMLError; None without :func:`c_function` (the caller then uses pynvml's wrapper)."""
     fn = c_function(nvml, "nvmlDeviceGetMemoryInfo", keep_gil=keep_gil)
     if fn is None:
         return None

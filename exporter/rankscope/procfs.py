@@ -15,9 +15,8 @@ DEFAULT_ROOT = "/proc"
 
 
 def read_start_ticks(pid: int | str = "self", proc: str = DEFAULT_ROOT) -> int | None:
-    """Start time of a process in clock ticks since host boot (field 22 of /proc/PID/stat):
-    the same whichever PID namespace reads it, so a daemon with the host's view can match a
-    containerised rank's record to NVML's host pid."""
+    """Start time in clock ticks since host boot (/proc/PID/stat field 22): alike from every
+    PID namespace, so a daemon can match a containerised rank's record to NVML's host pid."""
     return read_stat(pid, proc)[0]
 
 
@@ -35,8 +34,7 @@ def parse_stat_start_ticks(stat_line: str) -> int | None:
 
 
 def read_nspid(pid: int | str = "self", proc: str = DEFAULT_ROOT) -> tuple[int, ...] | None:
-    """The NSpid chain of /proc/PID/status: the pid in the reader's namespace first, the
-    process's own (innermost) namespace last."""
+    """/proc/PID/status's NSpid chain: the reader's namespace's pid first, the innermost last."""
     try:
         with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
             for line in f:
@@ -74,8 +72,7 @@ def list_pids(proc: str = DEFAULT_ROOT) -> list[int]:
 
 @dataclass(frozen=True)
 class ProcInfo:
-    """What /proc says about one host pid. Fields are None where /proc could not tell (the
-    process exited, or it is outside the daemon's PID view)."""
+    """What /proc says of one host pid; None where it could not tell."""
 
     pid: int
     comm: str | None
@@ -90,8 +87,7 @@ def read_proc_info(pid: int, proc: str = DEFAULT_ROOT) -> ProcInfo:
 
 
 def parse_stat_comm(stat_line: str) -> str | None:
-    """The comm field of /proc/PID/stat (what /proc/PID/comm holds, in parentheses; it may
-    itself hold spaces and parentheses, so it ends at the last ')')."""
+    """/proc/PID/stat's comm, which may hold spaces and parentheses: up to the last ')'."""
     start, end = stat_line.find("("), stat_line.rfind(")")
     return stat_line[start + 1 : end] if 0 <= start < end else None
 
@@ -107,8 +103,8 @@ def read_stat(pid: int | str, proc: str = DEFAULT_ROOT) -> tuple[int | None, str
 
 
 class ProcCache:
-    """ProcInfo per host pid: a pid seen before costs one read of /proc/P/stat; its NSpid
-    chain and namespace are read again only when its start ticks change (recycled)."""
+    """ProcInfo per host pid: a known pid costs one read of /proc/P/stat, its NSpid chain and
+    namespace read again only when its start ticks change (recycled)."""
 
     def __init__(self, proc: str = DEFAULT_ROOT) -> None:
         self.proc = proc
@@ -146,9 +142,8 @@ R = TypeVar("R", bound=RankIdentityLike)
 
 
 class RankIndex(Generic[R]):
-    """The rank processes by (pid as the rank saw it, start ticks), matched against what
-    /proc says of a host pid (docs/architecture.md, "The record"): which rank a card's pid
-    is, and which host pid a namespaced rank is."""
+    """The rank processes by (pid as the rank saw it, start ticks), matched against what /proc
+    says of a host pid: which rank a card's pid is, which host pid a namespaced rank is."""
 
     def __init__(self, ranks: Iterable[R]) -> None:
         self._by_key: dict[tuple[int, int], list[R]] = {}
@@ -158,8 +153,8 @@ class RankIndex(Generic[R]):
             self._by_key.setdefault((rp.pid, rp.start_ticks), []).append(rp)
 
     def match(self, info: ProcInfo) -> R | None:
-        """The rank process a host pid is, or None. The host name is not compared: a
-        container has its own, and pid + start ticks + namespace already pin the process."""
+        """The rank process a host pid is, or None. Not by host name (a container has its own):
+        pid, start ticks and namespace pin the process."""
         if not info.nspid or info.start_ticks is None:
             return None
         candidates = self._by_key.get((info.nspid[-1], info.start_ticks), [])

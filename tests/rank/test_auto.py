@@ -276,9 +276,9 @@ def test_the_hooks_write_the_line_the_keyword_mark_writes(flight_dir: Path) -> N
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         probe.configure(flight_dir=flight_dir)
-        auto._after_group(dist, dist.GroupMember.WORLD, None, 0.25)
+        auto._group_end(dist, ((), {}), dist.GroupMember.WORLD, 0.25)
         probe.mark("nccl_init_end", seconds=0.25, group="world:0", ranks=[0], backend="gloo")
-        auto._after_group(dist, object(), (3, 1), 1e-06)  # torch's placeholder: no member
+        auto._group_end(dist, (((3, 1),), {}), object(), 1e-06)  # no member: a placeholder
         probe.mark(
             "nccl_init_end", seconds=1e-06, group=None, ranks=[1, 3], backend=None, member=False
         )

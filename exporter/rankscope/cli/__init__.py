@@ -95,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def output_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
-    """What the command prints through: with control characters escaped where it prints
-    what a flight record holds."""
+    """Control characters escaped where the command prints what a flight record holds."""
     if not getattr(args, "_printable_output", False):
         return contextlib.nullcontext()
     from rankscope.cli.common import printable_output

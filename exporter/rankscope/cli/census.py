@@ -1,7 +1,6 @@
-"""`rankscope census DIR [--boot ID] [--json]`: each rank's state (running, stalled in a
-collective, exited, dead), per group instance and op each rank's count at the latest common
-round and at the latest counts once the ranks stand still, the lagging ranks, and the
-divergences and skews that came and went."""
+"""`rankscope census DIR [--boot ID] [--json]`: each rank's state, each group instance's
+counts at the latest common round and, once the ranks stand still, at the latest counts, the
+lagging ranks, and the divergences and skews that came and went."""
 
 from __future__ import annotations
 
@@ -100,6 +99,18 @@ def _skews_text(skews: list[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _entry_table(
+    entries: list[Entry], counts: str, extra: tuple[str, ...] = (), indent: str = ""
+) -> list[str]:
+    """Compared (group, op) entries as a table; ``extra``: more of each entry's fields."""
+    rows = [["GROUP", "OP", *(k.upper() for k in extra), counts, "STATUS"]]
+    rows += [
+        [e["group"], e["op"], *(str(e[k]) for k in extra), _counts_text(e["counts"]), _status(e)]
+        for e in entries
+    ]
+    return common.table(rows, numbers_right=False, indent=indent)
+
+
 def render_text(report: Mapping[str, Any]) -> str:
     ranks = report["ranks"]
     if not ranks:
@@ -112,58 +123,29 @@ def render_text(report: Mapping[str, Any]) -> str:
     ]
     lines += _states_text(report)
     if report["latest"]:
-        rows = [["GROUP", "OP", "LATEST COUNTS (rank:n)", "STATUS"]]
-        rows += [
-            [e["group"], e["op"], _counts_text(e["counts"]), _status(e)] for e in report["latest"]
-        ]
         lines += ["", "at the latest counts (no member moving):"]
-        lines += common.table(rows, numbers_right=False)
-        lines.append("")
+        lines += [*_entry_table(report["latest"], "LATEST COUNTS (rank:n)"), ""]
     if not report["entries"]:
         lines.append("no group instance has two ranks with a snapshot at a common round")
     else:
-        rows = [["GROUP", "OP", "ROUND", "COUNTS (rank:n)", "STATUS"]]
-        rows += [
-            [e["group"], e["op"], str(e["round"]), _counts_text(e["counts"]), _status(e)]
-            for e in report["entries"]
-        ]
-        lines += ["", *common.table(rows, numbers_right=False)]
-    lines.append("")
-    first = report["first_divergent_round"]
-    if first is None:
-        lines.append("no divergence at any compared round")
-    else:
-        lines += [f"first divergence at round {first}", "divergences by the rounds they spanned:"]
-        for e in report["history"]:
-            span = e["rounds"]
-            rounds = f"round {span[0]}" if span[0] == span[1] else f"rounds {span[0]}-{span[1]}"
-            state = "resolved since" if e["resolved"] else "still at the latest common round"
-            lines.append(
-                f"  {e['group']} {e['op']}: {rounds}, first counts {_counts_text(e['counts'])}, "
-                f"lagging {','.join(map(str, e['lagging']))} ({state})"
-            )
+        lines += ["", *_entry_table(report["entries"], "COUNTS (rank:n)", ("round",))]
+    lines += ["", *_history_text(report)]
     if report["in_process"]:
         n = report["in_process_lines"]
         lines += ["", f"in-process comparison ({n} divergence line(s)), latest per op:"]
         for d in report["in_process"]:
-            counts = d["counts"] if isinstance(d["counts"], dict) else {}
-            lagging = d["lagging"] or []
-            state = f"lagging {','.join(map(str, lagging))}" if lagging else "agree again"
+            state = f"lagging {','.join(map(str, d['lagging']))}" if d["lagging"] else "agree again"
             lines.append(
-                f"  round {d['round']}: {d['group']} {d['op']} {_counts_text(counts)}, {state}"
+                f"  round {d['round']}: {d['group']} {d['op']} {_counts_text(d['counts'])}, {state}"
             )
     dumps = report["dumps"]
     if dumps["ranks"]:
         lines += ["", "local dumps (taken at abort or exit, not at a common round):"]
-        for d in dumps["ranks"]:
-            lines.append(f"  rank {d['rank']}: {d['reason']} at round {d['round']}")
+        lines += [
+            f"  rank {d['rank']}: {d['reason']} at round {d['round']}" for d in dumps["ranks"]
+        ]
         if dumps["entries"]:
-            rows = [["GROUP", "OP", "COUNTS AT DUMP", "STATUS"]]
-            rows += [
-                [e["group"], e["op"], _counts_text(e["counts"]), _status(e)]
-                for e in dumps["entries"]
-            ]
-            lines.extend(common.table(rows, numbers_right=False, indent="  "))
+            lines += _entry_table(dumps["entries"], "COUNTS AT DUMP", indent="  ")
     lines += _skews_text(report["skews"])
     lines += ["", "ranks:"]
     for r in ranks:
@@ -176,3 +158,19 @@ def render_text(report: Mapping[str, Any]) -> str:
     if report["skipped"]:
         lines += ["", "skipped: " + ", ".join(f"{k} {v}" for k, v in report["skipped"].items())]
     return "\n".join(lines) + "\n"
+
+
+def _history_text(report: Mapping[str, Any]) -> list[str]:
+    first = report["first_divergent_round"]
+    if first is None:
+        return ["no divergence at any compared round"]
+    lines = [f"first divergence at round {first}", "divergences by the rounds they spanned:"]
+    for e in report["history"]:
+        span = e["rounds"]
+        rounds = f"round {span[0]}" if span[0] == span[1] else f"rounds {span[0]}-{span[1]}"
+        state = "resolved since" if e["resolved"] else "still at the latest common round"
+        lines.append(
+            f"  {e['group']} {e['op']}: {rounds}, first counts {_counts_text(e['counts'])}, "
+            f"lagging {','.join(map(str, e['lagging']))} ({state})"
+        )
+    return lines

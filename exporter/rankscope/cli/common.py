@@ -39,9 +39,8 @@ def add_boot(parser: argparse.ArgumentParser, verb: str = "show") -> None:
 
 
 def open_flight(args: argparse.Namespace, **scope: Any) -> Flight | None:
-    """The flight in DIR (``scope`` as read_flight takes it), or None once the reason it
-    cannot be read is on stderr (the command then exits 2). A file that cannot be read is
-    named on stderr and left out; the others are read."""
+    """The flight in DIR (``scope`` as read_flight takes it), or None once stderr says why not.
+    A file that cannot be read is named on stderr and left out."""
     command = f"rankscope {args._command}"
     if not args.flight_dir:
         print(f"{command}: give DIR or set {ENV_DIR}", file=sys.stderr)
@@ -110,8 +109,7 @@ class PrintableStream(io.TextIOBase):
 
 @contextlib.contextmanager
 def printable_output() -> Iterator[None]:
-    """stdout and stderr escaping control characters, for a command that prints what a
-    flight record holds (names any program wrote)."""
+    """stdout and stderr escaping control characters, for printing what a record holds."""
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = PrintableStream(out), PrintableStream(err)
     try:

@@ -1,6 +1,5 @@
-"""`rankscope phases DIR [--boot ID] [--json]`: per process, the posts between its boot
-phases; per card, what its memory was made of at each mark. --json prints the document the
-daemon's /api/v1/phases returns."""
+"""`rankscope phases DIR [--boot ID] [--json]`: per process, the posts between its phases;
+per card, what its memory was made of at each mark. --json prints /api/v1/phases's document."""
 
 from __future__ import annotations
 

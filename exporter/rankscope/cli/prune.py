@@ -79,8 +79,8 @@ def main(args: argparse.Namespace) -> int:
 def old_boots(
     boots: list[BootSummary], keep: int | None, older_than: float | None, now: float
 ) -> set[str]:
-    """The boots past every limit given: outside the ``keep`` newest, and whose last record
-    is older than ``older_than`` seconds. ``boots`` is oldest first."""
+    """The boots past every limit given (of ``boots``, oldest first): outside the ``keep``
+    newest, and last written over ``older_than`` seconds ago."""
     limits = []
     if keep is not None:
         limits.append({b.boot for b in boots[: max(len(boots) - keep, 0)]})

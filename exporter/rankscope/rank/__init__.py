@@ -14,8 +14,7 @@ N = TypeVar("N", int, float)
 def env_number(
     name: str, default: N, convert: Callable[[str], N], least: N, environ: Mapping[str, str] | None
 ) -> N:
-    """The number in environment variable ``name`` (``default`` when unset); a value that is
-    not a finite number >= ``least`` costs a log line and gives the default."""
+    """The number in ``name`` (``default`` when unset); not a finite number >= ``least``: logged."""
     raw = str((os.environ if environ is None else environ).get(name, "")).strip()
     if not raw:
         return default
@@ -32,10 +31,9 @@ def env_number(
 
 
 def stop_before_teardown(stop: Callable[[], None]) -> bool:
-    """Run ``stop`` when the main thread finishes, ahead of atexit and of the interpreter's
-    teardown: a thread of ours still running while torch tears down aborts the process
-    ("terminate called without an active exception"). concurrent.futures uses the same
-    hook. False when the interpreter is already shutting down (or lacks the hook)."""
+    """Run ``stop`` as the main thread finishes, ahead of atexit and of the interpreter's
+    teardown, where a thread of ours still running aborts the process ("terminate called without
+    an active exception"), as concurrent.futures does. False when shutting down already."""
     register = getattr(threading, "_register_atexit", None)
     if register is None:
         return False

@@ -1,10 +1,8 @@
-"""Arming a Python process with no code change: the one entry point of ``rankscope-auto.pth``,
+"""Arming a Python process with no code change: the entry point of ``rankscope-auto.pth``,
 which calls :func:`arm` when RANKSCOPE_AUTO is set (``rankscope run`` sets it). Armed, a
 process records the generic marks (docs/probe.md): process start and exit, then once the
-program imports torch, ``cuda_init``, ``nccl_init_*`` around process group creation and
-``capture_*`` around CUDA graph capture, with the census on its automatic cadence, serving
-samples, the OOM observer and the adapters. Every hook catches and logs.
-"""
+program imports torch ``cuda_init``, ``nccl_init_*`` and ``capture_*``, with the census on
+its automatic cadence, serving samples, the OOM observer and the adapters. Hooks never raise."""
 
 from __future__ import annotations
 
@@ -108,20 +106,16 @@ def _optional(module: str, attr: str) -> None:
         log.warning("rankscope: %s.%s() failed: %r", module, attr, exc)
 
 
-def _mark(phase: str, **extra: Any) -> None:
-    _mark_fields(phase, extra)
-
-
-def _mark_fields(phase: str, extra: dict[str, Any] | MarkFields) -> None:
+def _mark(phase: str, fields: dict[str, Any] | MarkFields | None = None) -> None:
     from rankscope.rank import probe
 
-    probe.mark_fields(phase, extra)
+    probe.mark_fields(phase, {} if fields is None else fields)
 
 
 def _mark_process_start() -> None:
     from rankscope.record import ProcessStartFields
 
-    _mark_fields("process_start", ProcessStartFields(sys.version.partition(" ")[0]))
+    _mark("process_start", ProcessStartFields(sys.version.partition(" ")[0]))
 
 
 def _process_exit() -> None:
@@ -135,7 +129,7 @@ def _forked() -> None:
     with contextlib.suppress(Exception):
         from rankscope.record import ProcessStartFields
 
-        _mark_fields("process_start", ProcessStartFields(forked=True))
+        _mark("process_start", ProcessStartFields(forked=True))
 
 
 # --- torch, hooked when the program imports it ----------------------------------------------
@@ -191,24 +185,59 @@ def _hook_process_groups(torch: ModuleType) -> None:
     if not dist.is_available():
         return
     c10d = dist.distributed_c10d
-    for name, make in (
-        ("init_process_group", _wrap_init_process_group),
-        ("new_group", _wrap_new_group),
-        ("destroy_process_group", _wrap_destroy_process_group),
+    for name, before, after in (
+        ("init_process_group", _world_begin, _world_end),
+        ("new_group", _group_begin, _group_end),
+        ("destroy_process_group", _group_destroyed, None),
     ):
         original = getattr(c10d, name, None)
         if original is None or getattr(original, "__rankscope_auto__", False):
             continue
-        wrapper = make(dist, original)
+        wrapper = _around(dist, original, before, after)
         wrapper.__rankscope_auto__ = True  # type: ignore[attr-defined]
         setattr(c10d, name, wrapper)
         if getattr(dist, name, None) is original:
             setattr(dist, name, wrapper)
 
 
+Call = tuple[tuple[Any, ...], dict[str, Any]]  # a call's positional and keyword arguments
+
+
+def _around(
+    dist: Any,
+    original: Callable[..., Any],
+    before: Callable[[Call], None],
+    after: Callable[[Any, Call, Any, float], None] | None,
+) -> Callable[..., Any]:
+    """``original`` between ``before(call)`` and ``after(dist, call, result, seconds)``, both
+    guarded; the group rankscope creates for itself passes unmarked."""
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_internal, "creating", False):
+            return original(*args, **kwargs)
+        call = (args, kwargs)
+        _guarded(before, call)
+        started = time.monotonic()
+        result = original(*args, **kwargs)
+        if after is not None:
+            _guarded(after, dist, call, result, time.monotonic() - started)
+        return result
+
+    return wrapper
+
+
+def _arg(call: Call, name: str, at: int) -> Any:
+    args, kwargs = call
+    return kwargs.get(name, args[at] if len(args) > at else None)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def _group_fields(dist: Any, group: Any, seconds: float) -> GroupFields:
-    """nccl_init_end's fields: the creation's seconds, the group's instance name (as the
-    census names it), ranks and backend; null where unreadable."""
+    """nccl_init_end's fields: seconds, the census's instance name, ranks, backend (null unread)."""
     from rankscope.rank.census.torch_patch import _instance_of
     from rankscope.record import GroupFields
 
@@ -223,26 +252,16 @@ def _group_fields(dist: Any, group: Any, seconds: float) -> GroupFields:
     return GroupFields(seconds, name, ranks, backend)
 
 
-def _wrap_init_process_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        backend = kwargs.get("backend", args[0] if args else None)
-        backend = None if backend is None else str(backend)
-        _guarded(_mark, "nccl_init_begin", group="world", backend=backend)
-        started = time.monotonic()
-        result = original(*args, **kwargs)
-        _guarded(_after_world, dist, time.monotonic() - started)
-        return result
-
-    return init_process_group
+def _world_begin(call: Call) -> None:
+    _mark("nccl_init_begin", {"group": "world", "backend": _text(_arg(call, "backend", 0))})
 
 
-def _after_world(dist: Any, seconds: float) -> None:
+def _world_end(dist: Any, call: Call, result: Any, seconds: float) -> None:
     from rankscope.rank.writer import RECORDER
 
     if RECORDER.rank.rank is None:  # multiprocessing.spawn: no RANK in the environment
         RECORDER.configure(rank=dist.get_rank(), world_size=dist.get_world_size())
-    _mark_fields("nccl_init_end", _group_fields(dist, None, seconds))
+    _mark("nccl_init_end", _group_fields(dist, None, seconds))
     from rankscope.rank import census
     from rankscope.rank.census import counts
 
@@ -262,21 +281,9 @@ def _after_world(dist: Any, seconds: float) -> None:
             _internal.creating = False
 
 
-def _wrap_new_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def new_group(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_internal, "creating", False):
-            return original(*args, **kwargs)
-        ranks = kwargs.get("ranks", args[0] if args else None)
-        backend = kwargs.get("backend", args[2] if len(args) > 2 else None)
-        backend = None if backend is None else str(backend)
-        _guarded(_mark, "nccl_init_begin", ranks=_plain_ranks(ranks), backend=backend)
-        started = time.monotonic()
-        group = original(*args, **kwargs)
-        _guarded(_after_group, dist, group, ranks, time.monotonic() - started)
-        return group
-
-    return new_group
+def _group_begin(call: Call) -> None:
+    ranks = _plain_ranks(_arg(call, "ranks", 0))
+    _mark("nccl_init_begin", {"ranks": ranks, "backend": _text(_arg(call, "backend", 2))})
 
 
 def _plain_ranks(ranks: Any) -> list[int] | None:
@@ -286,32 +293,22 @@ def _plain_ranks(ranks: Any) -> list[int] | None:
         return None
 
 
-def _after_group(dist: Any, group: Any, ranks: Any, seconds: float) -> None:
+def _group_end(dist: Any, call: Call, group: Any, seconds: float) -> None:
     if isinstance(group, dist.ProcessGroup):
         fields = _group_fields(dist, group, seconds)
     else:  # this rank is no member: torch returns a placeholder
         from rankscope.record import GroupFields
 
-        fields = GroupFields(seconds, None, _plain_ranks(ranks), None, member=False)
-    _mark_fields("nccl_init_end", fields)
+        ranks = _plain_ranks(_arg(call, "ranks", 0))
+        fields = GroupFields(seconds, None, ranks, None, member=False)
+    _mark("nccl_init_end", fields)
 
 
-def _wrap_destroy_process_group(dist: Any, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
-        group = kwargs.get("group", args[0] if args else None)
-        _guarded(_stop_comparison_for, group)
-        return original(*args, **kwargs)
-
-    return destroy_process_group
-
-
-def _stop_comparison_for(group: Any) -> None:
-    """Destroying every group (or the comparison's) takes the comparison's group away
-    under its thread: stop the thread first."""
+def _group_destroyed(call: Call) -> None:
+    """Destroying the comparison's group under its thread: stop the thread first."""
     from rankscope.rank.census import gloo
 
-    active = gloo._active
+    group, active = _arg(call, "group", 0), gloo._active
     if active is not None and (group is None or group is active.group):
         gloo.disable_comparison()
 
@@ -322,26 +319,24 @@ def _hook_graphs(torch: ModuleType) -> None:
         return
     begin, end = cls.capture_begin, cls.capture_end
 
+    @functools.wraps(begin)
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
         _guarded(_mark, "capture_begin")
         return begin(self, *args, **kwargs)
 
+    @functools.wraps(end)
     def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = end(self, *args, **kwargs)
         _guarded(_mark_capture_end, torch, self)
         return result
 
-    for name, wrapper, original in (
-        ("capture_begin", capture_begin, begin),
-        ("capture_end", capture_end, end),
-    ):
-        functools.update_wrapper(wrapper, original)
+    for wrapper in (capture_begin, capture_end):
         wrapper.__rankscope_auto__ = True  # type: ignore[attr-defined]
-        setattr(cls, name, wrapper)
+        setattr(cls, wrapper.__name__, wrapper)
 
 
 def _mark_capture_end(torch: Any, graph: Any) -> None:
-    _mark_fields("capture_end", pool_fields(torch, graph))
+    _mark("capture_end", pool_fields(torch, graph))
 
 
 def pool_fields(torch: Any, graph: Any) -> PoolFields:
@@ -383,8 +378,7 @@ _pool_form: Any = _UNTRIED  # the form that worked, or None when none did
 def pool_segments(
     torch: Any, pool_id: tuple[int, ...]
 ) -> tuple[Sequence[dict[str, Any]], str | None]:
-    """(the allocator's segments holding pool ``pool_id``'s, why the read was the whole
-    allocator's instead)."""
+    """(the segments holding pool ``pool_id``'s, why the read was the whole allocator's)."""
     global _pool_form
     form = _pool_form
     if type(form) is tuple:

@@ -1,8 +1,7 @@
 """Running code right after a module is imported, without importing it: the arming waits for
 torch, the OOM observer for torch.cuda, the adapters for their frameworks' modules. The one
 meta-path finder finds nothing itself: it wraps the loader the other finders return, so the
-callbacks run once the module's body has. It leaves sys.meta_path with the last name.
-"""
+callbacks run once the module's body has. It leaves sys.meta_path with the last name."""
 
 from __future__ import annotations
 
@@ -95,6 +94,6 @@ FINDER = PostImportFinder()
 
 
 def after_import(name: str, callback: Callback) -> None:
-    """Call ``callback(module)`` once module ``name`` has been imported (each callback once;
-    a failure costs a log line). A module imported already is the caller's to handle."""
+    """Call ``callback(module)`` once after module ``name`` is imported (a failure is logged);
+    a module imported already is the caller's to handle."""
     FINDER.add(name, callback)

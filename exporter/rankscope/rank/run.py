@@ -2,8 +2,7 @@
 
 Sets RANKSCOPE_AUTO=1, RANKSCOPE_DIR and one RANKSCOPE_BOOT_ID for the whole run, then
 replaces itself with COMMAND (execve): pid, exit status, output, signals and terminal are
-COMMAND's own. ``rankscope-auto.pth`` arms each Python process inheriting the environment.
-"""
+COMMAND's own. ``rankscope-auto.pth`` arms each Python process inheriting the environment."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ def writable_dir(path: str) -> str | None:
 
 
 def hook_installed() -> bool:
-    """Whether this interpreter's site-packages (or user site) hold the .pth that arms a
-    Python process. A child running another interpreter needs rankscope installed there."""
+    """Whether this interpreter's site-packages (or user site) hold the arming .pth."""
     dirs = [*site.getsitepackages(), site.getusersitepackages()]
     return any(Path(d, PTH_NAME).is_file() for d in dirs)
 
@@ -140,8 +138,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def is_text(program: str) -> bool:
-    """Whether ``program`` reads as a script: no NUL byte in its first line, the test a
-    shell makes before running a file the kernel cannot execute."""
+    """Whether ``program`` is a script by a shell's test: no NUL byte in its first line."""
     try:
         with open(program, "rb") as f:
             return b"\0" not in f.read(256).split(b"\n", 1)[0]
@@ -150,8 +147,7 @@ def is_text(program: str) -> bool:
 
 
 def exec_with_shell(program: str, command: list[str], env: dict[str, str]) -> int:
-    """An executable script with no ``#!`` line, run as a shell and execvp run it: by
-    /bin/sh, with COMMAND's arguments."""
+    """A script with no ``#!`` line runs by /bin/sh, as a shell and execvp run it."""
     try:
         os.execve(SHELL, [SHELL, program, *command[1:]], env)
     except OSError as exc:

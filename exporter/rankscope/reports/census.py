@@ -1,7 +1,6 @@
-"""The census report (``rankscope census --json``, /api/v1/census): each rank's state (running,
-stalled in a collective, exited, dead), each group instance compared at its latest common
-round and, once none of its members is running, at their latest counts; earlier divergences
-in ``history``, skews seen while ranks stood still in ``skews``, local dumps apart."""
+"""The census report (``rankscope census --json``, /api/v1/census): each rank's state, each
+group instance compared at its latest common round and, once none of its members is running,
+at their latest counts; past divergences, skews and local dumps apart."""
 
 from __future__ import annotations
 
@@ -33,8 +32,6 @@ CENSUS_KINDS = (Census, CensusDump, CensusLive, Divergence)
 # A census_dump of these reasons is the rank's exit line: the process ended on its own terms.
 EXIT_REASONS = frozenset({"exit", "SIGTERM", "SIGABRT"})
 
-Record = AnyLine
-
 
 @dataclass
 class _Rank:
@@ -65,10 +62,10 @@ class _Rank:
 
 
 def _newest_processes(
-    records: Iterable[Record], skipped: collections.Counter[str]
-) -> dict[int, list[Record]]:
+    records: Iterable[AnyLine], skipped: collections.Counter[str]
+) -> dict[int, list[AnyLine]]:
     """Census records per rank, of its newest process (a restarted rank counts anew)."""
-    by_process: dict[tuple[Any, ...], list[Record]] = collections.defaultdict(list)
+    by_process: dict[tuple[Any, ...], list[AnyLine]] = collections.defaultdict(list)
     for rec in records:
         if not isinstance(rec.body, CENSUS_KINDS):
             continue
@@ -87,7 +84,7 @@ def _newest_processes(
 
 
 def _load(
-    per_rank_records: dict[int, list[Record]], skipped: collections.Counter[str]
+    per_rank_records: dict[int, list[AnyLine]], skipped: collections.Counter[str]
 ) -> tuple[dict[int, _Rank], list[Line[Divergence]]]:
     ranks: dict[int, _Rank] = {}
     divergences: list[Line[Divergence]] = []
@@ -149,8 +146,7 @@ def _spans(
 
 @dataclass(frozen=True)
 class States:
-    """Each rank's summary with its state, and the comparison at the latest counts of each
-    group instance none of whose members is moving: the rule the daemon publishes too."""
+    """Each rank's summary and state, and the comparison of each settled group instance."""
 
     ranks: list[dict[str, Any]]
     latest: list[Entry]
@@ -168,7 +164,7 @@ def rank_states(ranks: dict[int, _Rank], alive: Alive) -> States:
     return States(summaries, latest, _dead_in_group(ranks, states))
 
 
-def states_of(records: Iterable[Record], alive: Alive = local_alive) -> States:
+def states_of(records: Iterable[AnyLine], alive: Alive = local_alive) -> States:
     """:class:`States` alone, for a reader that needs no history (the daemon's scrape)."""
     skips: collections.Counter[str] = collections.Counter()
     ranks, _ = _load(_newest_processes(records, skips), skips)
@@ -176,14 +172,13 @@ def states_of(records: Iterable[Record], alive: Alive = local_alive) -> States:
 
 
 def build_report(
-    records: Iterable[Record],
+    records: Iterable[AnyLine],
     *,
     boot: str | None = None,
     skipped: Mapping[str, int] | None = None,
     alive: Alive = local_alive,
 ) -> dict[str, Any]:
-    """The census of one boot's records; ``skipped``: the reader's own skip counts;
-    ``alive``: whether a rank's process still runs (None: cannot tell from here)."""
+    """The census of one boot's records, with the reader's own ``skipped`` counts."""
     skips: collections.Counter[str] = collections.Counter(skipped or {})
     ranks, divergences = _load(_newest_processes(records, skips), skips)
     groups, entries, history = _snapshot_sections(ranks)
@@ -287,8 +282,7 @@ def _in_process_section(divergences: list[Line[Divergence]]) -> list[dict[str, A
 
 
 def census_document(flight: Flight) -> dict[str, Any]:
-    """What `rankscope census --json` prints and /api/v1/census returns, for one read: the
-    reader's own judgement of which processes run (the daemon's) where it has one."""
+    """The census, judging which processes run as the reader (the daemon) does where it can."""
     known = flight.alive
 
     def alive(host: str | None, pid: int | None, start: int | None, ns: int | None) -> bool | None:
@@ -303,8 +297,7 @@ def census_document(flight: Flight) -> dict[str, Any]:
 
 
 def rank_state(state: _Rank, alive: bool | None) -> str:
-    """Exited on its exit line; dead when gone without one; stalled on a stall line that no
-    line has followed; running otherwise."""
+    """Exited on its exit line, dead when gone without one, stalled while its stall stands."""
     if state.exited:
         return EXITED
     if alive is False:
@@ -345,8 +338,7 @@ def _rank_summary(state: _Rank, alive_of: Alive) -> dict[str, Any]:
 
 
 def _progress_wall(state: _Rank) -> float | None:
-    """When the rank's counts last moved: its stall's start, else its newest line that
-    carries counts (a live line, or a snapshot where no watcher runs)."""
+    """When the counts last moved: the stall's start, else the newest line with counts."""
     if state.blocked_in is not None:
         return state.blocked_in.since
     walls = [w for w in (state.live_wall, *state.snapshot_wall.values()) if w is not None]

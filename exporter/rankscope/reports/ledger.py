@@ -1,9 +1,7 @@
 """The ledger, for `rankscope phases`, /api/v1/phases and the status page: posts (the signed
-change per view between consecutive marks of one boot, process and runner, never across a
-change of card) and each card's identity at each mark: total = rank_resident + foreign +
-free + unattributed (the signed remainder, with its drift since the card's first mark).
-An unmeasured quantity is None, never 0.
-"""
+change per view between consecutive marks of one boot, process and runner, never across cards)
+and each card's identity at each mark: total = rank_resident + foreign + free + unattributed
+(the signed remainder, with its drift since the card's first mark). Unmeasured is None."""
 
 from __future__ import annotations
 
@@ -41,6 +39,11 @@ def marks_of(records: Iterable[Record]) -> list[MarkLine]:
     return of_kind(records, Mark)
 
 
+def fields(obj: Any, names: Iterable[str]) -> dict[str, Any]:
+    """``obj``'s attributes ``names``, as a JSON object in that order."""
+    return {name: getattr(obj, name) for name in names}
+
+
 def posts(records: Iterable[Record]) -> list[dict[str, Any]]:
     """Posts between consecutive marks of one (boot, process, runner), in mark order."""
     last: dict[tuple[Any, ...], MarkLine] = {}
@@ -58,13 +61,7 @@ def posts(records: Iterable[Record]) -> list[dict[str, Any]]:
             continue  # the process moved to another card: a seam, not a post
         out.append(
             {
-                "boot": h.boot,
-                "host": h.host,
-                "pid": h.pid,
-                "start_ticks": h.start_ticks,
-                "rank": h.rank,
-                "tp_rank": h.tp_rank,
-                "pp_rank": h.pp_rank,
+                **fields(h, ("boot", "host", "pid", "start_ticks", "rank", "tp_rank", "pp_rank")),
                 "runner": h.runner,
                 "post": f"{before.phase}->{mark.phase}",
                 "since": before.phase,
@@ -128,24 +125,17 @@ def card_identities(
 
 def _mark_row(line: MarkLine) -> dict[str, Any]:
     h, mark = line.header, line.body
-    torch, driver, derived = mark.torch, mark.driver, mark.derived
     return {
         "phase": mark.phase,
         "runner": h.runner,
         "wall": h.wall,
         "uuid": mark.device.uuid,
         "gpu": mark.device.nvml_index,
-        "reserved": torch.reserved,
-        "allocated": torch.allocated,
-        "peak_allocated": torch.peak_allocated,
-        "num_alloc_retries": torch.num_alloc_retries,
-        "num_ooms": torch.num_ooms,
-        "free": driver.free,
-        "total": driver.total,
+        **fields(mark.torch, ("reserved", "allocated", "peak_allocated")),
+        **fields(mark.torch, ("num_alloc_retries", "num_ooms")),
+        **fields(mark.driver, ("free", "total")),
         "process_bytes": mark.nvml.self_bytes,
-        "non_torch": derived.non_torch,
-        "non_torch_measured": derived.non_torch_measured,
-        "unbacked_reservation": derived.unbacked_reservation,
+        **fields(mark.derived, ("non_torch", "non_torch_measured", "unbacked_reservation")),
         "arenas": {name: arena.to_json() for name, arena in mark.arenas.items()},
         "why": _whys(mark),
         "extra": mark.extra,
@@ -163,15 +153,8 @@ def _process(lines: list[MarkLine]) -> dict[str, Any]:
     first ranked mark, since a spawned rank learns its rank only at init."""
     h = next((line.header for line in lines if line.header.rank is not None), lines[0].header)
     return {
-        "boot": h.boot,
-        "host": h.host,
-        "pid": h.pid,
-        "start_ticks": h.start_ticks,
-        "rank": h.rank,
-        "local_rank": h.local_rank,
-        "world_size": h.world_size,
-        "tp_rank": h.tp_rank,
-        "pp_rank": h.pp_rank,
+        **fields(h, ("boot", "host", "pid", "start_ticks", "rank", "local_rank")),
+        **fields(h, ("world_size", "tp_rank", "pp_rank")),
         "nspid": list(h.nspid) if h.nspid is not None else None,
         "pidns": h.pidns,
         "marks": [_mark_row(line) for line in lines],

@@ -15,8 +15,7 @@ Alive = Callable[[str | None, int | None, int | None, int | None], "bool | None"
 def local_alive(
     host: str | None, pid: int | None, start_ticks: int | None, pidns: int | None
 ) -> bool | None:
-    """True while the process runs, False once it is gone (or its pid reused), None where this
-    process cannot see it."""
+    """True while it runs, False once gone (or its pid reused), None where unseen from here."""
     if host != socket.gethostname() or pid is None or start_ticks is None or pidns is None:
         return None
     if pidns != read_pidns_inode("self"):

@@ -1,8 +1,6 @@
 """The OOM report, for ``rankscope oom`` and the daemon: each probe's ``oom`` line as an
-:class:`OomEvent`, every :class:`Holding` named a rank of a boot (by pid and start ticks) or
-foreign; and :class:`SamplerOom`, an OOM instant the daemon's sampler saw, as the daemon
-records it and the CLI reads it back from the API.
-"""
+:class:`OomEvent` whose holders are named ranks of a boot or foreign, and :class:`SamplerOom`,
+an OOM the daemon's sampler saw, as its API serves it and the CLI reads it back."""
 
 from __future__ import annotations
 
@@ -80,8 +78,7 @@ class OomEvent:
 
 
 def rank_namer(records: Iterable[Record], resolve: HostPid = host_pid) -> RankNamer:
-    """(host pid, start ticks) -> (boot, rank) of the process with records, or None (foreign).
-    A pid without start ticks never matches: it may be recycled."""
+    """(host pid, start ticks) -> (boot, rank), or None: foreign, or a pid with no start ticks."""
     index: dict[tuple[int, int], tuple[str, int | None]] = {}
     for rec in records:
         start, pid = rec.header.start_ticks, resolve(rec)
@@ -138,8 +135,7 @@ def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> 
 def oom_events(
     records: Sequence[Record], resolve: HostPid = host_pid, namer: RankNamer | None = None
 ) -> list[OomEvent]:
-    """The OOM events among ``records``, oldest first; holders named by ``namer`` (default:
-    by ``records``)."""
+    """The OOM events among ``records``, oldest first, holders named by ``namer``."""
     name = namer or rank_namer(records, resolve)
     events = (parse_oom(line, name, resolve) for line in of_kind(records, Oom))
     return sorted(events, key=lambda e: e.wall)

@@ -1,8 +1,7 @@
 """Comparing ranks at their latest counts rather than at a common round. Counts in flux say
-nothing (no two ranks are at the same collective at the same instant), so a group instance
-is compared only while none of its members is moving: each stalled in a collective, exited
-or dead. A skew is a (group, op) whose counts differ then; replaying each rank's live lines
-in time gives the skews that came and went (docs/census.md, "States and skews")."""
+nothing, so a group instance is compared only while none of its members moves (each stalled,
+exited or dead). A skew is a (group, op) whose counts differ then; replaying the ranks' live
+lines in time gives the skews that came and went (docs/census.md, "States and skews")."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from rankscope.record.naming import Key
 
 @dataclass(frozen=True)
 class RankMoment:
-    """One line of a rank, in time: the counts it changed, and whether the rank stood still
-    from then on (a stall line, or its exit line)."""
+    """One line of a rank: the counts it changed, and whether the rank stands still since."""
 
     wall: float
     changed: dict[Key, int]
@@ -27,8 +25,7 @@ class RankMoment:
 def latest_entries(
     latest: Mapping[int, Mapping[Key, int]], settled: Collection[int]
 ) -> list[Entry]:
-    """The comparison of each group instance whose members are all ``settled``, at their
-    latest counts (a group with a moving member is left out)."""
+    """The comparison at the latest counts of each group instance whose members all settled."""
     split = {rank: split_by_group(counts) for rank, counts in latest.items()}
     entries: list[Entry] = []
     for group in sorted({g for by_group in split.values() for g in by_group}):

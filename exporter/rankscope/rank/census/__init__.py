@@ -1,11 +1,6 @@
 """The collective census in the rank (docs/census.md): counts per group instance and op,
-snapshotted at a replicated point so ranks can be compared. Modules: ``counts``, the sources
-``wrap`` (a coordinator class) and ``torch_patch`` (torch.distributed), ``graphs`` (CUDA graph
-replays), ``snapshots`` (rounds, snapshots, dumps), ``watcher`` (live lines and stalls, on
-time), ``gloo`` (the in-process comparison).
-A name's module loads at its first use (PEP 562): ``from rankscope import census`` in the
-daemon loads no patching code.
-"""
+snapshotted at a replicated point so ranks can be compared. A name's module loads at its first
+use (PEP 562): ``from rankscope import census`` in the daemon loads no patching code."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The census counters: one dict increment per collective, keyed by (group instance, op).
-RANKSCOPE_CENSUS=0, read at import, makes ``count`` a function that does nothing.
-"""
+RANKSCOPE_CENSUS=0, read at import, makes ``count`` a function that does nothing."""
 
 from __future__ import annotations
 
@@ -42,9 +41,7 @@ def _count_failed(group: Any, op: Any, exc: BaseException) -> None:
 if ARMED:
 
     def count(group: str, op: str, n: int = 1) -> None:
-        """Count ``n`` calls of collective ``op`` on group instance ``group`` (a name from
-        :func:`group_instance`). The hot path: one dict increment and one store, never
-        raises."""
+        """Count ``n`` calls of ``op`` on group instance ``group``. The hot path; never raises."""
         global last_key
         try:
             key = (group, op)

@@ -1,9 +1,7 @@
 """The optional in-process comparison: at each snapshot round the ranks gather their counts
 over a CPU (gloo) group, never the device's (a wedged device must not silence it), on a
-thread of its own so ``tick()`` never waits; a divergence is logged and recorded with the
-(group instance, op) that differs, each rank's count and the ranks that lag. A failed
-gather (a dead peer, the group's timeout) ends the comparison with one log line.
-"""
+thread of its own so ``tick()`` never waits; a divergence is logged and recorded. A failed
+gather (a dead peer, the group's timeout) ends the comparison with one log line."""
 
 from __future__ import annotations
 
@@ -65,8 +63,7 @@ class Comparator:
             self._queue.put_nowait((round_, counts))
 
     def close(self, timeout: float = 5.0) -> bool:
-        """Stop after the rounds already submitted (bounded by ``timeout``); True when the
-        thread has ended."""
+        """Stop after the rounds already submitted; True when the thread has ended."""
         self._queue.put_nowait(None)
         self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -144,8 +141,8 @@ class Comparator:
 
 
 def gather_bytes(dist: Any, group: Any, data: bytes) -> list[bytes]:
-    """Every member's ``data``, in group rank order: two all_gathers of CPU tensors (the
-    lengths, then the padded bytes); all_gather_object would need numpy."""
+    """Every member's ``data`` in group rank order, by two all_gathers of CPU tensors
+    (all_gather_object would need numpy)."""
     import torch
 
     world = dist.get_world_size(group)
@@ -164,10 +161,9 @@ _active: Comparator | None = None
 
 def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Comparator | None:
     """Compare counts across ranks at every snapshot round over the gloo group ``group``,
-    which nothing else may use (two threads' collectives on one group interleave differently
-    on each rank). Without one, creates one (new_group is a collective: every rank must call
-    this in the same order relative to its other new_group calls). None, with a log line,
-    when torch.distributed is not initialised or the census is disarmed; never raises."""
+    which nothing else may use, or over one it creates (a collective: every rank calls this in
+    the same order among its new_group calls). None, logged, when torch.distributed is not
+    initialised or the census is disarmed; never raises."""
     global _active
     if not _counts.ARMED:
         return None
@@ -202,13 +198,18 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
 
 
 def disable_comparison(timeout: float = 5.0) -> None:
-    """Stop the comparison after the rounds already submitted. One still gathering after
-    ``timeout`` is left to finish, and the exit waits for it."""
+    """Stop after the rounds already submitted; a gather still running after ``timeout`` is
+    left to finish, and the exit waits for it."""
+    comparator = _detach()
+    if comparator is not None:
+        _close(comparator, timeout)
+
+
+def _detach() -> Comparator | None:
     global _active
     comparator, _active = _active, None
     snapshots.STATE.on_snapshot = None
-    if comparator is not None:
-        _close(comparator, timeout)
+    return comparator
 
 
 _unfinished: list[Comparator] = []  # closed, but their thread was still in a gather
@@ -232,17 +233,15 @@ def _close(comparator: Comparator, timeout: float) -> bool:
 
 def _stop_at_exit() -> None:
     """Before torch tears down (a thread left in a gloo call then aborts the process), wait
-    for every comparison's submitted rounds as long as one gather may take (milliseconds in
-    a live job, whose peers gather the same rounds; the group's timeout with a dead peer)."""
-    global _active
-    active, _active = _active, None
-    snapshots.STATE.on_snapshot = None
+    for the submitted rounds as long as one gather may take (the group's timeout at worst)."""
+    active = _detach()
     for comparator in [*([active] if active else []), *_unfinished]:
-        if not _close(comparator, comparator.timeout_s + 5.0):
+        wait = comparator.timeout_s + 5.0
+        if not _close(comparator, wait):
             log.warning(
                 "rankscope census: the comparison thread is still in a gather after %.0f s; "
                 "a peer is probably gone",
-                comparator.timeout_s + 5.0,
+                wait,
             )
 
 

@@ -1,7 +1,5 @@
-"""CUDA graphs: collectives counted while a graph is captured (the difference of the counts
-across the capture; no other thread may issue collectives meanwhile) are added again at
-every replay, since a replay never re-enters Python.
-"""
+"""CUDA graphs: collectives counted while a graph is captured (no other thread may issue any
+meanwhile) are added again at every replay, since a replay never re-enters Python."""
 
 from __future__ import annotations
 
@@ -58,8 +56,7 @@ def begin_capture(key: Any, name: str | None = None) -> None:
 
 
 def end_capture(key: Any) -> GraphCounts | None:
-    """Mark the end of a successful capture: what was counted since begin_capture is what
-    each replay of ``key`` issues."""
+    """A successful capture's end: what was counted since its begin, each replay issues."""
     if not _counts.ARMED:
         return None
     try:
@@ -122,8 +119,7 @@ def forget(key: Any) -> None:
 
 
 def graph_counts() -> dict[str, GraphCounts]:
-    """The ``graphs`` field of a census snapshot: per graph, what one replay counts and how
-    many replays there were."""
+    """A census snapshot's ``graphs``: per graph, what one replay counts, and the replays."""
     entries = [*_weak.values(), *_strong.values()]
     return {name: GraphCounts(dict(e.counts), e.replays) for name, e in entries}
 
@@ -141,8 +137,8 @@ _GRAPH_METHODS = ("capture_begin", "capture_end", "replay")
 
 
 def instrument_cuda_graphs() -> Callable[[], None]:
-    """Track every ``torch.cuda.CUDAGraph`` capture and replay (SGLang's CudaGraphRunner and
-    vLLM's CUDAGraphWrapper both go through them). Returns the undo."""
+    """Track every ``torch.cuda.CUDAGraph`` capture and replay (SGLang's and vLLM's runners
+    use them). Returns the undo."""
     import torch
 
     cls: Any = torch.cuda.CUDAGraph

@@ -1,12 +1,9 @@
 """Rounds, snapshots and local dumps.
 
 ``tick()`` runs once per scheduler iteration, a replicated point, so its round agrees across
-ranks; every N rounds (RANKSCOPE_CENSUS_EVERY, default 50) the rank appends a ``census`` line
-(round, counts, graphs), when the recorder is armed, and hands the counts to the in-process
-comparison. ``dump_local()`` and the SIGTERM / SIGABRT / exit handlers write the local counts
-with no collective (a peer is probably dead by then); a rank blocked in a hung collective
-dumps once that call returns, its last snapshot on disk either way.
-"""
+ranks; every N rounds (RANKSCOPE_CENSUS_EVERY) the rank appends a ``census`` line and hands
+the counts to the in-process comparison. ``dump_local()`` and the SIGTERM / SIGABRT / exit
+handlers write the local counts with no collective (a peer is probably dead by then)."""
 
 from __future__ import annotations
 
@@ -58,8 +55,8 @@ STATE = _State()
 
 
 def configure(*, every: int | None = None, auto_every: int | None = None) -> None:
-    """Set the snapshot cadence (ticks per snapshot); must agree across ranks. ``auto_every``
-    is the cadence counted in world collectives (auto_tick), in force until a tick()."""
+    """Set the snapshot cadence in ticks (alike on every rank), or in world collectives
+    (``auto_every``, auto_tick's) until a tick()."""
     for value in (every, auto_every):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"census every must be a positive integer, not {value!r}")
@@ -76,8 +73,7 @@ def current_round() -> int:
 
 
 def tick() -> None:
-    """Once per scheduler iteration, on every rank. Never raises, never blocks: the
-    comparison, when enabled, runs on its own thread."""
+    """Once per scheduler iteration, on every rank. Never raises, never blocks."""
     if not _counts.ARMED:
         return
     if not STATE.explicit:
@@ -88,8 +84,7 @@ def tick() -> None:
 
 
 def auto_tick() -> None:
-    """``rankscope run``'s cadence: called on every collective of the world group (every
-    rank issues them in the same order) until the program calls tick() itself."""
+    """``rankscope run``'s cadence: each world-group collective, until the program's tick()."""
     if not STATE.explicit:
         _advance()
 
@@ -171,10 +166,9 @@ def _at_exit() -> None:
 
 
 def install_abort_handlers() -> bool:
-    """Dump the local counts on SIGTERM, SIGABRT (a delivered one: abort() in C++ ends the
-    process before Python runs) and at exit; a handler the program installed before runs
-    after the dump, an ignored signal stays ignored. Off the main thread only the exit dump
-    is installed (returns False)."""
+    """Dump the local counts on SIGTERM, a delivered SIGABRT and at exit; a previous handler
+    runs after the dump, an ignored signal stays ignored. Off the main thread only the exit
+    dump is installed (returns False)."""
     if STATE.handlers_installed:
         return True
     STATE.handlers_installed = True

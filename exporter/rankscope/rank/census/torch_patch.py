@@ -1,9 +1,7 @@
 """Opt-in counting of torch.distributed collectives: ``instrument_torch_distributed()``
 replaces each listed function, in ``torch.distributed`` and in the module defining it, by a
 wrapper that counts the call once, under the group's instance name (given with
-:func:`name_group`, else its ``group_desc``, else its pg name, over its ranks). The undo
-restores every original; a ``P2POp`` built while instrumented is rejected by torch after it.
-"""
+:func:`name_group`, else its ``group_desc``, else its pg name, over its ranks)."""
 
 from __future__ import annotations
 
@@ -79,8 +77,7 @@ def _forget(key: int) -> None:
 
 
 def _instance_of(dist: Any, group: Any) -> str | None:
-    """Group instance name of ``group`` (None: the default group), or None when this rank
-    is no member (torch then issues nothing either)."""
+    """``group``'s instance name (None: the default group's); None when this rank is no member."""
     if group is None:
         group = dist.GroupMember.WORLD
         if group is None:
@@ -139,9 +136,8 @@ def _counting(
     original: Callable[..., Any],
     count: Callable[[tuple[Any, ...], dict[str, Any]], None],
 ) -> Callable[..., Any]:
-    """The wrapper: ``count`` the call unless an outer counted call holds the guard (a
-    failure costs a count, never the call), then the original, holding the guard for the
-    functions that nest."""
+    """Count the call unless an outer counted call holds the guard (a failure is counted, the
+    call still made), then make it, holding the guard for the functions that nest."""
     nests = name in NESTING
     compiling = compiling_check()
 
@@ -170,8 +166,7 @@ def _counting(
 def _collective_wrapper(
     dist: Any, name: str, original: Callable[..., Any], on_world: Callable[[], None] | None = None
 ) -> Callable[..., Any]:
-    """``on_world`` (the automatic census cadence) is called after counting each call on the
-    default group."""
+    """``on_world`` (the automatic cadence) runs after each call on the default group."""
     if name in P2P:
         return _p2p_wrapper(dist, name, original)
     group_at = _position(original, "group")
@@ -218,20 +213,8 @@ def _p2p_wrapper(dist: Any, name: str, original: Callable[..., Any]) -> Callable
 def _batch_wrapper(
     dist: Any, c10d: Any, original: Callable[..., Any], plain: dict[str, Any]
 ) -> Callable[..., Any]:
-    """batch_isend_irecv counts each of its p2p ops once. torch matches ``op.op`` against
-    its module's isend/irecv by identity, so ops built before the patch get the current
-    function for the duration of the call."""
-
-    def counted(ops: list[Any]) -> None:
-        for p2p in ops:
-            func = getattr(p2p.op, "__wrapped__", p2p.op)
-            kind = SEND if func is plain["isend"] else RECV
-            instance = _instance_of(dist, p2p.group)
-            if instance is None:
-                continue
-            peer = _peer(dist, p2p.group, p2p.peer, getattr(p2p, "group_peer", None))
-            _counts.count(instance, p2p_name(kind, peer))
-
+    """Count each p2p op once. torch matches ``op.op`` against its module's isend/irecv by
+    identity: ops built before the patch get the current function for the call."""
     compiling = compiling_check()
 
     @functools.wraps(original)
@@ -242,14 +225,17 @@ def _batch_wrapper(
         swapped: list[tuple[Any, Any]] = []
         try:
             try:
-                counted(p2p_op_list)
                 for p2p in p2p_op_list:
                     func = getattr(p2p.op, "__wrapped__", p2p.op)
-                    for fname in ("isend", "irecv"):
-                        current = getattr(c10d, fname)
-                        if func is plain[fname] and p2p.op is not current:
-                            swapped.append((p2p, p2p.op))
-                            p2p.op = current
+                    kind, fname = (SEND, "isend") if func is plain["isend"] else (RECV, "irecv")
+                    instance = _instance_of(dist, p2p.group)
+                    if instance is not None:
+                        peer = _peer(dist, p2p.group, p2p.peer, getattr(p2p, "group_peer", None))
+                        _counts.count(instance, p2p_name(kind, peer))
+                    current = getattr(c10d, fname)
+                    if func is plain[fname] and p2p.op is not current:
+                        swapped.append((p2p, p2p.op))
+                        p2p.op = current
             except Exception as exc:
                 _counts._count_failed(BATCH, "", exc)
             return original(p2p_op_list, *args, **kwargs)
@@ -265,11 +251,10 @@ def _batch_wrapper(
 def instrument_torch_distributed(
     on_world: Callable[[], None] | None = None,
 ) -> Callable[[], None]:
-    """Count every call of torch.distributed's collectives and p2p ops (once each, however
-    they nest). Idempotent; returns the undo (also :func:`uninstrument_torch_distributed`).
-    When torch is absent or the census is disarmed, patches nothing and says so in a log
-    line. ``on_world`` is called on every collective (not p2p) of the default group, after
-    it is counted: ``rankscope run`` passes ``census.auto_tick``."""
+    """Count every call of torch.distributed's collectives and p2p ops, once however they
+    nest. Idempotent; returns the undo. Patches nothing, with a log line, where torch is absent
+    or the census disarmed. ``on_world`` (``rankscope run``'s ``census.auto_tick``) runs after
+    each collective of the default group."""
     global _undo
     with _lock:
         if _undo is not None:

@@ -1,13 +1,11 @@
 """The census watcher: a thread that writes the counts on time, not only at a round, so a hung
 rank is named from its record while it hangs (docs/census.md, "Live lines and stalls").
 
-Every POLL_S it copies the counts (one C-level dict copy, under the GIL). While they move, a
-``census_live`` line with the counts changed since this process's previous census or
-census_live line, at most every PERIOD_S.
-When they have not moved for the stall time (RANKSCOPE_CENSUS_STALL_S, default 1 s), one line
-naming the collective counted last, the one a blocked rank is in. It never touches a process
-group and adds nothing to a collective's path: ``count`` already stores the key it counted.
-"""
+Every POLL_S it copies the counts. While they move, a ``census_live`` line with the counts
+changed since this process's previous census or census_live line, at most every PERIOD_S.
+When they have not moved for the stall time (RANKSCOPE_CENSUS_STALL_S), one line naming the
+collective counted last, the one a blocked rank is in. It never touches a process group and
+adds nothing to a collective's path: ``count`` already stores the key it counted."""
 
 from __future__ import annotations
 
@@ -68,8 +66,8 @@ class Watcher:
         return BlockedIn(key[0], key[1], counts[key], self.progress_wall)
 
     def _note_full_snapshot(self) -> None:
-        """A census line written since this watcher's last line holds every count: the next
-        live line need carry only what changed after it, and not before a period has passed."""
+        """A census line newer than this watcher's last line holds every count: the next live
+        line carries only what changed after it, a period after it."""
         full = _snapshots.STATE.full_written
         if full is not None and full[0] > self.written_mono:
             self.written_mono, self.written = full
@@ -109,8 +107,7 @@ def _run(watcher: Watcher, stop: threading.Event) -> None:
 
 
 def start_watcher(stall_s: float | None = None) -> bool:
-    """Start the watcher thread (idempotent). False when the census is disarmed or the
-    interpreter is shutting down."""
+    """Start the watcher (idempotent); False when disarmed or shutting down."""
     if not _counts.ARMED:
         return False
     if THREAD.thread is not None and THREAD.thread.is_alive():
