@@ -21,14 +21,11 @@ def read_start_ticks(pid: int | str = "self", proc: str = DEFAULT_ROOT) -> int |
 
 
 def parse_stat_start_ticks(stat_line: str) -> int | None:
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+    # comm (field 2) may hold spaces and parentheses: the fields after the last ')' start at
+    # field 3 (state), so field 22 is the 20th.
     close = stat_line.rfind(")")
-    if close < 0:
-        return None
-    rest = stat_line[close + 2 :].split()
-    # rest[0] is field 3 (state), so field 22 is rest[19].
     try:
-        return int(rest[19])
+        return int(stat_line[close + 2 :].split()[19]) if close >= 0 else None
     except (IndexError, ValueError):
         return None
 
@@ -41,7 +38,7 @@ def read_nspid(pid: int | str = "self", proc: str = DEFAULT_ROOT) -> tuple[int, 
                 if line.startswith("NSpid:"):
                     return tuple(int(x) for x in line.split()[1:])
     except (OSError, ValueError):
-        return None
+        pass
     return None
 
 
@@ -54,11 +51,8 @@ def read_pidns_inode(pid: int | str = "self", proc: str = DEFAULT_ROOT) -> int |
     """Inode of the process's PID namespace (readlink /proc/PID/ns/pid -> 'pid:[N]')."""
     try:
         link = os.readlink(f"{proc}/{pid}/ns/pid")
-    except OSError:
-        return None
-    try:
         return int(link[link.index("[") + 1 : link.index("]")])
-    except ValueError:
+    except (OSError, ValueError):
         return None
 
 
@@ -158,11 +152,7 @@ class RankIndex(Generic[R]):
         if not info.nspid or info.start_ticks is None:
             return None
         candidates = self._by_key.get((info.nspid[-1], info.start_ticks), [])
-        matches = [
-            rp
-            for rp in candidates
-            if rp.pidns is None or info.pidns is None or rp.pidns == info.pidns
-        ]
         # Several records of one process (it moved to a newer boot): the first wins, and
         # the flight state lists the newest boot first.
-        return matches[0] if matches else None
+        pidns = info.pidns
+        return next((r for r in candidates if None in (r.pidns, pidns) or r.pidns == pidns), None)

@@ -148,11 +148,13 @@ def instrument_cuda_graphs() -> Callable[[], None]:
 
     begin, end, replay_graph = (getattr(cls, n) for n in _GRAPH_METHODS)
 
+    @functools.wraps(begin)
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = begin(self, *args, **kwargs)
         begin_capture(self)
         return result
 
+    @functools.wraps(end)
     def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             result = end(self, *args, **kwargs)
@@ -162,20 +164,15 @@ def instrument_cuda_graphs() -> Callable[[], None]:
         end_capture(self)
         return result
 
+    @functools.wraps(replay_graph)
     def replay_method(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = replay_graph(self, *args, **kwargs)
         replay(self)
         return result
 
-    for name, wrapper, original in zip(
-        _GRAPH_METHODS,
-        (capture_begin, capture_end, replay_method),
-        (begin, end, replay_graph),
-        strict=True,
-    ):
-        functools.update_wrapper(wrapper, original)
+    for wrapper in (capture_begin, capture_end, replay_method):
         wrapper.__rankscope_census__ = True  # type: ignore[attr-defined]
-        setattr(cls, name, wrapper)
+        setattr(cls, wrapper.__name__, wrapper)
 
     def undo() -> None:
         for name, original in originals.items():

@@ -28,7 +28,6 @@ log = logging.getLogger("rankscope.census")
 
 ENV_EVERY = "RANKSCOPE_CENSUS_EVERY"
 DEFAULT_EVERY = 50
-STREAM = Census.STREAM
 
 
 def every_from_env(environ: dict[str, str] | None = None) -> int:

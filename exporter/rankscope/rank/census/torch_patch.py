@@ -83,9 +83,7 @@ def _instance_of(dist: Any, group: Any) -> str | None:
         if group is None:
             return None
     name = _names.get(id(group))
-    if name is None:
-        name = _resolve(dist, group)
-    return name or None
+    return (_resolve(dist, group) if name is None else name) or None
 
 
 def _resolve(dist: Any, group: Any) -> str:
@@ -276,14 +274,13 @@ def instrument_torch_distributed(
         names = [n for n in (*COLLECTIVES, *P2P, BATCH) if hasattr(c10d, n)]
         plain = {n: getattr(c10d, n) for n in names}
         saved_dist = {n: dist.__dict__.get(n, _ABSENT) for n in names}
-        wrappers: dict[str, Callable[..., Any]] = {}
-        for n in names:
-            if n == BATCH:
-                wrappers[n] = _batch_wrapper(dist, c10d, plain[n], plain)
-            else:
-                wrappers[n] = _collective_wrapper(
-                    dist, n, plain[n], on_world if n in COLLECTIVES else None
-                )
+        wrappers = {
+            n: _collective_wrapper(dist, n, plain[n], on_world if n in COLLECTIVES else None)
+            for n in names
+            if n != BATCH
+        }
+        if BATCH in plain:
+            wrappers[BATCH] = _batch_wrapper(dist, c10d, plain[BATCH], plain)
         for n, w in wrappers.items():
             setattr(c10d, n, w)
             setattr(dist, n, w)

@@ -40,7 +40,6 @@ class Watcher:
         self.progress_wall = time.time()
         self.written_mono = float("-inf")
         self.stalled = False  # the stall line of the current stall is written
-        self.lines = 0
 
     def poll(self, mono: float, wall: float) -> CensusLive | None:
         """The line to write now, if any, given the counts now."""
@@ -74,16 +73,13 @@ class Watcher:
 
     def _line(self, counts: dict[Key, int], mono: float, blocked: BlockedIn | None) -> CensusLive:
         changed = {k: n for k, n in counts.items() if self.written.get(k) != n}
-        self.written = counts
-        self.written_mono = mono
-        self.lines += 1
+        self.written, self.written_mono = counts, mono
         return CensusLive(changed, blocked)
 
 
 class _Thread:
     thread: threading.Thread | None = None
     stop = threading.Event()
-    watcher: Watcher | None = None
     failures = 0
 
 
@@ -119,7 +115,7 @@ def start_watcher(stall_s: float | None = None) -> bool:
     )
     if not stop_before_teardown(stop_watcher):
         return False
-    THREAD.thread, THREAD.stop, THREAD.watcher = thread, stop, watcher
+    THREAD.thread, THREAD.stop = thread, stop
     thread.start()
     return True
 
