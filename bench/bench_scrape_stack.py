@@ -7,18 +7,28 @@ flight directory, 8 SIMULATED cards each held by 64 real `sleep` processes).
 
 Both daemons run at once from the same interpreter (each with its checkout's exporter/ first
 on PYTHONPATH), over the same flight directory and cards; scrapes alternate between them, a
-new connection each, so load from elsewhere on the machine hits both alike. Prints p50 and
-p99 of each and their ratio (goal: 1.2x or under).
+new connection each, so load from elsewhere on the machine hits both alike. Two kinds of
+scrape, each p50 and p99 and their ratio (goal: 1.2x or under):
+
+- plain: no Accept header and no gzip (curl's scrape: the text format 0.0.4);
+- prometheus: Prometheus 2.42's Accept header (OpenMetrics preferred) and Accept-Encoding
+  gzip, as every Prometheus scrape asks.
+
+Then where a scrape's time goes in each checkout, in-process (bench_scrape_split.py, a
+process per checkout over the same directory and cards, twice each, alternated): collect (every collector and the flight tail), the text and
+OpenMetrics encoders, and gzip.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from bench_scrape import (
@@ -32,6 +42,17 @@ from bench_scrape import (
 )
 
 HERE = Path(__file__).resolve().parent.parent
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)  # Prometheus 2.42's scrape_manager
+
+
+def prometheus_get(url: str) -> bytes:
+    headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
+        body = bytes(r.read())
+    return gzip.decompress(body) if r.headers.get("Content-Encoding") == "gzip" else body
 
 
 def start(checkout: Path, flags: list[str]) -> tuple[subprocess.Popen[bytes], str]:
@@ -58,6 +79,26 @@ def wait_full(url: str) -> None:
         time.sleep(0.2)
 
 
+def report(kind: str, now: list[float], before: list[float]) -> None:
+    p50, p99 = percentile(now, 0.5), percentile(now, 0.99)
+    b50, b99 = percentile(before, 0.5), percentile(before, 0.99)
+    print(
+        f"{kind:<10} this checkout p50 {p50 * 1e3:6.2f} ms p99 {p99 * 1e3:6.2f} ms | "
+        f"before p50 {b50 * 1e3:6.2f} ms p99 {b99 * 1e3:6.2f} ms | "
+        f"ratio p50 {p50 / b50:4.2f}x p99 {p99 / b99:4.2f}x (goal <= 1.2x)"
+    )
+
+
+def split(checkout: Path, flags: list[str], scrapes: int) -> None:
+    """Where one checkout's scrape goes, measured in a process of its own."""
+    env = {**os.environ, "PYTHONPATH": f"{checkout / 'exporter'}{os.pathsep}{HERE / 'bench'}"}
+    subprocess.run(
+        [sys.executable, "-c", "import sys, bench_scrape_split as s; s.main(sys.argv[1:])",
+         str(checkout), str(scrapes), *flags],
+        env=env, check=True,
+    )  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", type=Path, default=Path("/tmp/base29"))
@@ -77,22 +118,19 @@ def main() -> int:
             wait_full(base_url)
             for _ in range(20):  # warm-up, both alike
                 http_get(url), http_get(base_url)
-            now, before = time_pairs(
-                lambda: http_get(url), lambda: http_get(base_url), opts.scrapes
-            )
-            p50, p99 = percentile(now, 0.5), percentile(now, 0.99)
-            b50, b99 = percentile(before, 0.5), percentile(before, 0.99)
             print(
                 f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, {opts.scrapes} scrapes each"
             )
-            print(f"this checkout   p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms")
-            print(f"{opts.baseline!s:<15} p50 {b50 * 1e3:7.2f} ms  p99 {b99 * 1e3:7.2f} ms")
-            print(
-                f"ratio           p50 {p50 / b50:5.2f}x     p99 {p99 / b99:5.2f}x  (goal <= 1.2x)"
-            )
+            for kind, get in (("plain", http_get), ("prometheus", prometheus_get)):
+                now, before = time_pairs(
+                    lambda g=get: g(url), lambda g=get: g(base_url), opts.scrapes
+                )
+                report(kind, now, before)
             for proc in daemons:  # before the cards and flight directory are removed
                 proc.terminate()
                 proc.wait()
+            for checkout in (HERE, opts.baseline) * 2:  # alternated, as the scrapes are
+                split(checkout, flags, opts.scrapes // 8)
     finally:
         for proc in [*daemons, *sleepers]:
             if proc.poll() is None:

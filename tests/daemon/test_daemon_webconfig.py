@@ -381,3 +381,81 @@ def test_client_certificates_and_the_minimum_tls_version_are_enforced(
         old_tls.maximum_version = ssl.TLSVersion.TLSv1_2
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
             https_get(https, old_tls)
+
+
+def served_certificate(port: int) -> bytes:
+    """The DER certificate a new connection to ``port`` is served."""
+    import socket
+
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        insecure.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def _rotate(directory: Path, stem: str, subject: str) -> bytes:
+    """A new key and certificate written over ``stem``.crt/.key as a rotation does (each
+    renamed into place); the certificate's DER."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    staged = directory / "staged"
+    staged.mkdir(exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert, key_path = _write_key_and_cert(staged, stem, key, _certificate(subject, key))
+    key_path.replace(directory / f"{stem}.key")
+    cert.replace(directory / f"{stem}.crt")
+    return ssl.PEM_cert_to_DER_cert((directory / f"{stem}.crt").read_text())
+
+
+def test_a_rotated_certificate_and_a_new_client_policy_serve_new_connections_without_restart(
+    flight_dir: Path, tmp_path: Path
+) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    first = _rotate(tmp_path, "server", "first")
+    cfg = tmp_path / "web.yml"
+    tls = "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+    cfg.write_text(tls)
+    log = tmp_path / "serve.log"
+    with serve(flight_dir, f"--web.config.file={cfg}", "--no-collector.cards", log=log) as url:
+        port = int(url.rsplit(":", 1)[1])
+        assert served_certificate(port) == first
+        second = _rotate(tmp_path, "server", "second")
+        assert served_certificate(port) == second
+        # A key that does not match its certificate keeps the last good pair.
+        other = ec.generate_private_key(ec.SECP256R1())
+        _write_key_and_cert(tmp_path / "staged", "other", other, _certificate("x", other))
+        (tmp_path / "staged/other.key").replace(tmp_path / "server.key")
+        assert served_certificate(port) == second
+        assert "cannot serve, new connections keep the last good one" in log.read_text()
+        third = _rotate(tmp_path, "server", "third")
+        assert served_certificate(port) == third
+        # Client certificates required from now on.
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        _write_key_and_cert(tmp_path, "ca", ca_key, _certificate("test CA", ca_key, ca=True))
+        client_key = ec.generate_private_key(ec.SECP256R1())
+        client_cert, client_key_path = _write_key_and_cert(
+            tmp_path, "client", client_key, _certificate("scraper", client_key, ("test CA", ca_key))
+        )
+        cfg.write_text(
+            tls + "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
+        )
+        https = url.replace("http://", "https://") + "/healthz"
+        without_cert = ssl.create_default_context(cafile=str(tmp_path / "server.crt"))
+        without_cert.check_hostname = False
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            https_get(https, without_cert)
+        with_cert = ssl.create_default_context(cafile=str(tmp_path / "server.crt"))
+        with_cert.check_hostname = False
+        with_cert.load_cert_chain(str(client_cert), str(client_key_path))
+        assert https_get(https, with_cert)[0] == 200
+        # TLS turned off in the file: still served over TLS, the restart it needs logged.
+        cfg.write_text("")
+        assert https_get(https, with_cert)[0] == 200
+        assert "turns TLS off: that takes effect at restart" in log.read_text()

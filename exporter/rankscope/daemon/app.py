@@ -138,7 +138,9 @@ def _exposition(registry: CollectorRegistry, request: Request) -> Response:
     body = encoder(registry)
     headers = {"Vary": "Accept, Accept-Encoding"}
     if gzip_accepted(request.headers.get("accept-encoding", "")):
-        body = gzip.compress(body, compresslevel=6)
+        # Level 1: a tenth of level 6's time (285 KB: 0.6 ms against 2-7 ms on the dev VM)
+        # for a body a fifth larger (20 KB against 16 KB); Prometheus takes any level.
+        body = gzip.compress(body, compresslevel=1)
         headers["Content-Encoding"] = "gzip"
     return Response(body, media_type=content_type, headers=headers)
 

@@ -11,7 +11,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,14 +53,15 @@ def build(config: DaemonConfig) -> Daemon:
         ooms=sources.oom_book,
         collecting=timed.running_for,
     )
-    tls = None
+    daemon = Daemon(app, config.web.host, config.web.port, timed, sources)
     if config.web.config_file is not None:  # the web config, and with it ssl, only when given
         from rankscope.daemon.webauth import with_web_config
 
-        app, web = with_web_config(app, config.web.config_file)
-        tls = web.tls
-    otlp = _otlp(config, timed, state.latest_boot)
-    return Daemon(app, config.web.host, config.web.port, timed, sources, tls, otlp)
+        web, first = with_web_config(app, config.web.config_file)
+        daemon.app, daemon.tls = web, first.tls
+        daemon.tls_settings = lambda: web.current().config.tls
+    daemon.otlp = _otlp(config, timed, state.latest_boot)
+    return daemon
 
 
 def _otlp(config: DaemonConfig, timed: TimedCollectors, latest_boot: Any) -> Poller | None:
@@ -79,30 +80,23 @@ class Daemon:
     port: int
     collectors: TimedCollectors
     sources: Sources
-    tls: TLSConfig | None = None
+    tls: TLSConfig | None = None  # as the web config was at start
+    tls_settings: Callable[[], TLSConfig | None] | None = None  # as it is now
     otlp: Poller | None = None
 
     def tls_context(self) -> ssl.SSLContext | None:
-        """The web config's TLS context (None without); TLSError naming unusable files."""
+        """The web config's TLS context (None without), read again for each connection;
+        TLSError naming unusable files."""
         if self.tls is None:
             return None
         import ssl
 
+        from rankscope.daemon.webconfig_tls import LiveContext
+
         try:
-            context = self.tls.context()
+            return LiveContext(self.tls_settings or (lambda: self.tls), self.tls)
         except ssl.SSLError as exc:
-            raise TLSError(
-                f"TLS: cannot use certificate {self.tls.cert_file} with key "
-                f"{self.tls.key_file}: {exc.reason or exc}"
-            ) from None
-        expired = self.tls.expired(time.time())
-        if expired:
-            log.warning(
-                "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
-                self.tls.cert_file,
-                expired,
-            )
-        return context
+            raise TLSError(f"TLS: cannot use {self.tls.describe()}: {exc.reason or exc}") from None
 
     def bind(self) -> socket.socket:
         """The listening socket: a taken port is an OSError here, before the log line."""

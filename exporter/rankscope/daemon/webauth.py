@@ -1,7 +1,8 @@
 """The web config at run time (--web.config.file, docs/daemon.md): basic auth with bcrypt
 and the configured response headers, as an ASGI layer over the app. The file is read again
 when it changes: users added turn auth on, a file that cannot be used keeps the last good
-config (the error logged), and once auth has been on no route is served without it.
+config (the error logged), and once auth has been on no route is served without it. Its
+TLS settings are read from here too, for each new connection (webconfig_tls.LiveContext).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import anyio
 
 from rankscope.daemon.guard import plain
 from rankscope.daemon.webconfig import WebConfig, WebConfigError, load_web_config
+from rankscope.daemon.webconfig_tls import stamp
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -121,16 +123,6 @@ class Served:
         return cls(config, BasicAuth(config.users), headers)
 
 
-def _mtime(path: Path) -> tuple[int, int, int] | None:
-    # With the size and inode: a rewrite within one tick of a coarse file-system clock, or a
-    # file renamed over it, still shows.
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
-
-
 class WebAuth:
     """Basic auth on every path and the configured headers on every answer, refusals
     included, from the web config at ``path``, read again when it changes."""
@@ -139,13 +131,13 @@ class WebAuth:
         self.app = app
         self.path = path
         self._served = Served.of(config)
-        self._mtime = _mtime(path)
+        self._mtime = stamp(path)
         self._lock = threading.Lock()
         self._limiter = anyio.CapacityLimiter(BCRYPT_THREADS)
 
     def current(self) -> Served:
         """The config in force: the file's if it changed and can be used, else the last."""
-        mtime = _mtime(self.path)
+        mtime = stamp(self.path)
         with self._lock:
             if mtime == self._mtime:
                 return self._served
@@ -194,8 +186,9 @@ def _reloaded(path: Path, last: Served) -> Served:
             path,
         )
         return last
-    if served.config.tls != last.config.tls:
-        log.warning("web config %s changed its TLS settings: they take effect at restart", path)
+    if (served.config.tls is None) != (last.config.tls is None):
+        turned = "off" if served.config.tls is None else "on"
+        log.warning("web config %s turns TLS %s: that takes effect at restart", path, turned)
     log.info(
         "web config %s changed: %d user(s), %d header(s)",
         path,
@@ -206,7 +199,7 @@ def _reloaded(path: Path, last: Served) -> Served:
 
 
 def with_web_config(app: Any, path: Path) -> tuple[WebAuth, WebConfig]:
-    """``app`` behind the web config at ``path``, and that config (its TLS settings are read
-    once, at start); WebConfigError for a file that cannot be used."""
+    """``app`` behind the web config at ``path``, and that config; WebConfigError for a file
+    that cannot be used."""
     config = load_web_config(path)
     return WebAuth(app, path, config), config

@@ -7,16 +7,21 @@ what Go does, the config is refused with the reason, never served with less prot
 from __future__ import annotations
 
 import contextlib
+import logging
 import ssl
 import tempfile
+import threading
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from rankscope.daemon.webconfig_yaml import Reader
+
+log = logging.getLogger("rankscope.daemon")
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -180,6 +185,80 @@ class TLSConfig:
             raise ssl.SSLError(
                 f"{where} holds no usable CA certificate: {exc.reason or exc}"
             ) from exc
+
+
+def stamp(path: Path) -> tuple[int, int, int] | None:
+    """When a file last changed, with its size and inode, so a rewrite within one tick of a
+    coarse clock or a file renamed over it (a Kubernetes secret's update) still shows."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def warn_if_expired(tls: TLSConfig) -> None:
+    expired = tls.expired(time.time())
+    if expired:
+        log.warning(
+            "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
+            tls.cert_file or "(inline)",
+            expired,
+        )
+
+
+class LiveContext(ssl.SSLContext):
+    """The server's TLS context, read again for each new connection as exporter-toolkit's
+    is (GetConfigForClient): each connection is wrapped by a context made from the TLS
+    settings now in force (``settings()``: the web config as last read; None, TLS turned
+    off, keeps the last, as that needs a restart) and the files they name, made anew when
+    either changed. Settings or files that cannot serve keep the last good context."""
+
+    def __new__(cls, *_args: object) -> LiveContext:
+        return super().__new__(cls, ssl.PROTOCOL_TLS_SERVER)
+
+    def __init__(self, settings: Callable[[], TLSConfig | None], first: TLSConfig) -> None:
+        """ssl.SSLError for a first config that cannot serve."""
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._made = (first, _stamps(first), first.context())
+        warn_if_expired(first)
+
+    def current(self) -> ssl.SSLContext:
+        tls = self._settings() or self._made[0]
+        stamps = _stamps(tls)
+        with self._lock:
+            made_tls, made_stamps, context = self._made
+            if tls == made_tls and stamps == made_stamps:
+                return context
+            try:
+                context = tls.context()
+            except (ssl.SSLError, OSError) as exc:
+                log.error(
+                    "TLS: %s changed but cannot serve, new connections keep the last good one: %s",
+                    tls.describe(),
+                    getattr(exc, "reason", None) or exc,
+                )
+            else:
+                log.info("TLS: %s changed, new connections use it", tls.describe())
+                warn_if_expired(tls)
+            self._made = (tls, stamps, context)  # on failure, tried again at the next change
+            return context
+
+    def wrap_bio(
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        # asyncio wraps each accepted connection here, before its handshake starts.
+        return self.current().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+
+
+def _stamps(tls: TLSConfig) -> tuple[tuple[int, int, int] | None, ...]:
+    return tuple(stamp(path) for path in tls.files.values())
 
 
 @contextlib.contextmanager
