@@ -278,23 +278,13 @@ CATALOG: tuple[Metric, ...] = (
             "rankscope_nccl_collectives_total",
             "Collectives a rank launched on the communicator, per op, as NCCL counts them (JSON "
             "report only; no Send/Recv; a one-rank communicator counts none).",
-            (
-                "endpoint",
-                "comm",
-                "comm_secondary",
-                "boot",
-                "nccl_rank",
-                "rank",
-                "host",
-                "pid",
-                "op",
-            ),
+            (*NCCL_RANK_LABELS, "op"),
         ),
         (
             "rankscope_nccl_count_mismatch",
             "1 where the ranks of a communicator disagreed on an op's count with the lowest count "
             "unchanged over the persistence polls (or NCCL's text report flagged it).",
-            ("endpoint", "comm", "comm_secondary", "boot", "op"),
+            (*NCCL_COMM_LABELS, "op"),
         ),
         (
             "rankscope_nccl_status_mismatch",
@@ -305,17 +295,7 @@ CATALOG: tuple[Metric, ...] = (
         (
             "rankscope_nccl_rank_missing",
             "1 for a rank RAS could not reach, by state (unresponsive, dead).",
-            (
-                "endpoint",
-                "comm",
-                "comm_secondary",
-                "boot",
-                "nccl_rank",
-                "rank",
-                "host",
-                "pid",
-                "state",
-            ),
+            (*NCCL_RANK_LABELS, "state"),
         ),
         (
             "rankscope_nccl_dead_processes",

@@ -295,6 +295,17 @@ def rendered_groups(chart: helm.Chart, values: dict[str, Any]) -> list[dict[str,
     return list(rule["spec"]["groups"])
 
 
+def assert_promtool_accepts(groups: list[dict[str, Any]], rule_file: Path) -> None:
+    rule_file.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    done = subprocess.run(
+        [binary("promtool"), "check", "rules", str(rule_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_prometheusrule_equals_the_mixin_and_alerts_dir(chart: helm.Chart, tmp_path: Path) -> None:
     groups = rendered_groups(chart, {})
     assert groups == mixin_rules.build()["groups"]
@@ -306,15 +317,7 @@ def test_prometheusrule_equals_the_mixin_and_alerts_dir(chart: helm.Chart, tmp_p
     ]
     assert any("{{ $labels.gpu }}" in d for d in descriptions)
     # ...and Prometheus accepts the rendered rules.
-    rule_file = tmp_path / "rendered.rules.yml"
-    rule_file.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
-    done = subprocess.run(
-        [binary("promtool"), "check", "rules", str(rule_file)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_promtool_accepts(groups, tmp_path / "rendered.rules.yml")
 
 
 def test_prometheusrule_thresholds_are_values(chart: helm.Chart, tmp_path: Path) -> None:
@@ -329,15 +332,7 @@ def test_prometheusrule_thresholds_are_values(chart: helm.Chart, tmp_path: Path)
     groups = rendered_groups(chart, {"prometheusRule": {"config": overrides}})
     assert groups == mixin_rules.build(overrides)["groups"]
     assert groups != mixin_rules.build()["groups"]
-    rule_file = tmp_path / "overridden.rules.yml"
-    rule_file.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
-    done = subprocess.run(
-        [binary("promtool"), "check", "rules", str(rule_file)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_promtool_accepts(groups, tmp_path / "overridden.rules.yml")
 
 
 def test_rule_values_default_to_the_mixin_config(chart: helm.Chart) -> None:

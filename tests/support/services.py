@@ -17,14 +17,7 @@ from typing import Any
 import pytest
 
 from rankscope.demo import services
-from rankscope.demo.services import (
-    Alertmanager,
-    free_port,
-    http_json,
-    start,
-    stop,
-    wait_ready,
-)
+from rankscope.demo.services import free_port, start, stop, wait_ready
 
 __all__ = [
     "Alertmanager",
@@ -57,19 +50,22 @@ def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | N
     wait_ready(url, proc, None, timeout)
 
 
-class Prometheus(services.Prometheus):
+class Prometheus(services.Service):
     """The demo's Prometheus handle, with the reads only the tests make."""
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(self.get("/api/v1/alerts")["data"]["alerts"])
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query's result vector; AssertionError when Prometheus refuses it."""
         q = urllib.parse.urlencode({"query": expr})
-        body = http_json(f"{self.url}/api/v1/query?{q}")
+        body = self.get(f"/api/v1/query?{q}")
         if body.get("status") != "success":
             raise AssertionError(f"query {expr!r} failed: {body}")
         return list(body["data"]["result"])
 
     def targets_up(self) -> bool:
-        active = http_json(self.url + "/api/v1/targets")["data"]["activeTargets"]
+        active = self.get("/api/v1/targets")["data"]["activeTargets"]
         return bool(active) and all(t["health"] == "up" for t in active)
 
 
@@ -79,8 +75,14 @@ def prometheus(workdir: Path, **options: Any) -> Iterator[Prometheus]:
         yield Prometheus(prom.url, prom.proc, prom.log)
 
 
+class Alertmanager(services.Service):
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(self.get("/api/v2/alerts"))
+
+
 @contextlib.contextmanager
 def alertmanager(workdir: Path, config_text: str) -> Iterator[Alertmanager]:
     am_binary = binary("prometheus-alertmanager", "alertmanager")
     with services.alertmanager(am_binary, workdir, config_text) as am:
-        yield am
+        yield Alertmanager(am.url, am.proc, am.log)
+

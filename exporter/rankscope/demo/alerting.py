@@ -37,17 +37,6 @@ def rules_text() -> str:
     return render.rules_yaml(DEMO_RULES_CONFIG)
 
 
-def check_expected(text: str, expected: set[str]) -> None:
-    """ValueError unless the rule file ``text`` defines every alert ``expected``."""
-    groups = yaml.safe_load(text).get("groups", [])
-    missing = expected - {rule.get("alert") for group in groups for rule in group.get("rules", [])}
-    if missing:
-        raise ValueError(
-            f"the generated rules define no alert named {', '.join(sorted(missing))}; "
-            "the demo's scenarios and rankscope.mixin.rules disagree"
-        )
-
-
 def example_routing() -> tuple[str, str]:
     """(text, where from) of the shipped Alertmanager example, packaged with rankscope.mixin."""
     example = importlib.resources.files("rankscope.mixin").joinpath(render.EXAMPLE_ROUTING)

@@ -17,7 +17,7 @@ from typing import Any
 
 from rankscope.demo import alerting
 from rankscope.demo.cards import FOREIGN_BYTES, TROUGH_BELOW_FLOOR, SimulatedCards, rank_bytes
-from rankscope.demo.services import DaemonProcess, Page, WebhookReceiver, free_port, start, stop
+from rankscope.demo.services import Page, Service, WebhookReceiver, free_port, start, stop
 from rankscope.demo.view import View, card_lines, gib
 from rankscope.demo.workload import COLLECTIVE_FAILED
 from rankscope.record import Census, Mark
@@ -86,50 +86,35 @@ class Options:
 
 
 @dataclass
+class Result:
+    """What one scenario produced; without Alertmanager, judged by what the API ``shown``."""
+
+    scenario: Scenario
+    pages: list[Page] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    shown: set[str] = field(default_factory=set)
+    checked: bool = True
+
+    @property
+    def ok(self) -> bool:
+        got = {p.alertname for p in self.pages} if self.checked else self.shown
+        return got == set(self.scenario.expected) and not self.notes
+
+
+@dataclass
 class Stack:
     """What every scenario shares; no receiver without Alertmanager, no cards on a GPU."""
 
     workdir: Path
     flight_dir: Path
-    daemon: DaemonProcess
+    daemon: Service
     receiver: WebhookReceiver | None
     cards: SimulatedCards | None
     view: View
     options: Options
     counted: set[tuple[str, str]] = field(default_factory=set)  # (fingerprint, startsAt)
     boots: dict[str, str] = field(default_factory=dict)  # boot id -> scenario name
-    pages: dict[str, list[Page]] = field(default_factory=dict)  # scenario name -> its pages
-    notes: dict[str, list[str]] = field(default_factory=dict)
-    shown: dict[str, set[str]] = field(default_factory=dict)
-
-    def result(self, scenario: Scenario) -> Result:
-        return Result(
-            scenario,
-            self.pages.get(scenario.name, []),
-            self.notes.get(scenario.name, []),
-            self.shown.get(scenario.name, set()),
-            checked=self.receiver is not None,
-        )
-
-
-@dataclass
-class Result:
-    """What one scenario produced; without Alertmanager, judged by what the API ``shown``."""
-
-    scenario: Scenario
-    pages: list[Page]
-    notes: list[str]
-    shown: set[str] = field(default_factory=set)
-    checked: bool = True
-
-    @property
-    def paged(self) -> set[str]:
-        return {p.alertname for p in self.pages}
-
-    @property
-    def ok(self) -> bool:
-        got = self.paged if self.checked else self.shown
-        return got == set(self.scenario.expected) and not self.notes
+    results: dict[str, Result] = field(default_factory=dict)  # by scenario name
 
 
 class ScenarioRun:
@@ -146,9 +131,9 @@ class ScenarioRun:
         self.booted: set[int] = set()
         self.rounds: dict[int, int] = {}
         self.helpers: list[subprocess.Popen[bytes]] = []
-        self.pages = stack.pages.setdefault(scenario.name, [])
-        self.notes = stack.notes.setdefault(scenario.name, [])
-        self.shown = stack.shown.setdefault(scenario.name, set())
+        result = Result(scenario, checked=stack.receiver is not None)
+        stack.results[scenario.name] = result
+        self.pages, self.notes, self.shown = result.pages, result.notes, result.shown
         self.foreign_since: dict[int, float] = {}  # pid -> first seen
         self.breaches_before: dict[str, int] | None = None  # the daemon's counters at start
         self.breached: set[str] = set()  # cards whose breach counter rose in this scenario
@@ -303,7 +288,7 @@ class ScenarioRun:
             owner = self.stack.boots.get(page.labels.get("boot", ""), self.scenario.name)
             if fresh:
                 self.stack.counted.add(key)
-                self.stack.pages.setdefault(owner, []).append(page)
+                self.stack.results[owner].pages.append(page)
             if fresh or page.status == "resolved":
                 self.view.page(page, owner)
 

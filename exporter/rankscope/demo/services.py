@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
@@ -52,11 +52,6 @@ def port_free(port: int) -> bool:
 
 def find_binary(names: Sequence[str]) -> str | None:
     return next(filter(None, map(shutil.which, names)), None)
-
-
-def http_json(url: str, timeout: float = 3.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read())
 
 
 def _die_with_parent() -> None:
@@ -119,57 +114,48 @@ def tail(path: Path, lines: int = 15) -> str:
 
 @dataclass
 class Service:
+    """A peer answering HTTP on loopback; ``get`` reads its JSON API."""
+
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
 
-
-S = TypeVar("S", bound=Service)
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=3.0) as resp:
+            return json.loads(resp.read())
 
 
 @contextlib.contextmanager
-def served(kind: type[S], argv: list[str], log: Path, port: int, ready_path: str) -> Iterator[S]:
+def served(argv: list[str], log: Path, port: int, ready_path: str) -> Iterator[Service]:
     """A service ready once ``ready_path`` on ``port`` answers, stopped on the way out."""
     proc = start(argv, log)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url + ready_path, proc, log)
-        yield kind(url=url, proc=proc, log=log)
+        yield Service(url=url, proc=proc, log=log)
     finally:
         stop(proc, grace=10)
 
 
-class DaemonProcess(Service):
-    def get(self, path: str) -> Any:
-        return http_json(self.url + path)
-
-
 def daemon(
     workdir: Path, flight_dir: Path, port: int, extra_args: Sequence[str] = ()
-) -> contextlib.AbstractContextManager[DaemonProcess]:
+) -> contextlib.AbstractContextManager[Service]:
     """`rankscope serve` over the demo's flight directory, the command a user runs."""
     argv = [sys.executable, "-m", "rankscope", "serve", f"--web.listen-address=127.0.0.1:{port}"]
     argv += [f"--flight-dir={flight_dir}", *extra_args]
-    return served(DaemonProcess, argv, workdir / "daemon.log", port, "/api/v1/cards")
+    return served(argv, workdir / "daemon.log", port, "/api/v1/cards")
 
 
-@contextlib.contextmanager
 def _configured(
-    kind: type[S], name: str, binary: str, workdir: Path, config: str, *flags: str
-) -> Iterator[S]:
+    name: str, binary: str, workdir: Path, config: str, *flags: str
+) -> contextlib.AbstractContextManager[Service]:
     """``binary`` with its config file and log in ``workdir``, on a free loopback port."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     cfg = workdir / f"{name}.yml"
     cfg.write_text(config)
     argv = [binary, f"--config.file={cfg}", f"--web.listen-address=127.0.0.1:{port}", *flags]
-    with served(kind, argv, workdir / f"{name}.log", port, "/-/ready") as running:
-        yield running
-
-
-class Prometheus(Service):
-    def alerts(self) -> list[dict[str, Any]]:
-        return list(http_json(self.url + "/api/v1/alerts")["data"]["alerts"])
+    return served(argv, workdir / f"{name}.log", port, "/-/ready")
 
 
 def prometheus(
@@ -181,7 +167,7 @@ def prometheus(
     alertmanager_url: str | None = None,
     scrape_interval: str = "1s",
     extra_scrape_configs: Sequence[dict[str, Any]] = (),
-) -> contextlib.AbstractContextManager[Prometheus]:
+) -> contextlib.AbstractContextManager[Service]:
     config: dict[str, Any] = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": "1s"},
         "rule_files": [str(p) for p in rule_files],
@@ -195,21 +181,17 @@ def prometheus(
         am_host = urllib.parse.urlparse(alertmanager_url).netloc
         config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [am_host]}]}]}
     text = yaml.safe_dump(config, sort_keys=False)
-    storage = f"--storage.tsdb.path={workdir / 'data'}"
-    return _configured(Prometheus, "prometheus", binary, workdir, text, storage)
-
-
-class Alertmanager(Service):
-    def alerts(self) -> list[dict[str, Any]]:
-        return list(http_json(self.url + "/api/v2/alerts"))
+    return _configured(
+        "prometheus", binary, workdir, text, f"--storage.tsdb.path={workdir / 'data'}"
+    )
 
 
 def alertmanager(
     binary: str, workdir: Path, config_text: str
-) -> contextlib.AbstractContextManager[Alertmanager]:
+) -> contextlib.AbstractContextManager[Service]:
     storage = f"--storage.path={workdir / 'am-data'}"
     cluster = f"--cluster.listen-address=127.0.0.1:{free_port()}"
-    return _configured(Alertmanager, "alertmanager", binary, workdir, config_text, storage, cluster)
+    return _configured("alertmanager", binary, workdir, config_text, storage, cluster)
 
 
 @dataclass
@@ -226,24 +208,22 @@ class Page:
 
     @classmethod
     def from_notification(cls, body: dict[str, Any]) -> list[Page]:
-        return [cls.from_alert(body, alert) for alert in body.get("alerts", [])]
-
-    @classmethod
-    def from_alert(cls, body: dict[str, Any], alert: dict[str, Any]) -> Page:
-        labels = _strings(alert.get("labels"))
-        return cls(
-            receiver=str(body.get("receiver", "")),
-            status=str(alert.get("status", body.get("status", ""))),
-            alertname=labels.get("alertname", "?"),
-            labels=labels,
-            annotations=_strings(alert.get("annotations")),
-            starts_at=str(alert.get("startsAt", "")),
-            fingerprint=str(alert.get("fingerprint", "")),
-        )
-
-
-def _strings(mapping: dict[Any, Any] | None) -> dict[str, str]:
-    return {str(k): str(v) for k, v in (mapping or {}).items()}
+        pages = []
+        for alert in body.get("alerts", []):
+            labels = {str(k): str(v) for k, v in (alert.get("labels") or {}).items()}
+            annotations = {str(k): str(v) for k, v in (alert.get("annotations") or {}).items()}
+            pages.append(
+                cls(
+                    receiver=str(body.get("receiver", "")),
+                    status=str(alert.get("status", body.get("status", ""))),
+                    alertname=labels.get("alertname", "?"),
+                    labels=labels,
+                    annotations=annotations,
+                    starts_at=str(alert.get("startsAt", "")),
+                    fingerprint=str(alert.get("fingerprint", "")),
+                )
+            )
+        return pages
 
 
 @dataclass

@@ -19,4 +19,4 @@ def write(root: Path, *, check: bool) -> list[Path]:
 
 
 if __name__ == "__main__":
-    sys.exit(render.cli("python3 -m rankscope.mixin", __doc__, write, None))
+    sys.exit(render.cli("python3 -m rankscope.mixin", __doc__, write))

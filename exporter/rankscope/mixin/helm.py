@@ -131,9 +131,8 @@ def check_reference_styles(text: str) -> None:
             raise ValueError(f"values reference in a {event.style!r} scalar: {event.value!r}")
 
 
-def prometheusrule_template(defaults: Mapping[str, Any] | None = None) -> str:
+def prometheusrule_template(defaults: Mapping[str, Any] = config.DEFAULTS) -> str:
     """The chart's PrometheusRule template: the mixin's rules with values references."""
-    defaults = config.DEFAULTS if defaults is None else defaults
     references = {key: _SENTINEL.format(key) for key in defaults}
     document = rules.build(references)
     # No line folding: a folded line could split a Prometheus template in two.
@@ -270,9 +269,5 @@ def write(root: Path, *, check: bool = False) -> list[Path]:
     return changed
 
 
-def main(argv: list[str] | None = None) -> int:
-    return render.cli("python3 -m rankscope.mixin.helm", __doc__, write, argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(render.cli("python3 -m rankscope.mixin.helm", __doc__, write))

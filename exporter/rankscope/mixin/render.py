@@ -62,11 +62,6 @@ def outputs() -> dict[Path, str]:
     return files
 
 
-def source_root() -> Path:
-    """The source tree this package is installed from (editable install)."""
-    return Path(__file__).resolve().parents[3]
-
-
 def write(root: Path, *, check: bool = False) -> list[Path]:
     return write_files(root, outputs(), check=check)
 
@@ -90,15 +85,14 @@ def write_files(root: Path, files: Mapping[Path, str], *, check: bool) -> list[P
     return changed
 
 
-def cli(
-    prog: str, description: str | None, write: Callable[..., list[Path]], argv: list[str] | None
-) -> int:
+def cli(prog: str, description: str | None, write: Callable[..., list[Path]]) -> int:
     """``prog [--check] [ROOT]``: write (or, with --check, only report) the files that differ;
     the exit status is 1 when --check finds any, 2 when a file cannot be made."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("root", nargs="?", type=Path, default=source_root())
+    # By default the source tree this package is installed from (an editable install).
+    parser.add_argument("root", nargs="?", type=Path, default=Path(__file__).resolve().parents[3])
     parser.add_argument("--check", action="store_true", help="only report stale files")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     try:
         changed = write(args.root, check=args.check)
     except (OSError, ValueError) as exc:

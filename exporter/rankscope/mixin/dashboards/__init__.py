@@ -32,6 +32,14 @@ def _targets(queries: list[Query], *, instant: bool) -> list[dict]:
     ]
 
 
+def _panel(
+    kind: str, title: str, description: str, targets: list[dict], width: int, **fields: Any
+) -> dict:
+    """A panel's common head, then its own ``fields``; ``_layout`` places it by ``_width``."""
+    head = {"type": kind, "title": title, "description": description, "datasource": DATASOURCE}
+    return {**head, "targets": targets, **fields, "_width": width}
+
+
 def timeseries(
     title: str,
     description: str,
@@ -44,19 +52,18 @@ def timeseries(
     custom: dict[str, Any] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10}
     if stack:
         custom.update({"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60})
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": _targets(queries, instant=False),
-        "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
-        "options": {
+    return _panel(
+        "timeseries",
+        title,
+        description,
+        _targets(queries, instant=False),
+        width,
+        fieldConfig={"defaults": {"unit": unit, "custom": custom}, "overrides": []},
+        options={
             "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["min", "last"]},
             "tooltip": {"mode": "multi", "sort": "none"},
         },
-        "_width": width,
-    }
+    )
 
 
 def table(
@@ -69,20 +76,19 @@ def table(
     overrides: list[dict] | None = None,
 ) -> dict:
     """One table from several instant queries (no legends), one row per series."""
-    return {
-        "type": "table",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": _targets([(expr, "") for expr in exprs], instant=True),
-        "fieldConfig": {"defaults": {"unit": unit}, "overrides": overrides or []},
-        "options": {"showHeader": True, "cellHeight": "sm"},
-        "transformations": [
+    return _panel(
+        "table",
+        title,
+        description,
+        _targets([(expr, "") for expr in exprs], instant=True),
+        width,
+        fieldConfig={"defaults": {"unit": unit}, "overrides": overrides or []},
+        options={"showHeader": True, "cellHeight": "sm"},
+        transformations=[
             {"id": "merge", "options": {}},
             {"id": "organize", "options": {"excludeByName": {"Time": True, "job": True}}},
         ],
-        "_width": width,
-    }
+    )
 
 
 def rate(metric: str, selector: str) -> str:
