@@ -28,8 +28,12 @@ FOREIGN_IN_RED = [
 _PROCESS = "instance, gpu, uuid, pid, comm, role, boot, rank"
 
 
-def _corridor(card: str) -> list[dict]:
-    return [
+def build(c: Mapping[str, Any]) -> dict:
+    s = c["selector"]
+    card = f'{s}, instance=~"$instance", gpu=~"$gpu"'
+    host = f'{s}, instance=~"$instance"'
+    panels = [
+        # The corridor: free memory at its worst instant against the floor.
         timeseries(
             "Free memory, window minimum and floor",
             "Latest free memory, its minimum over the sampler's trailing window (the worst "
@@ -59,11 +63,7 @@ def _corridor(card: str) -> list[dict]:
                 (increase("rankscope_corridor_breaches_total", card), f"{CARD} crossings"),
             ],
         ),
-    ]
-
-
-def _holdings(card: str) -> list[dict]:
-    return [
+        # Who holds the memory.
         timeseries(
             "Card identity",
             "Total = rank-resident + foreign + free + unattributed. Unattributed is signed "
@@ -95,11 +95,7 @@ def _holdings(card: str) -> list[dict]:
             ],
             unit="bytes",
         ),
-    ]
-
-
-def _oom(card: str) -> list[dict]:
-    return [
+        # Out-of-memory instants.
         timeseries(
             "Out-of-memory instants",
             "OOMs per interval: a rank's allocator failed (boot, rank, pid), or the sampler "
@@ -115,13 +111,13 @@ def _oom(card: str) -> list[dict]:
             unit="bytes",
             overrides=FOREIGN_IN_RED,
         ),
+        table(
+            "Cards",
+            "Card identity: model, and whether the device source is NVML or simulated.",
+            [f"rankscope_gpu_info{{{card}}}", f"rankscope_gpu_total_bytes{{{card}}}"],
+            width=24,
+        ),
     ]
-
-
-def build(c: Mapping[str, Any]) -> dict:
-    s = c["selector"]
-    card = f'{s}, instance=~"$instance", gpu=~"$gpu"'
-    host = f'{s}, instance=~"$instance"'
     return dashboard(
         "rankscope-cards",
         "rankscope / Cards",
@@ -132,15 +128,5 @@ def build(c: Mapping[str, Any]) -> dict:
             variable("gpu", "Card", f"rankscope_gpu_total_bytes{{{host}}}"),
             variable("boot", "Boot", f'rankscope_gpu_process_bytes{{{host}, role="rank"}}'),
         ],
-        [
-            *_corridor(card),
-            *_holdings(card),
-            *_oom(card),
-            table(
-                "Cards",
-                "Card identity: model, and whether the device source is NVML or simulated.",
-                [f"rankscope_gpu_info{{{card}}}", f"rankscope_gpu_total_bytes{{{card}}}"],
-                width=24,
-            ),
-        ],
+        panels,
     )

@@ -9,42 +9,16 @@ from typing import Any
 from rankscope.mixin.dashboards import dashboard, rate, table, timeseries, variable
 
 
-def _groups(s: str, op: str, lookback: str) -> list[dict]:
-    """The comparison across hosts, per group instance."""
+def build(c: Mapping[str, Any]) -> dict:
+    s = c["selector"]
+    host = f'{s}, instance=~"$instance"'
+    rank = f'{host}, boot=~"$boot"'
+    op = f'{rank}, group=~"$group"'
     derived = 'boot=~"$boot", group=~"$group"'
-    return [
-        table(
-            "Group instances across hosts",
-            "Per group instance: the latest census round a host compared it at, how many "
-            "different count digests the hosts at that round publish (1: they agree), and "
-            "each rank that was behind the most advanced rank of its host within "
-            "RankscopeCensusSkew's lookback, by how many collectives of which op.",
-            [
-                f"rankscope:census_group_round{{{derived}}}",
-                f"rankscope:census_group_digests{{{derived}}}",
-                f"max_over_time(rankscope_census_rank_deficit{{{s}, {derived}}}[{lookback}])",
-            ],
-            width=24,
-        ),
-        table(
-            "Counts per rank",
-            "Each rank's collective counts at its latest snapshot round, per group "
-            "instance and op, for the chosen host(s); compare ranks at the same round.",
-            [f"rankscope_census_round_collectives{{{op}}}"],
-            width=24,
-        ),
-        timeseries(
-            "Hosts that disagree",
-            "Different count digests among the hosts at each group instance's latest "
-            "round: 1 while they agree, more while some count differs.",
-            [(f"rankscope:census_group_digests{{{derived}}}", "{{boot}} {{group}}")],
-        ),
-    ]
-
-
-def _states(rank: str) -> list[dict]:
-    """Each rank's state and how long its counts have stood still (the hang, named)."""
-    return [
+    lookback = c["censusSkewLookback"]
+    comm = "{{endpoint}} {{comm}} {{boot}}"
+    panels = [
+        # Each rank's state and how long its counts have stood still (the hang, named).
         table(
             "Rank states",
             "Each rank's census state (running; stalled: no collective counted for the stall "
@@ -75,12 +49,34 @@ def _states(rank: str) -> list[dict]:
             [(f"rankscope_census_since_progress_seconds{{{rank}}}", "{{boot}} rank {{rank}}")],
             unit="s",
         ),
-    ]
-
-
-def _ranks(rank: str, op: str) -> list[dict]:
-    """Each rank's own census: divergence, round, snapshot age and collective rate."""
-    return [
+        # The comparison across hosts, per group instance.
+        table(
+            "Group instances across hosts",
+            "Per group instance: the latest census round a host compared it at, how many "
+            "different count digests the hosts at that round publish (1: they agree), and "
+            "each rank that was behind the most advanced rank of its host within "
+            "RankscopeCensusSkew's lookback, by how many collectives of which op.",
+            [
+                f"rankscope:census_group_round{{{derived}}}",
+                f"rankscope:census_group_digests{{{derived}}}",
+                f"max_over_time(rankscope_census_rank_deficit{{{s}, {derived}}}[{lookback}])",
+            ],
+            width=24,
+        ),
+        table(
+            "Counts per rank",
+            "Each rank's collective counts at its latest snapshot round, per group "
+            "instance and op, for the chosen host(s); compare ranks at the same round.",
+            [f"rankscope_census_round_collectives{{{op}}}"],
+            width=24,
+        ),
+        timeseries(
+            "Hosts that disagree",
+            "Different count digests among the hosts at each group instance's latest "
+            "round: 1 while they agree, more while some count differs.",
+            [(f"rankscope:census_group_digests{{{derived}}}", "{{boot}} {{group}}")],
+        ),
+        # Each rank's own census: divergence, round, snapshot age and collective rate.
         timeseries(
             "In-process divergence",
             "1 where the ranks' own comparison (gloo) found a disagreement.",
@@ -109,15 +105,9 @@ def _ranks(rank: str, op: str) -> list[dict]:
             unit="ops",
             width=24,
         ),
-    ]
-
-
-def _nccl_ras(host: str) -> list[dict]:
-    """NCCL's own view through its RAS endpoints (the nccl-ras collector, off by default:
-    these panels stay empty without it). Not filtered by boot: a communicator whose ranks
-    match no flight record has no boot (docs/census.md, "NCCL RAS")."""
-    comm = "{{endpoint}} {{comm}} {{boot}}"
-    return [
+        # NCCL's own view through its RAS endpoints (the nccl-ras collector, off by default:
+        # these panels stay empty without it). Not filtered by boot: a communicator whose
+        # ranks match no flight record has no boot (docs/census.md, "NCCL RAS").
         table(
             "NCCL communicators (RAS)",
             "Every communicator a RAS endpoint reported: its size, the ranks that answered "
@@ -170,13 +160,6 @@ def _nccl_ras(host: str) -> list[dict]:
             ],
         ),
     ]
-
-
-def build(c: Mapping[str, Any]) -> dict:
-    s = c["selector"]
-    host = f'{s}, instance=~"$instance"'
-    rank = f'{host}, boot=~"$boot"'
-    op = f'{rank}, group=~"$group"'
     return dashboard(
         "rankscope-census",
         "rankscope / Census",
@@ -187,10 +170,5 @@ def build(c: Mapping[str, Any]) -> dict:
             variable("boot", "Boot", f"rankscope_census_rank_state{{{host}}}"),
             variable("group", "Group instance", 'rankscope:census_group_round{boot=~"$boot"}'),
         ],
-        [
-            *_states(rank),
-            *_groups(s, op, c["censusSkewLookback"]),
-            *_ranks(rank, op),
-            *_nccl_ras(host),
-        ],
+        panels,
     )
