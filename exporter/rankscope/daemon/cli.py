@@ -179,15 +179,15 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
 
 def _options(args: argparse.Namespace) -> dict[type[Any], Any]:
     """Each collector's Options from its flags (a repeated flag's list as a tuple)."""
-    out: dict[type[Any], Any] = {}
-    for module in collectors.COLLECTORS:
-        kind = getattr(module, "Options", None)
-        if kind is not None:
-            values = {f.name: getattr(args, f.name) for f in dataclasses.fields(kind)}
-            out[kind] = kind(
-                **{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-            )
-    return out
+    kinds = [m.Options for m in collectors.COLLECTORS if hasattr(m, "Options")]
+    return {
+        kind: kind(**{f.name: _frozen(getattr(args, f.name)) for f in dataclasses.fields(kind)})
+        for kind in kinds
+    }
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def build(args: argparse.Namespace) -> Daemon:

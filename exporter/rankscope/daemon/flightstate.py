@@ -10,10 +10,11 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import TypeVar
 
 from rankscope.daemon.dirwatch import DirWatch
 from rankscope.procfs import (
@@ -24,7 +25,7 @@ from rankscope.procfs import (
     read_proc_info,
     read_start_ticks,
 )
-from rankscope.record import Census, CensusDump, CensusLive, Divergence, Line, Mark, Oom
+from rankscope.record import Body, Census, CensusDump, CensusLive, Divergence, Line, Mark, Oom
 from rankscope.record.reader import (
     SKIP_REASONS,
     BootNotFoundError,
@@ -40,6 +41,7 @@ MAX_CENSUS_LINES_PER_PROCESS = 4096
 MAX_OOMS_PER_PROCESS = 64
 EXITED_GRACE_S = 300.0  # an exited process's series stay this long: a last scrape sees them
 READ_BUDGET_BYTES = 4 << 20
+B = TypeVar("B", bound=Body)
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -477,6 +479,15 @@ def _fold_live(folded: Line[CensusLive] | None, line: Line[CensusLive]) -> Line[
     for key, n in line.body.changed.items():
         counts[key] = max(n, counts.get(key, n))
     return Line(line.header, CensusLive(counts, line.body.blocked_in))
+
+
+def newest(
+    streams: Iterable[StreamState], line: Callable[[StreamState], Line[B] | None]
+) -> list[tuple[StreamState, Line[B]]]:
+    """Each stream's ``line`` where it has one, oldest first: keyed by labels, the newest
+    wins (a rank that restarted within one boot shows its newest process)."""
+    found = [(st, got) for st in streams if (got := line(st)) is not None]
+    return sorted(found, key=lambda pair: pair[1].header.wall)
 
 
 def _copy(st: StreamState) -> StreamState:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from rankscope.daemon.nccl_ras_report import (
     parse_report,
     status_differs,
 )
+from rankscope.daemon.sampler import Periodic
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -214,28 +214,18 @@ class RasPoller:
 
     def __init__(self, endpoints: list[Endpoint], interval: float) -> None:
         self.endpoints = endpoints
-        self.interval = interval
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        # A poll in progress ends at its own deadline at worst: stop waits for it briefly.
+        self._runs = [
+            Periodic("rankscope-nccl-ras", interval, e.poll_once, stop_wait=1.0) for e in endpoints
+        ]
 
     def start(self) -> None:
-        for endpoint in self.endpoints:
-            thread = threading.Thread(
-                target=self._run, args=(endpoint,), name="rankscope-nccl-ras", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
-
-    def _run(self, endpoint: Endpoint) -> None:
-        while not self._stop.is_set():
-            endpoint.poll_once()
-            self._stop.wait(self.interval)
+        for run in self._runs:
+            run.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            # A poll in progress ends at its own deadline at worst; the thread is a daemon.
-            thread.join(timeout=1.0)
+        for run in self._runs:
+            run.stop()
 
     def views(self) -> list[EndpointView]:
         return [e.view() for e in self.endpoints]

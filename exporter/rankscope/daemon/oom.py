@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from rankscope.daemon.flightstate import FlightState, RankProcess, host_pids
+from rankscope.daemon.flightstate import FlightState, RankProcess
 from rankscope.daemon.holdings import attribute
 from rankscope.daemon.sampler import CardState, FloorValue, Sampler
 from rankscope.procfs import RankIndex, read_proc_info
 from rankscope.record import Line, Oom
-from rankscope.reports.oom import Holding, OomEvent, RankNamer, SamplerOom, oom_events
+from rankscope.reports.oom import Holding, OomEvent, SamplerOom, oom_events
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -101,22 +101,6 @@ class ExhaustionWatch:
             return [e for events in self._events.values() for e in events]
 
 
-def rank_namer_of(ranks: list[RankProcess], proc: str = "/proc") -> RankNamer:
-    """(host pid, start ticks) -> (boot, rank), for the processes the flight records."""
-    started = [rp for rp in ranks if rp.start_ticks is not None]
-    hosts = host_pids(started, proc)
-    index: dict[tuple[int, int | None], tuple[str, int | None]] = {}
-    for rp in started:
-        host = hosts.get(rp.key)
-        if host is not None:
-            index.setdefault((host, rp.start_ticks), (rp.boot, rp.rank))
-
-    def name(pid: int, start: int | None) -> tuple[str, int | None] | None:
-        return index.get((pid, start)) if start is not None else None
-
-    return name
-
-
 OomInstant = OomEvent | SamplerOom  # a probe's or the sampler's
 
 
@@ -128,12 +112,9 @@ def instant_json(i: OomInstant) -> dict[str, Any]:
 class OomBook:
     """Both sources of OOM instants, for the collector and the API."""
 
-    def __init__(
-        self, state: FlightState, watch: ExhaustionWatch | None, proc: str = "/proc"
-    ) -> None:
+    def __init__(self, state: FlightState, watch: ExhaustionWatch | None) -> None:
         self.state = state
         self.watch = watch
-        self.proc = proc
         self._lock = threading.Lock()
         # The oom lines and rank processes last parsed, and their instants.
         self._parsed: tuple[list[Line[Oom]], list[RankProcess], list[OomEvent]] = ([], [], [])
@@ -152,8 +133,17 @@ class OomBook:
             # The lines are the flight state's own objects, kept alive here: identity is change.
             same = len(records) == len(old_records) and all(map(operator.is_, records, old_records))
             if not same or ranks != old_ranks:
-                name = rank_namer_of(ranks, self.proc)
-                events = oom_events(records, namer=name, resolve=self.state.host_pid)
+                # (host pid, start ticks) -> (boot, rank), as the flight state resolved them.
+                named: dict[tuple[int, int], tuple[str, int | None]] = {}
+                for rp in ranks:
+                    host = self.state.process_host_pid(rp)
+                    if host is not None and rp.start_ticks is not None:
+                        named.setdefault((host, rp.start_ticks), (rp.boot, rp.rank))
+                events = oom_events(
+                    records,
+                    namer=lambda pid, start: None if start is None else named.get((pid, start)),
+                    resolve=self.state.host_pid,
+                )
                 self._parsed = (records, ranks, events)
             return events
 

@@ -77,16 +77,13 @@ class SampleCache:
                 self._samples, self._taken = taken, now
             return self._samples.get(sample_name, [])
 
+    def callback(self, sample_name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        from opentelemetry.metrics import Observation
 
-def _callback(
-    cache: SampleCache, sample_name: str
-) -> Callable[[CallbackOptions], Iterable[Observation]]:
-    from opentelemetry.metrics import Observation
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(value, attrs) for attrs, value in self.samples(sample_name)]
 
-    def observe(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(value, attrs) for attrs, value in cache.samples(sample_name)]
-
-    return observe
+        return observe
 
 
 class OtlpPusher:
@@ -150,8 +147,9 @@ class OtlpPusher:
                 else meter.create_observable_gauge
             )
             for name, sample_name in instrument_names(metric):
-                callbacks = [_callback(self._cache, sample_name)]
-                create(name, callbacks, unit=unit, description=metric.help)
+                create(
+                    name, [self._cache.callback(sample_name)], unit=unit, description=metric.help
+                )
         return provider
 
     def _watch(self) -> None:

@@ -399,10 +399,13 @@ class Periodic:
     """Runs ``fn`` every ``interval`` seconds on a daemon thread; a run that starts late is
     an overrun, and the schedule restarts from now instead of bursting to catch up."""
 
-    def __init__(self, name: str, interval: float, fn: Callable[[], object]) -> None:
+    def __init__(
+        self, name: str, interval: float, fn: Callable[[], object], stop_wait: float = 10.0
+    ) -> None:
         self.name = name
         self.interval = interval
         self.fn = fn
+        self.stop_wait = stop_wait
         self.overruns = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -417,7 +420,7 @@ class Periodic:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=self.stop_wait)
             self._thread = None
 
     def _run(self) -> None:

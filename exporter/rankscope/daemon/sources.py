@@ -60,7 +60,7 @@ class Sources:
 
     def ooms(self) -> OomBook:
         if self.oom_book is None:
-            self.oom_book = OomBook(self.flight, None, self.config.procfs)
+            self.oom_book = OomBook(self.flight, None)
             self._watch_exhaustion()
         return self.oom_book
 

@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
-from rankscope.daemon.collectors.phases import number
 from rankscope.daemon.config import DaemonConfig
-from rankscope.daemon.flightstate import FlightState
+from rankscope.daemon.flightstate import FlightState, newest
 from rankscope.daemon.registry import add, gauge
 from rankscope.daemon.sources import Sources
 from rankscope.record import MarkArena
@@ -40,16 +39,12 @@ class ArenasCollector:
         view = self.state.view()
         families = {name: gauge(name) for name in ARENA_VALUES}
         # Each process's latest mark carries its arenas; the later line wins.
-        latest: dict[tuple[str, int | None, int, str], tuple[float, MarkArena]] = {}
-        for st in view.streams:
-            if st.boot != view.latest_boot or st.arenas is None:
-                continue
-            wall = st.arenas.header.wall
-            for arena, figures in st.arenas.body.arenas.items():
-                labels = (st.boot, st.process.rank, st.process.pid, arena)
-                if labels not in latest or latest[labels][0] <= wall:
-                    latest[labels] = (wall, figures)
-        for labels, (_wall, figures) in latest.items():
+        latest: dict[tuple[str, int | None, int, str], MarkArena] = {}
+        streams = (st for st in view.streams if st.boot == view.latest_boot)
+        for st, mark in newest(streams, lambda st: st.arenas):
+            for arena, figures in mark.body.arenas.items():
+                latest[(st.boot, st.process.rank, st.process.pid, arena)] = figures
+        for labels, figures in latest.items():
             for name, read in ARENA_VALUES.items():
-                add(families[name], labels, number(read(figures)))
+                add(families[name], labels, read(figures))
         yield from families.values()

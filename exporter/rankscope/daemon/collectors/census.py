@@ -6,17 +6,17 @@ census`` (rankscope.reports.census)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.config import DaemonConfig
-from rankscope.daemon.flightstate import FlightState, StreamState
+from rankscope.daemon.flightstate import FlightState, StreamState, newest
 from rankscope.daemon.registry import add, counter, gauge
 from rankscope.daemon.sources import Sources
-from rankscope.record import Body, Census, Divergence, Line
+from rankscope.record import Census, Divergence
 from rankscope.record.compare import Entry, digest
 from rankscope.reports.census import STATES, States, states_of
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
@@ -24,7 +24,6 @@ from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
 NAME = "census"
 HELP = "collective counts, rounds, divergences"
 DEFAULT = True
-T = TypeVar("T", bound=Body)
 
 
 def build(config: DaemonConfig, sources: Sources) -> CensusCollector:
@@ -98,15 +97,6 @@ def host_summaries(found: Iterable[GroupRound]) -> dict[str, GroupSummary]:
         deficits = {(rank, entry["op"]): n for rank, entry, n in behind(group.entries)}
         out[group.group] = GroupSummary(group.round, digest(top), deficits)
     return out
-
-
-def newest(
-    streams: Iterable[StreamState], line: Callable[[StreamState], Line[T] | None]
-) -> list[tuple[StreamState, Line[T]]]:
-    """Each stream's ``line`` where it has one, oldest first: keyed by labels, the newest
-    wins (a rank that restarted within one boot shows its newest process)."""
-    found = [(st, got) for st in streams if (got := line(st)) is not None]
-    return sorted(found, key=lambda pair: pair[1].header.wall)
 
 
 @dataclass

@@ -66,10 +66,6 @@ PHASE_VALUES: dict[str, Callable[[Mark], int | None]] = {
 TIMESTAMP = "rankscope_phase_timestamp_seconds"
 
 
-def number(value: int | float | None) -> float | None:
-    return None if value is None else float(value)
-
-
 def phase_labels(st: StreamState, line: MarkLine) -> tuple[Any, ...]:
     """The labels of a mark's series. gpu is the card's NVML index, the host-wide index the
     card series use, not the process's CUDA ordinal (which CUDA_VISIBLE_DEVICES renumbers)."""
@@ -106,14 +102,14 @@ class PhasesCollector:
                 latest[phase_labels(st, line)] = line
         for labels, line in latest.items():
             for name, read in PHASE_VALUES.items():
-                add(families[name], labels, number(read(line.body)))
+                add(families[name], labels, read(line.body))
             add(families[TIMESTAMP], labels, line.header.wall)
         post_bytes = gauge("rankscope_post_bytes")
         latest_posts: dict[tuple[Any, ...], float | None] = {}
         for row in posts(rec for st in view.streams if st.boot in wanted for rec in st.marks):
             for view_name, value in row["views"].items():
                 labels = tuple(view_name if k == "view" else row[k] for k in POST_LABELS)
-                latest_posts[labels] = number(value)
+                latest_posts[labels] = value
         for labels, value in latest_posts.items():
             add(post_bytes, labels, value)
         yield from families.values()
