@@ -17,7 +17,6 @@ import pytest
 
 from rankscope.rank import census
 from rankscope.rank.census import counts
-from rankscope.rank.census.wrap import TRACED_COUNT_SINCE, torch_release
 
 torch = pytest.importorskip("torch")
 dynamo_testing = pytest.importorskip("torch._dynamo.testing")
@@ -56,11 +55,11 @@ def _model(coordinator: Coordinator) -> Any:
     return model
 
 
-def _frames(model: Any, fullgraph: bool) -> tuple[Any, int | None]:
+def _frames(model: Any, fullgraph: bool, backend: str = "aot_eager") -> tuple[Any, int | None]:
     """Compile ``model`` through dynamo's counting backend (AOTAutograd is what drops an op
     with no output, so it runs behind the counter), call it N times: (the counter, the
     count then)."""
-    counter = dynamo_testing.CompileCounterWithBackend("aot_eager")
+    counter = dynamo_testing.CompileCounterWithBackend(backend)
     compiled = torch.compile(model, fullgraph=fullgraph, backend=counter)
     x = torch.ones(4)
     for _ in range(N):
@@ -70,9 +69,10 @@ def _frames(model: Any, fullgraph: bool) -> tuple[Any, int | None]:
     return counter, counted
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("fullgraph", [False, True])
-def test_a_compiled_counted_method_is_counted_per_call_in_one_graph(counted, fullgraph):
-    counter, calls = _frames(_model(counted), fullgraph)
+def test_a_compiled_counted_method_is_counted_per_call_in_one_graph(counted, fullgraph, backend):
+    counter, calls = _frames(_model(counted), fullgraph, backend)
     assert counter.frame_count == 1  # one graph: no graph break, no recompile
     assert calls == N
 
@@ -168,28 +168,31 @@ def test_a_compiled_counted_method_on_cuda_with_inductor_is_counted_per_call(cou
     for _ in range(N):
         compiled(x)
     torch.cuda.synchronize()
-    if torch_release(torch.__version__) < TRACED_COUNT_SINCE:
-        # Compiles as unwrapped and is not counted (docs/integrations.md).
-        assert counts.snapshot().get(KEY) is None
-    else:
-        assert counts.snapshot()[KEY] == N
+    assert counts.snapshot()[KEY] == N
 
 
-def test_an_older_torch_compiles_a_counted_method_uncounted(monkeypatch):
-    """A torch older than TRACED_COUNT_SINCE: the traced call passes through, one graph,
-    no count (eager calls still count)."""
-    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
-    undo = census.instrument_methods(Coordinator, {"all_reduce": "all_reduce"})
+def test_a_coordinator_whose_group_cannot_be_named_compiles_uncounted():
+    """A traced call whose group_of fails: the method compiles in one graph, uncounted, and
+    the failure is counted."""
+
+    class Nameless:
+        def all_reduce(self, x: Any) -> Any:
+            return x * 2
+
+    def unnamed(coordinator: Any) -> str:
+        return str(coordinator.name)  # no such field: raises when the group is named
+
+    undo = census.instrument_methods(Nameless, {"all_reduce": "all_reduce"}, group_of=unnamed)
+    failed = counts.failed_counts
     counts.reset()
     torch._dynamo.reset()
     try:
-        counter, calls = _frames(_model(Coordinator()), fullgraph=True)
+        counter, calls = _frames(_model(Nameless()), fullgraph=True)  # type: ignore[arg-type]
     finally:
         undo()
-        counts.reset()
         torch._dynamo.reset()
-    assert counter.frame_count == 1 and calls is None
-    assert torch_release("2.13.0") == TRACED_COUNT_SINCE and torch_release("2.9.1+cpu") == (2, 9)
+    assert counter.frame_count == 1 and calls is None and counts.snapshot() == {}
+    assert counts.failed_counts > failed
 
 
 def test_a_compiled_torch_distributed_call_compiles_and_is_not_counted(tmp_path):
@@ -243,3 +246,30 @@ def test_wrapping_in_a_process_that_never_compiles_imports_no_dynamo():
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_method_wrapped_before_dynamo_is_imported_counts_its_compiled_calls():
+    """The count op is registered when torch._dynamo is imported, after the wrap: compiled
+    with fullgraph (aot_eager and inductor), the method counts once per call."""
+    program = (
+        "import sys, torch\n"
+        "from rankscope.rank import census\n"
+        "from rankscope.rank.census import counts\n"
+        "class Coordinator:\n"
+        "    unique_name, ranks, world_size = 'tp:0', [0, 1], 2\n"
+        "    def all_reduce(self, x):\n"
+        "        return x * 2\n"
+        "census.instrument_methods(Coordinator, {'all_reduce': 'all_reduce'})\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "c = Coordinator()\n"
+        "for backend in ('aot_eager', 'inductor'):\n"
+        "    f = torch.compile(lambda x: c.all_reduce(x + 1), fullgraph=True, backend=backend)\n"
+        f"    for _ in range({N}):\n"
+        "        f(torch.ones(2))\n"
+        "    torch._dynamo.reset()\n"
+        "print(counts.snapshot())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=600, check=True
+    )
+    assert done.stdout.strip() == str({KEY: 2 * N}), done.stderr[-2000:]

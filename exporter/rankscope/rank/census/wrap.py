@@ -16,11 +16,13 @@ import functools
 import logging
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rankscope.rank.census import counts as _counts
+from rankscope.rank.imports import after_import
 from rankscope.record.naming import RECV, SEND, group_instance, p2p_name
 
 log = logging.getLogger("rankscope.census")
@@ -93,14 +95,34 @@ def compiling_check() -> Callable[[], bool]:
     return check
 
 
-_count_op: Any = None  # torch.ops.rankscope.census_count, once registered
+# Set once torch._dynamo is imported (in a process that never compiles, registering the op
+# now and then aborted the exit); a traced wrapper reads them at trace time.
+_count_op: Any = None  # torch.ops.rankscope.census_count
+_traced_group: Any = None  # _group_of_fields, as torch.compiler.assume_constant_result
+_group_ofs: list[GroupOf] = []  # a traced wrapper's group_of, by the slot it captures
+
+# What a traced call reads of ``self`` to name its group: dynamo hands plain values (not
+# the object: before torch 2.13 it cannot) to assume_constant_result, once per trace.
+GROUP_FIELDS = ("unique_name", "ranks", "world_size")
 
 
-def _register_count_op(torch: Any) -> Any:
-    """The custom op a compiled graph counts through (registered once per process). Marked
-    side-effectful, or AOTAutograd drops it from the graph as an op with no output."""
-    global _count_op
-    if _count_op is None:
+def _group_of_fields(slot: int, op: str, *values: Any) -> str | None:
+    fields = {f: v for f, v in zip(GROUP_FIELDS, values, strict=True) if v is not None}
+    try:
+        return _group_ofs[slot](types.SimpleNamespace(**fields))
+    except Exception as exc:
+        _counts._count_failed("traced", op, exc)
+        return None
+
+
+def _register_count_op(_dynamo: Any = None) -> None:
+    """Register the custom op a compiled graph counts through, marked side-effectful (or
+    AOTAutograd drops it as an op with no output)."""
+    global _count_op, _traced_group
+    if _count_op is not None:
+        return
+    torch = sys.modules["torch"]
+    try:
 
         def census_count(group: str, op: str) -> None:
             _counts.count(group, op)
@@ -112,67 +134,34 @@ def _register_count_op(torch: Any) -> Any:
         )
         registered.register_fake(lambda group, op: None)
         torch.fx.node.has_side_effect(torch.ops.rankscope.census_count.default)
+        _traced_group = torch.compiler.assume_constant_result(_group_of_fields)
         _count_op = torch.ops.rankscope.census_count
-    return _count_op
-
-
-# The oldest torch whose dynamo hands a user object to assume_constant_result (2.11 raises
-# AsPythonConstantNotImplementedError at trace time, seen on CUDA 2.11.0+cu130; 2.13 traces
-# it): on an older torch a traced call passes through uncounted, compiling as unwrapped.
-TRACED_COUNT_SINCE = (2, 13)
-
-
-def torch_release(version: str) -> tuple[int, int]:
-    """(major, minor) of a torch version string such as '2.11.0+cu130'."""
-    major, minor = version.split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
-def _compile_support() -> tuple[Any, Any]:
-    """(count op, assume_constant_result) of the torch this process imported; (None, None)
-    without torch or torch._dynamo at wrap time (nothing can be traced), on a torch too old
-    to trace the count, or where the op cannot be registered."""
-    if compiling_check() is _not_compiling:
-        return None, None
-    if "torch._dynamo" not in sys.modules:
-        # Nothing compiles in a process that has not imported dynamo, and registering the
-        # op pulls in its machinery, which now and then aborted such a process at exit.
-        return None, None
-    torch = sys.modules["torch"]
-    if torch_release(torch.__version__) < TRACED_COUNT_SINCE:
-        log.info("rankscope census: torch %s: compiled calls are not counted", torch.__version__)
-        return None, None
-    try:
-        return _register_count_op(torch), torch.compiler.assume_constant_result
     except Exception as exc:  # traced calls pass through uncounted; eager ones still count
         log.warning("rankscope census: no counting under torch.compile: %r", exc)
-        return None, None
 
 
 def _traced_counter(
-    group_of: _GroupCache, op: str | OpNamer, traced: bool
+    group_of: GroupOf, op: str | OpNamer, traced: bool
 ) -> Callable[[Any], None] | None:
-    """What a wrapper does under tracing: emit the count op for ``self``'s group, the group
-    read at trace time as a constant. None: pass through uncounted (a method whose compiled
-    path reaches a counted method through the framework's opaque custom op, counted there
-    when it runs; or a p2p op, whose peer is an argument)."""
-    count_op, constant = _compile_support()
-    if not traced or not isinstance(op, str) or count_op is None:
+    """What a wrapper does under tracing: emit the count op for ``self``'s group. None: pass
+    through uncounted (a method whose compiled path reaches a counted method through the
+    framework's opaque custom op, counted there when it runs; or a p2p op, whose peer is an
+    argument)."""
+    if not traced or not isinstance(op, str) or compiling_check() is _not_compiling:
         return None
-
-    def group_or_none(obj: Any) -> str | None:
-        try:
-            return group_of(obj)
-        except Exception as exc:
-            _counts._count_failed("traced", op, exc)
-            return None
-
-    traced_group = constant(group_or_none)
+    if "torch._dynamo" in sys.modules:
+        _register_count_op()
+    else:
+        after_import("torch._dynamo", _register_count_op)
+    slot = len(_group_ofs)  # an int in the closure: a constant to dynamo
+    _group_ofs.append(group_of)
 
     def count_traced(obj: Any) -> None:
-        group = traced_group(obj)
-        if group is not None:
-            count_op(group, op)
+        count_op, traced_group = _count_op, _traced_group
+        if count_op is not None:
+            group = traced_group(slot, op, *[getattr(obj, f, None) for f in GROUP_FIELDS])
+            if group is not None:
+                count_op(group, op)
 
     return count_traced
 
@@ -183,7 +172,7 @@ def _method_wrapper(
     namer = op if callable(op) else None
     fixed_op = op if isinstance(op, str) else ""
     compiling = compiling_check()
-    count_traced = _traced_counter(group_of, op, traced)
+    count_traced = _traced_counter(group_of.group_of, op, traced)
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
