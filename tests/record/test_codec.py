@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rankscope.rank.writer import ENCODER, Recorder
+from rankscope.rank.writer import ENCODER, Recorder, members_of
 from rankscope.record import (
+    KINDS,
     AdapterStatus,
     BlockedIn,
     Census,
@@ -339,6 +340,27 @@ def test_every_kind_parses_back_into_what_it_wrote(kind: str, data: st.DataObjec
     assert bad == [] and line is not None
     assert line.body == body
     assert line.header == Header(**{**vars(header), "kind": kind})
+
+
+@pytest.mark.parametrize("kind", list(BODIES))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_writers_encoder_of_a_kind_writes_its_field_driven_json(
+    kind: str, data: st.DataObject
+) -> None:
+    """The line encoder the writer generates from a kind's fields, byte for byte what the
+    codec's field-driven to_json encodes to."""
+    body = data.draw(BODIES[kind])
+    assert "{" + members_of(body) + "}" == ENCODER.encode(body.to_json())
+
+
+def test_every_kind_is_drawn_and_none_names_a_header_member() -> None:
+    """A line is the header's members, then the body's: a body member of a header's name
+    would be merged into the header instead (the writer's line encoder never merges)."""
+    assert set(BODIES) == set(KINDS)
+    for name, body in SAMPLES.items():
+        if not name.startswith("header"):
+            assert EXPECTED_HEADER.keys().isdisjoint(body.to_json()), name
 
 
 @pytest.mark.parametrize("kind", list(FIELDS))

@@ -127,6 +127,7 @@ ODD = {
     "int measured": card_mark(derived=MarkDerived(5, 1, None)),  # type: ignore[arg-type]
     "phase None": card_mark(phase=None),  # type: ignore[arg-type]
     "extra not a dict": card_mark(extra=None),
+    "a view of None": card_mark(driver=None, derived=None),
     "typed fields of odd values": card_mark(extra=PoolFields((True, 2), Count(7), None)),
     "extra of sets and tuples": card_mark(extra={"s": {3}, "t": (1, 2), "p": Path("/x")}),
 }

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from rankscope.record import (
     ProcessIdentity,
     RankIdentity,
 )
+from rankscope.record.codec import Codec, plan
 from rankscope.record.header import header_json
 
 log = logging.getLogger("rankscope")
@@ -50,6 +52,66 @@ def json_default(obj: Any) -> Any:
 
 # No circular check: a cyclic extra ends in RecursionError, a counted drop like any bad value.
 ENCODER = json.JSONEncoder(separators=(",", ":"), default=json_default, check_circular=False)
+
+
+def _value_encoder() -> Callable[[Any], str]:
+    """ENCODER.encode without its per-call setup: the stdlib's C encoder of the same
+    settings, made once."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the _json accelerator
+        return ENCODER.encode
+    encode = make(None, json_default, encode_basestring_ascii, None, ":", ",", False, False, True)
+    return lambda value: "".join(encode(value, 0))
+
+
+encode_json = _value_encoder()
+
+# A value as JSON text: ints, null and strings inline; anything else as ENCODER writes it.
+_SCALAR = (
+    '(R(x) if type(x := {}) is int else "null" if x is None else S(x) if type(x) is str else J(x))'
+)
+_LINE_ENCODERS: dict[type, Callable[[Any], str]] = {}
+
+
+def members_of(body: Body) -> str:
+    """The members of ``body``'s JSON object, as ENCODER writes its ``to_json()``, without the
+    braces: a line is its header's members, then its body's."""
+    encode = _LINE_ENCODERS.get(type(body))
+    if encode is None:
+        encode = _LINE_ENCODERS[type(body)] = line_encoder(type(body))
+    return encode(body)
+
+
+def line_encoder(kind: type[Any]) -> Callable[[Any], str]:
+    """``members_of`` for one kind, a function generated once from its declared fields, its
+    nested sections inlined: a mark is written at every boot phase, and building its objects
+    as dicts to encode them was most of the probe's own cost. A kind of a wire shape of its
+    own (its own ``to_json``) is encoded from that."""
+    if kind.to_json is not Codec.to_json:
+        return lambda body: encode_json(body.to_json())[1:-1]
+    names: dict[str, Any] = {"R": int.__repr__, "S": encode_basestring_ascii, "J": encode_json}
+    lines = ["def encode(o):"]
+
+    def members(cls: type[Codec], obj: str) -> str:
+        parts: list[str] = []
+        for name, spec, _ in plan(cls):
+            value = f"{obj}.{name}"
+            if spec.section is not None and spec.section.to_json is Codec.to_json:
+                lines.append(f"    s{len(lines)} = {value}")
+                value = f"s{len(lines) - 1}"
+                inner = members(spec.section, value)
+                value = f"'null' if {value} is None else ''.join(('{{', {inner}, '}}'))"
+            elif spec.encode is not None:
+                names[f"e{len(names)}"] = spec.encode
+                value = f"J(e{len(names) - 1}({value}))"
+            else:
+                value = _SCALAR.format(value)
+            parts.append(f"{',' * bool(parts) + encode_json(name) + ':'!r}, {value}")
+        return ", ".join(parts) or "''"
+
+    lines.append(f"    return ''.join(({members(kind, 'o')},))")
+    exec("\n".join(lines), names)  # the source holds the kind's field names, nothing else
+    return names["encode"]
 
 
 def current_process() -> ProcessIdentity:
@@ -126,6 +188,8 @@ class Recorder:
     lines_dropped: int = 0
     _streams: dict[str, _Stream] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
+    # kind -> (the identity it was made for, the header's text up to its times)
+    _heads: dict[str, tuple[Any, str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _armed: bool = False
     _armed_followers: list[Callable[[bool], None]] = field(default_factory=list)
@@ -180,6 +244,20 @@ class Recorder:
         line.update(payload)
         return (ENCODER.encode(line) + "\n").encode()
 
+    def _encode_body(self, body: Body) -> bytes:
+        """``_encode(body.KIND, body.to_json())``, from text: the header's, kept while the
+        identity stands, then the times, then the body's members (no kind names a header
+        field, so none would be merged into the header)."""
+        identity = (self.boot, self.rank, self.process)
+        head = self._heads.get(body.KIND)
+        if head is None or head[0] != identity:
+            untimed = header_json(body.KIND, self.boot, self.rank, self.process, None, 0.0)
+            del untimed["mono"], untimed["wall"]
+            head = self._heads[body.KIND] = (identity, ENCODER.encode(untimed)[:-1])
+        members = members_of(body)
+        times = f'"mono":{time.monotonic()!r},"wall":{time.time()!r}'  # floats as JSON has them
+        return f"{head[1]},{times}{',' * bool(members)}{members}}}\n".encode()
+
     def write(self, stream: str, kind: str, payload: dict[str, Any]) -> bool:
         """Append one line to this process's file for ``stream``. Never raises; a failure
         warns once per stream and reason and is counted in ``lines_dropped``."""
@@ -222,34 +300,32 @@ class Recorder:
     def write_record(self, body: Body, *, runner: str | None = None) -> bool:
         """Append one typed line (rankscope.record) to its kind's stream; ``runner``
         overrides the configured runner in this line's header. Never raises."""
-        return self._write_body(body, runner, self.write)
+        return self._write_body(body, runner, self._append)
 
     def write_record_detached(self, body: Body) -> bool:
-        """``write_record`` for a signal handler (see ``write_detached``)."""
-        return self._write_body(body, None, self.write_detached)
+        """``write_record`` for a signal handler, which may interrupt code holding the
+        writer's lock: the line goes through a descriptor of its own, opened, written once
+        and closed. A leading newline ends whatever partial line the interrupted write left."""
+        return self._write_body(body, None, self._append_detached)
 
     def _write_body(
-        self, body: Body, runner: str | None, write: Callable[[str, str, dict[str, Any]], bool]
+        self, body: Body, runner: str | None, append: Callable[[str, bytes], bool]
     ) -> bool:
         if not self._armed:
             return False
         try:
-            payload = body.to_json()
+            if runner is None:
+                data = self._encode_body(body)
+            else:
+                data = self._encode(body.KIND, {**body.to_json(), "runner": runner})
         except Exception as exc:  # an unserialisable extra must not reach the host program
             self._drop(body.STREAM, f"encode: {exc!r}")
             return False
-        if runner is not None:
-            payload["runner"] = runner
-        return write(body.STREAM, body.KIND, payload)
+        return append(body.STREAM, data)
 
-    def write_detached(self, stream: str, kind: str, payload: dict[str, Any]) -> bool:
-        """``write`` for a signal handler, which may interrupt code holding the writer's lock:
-        the same line through a descriptor of its own, opened, written once and closed. A
-        leading newline ends whatever partial line the interrupted write left. Never raises."""
-        if not self.armed:
-            return False
+    def _append_detached(self, stream: str, data: bytes) -> bool:
         try:
-            data = b"\n" + self._encode(kind, payload)
+            data = b"\n" + data
             fd = self._open(stream)
             try:
                 written = os.write(fd, data) == len(data)

@@ -120,6 +120,7 @@ class Spec(NamedTuple):
     parse: Parse | None  # None: the kind parses the field itself
     encode: Callable[[Any], Any] | None  # None: the value is its own JSON
     required: bool
+    section: type[Codec] | None = None  # a nested object of this kind
 
 
 def custom(
@@ -129,12 +130,13 @@ def custom(
     default: Any = None,
     factory: Any = MISSING,
     required: bool = False,
+    section: type[Codec] | None = None,
 ) -> Any:
     """A field: ``parse`` validates its raw value, ``encode`` makes its JSON. A required field
     has no default; ``default=MISSING`` makes one that is not required."""
     if required or factory is not MISSING:
         default = MISSING
-    meta = {Spec: Spec(parse, encode, required)}
+    meta = {Spec: Spec(parse, encode, required, section)}
     return field(default=default, default_factory=factory, metadata=meta)
 
 
@@ -156,6 +158,7 @@ def section(cls: type[Codec]) -> Any:
         lambda v, bad, name: parse_section(cls, as_object(v, bad, name), bad),
         lambda v: None if v is None else v.to_json(),
         factory=cls,
+        section=cls,
     )
 
 
@@ -192,7 +195,7 @@ def plan(cls: type) -> list[tuple[str, Spec, str]]:
 def encode_fields(obj: Any, cls: type) -> Json:
     """``obj``'s fields of ``cls`` as a JSON object, in declaration order."""
     out: Json = {}
-    for name, (_, encode, _), _ in plan(cls):
+    for name, (_, encode, *_), _ in plan(cls):
         value = getattr(obj, name)
         out[name] = value if encode is None else encode(value)
     return out
@@ -202,12 +205,12 @@ def parse_fields(cls: type, obj: Mapping[str, Any], bad: Bad) -> dict[str, Any] 
     """The validated values of ``cls``'s declared fields in ``obj``; None when a required one
     is missing or wrong (checked first, so a rejected object names no field in ``bad``)."""
     entries = plan(cls)
-    for name, (parse, _, required), label in entries:
+    for name, (parse, _, required, _), label in entries:
         if required and parse is not None and parse(obj.get(name), [], label) is None:
             return None
     return {
         name: parse(obj.get(name), bad, label)
-        for name, (parse, _, _), label in entries
+        for name, (parse, *_), label in entries
         if parse is not None
     }
 
