@@ -760,42 +760,44 @@ CARDS = [
 
 
 @contextlib.contextmanager
-def running_pod(
-    found: list[dict[str, Any]], tmp_path: Path, cards: list[dict[str, Any]]
-) -> Iterator[Pod]:
-    """Start the daemon with the rendered args and web config (TLS and basic auth), the
-    pod's paths and port swapped for temporary ones, and the daemon's SIMULATED device
-    source in place of NVML."""
-    main = container(found)
-    web_dir = tmp_path / "web"
-    web_dir.mkdir(parents=True)
-    cert, _ = _openssl_cert(tmp_path)
-    (web_dir / "web-config.yml").write_text(
-        web_config_text(found).replace("/etc/rankscope/tls/", f"{tmp_path}/")
-    )
+def serving(
+    args: list[str], tmp_path: Path, cards: list[dict[str, Any]], **paths: str
+) -> Iterator[int]:
+    """`rankscope serve` with the rendered ``args``, the pod's port, flight directory and
+    ``paths`` (flag -> path) swapped for temporary ones, and the daemon's SIMULATED device
+    source in place of NVML; yields its port."""
     flight = tmp_path / "flight"
     flight.mkdir()
     script = tmp_path / "cards.json"
     script.write_text(json.dumps({"cards": cards}))
     port = free_port()
-    args = _pod_args(
-        main["args"],
-        {
-            "--web.listen-address": f"127.0.0.1:{port}",
-            "--flight-dir": str(flight),
-            "--web.config.file": str(web_dir / "web-config.yml"),
-        },
-    )
+    replace = {"--web.listen-address": f"127.0.0.1:{port}", "--flight-dir": str(flight), **paths}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rankscope", *args, f"--device.script={script}"],
+        [sys.executable, "-m", "rankscope", *_pod_args(args, replace), f"--device.script={script}"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     try:
         wait_tcp(port, proc)
-        yield Pod(port=port, ca_file=cert, container=main)
+        yield port
     finally:
         stop(proc, grace=10)
+
+
+@contextlib.contextmanager
+def running_pod(
+    found: list[dict[str, Any]], tmp_path: Path, cards: list[dict[str, Any]]
+) -> Iterator[Pod]:
+    """The daemon as the rendered pod runs it, its web config (TLS and basic auth) included."""
+    main = container(found)
+    web_dir = tmp_path / "web"
+    web_dir.mkdir(parents=True)
+    cert, _ = _openssl_cert(tmp_path)
+    web_config = web_dir / "web-config.yml"
+    web_config.write_text(web_config_text(found).replace("/etc/rankscope/tls/", f"{tmp_path}/"))
+    paths = {"--web.config.file": str(web_config)}
+    with serving(main["args"], tmp_path, cards, **paths) as port:
+        yield Pod(port=port, ca_file=cert, container=main)
 
 
 def test_the_daemon_runs_with_what_the_chart_renders(chart: helm.Chart, tmp_path: Path) -> None:
@@ -932,31 +934,11 @@ def test_the_daemon_answers_the_default_probes(chart: helm.Chart, tmp_path: Path
     """With the default values the probes are HTTP GETs of /healthz and /readyz; the daemon
     started with the default args answers both with a success status."""
     main = container(objects(chart))
-    flight = tmp_path / "flight"
-    flight.mkdir()
-    script = tmp_path / "cards.json"
-    script.write_text(json.dumps({"cards": [{"index": 0, "total": "80GiB", "free": "60GiB"}]}))
-    port = free_port()
-    args = _pod_args(
-        main["args"], {"--web.listen-address": f"127.0.0.1:{port}", "--flight-dir": str(flight)}
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rankscope", *args, f"--device.script={script}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_tcp(port, proc)
+    cards = [{"index": 0, "total": "80GiB", "free": "60GiB"}]
+    with serving(main["args"], tmp_path, cards) as port:
         for probe in ("livenessProbe", "readinessProbe"):
             assert "httpGet" in main[probe], probe
             deadline = time.monotonic() + 30
             while not kubelet_probe(main[probe], port, None):
                 assert time.monotonic() < deadline, f"{probe} kept failing"
                 time.sleep(0.1)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

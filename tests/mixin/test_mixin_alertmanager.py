@@ -1,11 +1,15 @@
 """The shipped routing in a real Alertmanager: alerts posted to its API reach the pager or the
-ticket queue by severity, and the inhibitions hold back exactly the alerts they name."""
+ticket queue by severity, and the inhibitions hold back exactly the alerts they name. Among
+them RankscopeOutOfMemory: it pages, and on its card it holds back the foreign-holder ticket
+and the corridor-breach page (its description already names every holder); the same alerts
+on another card go through."""
 
 from __future__ import annotations
 
 import json
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +26,32 @@ def post_alerts(url: str, alerts: list[dict[str, str]]) -> None:
         assert response.status == 200
 
 
-def key(labels: dict[str, Any]) -> tuple[str, str]:
-    return labels["alertname"], labels.get("boot") or labels.get("uuid", "")
+def deliver(
+    tmp_path: Path, alerts: list[dict[str, str]], key: Callable[[dict[str, str]], Any], pages: int
+) -> tuple[dict[Any, str], dict[Any, dict[str, Any]]]:
+    """Post ``alerts`` to a real Alertmanager with the shipped routing; by ``key`` of their
+    labels, the receiver of each page (waiting for ``pages`` of them) and each alert's status."""
+    webhook = Webhook()
+    try:
+        with services.alertmanager(tmp_path, alertmanager_config(webhook.url)) as am:
+            post_alerts(am.url, alerts)
+            deadline = time.monotonic() + 20
+            delivered: dict[Any, str] = {}
+            while time.monotonic() < deadline and len(delivered) < pages:
+                time.sleep(0.5)
+                delivered = {key(a["labels"]): receiver for _, receiver, a in webhook.firing()}
+            return delivered, {key(a["labels"]): a["status"] for a in am.alerts()}
+    finally:
+        webhook.close()
+
+
+def card_alert(name: str, severity: str, uuid: str, **extra: str) -> dict[str, str]:
+    return {"alertname": name, "severity": severity, "instance": "h1:19400", "uuid": uuid, **extra}
+
+
+def key(labels: dict[str, Any]) -> tuple[str, str, str]:
+    by = labels.get("boot") or labels.get("uuid", "")
+    return labels["alertname"], by, labels.get("instance", "")
 
 
 ALERTS = [
@@ -45,44 +73,12 @@ ALERTS = [
     {"alertname": "RankscopeNcclPeerDead", "severity": "critical", "endpoint": "localhost:28028"},
     {"alertname": "RankscopeCensusStalled", "severity": "warning", "boot": "b1", "rank": "0"},
     {"alertname": "RankscopeCensusStalled", "severity": "warning", "boot": "b2", "rank": "0"},
-    {
-        "alertname": "RankscopeCorridorBreach",
-        "severity": "critical",
-        "instance": "h1:19400",
-        "gpu": "0",
-        "uuid": "GPU-a",
-    },
-    {
-        "alertname": "RankscopeForeignHolder",
-        "severity": "warning",
-        "instance": "h1:19400",
-        "gpu": "0",
-        "uuid": "GPU-a",
-        "pid": "7",
-    },
-    {
-        "alertname": "RankscopeCorridorThin",
-        "severity": "warning",
-        "instance": "h1:19400",
-        "gpu": "0",
-        "uuid": "GPU-a",
-    },
-    {
-        "alertname": "RankscopeForeignHolder",
-        "severity": "warning",
-        "instance": "h1:19400",
-        "gpu": "1",
-        "uuid": "GPU-b",
-        "pid": "8",
-    },
+    card_alert("RankscopeCorridorBreach", "critical", "GPU-a", gpu="0"),
+    card_alert("RankscopeForeignHolder", "warning", "GPU-a", gpu="0", pid="7"),
+    card_alert("RankscopeCorridorThin", "warning", "GPU-a", gpu="0"),
+    card_alert("RankscopeForeignHolder", "warning", "GPU-b", gpu="1", pid="8"),
     # Same uuid on another daemon: inhibition is per card of one daemon.
-    {
-        "alertname": "RankscopeCorridorThin",
-        "severity": "warning",
-        "instance": "h2:19400",
-        "gpu": "0",
-        "uuid": "GPU-a",
-    },
+    card_alert("RankscopeCorridorThin", "warning", "GPU-a", gpu="0", instance="h2:19400"),
 ]
 INHIBITED = {
     ("RankscopeCensusStalled", "b1"),
@@ -92,25 +88,7 @@ INHIBITED = {
 
 
 def test_routing_and_inhibitions(tmp_path: Path) -> None:
-    webhook = Webhook()
-    try:
-        with services.alertmanager(tmp_path, alertmanager_config(webhook.url)) as am:
-            post_alerts(am.url, ALERTS)
-            deadline = time.monotonic() + 20
-            delivered: dict[tuple[str, str, str], str] = {}
-            while time.monotonic() < deadline and len(delivered) < 7:
-                time.sleep(0.5)
-                delivered = {
-                    (*key(alert["labels"]), alert["labels"].get("instance", "")): receiver
-                    for _, receiver, alert in webhook.firing()
-                }
-            state = {
-                (*key(a["labels"]), a["labels"].get("instance", "")): a["status"]
-                for a in am.alerts()
-            }
-    finally:
-        webhook.close()
-
+    delivered, state = deliver(tmp_path, ALERTS, key, pages=7)
     suppressed = {k[:2] for k, status in state.items() if status["state"] == "suppressed"}
     # The thin card of h1 is inhibited by its breach; the same uuid on h2 is not.
     assert suppressed == INHIBITED | {("RankscopeCorridorThin", "GPU-a")}
@@ -128,4 +106,32 @@ def test_routing_and_inhibitions(tmp_path: Path) -> None:
         ("RankscopeCorridorBreach", "GPU-a", "h1:19400"): "rankscope-pager",
         ("RankscopeForeignHolder", "GPU-b", "h1:19400"): "rankscope-tickets",
         ("RankscopeCorridorThin", "GPU-a", "h2:19400"): "rankscope-tickets",
+    }
+
+
+OOM_ALERTS = [
+    card_alert(
+        "RankscopeOutOfMemory", "critical", "GPU-a", gpu="0", boot="b1", rank="3", pid="500"
+    ),
+    card_alert("RankscopeForeignHolder", "warning", "GPU-a", gpu="0", pid="4242"),
+    card_alert("RankscopeCorridorBreach", "critical", "GPU-a", gpu="0"),
+    card_alert("RankscopeForeignHolder", "warning", "GPU-b", gpu="1", pid="4243"),
+    card_alert("RankscopeCorridorBreach", "critical", "GPU-c", gpu="2"),
+]
+
+
+def by_card(labels: dict[str, Any]) -> tuple[str, str]:
+    return labels["alertname"], labels["uuid"]
+
+
+def test_the_oom_pages_and_holds_back_its_cards_holder_and_breach(tmp_path: Path) -> None:
+    delivered, state = deliver(tmp_path, OOM_ALERTS, by_card, pages=3)
+    assert delivered == {
+        ("RankscopeOutOfMemory", "GPU-a"): "rankscope-pager",
+        ("RankscopeForeignHolder", "GPU-b"): "rankscope-tickets",
+        ("RankscopeCorridorBreach", "GPU-c"): "rankscope-pager",
+    }
+    assert {k for k, s in state.items() if s["state"] == "suppressed"} == {
+        ("RankscopeForeignHolder", "GPU-a"),
+        ("RankscopeCorridorBreach", "GPU-a"),
     }

@@ -33,10 +33,8 @@ FOREIGN_BYTES = 4608 * MiB  # "Process 1920108 has 4.29 GiB in use" was 4.5 GiB
 TROUGH_BELOW_FLOOR = 2 * GiB  # how far the trough takes a card below its floor
 
 
-def rank_bytes(phase: str | None) -> int:
+def rank_bytes(phase: str) -> int:
     """Bytes a simulated rank holds after its latest phase (past kv_pool_sized: all)."""
-    if phase is None:
-        return 0
     return RANK_BYTES_BY_PHASE.get(phase, RANK_BYTES_BY_PHASE["kv_pool_sized"])
 
 
