@@ -31,7 +31,7 @@ from rankscope.daemon.app import create_app
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.server import serving
-from rankscope.daemon.webauth import with_web_config
+from rankscope.daemon.webauth import WebAuth
 from rankscope.reports.census import census_document
 from rankscope.reports.ledger import phases_document
 
@@ -146,7 +146,7 @@ def test_basic_auth_and_headers_wrap_every_answer(
         f"basic_auth_users:\n  alice: '{hashed}'\n"
         "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
     )
-    app, _ = with_web_config(daemon_app(flight_dir), cfg)
+    app = WebAuth(daemon_app(flight_dir), cfg)
     client = serve_app(app)
     refused = client.get("/healthz")
     assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic")

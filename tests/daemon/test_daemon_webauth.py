@@ -13,7 +13,7 @@ from tests.daemon.test_daemon_http import ServeApp, daemon_app
 from tests.daemon.test_daemon_webconfig import ALICE_HASH, basic
 
 from rankscope.daemon import webauth
-from rankscope.daemon.webauth import BasicAuth, with_web_config
+from rankscope.daemon.webauth import BasicAuth, WebAuth
 
 
 def test_basic_auth_good_bad_and_unknown() -> None:
@@ -61,7 +61,7 @@ def test_the_web_config_is_reloaded_in_both_directions_and_fails_closed(
 ) -> None:
     cfg = tmp_path / "web.yml"
     cfg.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
-    app, _ = with_web_config(daemon_app(flight_dir), cfg)
+    app = WebAuth(daemon_app(flight_dir), cfg)
     client = serve_app(app)
     alice = {"Authorization": basic("alice", "wonderland").decode()}
     opened = client.get("/healthz")

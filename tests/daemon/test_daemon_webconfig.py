@@ -433,7 +433,7 @@ def test_a_rotated_certificate_and_a_new_client_policy_serve_new_connections_wit
         _write_key_and_cert(tmp_path / "staged", "other", other, _certificate("x", other))
         (tmp_path / "staged/other.key").replace(tmp_path / "server.key")
         assert served_certificate(port) == second
-        assert "cannot serve, new connections keep the last good one" in log.read_text()
+        assert "changed but cannot be used, keeping the last good one" in log.read_text()
         third = _rotate(tmp_path, "server", "third")
         assert served_certificate(port) == third
         # Client certificates required from now on.

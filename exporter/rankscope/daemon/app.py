@@ -91,25 +91,17 @@ def create_app(
     @get("/api/v1/boots", methods=["GET", "HEAD"])
     def boots() -> Response:
         _fresh(state)
-        return _json({"boots": [b.as_json() for b in state.boots()]})
+        return JSONResponse({"boots": [b.as_json() for b in state.boots()]})
 
-    @get("/api/v1/phases", methods=["GET", "HEAD"])
-    def phases(
-        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
-    ) -> Response:
-        doc = phases_report(_flight(state, boot))
-        return _paged(request, doc, PHASES_LISTS, offset, limit)
-
-    @get("/api/v1/census", methods=["GET", "HEAD"])
-    def census(
-        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
-    ) -> Response:
-        doc = census_report(_flight(state, boot))
-        return _paged(request, doc, CENSUS_LISTS, offset, limit)
+    for path, report, lists in (
+        ("/api/v1/phases", phases_report, PHASES_LISTS),
+        ("/api/v1/census", census_report, CENSUS_LISTS),
+    ):
+        get(path, methods=["GET", "HEAD"])(_report_route(state, report, lists))
 
     @get("/api/v1/cards", methods=["GET", "HEAD"])
     def cards_route() -> Response:
-        return _json(cards_document(cards, ooms))
+        return JSONResponse(cards_document(cards, ooms))
 
     @get("/api/v1/oom", methods=["GET", "HEAD"])
     def oom(request: Request, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT) -> Response:
@@ -145,6 +137,19 @@ def _exposition(registry: CollectorRegistry, request: Request) -> Response:
     return Response(body, media_type=content_type, headers=headers)
 
 
+def _report_route(
+    state: FlightState, report: Report, lists: tuple[str, ...]
+) -> Callable[..., Response]:
+    """A route answering one boot's report (?boot=, the latest by default), its lists paged."""
+
+    def route(
+        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
+    ) -> Response:
+        return _paged(request, report(_flight(state, boot)), lists, offset, limit)
+
+    return route
+
+
 def _readiness(
     state: FlightState, cards: Sampler | None, collecting: Callable[[], float | None] | None
 ) -> Response:
@@ -165,11 +170,7 @@ def _readiness(
     if running is not None and running > STUCK_SCRAPE_SECONDS:
         problems.append(f"a scrape has been collecting for {running:.0f}s")
     body = {"ready": not problems, "problems": problems, "flight": flight.as_json()}
-    return _json(body, status=200 if not problems else 503)
-
-
-def _json(doc: Any, status: int = 200) -> Response:
-    return JSONResponse(doc, status_code=status)
+    return JSONResponse(body, status_code=200 if not problems else 503)
 
 
 def _paged(
@@ -178,7 +179,7 @@ def _paged(
     def next_url(at: int) -> str:
         return page_url(request.url.path, request.url.query, offset=at, limit=limit)
 
-    return _json(paginate(doc, lists, offset, limit, next_url))
+    return JSONResponse(paginate(doc, lists, offset, limit, next_url))
 
 
 def clip(text: str, limit: int = ECHO_BYTES) -> str:
@@ -197,7 +198,7 @@ async def _clipped_validation_error(request: Request, exc: RequestValidationErro
         if isinstance(error.get("input"), str):
             error["input"] = clip(error["input"])
         errors.append(error)
-    return _json({"detail": errors}, status=422)
+    return JSONResponse({"detail": errors}, status_code=422)
 
 
 def cards_document(cards: Sampler | None, ooms: OomBook | None = None) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from urllib.parse import unquote_to_bytes
 
 import h11
 from h11._readers import maybe_read_from_IDLE_client
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("rankscope.daemon")
@@ -144,34 +146,28 @@ def _peer(protocol: H11Protocol) -> str:
     return protocol.client[0] if protocol.client else "?"
 
 
-Scope = dict[str, Any]
-Receive = Any
-Send = Any
-
-
 class RequestGuard:
     """The outermost ASGI layer: a 400 for a control character in the path or query
     (decoded), a 500 logged (with an escaped path) for a failure no inner layer answered,
     and a debug line per answer."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+        # Only HTTP reaches here: the server runs without lifespan and websockets.
         path = scope["path"]
         what = f"{scope['method']} {loggable(path)}"
         client = scope["client"][0] if scope.get("client") else "?"
         query = unquote_to_bytes(scope.get("query_string", b""))
         if _CONTROL.search(path.encode("utf-8", "surrogateescape")) or _CONTROL.search(query):
             log.debug("http %s %s: control character, 400", client, what)
-            await plain(send, 400, b"Bad Request: a control character in the path or query\n")
+            bad = "Bad Request: a control character in the path or query\n"
+            await PlainTextResponse(bad, 400)(scope, receive, send)
             return
         status: list[int] = []
 
-        async def tracked(message: dict[str, Any]) -> None:
+        async def tracked(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status.append(message["status"])
             await send(message)
@@ -181,24 +177,6 @@ class RequestGuard:
         except Exception:
             log.exception("http %s %s failed", client, what)
             if not status:
-                await plain(send, 500, b"Internal Server Error\n")
+                await PlainTextResponse("Internal Server Error\n", 500)(scope, receive, send)
             return
         log.debug("http %s %s %s", client, what, status[0] if status else "-")
-
-
-async def plain(
-    send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()
-) -> None:
-    """A whole text/plain answer."""
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

@@ -39,17 +39,20 @@ class Collector(Protocol):
     def collect(self) -> Iterable[Metric]: ...
 
 
+# The family class of each catalog type but info, whose family has no unit.
+_UNITED = {
+    "gauge": GaugeMetricFamily,
+    "counter": CounterMetricFamily,
+    "summary": SummaryMetricFamily,
+}
+
+
 def family(catalog_name: str) -> Family:
     """A fresh, empty family for one catalog entry; KeyError for an uncatalogued name."""
     m = catalog.BY_NAME[catalog_name]
-    labels = list(m.labels)
-    if m.type == "gauge":
-        return GaugeMetricFamily(m.name, m.help, labels=labels, unit=m.unit)
-    if m.type == "counter":
-        return CounterMetricFamily(m.family, m.help, labels=labels, unit=m.unit)
-    if m.type == "summary":
-        return SummaryMetricFamily(m.name, m.help, labels=labels, unit=m.unit)
-    return InfoMetricFamily(m.family, m.help, labels=labels)
+    if m.type == "info":
+        return InfoMetricFamily(m.family, m.help, labels=list(m.labels))
+    return _UNITED[m.type](m.family, m.help, labels=list(m.labels), unit=m.unit)
 
 
 def _typed(catalog_name: str, cls: type[_F]) -> _F:

@@ -11,7 +11,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +26,8 @@ from rankscope.daemon.sources import Poller, Sources
 from rankscope.reports.census import census_document
 from rankscope.reports.ledger import phases_document
 
-if TYPE_CHECKING:  # ssl and the web config load only when a web config is given
+if TYPE_CHECKING:
     import ssl
-
-    from rankscope.daemon.webconfig import TLSConfig
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -55,11 +53,15 @@ def build(config: DaemonConfig) -> Daemon:
     )
     daemon = Daemon(app, config.web.host, config.web.port, timed, sources)
     if config.web.config_file is not None:  # the web config, and with it ssl, only when given
-        from rankscope.daemon.webauth import with_web_config
+        import ssl
 
-        web, first = with_web_config(app, config.web.config_file)
-        daemon.app, daemon.tls = web, first.tls
-        daemon.tls_settings = lambda: web.current().config.tls
+        from rankscope.daemon.webauth import WebAuth
+
+        try:
+            web = WebAuth(app, config.web.config_file)
+        except ssl.SSLError as exc:
+            raise TLSError(f"TLS: {exc}") from None
+        daemon.app, daemon.tls = web, web.tls_context()
     daemon.otlp = _otlp(config, timed, state.latest_boot)
     return daemon
 
@@ -80,23 +82,13 @@ class Daemon:
     port: int
     collectors: TimedCollectors
     sources: Sources
-    tls: TLSConfig | None = None  # as the web config was at start
-    tls_settings: Callable[[], TLSConfig | None] | None = None  # as it is now
+    tls: ssl.SSLContext | None = None
     otlp: Poller | None = None
 
     def tls_context(self) -> ssl.SSLContext | None:
-        """The web config's TLS context (None without), read again for each connection;
-        TLSError naming unusable files."""
-        if self.tls is None:
-            return None
-        import ssl
-
-        from rankscope.daemon.webconfig_tls import LiveContext
-
-        try:
-            return LiveContext(self.tls_settings or (lambda: self.tls), self.tls)
-        except ssl.SSLError as exc:
-            raise TLSError(f"TLS: cannot use {self.tls.describe()}: {exc.reason or exc}") from None
+        """The web config's TLS context (None without): each new connection is served with
+        the TLS settings and files in force."""
+        return self.tls
 
     def bind(self) -> socket.socket:
         """The listening socket: a taken port is an OSError here, before the log line."""
@@ -139,36 +131,26 @@ STOP_GRACE_S = 5.0  # how long a stop waits for the answers in flight
 HANDSHAKE_DEADLINE_S = HEAD_DEADLINE_S  # a TLS handshake must finish within this
 
 
-class _Config(uvicorn.Config):
-    """uvicorn's config with the web config's TLS context, built by rankscope (uvicorn's
-    own would take file names only)."""
-
-    def __init__(self, app: Any, tls: ssl.SSLContext | None) -> None:
-        super().__init__(
-            RequestGuard(app),
-            http=StrictH11Protocol,
-            loop="asyncio",
-            lifespan="off",
-            ws="none",
-            interface="asgi3",
-            log_config=None,  # the daemon's logging, as configured by `rankscope serve`
-            access_log=False,  # RequestGuard logs each answer at debug, escaped
-            server_header=False,  # no version advertised
-            timeout_keep_alive=int(KEEP_ALIVE_S),
-            timeout_graceful_shutdown=int(STOP_GRACE_S),
-        )
-        self.tls = tls
-
-    def load(self) -> None:
-        super().load()
-        self.ssl = self.tls
-
-
 class HTTPServer(uvicorn.Server):
     """uvicorn serving an app on sockets the caller bound; the caller handles signals."""
 
     def __init__(self, app: Any, tls: ssl.SSLContext | None = None) -> None:
-        super().__init__(_Config(app, tls))
+        super().__init__(
+            uvicorn.Config(
+                RequestGuard(app),
+                http=StrictH11Protocol,
+                loop="asyncio",
+                lifespan="off",
+                ws="none",
+                interface="asgi3",
+                log_config=None,  # the daemon's logging, as configured by `rankscope serve`
+                access_log=False,  # RequestGuard logs each answer at debug, escaped
+                server_header=False,  # no version advertised
+                timeout_keep_alive=int(KEEP_ALIVE_S),
+                timeout_graceful_shutdown=int(STOP_GRACE_S),
+            )
+        )
+        self.tls = tls  # rankscope's own context: uvicorn's would take file names only
         self.address: tuple[str, int] = ("", 0)  # the host and port it listens on, once started
         self.url = ""
 
@@ -187,10 +169,10 @@ class HTTPServer(uvicorn.Server):
             )
 
         loop = asyncio.get_running_loop()
-        handshake = HANDSHAKE_DEADLINE_S if config.ssl is not None else None
+        handshake = HANDSHAKE_DEADLINE_S if self.tls is not None else None
         self.servers = [
             await loop.create_server(
-                protocol, sock=sock, ssl=config.ssl, backlog=config.backlog,
+                protocol, sock=sock, ssl=self.tls, backlog=config.backlog,
                 ssl_handshake_timeout=handshake,
             )
             for sock in sockets or ()
@@ -198,7 +180,7 @@ class HTTPServer(uvicorn.Server):
         if sockets:
             host, port = self.address = sockets[0].getsockname()[:2]
             host = f"[{host}]" if ":" in host else host
-            scheme = "https" if config.ssl is not None else "http"
+            scheme = "https" if self.tls is not None else "http"
             self.url = f"{scheme}://{host}:{port}"
             log.info("rankscope serving on %s/metrics", self.url)
         self.started = True  # last: a caller waiting on it reads the address next

@@ -1,27 +1,30 @@
 """The web config at run time (--web.config.file, docs/daemon.md): basic auth with bcrypt
 and the configured response headers, as an ASGI layer over the app. The file is read again
 when it changes: users added turn auth on, a file that cannot be used keeps the last good
-config (the error logged), and once auth has been on no route is served without it. Its
-TLS settings are read from here too, for each new connection (webconfig_tls.LiveContext).
+config (the error logged), and once auth has been on no route is served without it. The
+TLS context comes from here too, made anew when the file or a TLS file it names changes.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import functools
 import hashlib
 import logging
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
+from starlette.responses import PlainTextResponse
+from starlette.types import Message, Receive, Scope, Send
 
-from rankscope.daemon.guard import plain
 from rankscope.daemon.webconfig import WebConfig, WebConfigError, load_web_config
-from rankscope.daemon.webconfig_tls import stamp
+from rankscope.daemon.webconfig_tls import LiveContext, stamp, warn_if_expired
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -104,65 +107,81 @@ class BasicAuth:
 
 @dataclass(frozen=True)
 class Served:
-    """What one version of the web config asks of every answer."""
+    """What one version of the web config asks of every answer and every new connection."""
 
     config: WebConfig
     auth: BasicAuth
     headers: tuple[tuple[bytes, bytes], ...]
+    tls: ssl.SSLContext | None
 
     @classmethod
     def of(cls, config: WebConfig) -> Served:
-        # Names lower-cased, as every other header the daemon sends.
-        try:
-            headers = tuple(
-                (k.lower().encode("latin-1"), v.encode("latin-1"))
-                for k, v in config.headers.items()
-            )
-        except UnicodeEncodeError as exc:
-            raise WebConfigError(f"a header is not Latin-1: {exc}") from None
-        return cls(config, BasicAuth(config.users), headers)
+        """ssl.SSLError for TLS files that cannot serve."""
+        # Names lower-cased, as every other header the daemon sends; names and values are
+        # printable ASCII (webconfig checks them).
+        headers = tuple((k.lower().encode(), v.encode()) for k, v in config.headers.items())
+        tls = config.tls.context() if config.tls is not None else None
+        if config.tls is not None:
+            warn_if_expired(config.tls)
+        return cls(config, BasicAuth(config.users), headers, tls)
+
+    def stamps(self, path: Path) -> tuple[tuple[int, int, int] | None, ...]:
+        """The web config's stamp and those of the TLS files it names."""
+        files = self.config.tls.files.values() if self.config.tls is not None else ()
+        return tuple(stamp(f) for f in (path, *files))
 
 
 class WebAuth:
     """Basic auth on every path and the configured headers on every answer, refusals
-    included, from the web config at ``path``, read again when it changes."""
+    included, from the web config at ``path``, read again when it or a TLS file it names
+    changes."""
 
-    def __init__(self, app: Any, path: Path, config: WebConfig) -> None:
+    def __init__(self, app: Any, path: Path) -> None:
+        """WebConfigError for a file that cannot be used, ssl.SSLError for TLS files that
+        cannot serve."""
         self.app = app
         self.path = path
-        self._served = Served.of(config)
-        self._mtime = stamp(path)
+        self._served = Served.of(load_web_config(path))
+        self._stamps = self._served.stamps(path)
         self._lock = threading.Lock()
         self._limiter = anyio.CapacityLimiter(BCRYPT_THREADS)
 
     def current(self) -> Served:
         """The config in force: the file's if it changed and can be used, else the last."""
-        mtime = stamp(self.path)
+        stamps = self._served.stamps(self.path)
         with self._lock:
-            if mtime == self._mtime:
+            if stamps == self._stamps:
                 return self._served
-            self._mtime = mtime
-            self._served = _reloaded(self.path, self._served)
+            last = self._served
+            self._served = _reloaded(self.path, last)
+            # Stamps of the files read; those of files the config names anew, as of now.
+            same = self._served.config.tls == last.config.tls
+            self._stamps = stamps if same else self._served.stamps(self.path)
             return self._served
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def tls_context(self) -> ssl.SSLContext | None:
+        """A context serving each new connection with the TLS settings and files in force,
+        as exporter-toolkit reads them at each handshake; None without TLS."""
+        first = self._served.tls
+        if first is None:
+            return None
+        return LiveContext(lambda: self.current().tls or first)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         served = self.current()
 
-        async def with_headers(message: dict[str, Any]) -> None:
+        async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start" and served.headers:
                 message = {**message, "headers": [*message.get("headers", ()), *served.headers]}
             await send(message)
 
         if served.auth.enabled and not await self._passes(served.auth, scope):
-            challenge = ((b"www-authenticate", b'Basic realm="rankscope"'),)
-            await plain(with_headers, 401, b"Unauthorized\n", challenge)
+            challenge = {"WWW-Authenticate": 'Basic realm="rankscope"'}
+            await PlainTextResponse("Unauthorized\n", 401, challenge)(scope, receive, with_headers)
             return
         await self.app(scope, receive, with_headers)
 
-    async def _passes(self, auth: BasicAuth, scope: dict[str, Any]) -> bool:
+    async def _passes(self, auth: BasicAuth, scope: Scope) -> bool:
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
         if auth.remembered(header):
             return True
@@ -171,10 +190,15 @@ class WebAuth:
 
 def _reloaded(path: Path, last: Served) -> Served:
     """The config now in the file, or ``last`` (logged) where the file cannot be used or
-    would turn auth off."""
+    would turn auth off. TLS stays on or off as it started."""
     try:
-        served = Served.of(load_web_config(path))
-    except WebConfigError as exc:
+        config = load_web_config(path)
+        if (config.tls is None) != (last.config.tls is None):
+            turned = "off" if config.tls is None else "on"
+            log.warning("web config %s turns TLS %s: that takes effect at restart", path, turned)
+            config = dataclasses.replace(config, tls=last.config.tls)
+        served = Served.of(config)
+    except (WebConfigError, ssl.SSLError) as exc:
         log.error(
             "web config %s changed but cannot be used, keeping the last good one: %s", path, exc
         )
@@ -186,9 +210,6 @@ def _reloaded(path: Path, last: Served) -> Served:
             path,
         )
         return last
-    if (served.config.tls is None) != (last.config.tls is None):
-        turned = "off" if served.config.tls is None else "on"
-        log.warning("web config %s turns TLS %s: that takes effect at restart", path, turned)
     log.info(
         "web config %s changed: %d user(s), %d header(s)",
         path,
@@ -196,10 +217,3 @@ def _reloaded(path: Path, last: Served) -> Served:
         len(served.headers),
     )
     return served
-
-
-def with_web_config(app: Any, path: Path) -> tuple[WebAuth, WebConfig]:
-    """``app`` behind the web config at ``path``, and that config; WebConfigError for a file
-    that cannot be used."""
-    config = load_web_config(path)
-    return WebAuth(app, path, config), config

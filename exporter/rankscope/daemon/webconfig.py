@@ -13,30 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from rankscope.daemon.webconfig_tls import (
-    CIPHER_SUITES,
-    CLIENT_AUTH,
-    CURVES,
-    HTTP2_REQUIRED_CIPHERS,
-    TLS_VERSIONS,
-    TLSConfig,
-    parse_tls,
-)
+from rankscope.daemon.webconfig_tls import HTTP2_REQUIRED_CIPHERS, TLSConfig, parse_tls
 from rankscope.daemon.webconfig_yaml import Reader, WebConfigError, is_null
-
-__all__ = [
-    "ALLOWED_HEADERS",
-    "CIPHER_SUITES",
-    "CLIENT_AUTH",
-    "CURVES",
-    "TLS_VERSIONS",
-    "TLSConfig",
-    "WebConfig",
-    "WebConfigError",
-    "load_web_config",
-    "parse_web_config",
-]
-
 
 # The headers exporter-toolkit lets a web config set, with the only values it allows (None:
 # any value). Names are matched exactly, as Go does.

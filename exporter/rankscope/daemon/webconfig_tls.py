@@ -10,12 +10,12 @@ import contextlib
 import logging
 import ssl
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -68,21 +68,6 @@ CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 _CLIENT_AUTH_ALIASES = {"": "NoClientCert", "RequireClientCert": "RequireAnyClientCert"}
-TLS_KEYS = (
-    "cert",
-    "key",
-    "client_ca",
-    "cert_file",
-    "key_file",
-    "client_auth_type",
-    "client_ca_file",
-    "cipher_suites",
-    "curve_preferences",
-    "min_version",
-    "max_version",
-    "prefer_server_cipher_suites",
-    "client_allowed_sans",
-)
 # Keys whose presence turns TLS on in Go (TLSConfig.IsEnabled).
 _ENABLING = (
     "cert",
@@ -92,6 +77,15 @@ _ENABLING = (
     "key_file",
     "client_auth_type",
     "client_ca_file",
+)
+TLS_KEYS = (
+    *_ENABLING,
+    "cipher_suites",
+    "curve_preferences",
+    "min_version",
+    "max_version",
+    "prefer_server_cipher_suites",
+    "client_allowed_sans",
 )
 
 
@@ -119,12 +113,8 @@ class TLSConfig:
     @property
     def files(self) -> dict[str, Path]:
         """The files this config reads, by key."""
-        named = {
-            "cert_file": self.cert_file,
-            "key_file": self.key_file,
-            "client_ca_file": self.client_ca_file,
-        }
-        return {key: path for key, path in named.items() if path is not None}
+        keys = ("cert_file", "key_file", "client_ca_file")
+        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
 
     def describe(self) -> str:
         """Where the certificate and key come from, for messages (never the inline PEM)."""
@@ -146,11 +136,14 @@ class TLSConfig:
     def context(self) -> ssl.SSLContext:
         """The server's TLS context; ssl.SSLError when the files cannot serve together."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        with (
-            _pem_path(self.cert_file, self.cert) as cert,
-            _pem_path(self.key_file, self.key) as key,
-        ):
-            context.load_cert_chain(cert, key)
+        try:
+            with (
+                _pem_path(self.cert_file, self.cert) as cert,
+                _pem_path(self.key_file, self.key) as key,
+            ):
+                context.load_cert_chain(cert, key)
+        except ssl.SSLError as exc:
+            raise ssl.SSLError(f"cannot use {self.describe()}: {exc.reason or exc}") from exc
         with warnings.catch_warnings():  # TLS10/TLS11 are deprecated, but the file asks
             warnings.simplefilter("ignore", DeprecationWarning)
             context.minimum_version = TLS_VERSIONS[self.min_version]
@@ -208,57 +201,18 @@ def warn_if_expired(tls: TLSConfig) -> None:
 
 
 class LiveContext(ssl.SSLContext):
-    """The server's TLS context, read again for each new connection as exporter-toolkit's
-    is (GetConfigForClient): each connection is wrapped by a context made from the TLS
-    settings now in force (``settings()``: the web config as last read; None, TLS turned
-    off, keeps the last, as that needs a restart) and the files they name, made anew when
-    either changed. Settings or files that cannot serve keep the last good context."""
+    """A server context that wraps each new connection with the context ``current()``
+    returns: exporter-toolkit reads its TLS config at each handshake (GetConfigForClient)."""
 
     def __new__(cls, *_args: object) -> LiveContext:
         return super().__new__(cls, ssl.PROTOCOL_TLS_SERVER)
 
-    def __init__(self, settings: Callable[[], TLSConfig | None], first: TLSConfig) -> None:
-        """ssl.SSLError for a first config that cannot serve."""
-        self._settings = settings
-        self._lock = threading.Lock()
-        self._made = (first, _stamps(first), first.context())
-        warn_if_expired(first)
+    def __init__(self, current: Callable[[], ssl.SSLContext]) -> None:
+        self._current = current
 
-    def current(self) -> ssl.SSLContext:
-        tls = self._settings() or self._made[0]
-        stamps = _stamps(tls)
-        with self._lock:
-            made_tls, made_stamps, context = self._made
-            if tls == made_tls and stamps == made_stamps:
-                return context
-            try:
-                context = tls.context()
-            except (ssl.SSLError, OSError) as exc:
-                log.error(
-                    "TLS: %s changed but cannot serve, new connections keep the last good one: %s",
-                    tls.describe(),
-                    getattr(exc, "reason", None) or exc,
-                )
-            else:
-                log.info("TLS: %s changed, new connections use it", tls.describe())
-                warn_if_expired(tls)
-            self._made = (tls, stamps, context)  # on failure, tried again at the next change
-            return context
-
-    def wrap_bio(
-        self,
-        incoming: ssl.MemoryBIO,
-        outgoing: ssl.MemoryBIO,
-        server_side: bool = False,
-        server_hostname: str | bytes | None = None,
-        session: ssl.SSLSession | None = None,
-    ) -> ssl.SSLObject:
+    def wrap_bio(self, *args: Any, **kwargs: Any) -> ssl.SSLObject:
         # asyncio wraps each accepted connection here, before its handshake starts.
-        return self.current().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
-
-
-def _stamps(tls: TLSConfig) -> tuple[tuple[int, int, int] | None, ...]:
-    return tuple(stamp(path) for path in tls.files.values())
+        return self._current().wrap_bio(*args, **kwargs)
 
 
 @contextlib.contextmanager
