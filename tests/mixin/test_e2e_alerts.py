@@ -272,33 +272,15 @@ class Host:
 
     def start(self) -> None:
         write_cards(self.script, self.cards())
+        argv = [sys.executable, "-m", "rankscope", "serve", f"--flight-dir={self.flight}"]
+        argv += [f"--web.listen-address={self.address}", "--device.source=script"]
+        argv += [f"--device.script={self.script}", "--corridor.floor=2GiB"]
+        argv += ["--holdings.interval=500ms"]
+        if self.ras is not None:
+            argv += ["--collector.nccl-ras", f"--collector.nccl-ras.address={self.ras.address}"]
+            argv += ["--collector.nccl-ras.interval=500ms"]
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "rankscope",
-                    "serve",
-                    f"--flight-dir={self.flight}",
-                    f"--web.listen-address={self.address}",
-                    "--device.source=script",
-                    f"--device.script={self.script}",
-                    "--corridor.floor=2GiB",
-                    "--holdings.interval=500ms",
-                    *(
-                        [
-                            "--collector.nccl-ras",
-                            f"--collector.nccl-ras.address={self.ras.address}",
-                            "--collector.nccl-ras.interval=500ms",
-                        ]
-                        if self.ras is not None
-                        else []
-                    ),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def start_rank(
