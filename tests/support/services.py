@@ -85,4 +85,3 @@ def alertmanager(workdir: Path, config_text: str) -> Iterator[Alertmanager]:
     am_binary = binary("prometheus-alertmanager", "alertmanager")
     with services.alertmanager(am_binary, workdir, config_text) as am:
         yield Alertmanager(am.url, am.proc, am.log)
-

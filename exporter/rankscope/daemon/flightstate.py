@@ -348,17 +348,14 @@ class FlightState:
             records: list[Record] = [
                 r for st in streams for r in (*st.marks, *st.census_lines, st.live) if r is not None
             ]
-            skipped = collections.Counter(self._reader.skipped)
-            invalid = collections.Counter(self._reader.invalid)
-            alive = dict(self._alive_locked())
-        return Flight(
-            records=records,
-            boots=boots,
-            boot=selected,
-            skipped=skipped,
-            invalid=invalid,
-            alive=alive,
-        )
+            return Flight(
+                records=records,
+                boots=boots,
+                boot=selected,
+                skipped=collections.Counter(self._reader.skipped),
+                invalid=collections.Counter(self._reader.invalid),
+                alive=dict(self._alive_locked()),
+            )
 
     def alive(self) -> Mapping[tuple[str, int, int | None], bool]:
         """Whether each process this daemon can see still runs, as of the last refresh (a
@@ -415,6 +412,9 @@ class FlightState:
             since = self._living.get(p, h.wall)
             self._living[p] = None if since is None or self._caught_up else max(since, h.wall)
         body = rec.body
+        if isinstance(body, (Census, CensusDump, Divergence)):
+            st.census_lines.append(rec)
+            del st.census_lines[:-MAX_CENSUS_LINES_PER_PROCESS]
         if isinstance(body, Mark):
             st.arenas = Line(h, body)
             st.marks.append(st.arenas)
@@ -429,19 +429,14 @@ class FlightState:
             del st.ooms[:-MAX_OOMS_PER_PROCESS]
             card = (body.device.nvml_index, body.device.uuid)
             st.oom_counts[card] = st.oom_counts.get(card, 0) + 1
-        if isinstance(body, CensusLive):
+        elif isinstance(body, CensusLive):
             st.live = _fold_live(st.live, Line(h, body))
-        elif isinstance(body, (Census, CensusDump, Divergence)):
-            st.census_lines.append(rec)
-            del st.census_lines[:-MAX_CENSUS_LINES_PER_PROCESS]
-        if isinstance(body, Census):
+        elif isinstance(body, (Census, CensusDump)):
             st.census = Line(h, body)
             # A snapshot whose round or counts do not read compares nothing (the census
             # report skips it too): the rank stays at its last readable one.
-            if body.round is not None and body.counts is not None:
+            if isinstance(body, Census) and body.round is not None and body.counts is not None:
                 st.snapshot = Line(h, body)
-        elif isinstance(body, CensusDump):
-            st.census = Line(h, body)
         elif isinstance(body, Divergence):
             # The newest comparison round wins, as in the census report.
             by_key = self._divergences.setdefault(h.boot, {})

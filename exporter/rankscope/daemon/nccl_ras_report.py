@@ -172,10 +172,9 @@ _GROUP_ROW = re.compile(
 _DEAD_COUNT = re.compile(r"^\s*(\d+) job process(?:es are| is) considered dead")
 _PROCESS_LINE = re.compile(r"^\s*Process (-?\d+) on node (\S+) managing GPU")
 _COMM_ENTRY = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) ([A-Z,]+)\s*$")
+# 2.24 and 2.25 name no op: "different collective operation counts".
 _MISMATCH_OP = re.compile(r"Communicator ranks have different (\w+) operation counts")
 _MISMATCH_STATUS = "Communicator ranks have different status"
-# 2.24 / 2.25 name no op: "different collective operation counts".
-_MISMATCH_ANY = "Communicator ranks have different collective operation counts"
 
 
 def parse_text_report(text: str) -> RasReport:
@@ -250,12 +249,9 @@ class _TextFindings:
                 self.dead.append(DeadProcess(pid=int(p.group(1)), host=p.group(2)))
         elif self.entry_id is not None and section == "Warnings":
             op = _MISMATCH_OP.search(line)
-            if op and op.group(1) != "collective":
-                self.mismatches.setdefault(self.entry_id, []).append(op.group(1))
-            elif _MISMATCH_ANY in line:
-                self.mismatches.setdefault(self.entry_id, []).append("collective")
-            elif _MISMATCH_STATUS in line:
-                self.mismatches.setdefault(self.entry_id, []).append("status")
+            what = op.group(1) if op else "status" if _MISMATCH_STATUS in line else None
+            if what is not None:
+                self.mismatches.setdefault(self.entry_id, []).append(what)
 
     def communicators(self) -> tuple[Communicator, ...]:
         """Each grouped row's comms, by the hash NCCL printed for their "#group-index", or by it."""
@@ -276,9 +272,8 @@ class _TextFindings:
 def count_mismatches(comm: Communicator) -> dict[str, tuple[int, int]]:
     """op -> (lowest, highest) count, for each op whose ranks disagree in this report."""
     out: dict[str, tuple[int, int]] = {}
-    ops = {op for r in comm.ranks if r.counts for op in r.counts}
-    for op in sorted(ops):
-        values = {r.counts.get(op, 0) for r in comm.ranks if r.counts is not None}
+    for op in sorted({op for r in comm.ranks for op in r.counts}):
+        values = {r.counts.get(op, 0) for r in comm.ranks}
         if len(values) > 1:
             out[op] = (min(values), max(values))
     return out

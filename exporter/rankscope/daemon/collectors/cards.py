@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
-from rankscope.daemon import registry
 from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.registry import add, counter, gauge, info, label_values, summary
 from rankscope.daemon.sampler import Sampler
@@ -63,8 +62,5 @@ class CardsCollector:
         duration.add_metric([], count_value=sampler.samples, sum_value=sampler.duration_sum)
         overruns = counter("rankscope_sampler_overruns_total")
         overruns.add_metric([], sampler.overrun_count)
-        families: list[registry.Family] = [
-            gpu_info, total, free, free_min, floor, breach_seconds, breaches, errors,
-            rank_resident, foreign, unattributed, duration, overruns,
-        ]  # fmt: skip
-        yield from families
+        yield from (gpu_info, total, free, free_min, floor, breach_seconds, breaches, errors)
+        yield from (rank_resident, foreign, unattributed, duration, overruns)

@@ -182,14 +182,14 @@ class NcclRasCollector:
             add(fams["communicator_ranks_reporting"], key, comm.ranks_count)
             add(fams["communicator_ranks_missing"], key, comm.missing_ranks_count)
             persisting = ep.persisting.get(comm.key, ())
-            ops = {op for r in comm.ranks if r.counts for op in r.counts}
+            ops = {op for r in comm.ranks for op in r.counts}
             ops |= {op for op in comm.reported_mismatches if op != "status"}
             for op in sorted(ops):
                 add(fams["count_mismatch"], (*key, op), float(op in persisting))
             if comm.ranks or "status" in comm.reported_mismatches:
                 add(fams["status_mismatch"], key, float("status" in persisting))
             for r in comm.ranks:
-                for op, n in sorted((r.counts or {}).items()):
+                for op, n in sorted(r.counts.items()):
                     add(collectives, (*_rank_key(key, r, mapped), op), n)
             for m in comm.missing:
                 rank_key = _rank_key(key, m, mapped)
