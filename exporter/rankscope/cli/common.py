@@ -110,12 +110,9 @@ class PrintableStream(io.TextIOBase):
 @contextlib.contextmanager
 def printable_output() -> Iterator[None]:
     """stdout and stderr escaping control characters, for printing what a record holds."""
-    out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = PrintableStream(out), PrintableStream(err)
-    try:
+    out, err = PrintableStream(sys.stdout), PrintableStream(sys.stderr)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         yield
-    finally:
-        sys.stdout, sys.stderr = out, err
 
 
 def table(

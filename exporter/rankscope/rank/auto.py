@@ -156,10 +156,8 @@ def _hook_census(torch: ModuleType) -> None:
 
     if not counts.ARMED:
         return  # rankscope run --no-census (RANKSCOPE_CENSUS=0)
-    if not os.environ.get(snapshots.ENV_EVERY):
-        census.configure(auto_every=DEFAULT_AUTO_EVERY)
-    else:
-        census.configure(auto_every=snapshots.every_from_env())
+    given = os.environ.get(snapshots.ENV_EVERY)
+    census.configure(auto_every=snapshots.every_from_env() if given else DEFAULT_AUTO_EVERY)
     census.instrument_torch_distributed(on_world=snapshots.auto_tick)
     census.instrument_cuda_graphs()
 

@@ -54,15 +54,11 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
         if fullname not in self.watch:
             return None
         try:
-            for finder in list(sys.meta_path):
-                find = getattr(finder, "find_spec", None)
-                spec = find(fullname, path, target) if finder is not self and find else None
-                if spec is not None:
-                    break
-            else:
-                return None
-            if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return None  # a namespace package or a legacy loader: leave it alone
+            finders = [f for f in sys.meta_path if f is not self and getattr(f, "find_spec", None)]
+            found = (f.find_spec(fullname, path, target) for f in finders)
+            spec = next((spec for spec in found if spec is not None), None)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return None  # not found, a namespace package or a legacy loader: leave it alone
             spec.loader = _NotifyingLoader(spec.loader, self)
             return spec
         except Exception as exc:  # never break the program's import

@@ -42,7 +42,6 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--boot-id",
         metavar="ID",
-        default=None,
         help="the boot id every process records under "
         "(default: $RANKSCOPE_BOOT_ID, else one new id for this run)",
     )
@@ -131,8 +130,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         os.execve(program, command, env)
     except OSError as exc:
-        if exc.errno == errno.ENOEXEC and is_text(program):
-            return exec_with_shell(program, command, env)
+        if exc.errno != errno.ENOEXEC or not is_text(program):
+            return fail(f"{command[0]}: {exc.strerror or exc}", NOT_EXECUTABLE)
+    # An executable script with no #! line: run by /bin/sh, as a shell and execvp run it.
+    try:
+        os.execve(SHELL, [SHELL, program, *command[1:]], env)
+    except OSError as exc:
         return fail(f"{command[0]}: {exc.strerror or exc}", NOT_EXECUTABLE)
     return NOT_EXECUTABLE  # not reached: execve returns only by raising
 
@@ -144,12 +147,3 @@ def is_text(program: str) -> bool:
             return b"\0" not in f.read(256).split(b"\n", 1)[0]
     except OSError:
         return False
-
-
-def exec_with_shell(program: str, command: list[str], env: dict[str, str]) -> int:
-    """A script with no ``#!`` line runs by /bin/sh, as a shell and execvp run it."""
-    try:
-        os.execve(SHELL, [SHELL, program, *command[1:]], env)
-    except OSError as exc:
-        return fail(f"{command[0]}: {exc.strerror or exc}", NOT_EXECUTABLE)
-    return NOT_EXECUTABLE  # not reached

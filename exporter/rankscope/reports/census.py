@@ -208,12 +208,12 @@ def build_report(
 def _dead_in_group(ranks: dict[int, _Rank], states: dict[int, str]) -> list[int]:
     """The dead ranks that share a group instance with another rank of the record."""
     split = {r: split_by_group(s.latest) for r, s in ranks.items()}
-    out = []
-    for rank in sorted(r for r, st in states.items() if st == DEAD):
-        groups = split[rank]
-        if any(len(members_of(g, split, [r for r in split if g in split[r]])) > 1 for g in groups):
-            out.append(rank)
-    return out
+
+    def shared(group: str) -> bool:
+        return len(members_of(group, split, [r for r in split if group in split[r]])) > 1
+
+    dead = sorted(r for r, state in states.items() if state == DEAD)
+    return [rank for rank in dead if any(map(shared, split[rank]))]
 
 
 def _snapshot_sections(
@@ -268,17 +268,7 @@ def _in_process_section(divergences: list[Line[Divergence]]) -> list[dict[str, A
     latest: dict[tuple[str, str], Line[Divergence]] = {}
     for line in sorted(divergences, key=lambda d: (d.body.round or 0, d.header.wall)):
         latest[(line.body.group, line.body.op)] = line
-    return [
-        {
-            "round": line.body.round,
-            "group": line.body.group,
-            "op": line.body.op,
-            "counts": {str(r): n for r, n in line.body.counts.items()},
-            "lagging": list(line.body.lagging),
-            "rank": line.header.rank,
-        }
-        for line in latest.values()
-    ]
+    return [{**line.body.to_json(), "rank": line.header.rank} for line in latest.values()]
 
 
 def census_document(flight: Flight) -> dict[str, Any]:

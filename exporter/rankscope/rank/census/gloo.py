@@ -129,15 +129,9 @@ class Comparator:
                 continue
             # The lowest member records it, so each group's divergence lands on its host.
             if RECORDER.armed and min(int(r) for r in counts) == self.rank:
-                RECORDER.write_record(
-                    Divergence(
-                        round=round_,
-                        group=entry["group"],
-                        op=entry["op"],
-                        counts={int(r): n for r, n in counts.items()},
-                        lagging=tuple(entry["lagging"]),
-                    )
-                )
+                by_rank = {int(r): n for r, n in counts.items()}
+                lagging = tuple(entry["lagging"])
+                RECORDER.write_record(Divergence(round_, *key, by_rank, lagging))
 
 
 def gather_bytes(dist: Any, group: Any, data: bytes) -> list[bytes]:
