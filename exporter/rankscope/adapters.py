@@ -1,5 +1,4 @@
-"""The framework adapters' public API (docs/integrations.md). They run inside the rank;
-their code is :mod:`rankscope.rank.adapters`."""
+"""The framework adapters' public API (docs/integrations.md); the code is in the rank's zone."""
 
 from rankscope.rank.adapters import ADAPTERS, install_import_hooks, uninstall_import_hooks
 

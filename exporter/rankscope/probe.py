@@ -1,5 +1,4 @@
-"""The probe's public API (docs/probe.md): ``mark``, ``configure``, ``arenas.register``. The
-probe runs inside the rank; its code is :mod:`rankscope.rank.probe`."""
+"""The probe's public API (docs/probe.md): ``mark``, ``configure``, ``arenas.register``..."""
 
 from rankscope.rank.probe import (
     arenas,

@@ -29,8 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class Parser(argparse.ArgumentParser):
-    """The top-level parser: a flag the chosen subcommand does not know is reported with that
-    subcommand's usage and the flag it most likely meant, not the top-level usage."""
+    """Reports a flag unknown to the chosen subcommand with that subcommand's usage and a hint."""
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         parsed, unknown = self.parse_known_args(args, namespace)

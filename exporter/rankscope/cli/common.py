@@ -1,5 +1,4 @@
-"""What the reader commands share: the DIR argument, reading the flight, and the text
-formatting (tables in MiB for people; --json prints bytes)."""
+"""What the reader commands share: DIR, reading the flight, and text (MiB; --json says bytes)."""
 
 from __future__ import annotations
 

@@ -84,8 +84,7 @@ def daemon_url(text: str) -> str:
 
 
 def fetch_sampler_ooms(base: str, timeout: float = 10.0) -> tuple[list[SamplerOom], list[str]]:
-    """Every sampler OOM the daemon at ``base`` holds (GET /api/v1/oom, page by page), and
-    why each unreadable entry was skipped."""
+    """The daemon's sampler OOMs (GET /api/v1/oom, page by page), and why each skipped one was."""
     import http.client  # only here, with urllib.request: it loads ssl
     import urllib.request
 

@@ -207,8 +207,7 @@ def _around(
     before: Callable[[Call], None],
     after: Callable[[Any, Call, Any, float], None] | None,
 ) -> Callable[..., Any]:
-    """``original`` between ``before(call)`` and ``after(dist, call, result, seconds)``, both
-    guarded; the group rankscope creates for itself passes unmarked."""
+    """``original`` between guarded ``before(call)`` and ``after(dist, call, result, seconds)``."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

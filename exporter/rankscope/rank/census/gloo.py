@@ -135,8 +135,7 @@ class Comparator:
 
 
 def gather_bytes(dist: Any, group: Any, data: bytes) -> list[bytes]:
-    """Every member's ``data`` in group rank order, by two all_gathers of CPU tensors
-    (all_gather_object would need numpy)."""
+    """Every member's ``data`` in rank order, by two all_gathers (all_gather_object needs numpy)."""
     import torch
 
     world = dist.get_world_size(group)
@@ -192,8 +191,7 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
 
 
 def disable_comparison(timeout: float = 5.0) -> None:
-    """Stop after the rounds already submitted; a gather still running after ``timeout`` is
-    left to finish, and the exit waits for it."""
+    """Stop after the rounds submitted; a gather still running after ``timeout`` ends at exit."""
     comparator = _detach()
     if comparator is not None:
         _close(comparator, timeout)

@@ -137,8 +137,7 @@ _GRAPH_METHODS = ("capture_begin", "capture_end", "replay")
 
 
 def instrument_cuda_graphs() -> Callable[[], None]:
-    """Track every ``torch.cuda.CUDAGraph`` capture and replay (SGLang's and vLLM's runners
-    use them). Returns the undo."""
+    """Track every ``torch.cuda.CUDAGraph`` capture and replay (SGLang's and vLLM's); the undo."""
     import torch
 
     cls: Any = torch.cuda.CUDAGraph
