@@ -27,17 +27,15 @@ def install_import_hooks(adapters: Sequence[Adapter] = ADAPTERS) -> bool:
     """Watch the adapters' modules (idempotent). Returns True when watching; never raises."""
     try:
         for adapter in adapters:
-            for name in adapter.modules():
-                FINDER.add(name, adapter.on_import)
             if adapter not in _installed:
                 _installed.append(adapter)
-        # Modules imported before the hooks were installed (an import-time arming that came
-        # late): attach now, in the order the adapter lists them.
-        for adapter in adapters:
             for name in adapter.modules():
-                module = sys.modules.get(name)
-                if module is not None:
-                    adapter.on_import(module)
+                FINDER.add(name, adapter.on_import)
+            # Modules imported before the hooks were installed (an import-time arming that
+            # came late): attach now, in the order the adapter lists them.
+            for name in adapter.modules():
+                if name in sys.modules:
+                    adapter.on_import(sys.modules[name])
         return True
     except Exception as exc:
         log.warning("rankscope adapters: import hooks not installed: %r", exc)

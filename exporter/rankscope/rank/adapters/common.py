@@ -4,13 +4,21 @@ ranks from the framework's parallel_state, mark the end of the boot, hold KV are
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
 from rankscope.rank import census, probe
-from rankscope.rank.adapters.points import Adapter, AttachError, HookPoint, Undo, points_of, resolve
-from rankscope.rank.census.wrap import OpNamer
+from rankscope.rank.adapters.points import (
+    Adapter,
+    AttachError,
+    Hook,
+    HookPoint,
+    Undo,
+    points_of,
+    resolve,
+    wrap_method,
+)
 
 
 def group_of(coordinator: Any) -> str | None:
@@ -37,8 +45,10 @@ def count_methods(
     owners = {resolve(module, p)[0] for p in points}
     if len(owners) != 1:
         raise AttachError(points[0].name, "count points span more than one class")
-    namers = op_namers(table)
-    methods = {m: namers[m] for m in (p.qualname.rsplit(".", 1)[1] for p in points)}
+    ops = {m: table[m] for m in (p.qualname.rsplit(".", 1)[1] for p in points)}
+    methods = {
+        m: op if isinstance(op, str) else census.coordinator_p2p(*op) for m, op in ops.items()
+    }
     return [
         census.instrument_methods(owners.pop(), methods, group_of=group_of, eager_only=eager_only)
     ]
@@ -47,11 +57,6 @@ def count_methods(
 # A counted method's op: a collective's name, or a p2p op's (send or recv, the peer's
 # parameter, its position after self)
 Op = str | tuple[str, str, int]
-
-
-def op_namers(ops: Mapping[str, Op]) -> dict[str, str | OpNamer]:
-    """method -> what the census counts it under (rankscope.rank.census.coordinator_p2p)."""
-    return {m: op if isinstance(op, str) else census.coordinator_p2p(*op) for m, op in ops.items()}
 
 
 def count_points(module: str, cls: str, ops: Mapping[str, Op]) -> tuple[HookPoint, ...]:
@@ -91,6 +96,23 @@ def install_parallel_state(
     for point in points_of(adapter, name, ("call",)):
         resolve(module, point)
     return count_methods(module, points_of(adapter, name, ("count",)), table, eager_only)
+
+
+def wrap_methods(
+    adapter: Adapter, module: ModuleType, name: str, hooks: Mapping[str, tuple[Hook | None, ...]]
+) -> list[Undo]:
+    """Wrap the methods of the one class ``name``'s wrap points are on: method -> (before,
+    after), either None."""
+    cls = {resolve(module, p)[0] for p in points_of(adapter, name, ("wrap",))}.pop()
+    return [wrap_method(cls, m, before=b, after=a) for m, (b, a) in hooks.items()]
+
+
+def marks(before: str, after: str, runner: Callable[[Any], str]) -> tuple[Hook, Hook]:
+    """Hooks marking phase ``before`` and ``after`` a call, for ``runner(self)``."""
+    return (
+        lambda obj, args, kwargs: probe.mark(before, runner=runner(obj)),
+        lambda obj, args, kwargs: probe.mark(after, runner=runner(obj)),
+    )
 
 
 def configure_ranks(parallel_state: str, *, runner: str | None) -> None:

@@ -89,12 +89,12 @@ def resolve(module: ModuleType, point: HookPoint) -> tuple[Any, str]:
     return owner, member
 
 
-Before = Callable[[Any, tuple[Any, ...], dict[str, Any]], None]
-After = Callable[[Any, tuple[Any, ...], dict[str, Any]], None]
+# (self, args after self, kwargs): run before or after a wrapped method
+Hook = Callable[[Any, tuple[Any, ...], dict[str, Any]], object]
 
 
 def wrap_method(
-    cls: type, name: str, *, before: Before | None = None, after: After | None = None
+    cls: type, name: str, *, before: Hook | None = None, after: Hook | None = None
 ) -> Undo:
     """Replace ``cls.name`` by a wrapper that runs ``before`` and, when the call returns,
     ``after``, each costing a log line if it fails, never the call. Returns the undo."""
@@ -120,20 +120,13 @@ def wrap_method(
 _warned: set[str] = set()
 
 
-def _guarded(fn: Callable[..., None], where: str, *args: Any) -> None:
+def _guarded(fn: Callable[..., object], where: str, *args: Any) -> None:
     try:
         fn(*args)
     except Exception as exc:  # an adapter may cost a log line, never the framework's call
         if where not in _warned:
             _warned.add(where)
             log.warning("rankscope adapter: hook around %s failed: %r; carrying on", where, exc)
-
-
-def param(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, position: int) -> Any:
-    """A parameter the adapter reads, passed by keyword or at ``position`` (after self)."""
-    if name in kwargs:
-        return kwargs[name]
-    return args[position] if len(args) > position else None
 
 
 def is_checked(version: str | None, checked: tuple[str, ...]) -> bool:
@@ -170,7 +163,7 @@ class Adapter:
         self._lock = threading.RLock()
         if self.state == "attached":
             try:
-                self._write(self._attached_status(), None)
+                self._write()
             except Exception as exc:
                 log.warning("rankscope adapter %s: %r", self.framework, exc)
 
@@ -205,7 +198,7 @@ class Adapter:
             self.state = "attaching"
             # A process that imports only some of the modules (a front-end process) still
             # gets its one line, at exit, with the modules that never came as pending.
-            atexit.register(self._at_exit)
+            atexit.register(self._attached)
         install = self.installers()[name]
         try:
             self._undo.extend(install(module))
@@ -216,10 +209,8 @@ class Adapter:
         self.hooks.extend(
             p.name for p in self.points if p.module == name and p.use in ("wrap", "count")
         )
-        required = set(self.installers()) - set(self.deferred)
-        if self.state == "attaching" and required <= self._done:
-            self.state = "attached"
-            self._write(self._attached_status(), None)
+        if set(self.installers()) - set(self.deferred) <= self._done:
+            self._attached()
 
     def _unchecked_failure(self, module: str) -> tuple[str, str] | None:
         """Why a version that is not a checked one cannot attach, or None: every hook point
@@ -236,11 +227,11 @@ class Adapter:
             )
         return verify.first_problem(self)
 
-    def _at_exit(self) -> None:
+    def _attached(self) -> None:
         with self._lock:
             if self.state == "attaching":
                 self.state = "attached"
-                self._write(self._attached_status(), None)
+                self._write()
 
     def _give_up(self, point: str, why: str) -> None:
         was = self.state
@@ -257,14 +248,17 @@ class Adapter:
             point,
             why,
         )
-        self._write("detached" if was == "attached" else "not_attached", (point, why))
+        self._write(("detached" if was == "attached" else "not_attached", point, why))
         self.hooks = []
 
-    def _attached_status(self) -> str:
-        return ATTACHED_UNVERIFIED if self.unverified else "attached"
-
-    def _write(self, status: str, failed: tuple[str, str] | None) -> None:
-        attached = status in ("attached", ATTACHED_UNVERIFIED)
+    def _write(self, failed: tuple[str, str, str] | None = None) -> None:
+        """The one ``adapter`` line: attached, or failed as (status, hook point, why)."""
+        attached = failed is None
+        status, point, why = failed or (
+            ATTACHED_UNVERIFIED if self.unverified else "attached",
+            None,
+            None,
+        )
         RECORDER.write_record(
             AdapterStatus(
                 framework=self.framework,
@@ -275,8 +269,8 @@ class Adapter:
                 pending=tuple(m for m in self.installers() if m not in self._done)
                 if attached
                 else (),
-                failed_hook=failed[0] if failed else None,
-                failed_why=failed[1] if failed else None,
+                failed_hook=point,
+                failed_why=why,
             )
         )
 

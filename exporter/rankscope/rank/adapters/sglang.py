@@ -14,15 +14,7 @@ from typing import Any
 
 from rankscope.rank import census, probe
 from rankscope.rank.adapters import common
-from rankscope.rank.adapters.points import (
-    Adapter,
-    HookPoint,
-    Installer,
-    Undo,
-    points_of,
-    resolve,
-    wrap_method,
-)
+from rankscope.rank.adapters.points import Adapter, HookPoint, Installer, Undo
 
 PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
@@ -116,16 +108,8 @@ def unified_buffer(pool: Any) -> Any:
 
 
 class KvPoolArena:
-    """SGLang's KV pool in the arena protocol, held weakly (docs/integrations.md):
-
-    - reserved: under unified memory, the shared buffer's bytes, in the target's arena only
-      (a draft pool's bytes are fused into the same buffer: 0 in ``kv_draft``); else the
-      pool's own K + V bytes (``get_kv_size_bytes``; the VA upper bound of a post-capture
-      VMM pool). A pool class without it (DeepSeek-V4's) is unknown, saying so.
-    - backed: in post-capture VMM mode, the bytes SGLang has committed
-      (``post_capture_backed_bytes``, summed over a hybrid pool's sub-pools by SGLang);
-      else reserved (plain tensors are committed when allocated).
-    - retained: unknown (SGLang reports no parked handles)."""
+    """SGLang's KV pool in the arena protocol, held weakly; docs/integrations.md says what
+    each figure is, for each pool class and mode."""
 
     def __init__(self, pool: Any, *, draft: bool = False) -> None:
         self._pool = weakref.ref(pool)
@@ -184,14 +168,9 @@ class SGLangAdapter(Adapter):
         )
 
     def _install_model_runner(self, module: ModuleType) -> list[Undo]:
-        cls = {resolve(module, p)[0] for p in points_of(self, MODEL_RUNNER, ("wrap",))}.pop()
-
         def ranks(runner: Any, args: Any, kwargs: Any) -> None:
             role = None if _runner(runner) == "draft" else "target"
             common.configure_ranks(PARALLEL_STATE, runner=role)
-
-        def mark(phase: str) -> Any:
-            return lambda runner, args, kwargs: probe.mark(phase, runner=_runner(runner))
 
         def pool_sized(runner: Any, args: Any, kwargs: Any) -> None:
             role = _runner(runner)
@@ -201,23 +180,20 @@ class SGLangAdapter(Adapter):
                 common.register_arena("kv" if role == "target" else "kv_draft", arena)
             probe.mark("kv_pool_sized", runner=role)
 
-        return [
-            wrap_method(cls, "init_torch_distributed", after=ranks),
-            wrap_method(
-                cls, "load_model", before=mark("pre_weight_load"), after=mark("weights_loaded")
-            ),
-            wrap_method(cls, "alloc_memory_pool", after=pool_sized),
-            wrap_method(
-                cls, "init_cuda_graphs", before=mark("capture_begin"), after=mark("capture_end")
-            ),
-        ]
+        hooks = {
+            "init_torch_distributed": (None, ranks),
+            "load_model": common.marks("pre_weight_load", "weights_loaded", _runner),
+            "alloc_memory_pool": (None, pool_sized),
+            "init_cuda_graphs": common.marks("capture_begin", "capture_end", _runner),
+        }
+        return common.wrap_methods(self, module, MODEL_RUNNER, hooks)
 
     def _install_scheduler(self, module: ModuleType) -> list[Undo]:
-        cls = {resolve(module, p)[0] for p in points_of(self, SCHEDULER, ("wrap",))}.pop()
-        return [
-            wrap_method(cls, "ingest_requests", before=lambda *_: census.tick()),
-            wrap_method(cls, "run_batch", after=lambda *_: common.first_forward(self)),
-        ]
+        hooks = {
+            "ingest_requests": (lambda *_: census.tick(), None),
+            "run_batch": (None, lambda *_: common.first_forward(self)),
+        }
+        return common.wrap_methods(self, module, SCHEDULER, hooks)
 
 
 ADAPTER = SGLangAdapter()

@@ -28,36 +28,20 @@ def _params(args: ast.arguments, *, method: bool) -> Params:
     return out
 
 
-def _decorator(node: ast.expr) -> str:
-    if isinstance(node, ast.Call):
-        node = node.func
-    try:
-        return ast.unparse(node)
-    except Exception:
-        return "?"
-
-
 def _self_attributes(cls: ast.ClassDef) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(cls):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-            targets = [node.target]
-        for target in targets:
-            for t in ast.walk(target):
-                if (
-                    isinstance(t, ast.Attribute)
-                    and isinstance(t.value, ast.Name)
-                    and t.value.id == "self"
-                ):
-                    names.add(t.attr)
+    """What the class assigns: ``self.x`` anywhere in it, and names in its own body."""
+    names = {
+        node.attr
+        for node in ast.walk(cls)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
     for stmt in cls.body:  # class-level names and annotations
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            names.add(stmt.target.id)
-        elif isinstance(stmt, ast.Assign):
-            names.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
     return names
 
 
@@ -78,7 +62,10 @@ def extract(
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in want:
                     methods[item.name] = {
                         "params": _params(item.args, method=True),
-                        "decorators": [_decorator(d) for d in item.decorator_list],
+                        "decorators": [  # a decorator call by its callee's name
+                            ast.unparse(d.func if isinstance(d, ast.Call) else d)
+                            for d in item.decorator_list
+                        ],
                     }
             out["classes"][node.name] = {
                 "methods": methods,

@@ -14,16 +14,7 @@ from typing import Any
 
 from rankscope.rank import census, probe
 from rankscope.rank.adapters import common
-from rankscope.rank.adapters.points import (
-    Adapter,
-    HookPoint,
-    Installer,
-    Undo,
-    param,
-    points_of,
-    resolve,
-    wrap_method,
-)
+from rankscope.rank.adapters.points import Adapter, HookPoint, Installer, Undo, points_of
 
 PARALLEL_STATE = "vllm.distributed.parallel_state"
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
@@ -97,12 +88,8 @@ POINTS: tuple[HookPoint, ...] = (
 
 
 class KvCacheArena:
-    """vLLM's KV cache in the arena protocol, holding the model runner weakly:
-
-    - reserved: an extensible cache's reservation (its ``size``: the config padded to the
-      allocator's granule), else the config's one device backing allocation;
-    - backed: an extensible cache's committed bytes (``physical_bytes``), else reserved;
-    - retained: unknown."""
+    """vLLM's KV cache in the arena protocol, holding the model runner weakly (its
+    extensible cache, when there is one, is read live; docs/integrations.md)."""
 
     def __init__(self, reserved: int, model_runner: Any) -> None:
         self._reserved = reserved
@@ -160,16 +147,11 @@ class VLLMAdapter(Adapter):
         return common.count_methods(module, counted, COMMUNICATOR_OPS, eager_only=COMMUNICATOR_OPS)
 
     def _install_worker(self, module: ModuleType) -> list[Undo]:
-        cls = {resolve(module, p)[0] for p in points_of(self, GPU_WORKER, ("wrap",))}.pop()
-
         def ranks(worker: Any, args: Any, kwargs: Any) -> None:
             common.configure_ranks(PARALLEL_STATE, runner="target")
 
-        def mark(phase: str) -> Any:
-            return lambda worker, args, kwargs: probe.mark(phase, runner="target")
-
         def pool_sized(worker: Any, args: Any, kwargs: Any) -> None:
-            config = param(args, kwargs, "kv_cache_config", 0)
+            config = kwargs.get("kv_cache_config", args[0] if args else None)
             if config is not None:
                 arena = KvCacheArena(device_kv_bytes(config), getattr(worker, "model_runner", None))
                 common.register_arena("kv", arena)
@@ -179,20 +161,17 @@ class VLLMAdapter(Adapter):
             census.tick()
             common.first_forward(self)
 
-        return [
-            wrap_method(cls, "init_device", after=ranks),
-            wrap_method(
-                cls, "load_model", before=mark("pre_weight_load"), after=mark("weights_loaded")
-            ),
-            wrap_method(cls, "initialize_from_config", after=pool_sized),
-            wrap_method(
-                cls,
-                "compile_or_warm_up_model",
-                before=mark("capture_begin"),
-                after=mark("capture_end"),
-            ),
-            wrap_method(cls, "execute_model", after=step_done),
-        ]
+        def target(worker: Any) -> str:
+            return "target"
+
+        hooks = {
+            "init_device": (None, ranks),
+            "load_model": common.marks("pre_weight_load", "weights_loaded", target),
+            "initialize_from_config": (None, pool_sized),
+            "compile_or_warm_up_model": common.marks("capture_begin", "capture_end", target),
+            "execute_model": (None, step_done),
+        }
+        return common.wrap_methods(self, module, GPU_WORKER, hooks)
 
 
 ADAPTER = VLLMAdapter()

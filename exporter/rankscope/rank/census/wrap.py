@@ -41,22 +41,20 @@ class _Guard(threading.local):
 GUARD = _Guard()
 
 
-class _GroupCache:
+def _cached(group_of: GroupOf) -> GroupOf:
     """group_of(self), remembered per instance (weakly), so a call pays one lookup."""
+    cache: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
-    def __init__(self, group_of: GroupOf) -> None:
-        self.group_of = group_of
-        self.cache: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
-
-    def __call__(self, obj: Any) -> str | None:
+    def cached(obj: Any) -> str | None:
         try:
-            return self.cache[obj]
+            return cache[obj]
         except KeyError:
-            name = self.group_of(obj)
-            self.cache[obj] = name
+            cache[obj] = name = group_of(obj)
             return name
         except TypeError:  # not weakly referenceable: no cache
-            return self.group_of(obj)
+            return group_of(obj)
+
+    return cached
 
 
 def coordinator_group(coordinator: Any) -> str:
@@ -167,12 +165,14 @@ def _traced_counter(
 
 
 def _method_wrapper(
-    original: Callable[..., Any], op: str | OpNamer, group_of: _GroupCache, traced: bool
+    original: Callable[..., Any],
+    op: str | OpNamer,
+    group_of: GroupOf,
+    count_traced: Callable[[Any], None] | None,
 ) -> Callable[..., Any]:
     namer = op if callable(op) else None
     fixed_op = op if isinstance(op, str) else ""
     compiling = compiling_check()
-    count_traced = _traced_counter(group_of.group_of, op, traced)
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -222,24 +222,23 @@ def instrument_methods(
     table: dict[str, str | OpNamer] = (
         dict(methods) if isinstance(methods, Mapping) else {m: m for m in methods}
     )
-    cache = _GroupCache(group_of)
+    cached = _cached(group_of)
     untraced = frozenset(eager_only)
     saved: dict[str, Any] = {}
     for name, op in table.items():
         current = getattr(cls, name, None)
         if current is None or not callable(current):
-            log.warning("rankscope census: %s has no method %s; not counted", cls.__name__, name)
+            why = "is no method"
+        elif getattr(current, MARK, False):
+            why = "is counted already"
+        elif isinstance(cls.__dict__.get(name), (staticmethod, classmethod)):
+            why = "is not an instance method"
+        else:
+            saved[name] = cls.__dict__.get(name, _INHERITED)
+            traced = _traced_counter(group_of, op, name not in untraced)
+            setattr(cls, name, _method_wrapper(current, op, cached, traced))
             continue
-        if getattr(current, MARK, False):
-            log.warning("rankscope census: %s.%s is counted already", cls.__name__, name)
-            continue
-        if isinstance(cls.__dict__.get(name), (staticmethod, classmethod)):
-            log.warning(
-                "rankscope census: %s.%s is not an instance method; not counted", cls.__name__, name
-            )
-            continue
-        saved[name] = cls.__dict__.get(name, _INHERITED)
-        setattr(cls, name, _method_wrapper(current, op, cache, name not in untraced))
+        log.warning("rankscope census: %s.%s %s; not counted", cls.__name__, name, why)
 
     def undo() -> None:
         for name, original in saved.items():
