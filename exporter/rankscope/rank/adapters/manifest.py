@@ -1,7 +1,9 @@
 """The check of the adapters' hook points against the manifest: what the real source of each
 checked framework version defines at the places the adapters use. scripts/adapter-manifest.py
 extracts it from the released wheels into ``manifest.json`` (beside this file);
-tests/rank/test_adapters_manifest.py runs :func:`check` on it. Manifest shape::
+tests/rank/test_adapters_manifest.py runs :func:`check` on it. The same check runs at run
+time for an installed version that is not a checked one, against the framework's own source
+read with ``ast`` (nothing of it imported): :func:`first_problem`. Manifest shape::
 
     {"frameworks": {"sglang": {"0.5.23": {
         "wheel": {"file": ..., "sha256": ...},
@@ -17,12 +19,16 @@ tests/rank/test_adapters_manifest.py runs :func:`check` on it. Manifest shape::
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from rankscope.rank.adapters.points import Adapter, HookPoint
-from rankscope.rank.adapters.source import Params
+from rankscope.rank.adapters.source import Params, extract, module_path, wanted
 
 MANIFEST_PATH = Path(__file__).with_name("manifest.json")
 
@@ -96,3 +102,47 @@ def load(path: str | Path = MANIFEST_PATH) -> dict[str, Any]:
     with open(path, encoding="utf-8") as f:
         data: dict[str, Any] = json.load(f)
     return data
+
+
+# RANKSCOPE_ADAPTERS=checked-only: a version that is not a checked one is not attached at all
+ENV_ADAPTERS = "RANKSCOPE_ADAPTERS"
+CHECKED_ONLY = "checked-only"
+
+
+def checked_only() -> bool:
+    return os.environ.get(ENV_ADAPTERS, "").strip().lower() == CHECKED_ONLY
+
+
+def _source_of(distribution: str, module: str) -> str | None:
+    """The installed source of ``module``: where the distribution's files are, else the first
+    entry of sys.path that has it. None when there is none."""
+    relative = module_path(module)
+    candidates: list[Path] = []
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        installed = importlib.metadata.distribution(distribution).locate_file(relative)
+        candidates.append(Path(str(installed)))
+    candidates += [Path(entry or ".") / relative for entry in sys.path]
+    for path in candidates:
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+    return None
+
+
+def first_problem(adapter: Adapter) -> tuple[str, str] | None:
+    """(hook point, why) of the first hook point the installed source does not offer as the
+    adapter uses it (module, class, method, parameters at their positions, attributes);
+    None when every one does. An optional point may be missing (it is read with a
+    fallback)."""
+    for module, (members, functions) in sorted(wanted(adapter).items()):
+        source = _source_of(adapter.distribution, module)
+        try:
+            entry = extract(source, members, functions) if source is not None else None
+        except SyntaxError as exc:
+            return module, f"its source does not parse: {exc}"
+        for point in (p for p in adapter.points if p.module == module):
+            problems = check_point(point, entry)
+            if problems and not point.optional:
+                return point.name, problems[0]
+    return None

@@ -3,7 +3,7 @@
 An adapter declares every place it touches in a framework as a :class:`HookPoint`, which
 the committed manifest is checked against (rankscope.rank.adapters.manifest). At run time it
 attaches module by module as each is imported: the installed version must be a checked one,
-or one whose installed source offers every hook point (rankscope.rank.adapters.verify);
+or one whose installed source offers every hook point (rankscope.rank.adapters.manifest);
 every hook point of the module is resolved before any is installed, and on any failure
 everything installed is undone, so the job runs untouched. Either way the process's record
 gets one ``adapter`` line saying what attached, or which hook could not and why.
@@ -215,17 +215,17 @@ class Adapter:
     def _unchecked_failure(self, module: str) -> tuple[str, str] | None:
         """Why a version that is not a checked one cannot attach, or None: every hook point
         verified in its installed source. RANKSCOPE_ADAPTERS=checked-only: never attach."""
-        # imported here: the check is built on the manifest's, which needs this module
-        from rankscope.rank.adapters import verify
+        # imported here: the manifest's check needs this module
+        from rankscope.rank.adapters import manifest
 
         if self.version is None:
             return module, f"no {self.distribution} distribution metadata: version unknown"
-        if verify.checked_only():
+        if manifest.checked_only():
             return module, (
                 f"{self.distribution} {self.version} is not a checked version "
-                f"({verify.ENV_ADAPTERS}={verify.CHECKED_ONLY})"
+                f"({manifest.ENV_ADAPTERS}={manifest.CHECKED_ONLY})"
             )
-        return verify.first_problem(self)
+        return manifest.first_problem(self)
 
     def _attached(self) -> None:
         with self._lock:

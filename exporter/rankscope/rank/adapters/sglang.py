@@ -1,9 +1,6 @@
-"""The SGLang adapter (docs/integrations.md): marks on ``ModelRunner`` (target and draft
-runners alike) around loading, pool sizing and graph capture, and on ``Scheduler`` at the
-first batch; ranks from parallel_state; the KV pool as arena ``kv`` (``kv_draft``); the
-census at ``GroupCoordinator``'s public collectives and the private methods its custom ops
-reach; a tick per scheduler iteration at ``Scheduler.ingest_requests``, which every event
-loop calls once per iteration on every rank.
+"""The SGLang adapter: marks on ``ModelRunner`` (target and draft runners) and ``Scheduler``,
+ranks from parallel_state, the KV pool as arena ``kv`` (``kv_draft``), the census at
+``GroupCoordinator``, a tick per scheduler iteration; docs/integrations.md has each.
 """
 
 from __future__ import annotations
@@ -111,6 +108,8 @@ class KvPoolArena:
     """SGLang's KV pool in the arena protocol, held weakly; docs/integrations.md says what
     each figure is, for each pool class and mode."""
 
+    retained_bytes = None  # unknown: the framework reports no parked handles
+
     def __init__(self, pool: Any, *, draft: bool = False) -> None:
         self._pool = weakref.ref(pool)
         self._draft = draft
@@ -140,9 +139,6 @@ class KvPoolArena:
                 return 0
             return int(vmm.post_capture_backed_bytes)
         return self.reserved_bytes()
-
-    def retained_bytes(self) -> None:
-        return None
 
 
 def _runner(model_runner: Any) -> str:

@@ -1,7 +1,7 @@
 """Reading an adapter's hook points out of a framework's Python source with ``ast``, never
 importing it: scripts/adapter-manifest.py builds the manifest from the released wheels with
 it, and an adapter on a version that is not a checked one verifies the installed source
-with it at run time (rankscope.rank.adapters.verify)."""
+with it at run time (rankscope.rank.adapters.manifest)."""
 
 from __future__ import annotations
 

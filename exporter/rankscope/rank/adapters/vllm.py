@@ -1,9 +1,7 @@
-"""The vLLM adapter, V1 engine (docs/integrations.md): marks on the GPU ``Worker`` around
-loading, KV cache sizing, warm-up and capture, and at the first ``execute_model``, all the
-``target`` runner's (a speculative drafter runs inside the same model runner); ranks from
-parallel_state; the KV cache as arena ``kv``; the census at ``GroupCoordinator``'s methods
-both the eager path and the custom ops reach, and at the device communicator for calls that
-bypass it (one count where both are crossed); a tick per engine step.
+"""The vLLM adapter, V1 engine: marks on the GPU ``Worker`` (all the ``target`` runner's: a
+drafter runs inside the same model runner), ranks from parallel_state, the KV cache as arena
+``kv``, the census at ``GroupCoordinator`` and at the device communicator for calls that
+bypass it, a tick per engine step; docs/integrations.md has each.
 """
 
 from __future__ import annotations
@@ -91,6 +89,8 @@ class KvCacheArena:
     """vLLM's KV cache in the arena protocol, holding the model runner weakly (its
     extensible cache, when there is one, is read live; docs/integrations.md)."""
 
+    retained_bytes = None  # unknown: the framework reports no parked handles
+
     def __init__(self, reserved: int, model_runner: Any) -> None:
         self._reserved = reserved
         self._runner = weakref.ref(model_runner) if model_runner is not None else None
@@ -106,9 +106,6 @@ class KvCacheArena:
     def backed_bytes(self) -> int:
         extensible = self._extensible()
         return int(extensible.physical_bytes) if extensible is not None else self._reserved
-
-    def retained_bytes(self) -> None:
-        return None
 
 
 def device_kv_bytes(kv_cache_config: Any) -> int:
