@@ -20,14 +20,14 @@ def env_number(
         return default
     try:
         value = convert(raw)
+        if least <= value < float("inf"):  # NaN is not
+            return value
     except ValueError:
-        value = None
-    if value is None or not least <= value < float("inf"):  # NaN too
-        logging.getLogger("rankscope").warning(
-            "rankscope: %s=%r is not a number >= %s; using %s", name, raw, least, default
-        )
-        return default
-    return value
+        pass
+    logging.getLogger("rankscope").warning(
+        "rankscope: %s=%r is not a number >= %s; using %s", name, raw, least, default
+    )
+    return default
 
 
 def stop_before_teardown(stop: Callable[[], None]) -> bool:

@@ -279,9 +279,7 @@ def census_document(flight: Flight) -> dict[str, Any]:
         judged = (
             None if known is None or host is None or pid is None else known.get((host, pid, start))
         )
-        if judged is not None:
-            return judged
-        return local_alive(host, pid, start, ns)
+        return judged if judged is not None else local_alive(host, pid, start, ns)
 
     return build_report(flight.records, boot=flight.boot, skipped=flight.skipped, alive=alive)
 
