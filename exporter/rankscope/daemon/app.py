@@ -3,6 +3,7 @@ page."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import html
 from collections.abc import Callable
@@ -74,21 +75,21 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _clipped_validation_error)  # type: ignore[arg-type]
     # Routes are plain functions: FastAPI runs each on its thread pool, so a slow collector
     # or a large flight directory never holds up the event loop.
-    get = app.api_route
+    get = functools.partial(app.api_route, methods=["GET", "HEAD"])
 
-    @get("/metrics", methods=["GET", "HEAD"])
+    @get("/metrics")
     def metrics(request: Request) -> Response:
         return _exposition(registry, request)
 
-    @get("/healthz", methods=["GET", "HEAD"])
+    @get("/healthz")
     def healthz() -> Response:
         return PlainTextResponse("ok\n")
 
-    @get("/readyz", methods=["GET", "HEAD"])
+    @get("/readyz")
     def readyz() -> Response:
         return _readiness(state, cards, collecting)
 
-    @get("/api/v1/boots", methods=["GET", "HEAD"])
+    @get("/api/v1/boots")
     def boots() -> Response:
         _fresh(state)
         return JSONResponse({"boots": [b.as_json() for b in state.boots()]})
@@ -97,13 +98,13 @@ def create_app(
         ("/api/v1/phases", phases_report, PHASES_LISTS),
         ("/api/v1/census", census_report, CENSUS_LISTS),
     ):
-        get(path, methods=["GET", "HEAD"])(_report_route(state, report, lists))
+        get(path)(_report_route(state, report, lists))
 
-    @get("/api/v1/cards", methods=["GET", "HEAD"])
+    @get("/api/v1/cards")
     def cards_route() -> Response:
         return JSONResponse(cards_document(cards, ooms))
 
-    @get("/api/v1/oom", methods=["GET", "HEAD"])
+    @get("/api/v1/oom")
     def oom(request: Request, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT) -> Response:
         return _paged(request, _oom_document(ooms), ("ooms",), offset, limit)
 
@@ -111,7 +112,7 @@ def create_app(
         app.mount("/static", StaticFiles(directory=static_dir), name="static")
     index = static_dir / "index.html"
 
-    @get("/", methods=["GET", "HEAD"])
+    @get("/")
     def landing() -> Response:
         if index.is_file():
             return HTMLResponse(with_links(index.read_text(encoding="utf-8")))

@@ -24,7 +24,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from rankscope.daemon.webconfig import WebConfig, WebConfigError, load_web_config
-from rankscope.daemon.webconfig_tls import LiveContext, stamp, warn_if_expired
+from rankscope.daemon.webconfig_tls import LiveContext, stamp
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -121,8 +121,6 @@ class Served:
         # printable ASCII (webconfig checks them).
         headers = tuple((k.lower().encode(), v.encode()) for k, v in config.headers.items())
         tls = config.tls.context() if config.tls is not None else None
-        if config.tls is not None:
-            warn_if_expired(config.tls)
         return cls(config, BasicAuth(config.users), headers, tls)
 
     def stamps(self, path: Path) -> tuple[tuple[int, int, int] | None, ...]:

@@ -123,8 +123,8 @@ class TLSConfig:
         return f"certificate {cert} with key {key}"
 
     def expired(self, now: float) -> str | None:
-        """When the certificate's validity ended, if it has (served all the same: refusing
-        to start would turn an expiry into an outage of the metrics)."""
+        """When the certificate's validity ended, if it has (served all the same, with a
+        warning: refusing would turn an expiry into an outage of the metrics)."""
         try:
             with _pem_path(self.cert_file, self.cert) as cert:
                 # The stdlib's only certificate decoder without a handshake.
@@ -144,6 +144,13 @@ class TLSConfig:
                 context.load_cert_chain(cert, key)
         except ssl.SSLError as exc:
             raise ssl.SSLError(f"cannot use {self.describe()}: {exc.reason or exc}") from exc
+        expired = self.expired(time.time())
+        if expired:
+            log.warning(
+                "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
+                self.cert_file or "(inline)",
+                expired,
+            )
         with warnings.catch_warnings():  # TLS10/TLS11 are deprecated, but the file asks
             warnings.simplefilter("ignore", DeprecationWarning)
             context.minimum_version = TLS_VERSIONS[self.min_version]
@@ -188,16 +195,6 @@ def stamp(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size, st.st_ino
-
-
-def warn_if_expired(tls: TLSConfig) -> None:
-    expired = tls.expired(time.time())
-    if expired:
-        log.warning(
-            "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
-            tls.cert_file or "(inline)",
-            expired,
-        )
 
 
 class LiveContext(ssl.SSLContext):
