@@ -14,6 +14,7 @@ from rankscope.rank.adapters.points import (
     AttachError,
     Hook,
     HookPoint,
+    Installer,
     Undo,
     points_of,
     resolve,
@@ -35,11 +36,8 @@ def count_methods(
     table: Mapping[str, Op],
     eager_only: Iterable[str] = (),
 ) -> list[Undo]:
-    """Count the methods of ``points`` (all of one class) under the ops of ``table``. The
-    census's shared guard counts a call that reaches another counted one once, under the
-    outermost name (a coordinator method calling its communicator or torch.distributed).
-    ``eager_only``: methods whose traced path reaches another counted method (through the
-    framework's custom op, or directly), so torch.compile'd they count nothing themselves."""
+    """Count the methods of ``points`` (all of one class) under the ops of ``table``;
+    ``eager_only`` as census.instrument_methods takes it."""
     if not points:
         return []
     owners = {resolve(module, p)[0] for p in points}
@@ -83,19 +81,20 @@ def coordinator_points(parallel_state: str, ops: Mapping[str, Op]) -> tuple[Hook
     )
 
 
-def install_parallel_state(
-    adapter: Adapter,
-    module: ModuleType,
-    name: str,
-    table: Mapping[str, Op],
-    eager_only: Iterable[str] = (),
-) -> list[Undo]:
-    """The parallel-state module both frameworks share the shape of: resolve the functions
-    the adapter calls (a missing one fails the attach here, not mid-boot), then count the
-    GroupCoordinator's methods under ``table``."""
-    for point in points_of(adapter, name, ("call",)):
-        resolve(module, point)
-    return count_methods(module, points_of(adapter, name, ("count",)), table, eager_only)
+def counting(
+    adapter: Adapter, table: Mapping[str, Op], eager_only: Iterable[str] = ()
+) -> Installer:
+    """The installer of a module whose count points are on one class (a parallel-state
+    module, a device communicator): resolve the functions the adapter calls there (a missing
+    one fails the attach here, not mid-boot), then count the class's methods under ``table``."""
+
+    def install(module: ModuleType) -> list[Undo]:
+        for point in points_of(adapter, module.__name__, ("call",)):
+            resolve(module, point)
+        counted = points_of(adapter, module.__name__, ("count",))
+        return count_methods(module, counted, table, eager_only)
+
+    return install
 
 
 def wrap_methods(

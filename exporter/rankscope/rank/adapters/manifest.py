@@ -98,19 +98,23 @@ def check(adapter: Adapter, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
-def load(path: str | Path = MANIFEST_PATH) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        data: dict[str, Any] = json.load(f)
-    return data
+def load(path: Path = MANIFEST_PATH) -> dict[str, Any]:
+    return dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-# RANKSCOPE_ADAPTERS=checked-only: a version that is not a checked one is not attached at all
 ENV_ADAPTERS = "RANKSCOPE_ADAPTERS"
 CHECKED_ONLY = "checked-only"
 
 
-def checked_only() -> bool:
-    return os.environ.get(ENV_ADAPTERS, "").strip().lower() == CHECKED_ONLY
+def unchecked_failure(adapter: Adapter, module: str) -> tuple[str, str] | None:
+    """Why a version that is not a checked one cannot attach, or None: every hook point
+    verified in its installed source. RANKSCOPE_ADAPTERS=checked-only: never attach."""
+    if adapter.version is None:
+        return module, f"no {adapter.distribution} distribution metadata: version unknown"
+    if os.environ.get(ENV_ADAPTERS, "").strip().lower() == CHECKED_ONLY:
+        why = f"{adapter.distribution} {adapter.version} is not a checked version"
+        return module, f"{why} ({ENV_ADAPTERS}={CHECKED_ONLY})"
+    return first_problem(adapter)
 
 
 def _source_of(distribution: str, module: str) -> str | None:

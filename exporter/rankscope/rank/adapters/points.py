@@ -110,11 +110,7 @@ def wrap_method(
         return result
 
     setattr(cls, name, wrapper)
-
-    def undo() -> None:
-        setattr(cls, name, original)
-
-    return undo
+    return functools.partial(setattr, cls, name, original)
 
 
 _warned: set[str] = set()
@@ -190,7 +186,10 @@ class Adapter:
             with contextlib.suppress(Exception):  # no distribution metadata: None
                 self.version = importlib.metadata.version(self.distribution)
             if not is_checked(self.version, self.checked_versions):
-                failed = self._unchecked_failure(name)
+                # imported here: the manifest's check needs this module
+                from rankscope.rank.adapters.manifest import unchecked_failure
+
+                failed = unchecked_failure(self, name)
                 if failed is not None:
                     self._give_up(*failed)
                     return
@@ -211,21 +210,6 @@ class Adapter:
         )
         if set(self.installers()) - set(self.deferred) <= self._done:
             self._attached()
-
-    def _unchecked_failure(self, module: str) -> tuple[str, str] | None:
-        """Why a version that is not a checked one cannot attach, or None: every hook point
-        verified in its installed source. RANKSCOPE_ADAPTERS=checked-only: never attach."""
-        # imported here: the manifest's check needs this module
-        from rankscope.rank.adapters import manifest
-
-        if self.version is None:
-            return module, f"no {self.distribution} distribution metadata: version unknown"
-        if manifest.checked_only():
-            return module, (
-                f"{self.distribution} {self.version} is not a checked version "
-                f"({manifest.ENV_ADAPTERS}={manifest.CHECKED_ONLY})"
-            )
-        return manifest.first_problem(self)
 
     def _attached(self) -> None:
         with self._lock:

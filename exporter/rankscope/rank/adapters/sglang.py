@@ -153,15 +153,10 @@ class SGLangAdapter(Adapter):
 
     def installers(self) -> dict[str, Installer]:
         return {
-            PARALLEL_STATE: self._install_parallel_state,
+            PARALLEL_STATE: common.counting(self, COORDINATOR_OPS, EAGER_ONLY),
             MODEL_RUNNER: self._install_model_runner,
             SCHEDULER: self._install_scheduler,
         }
-
-    def _install_parallel_state(self, module: ModuleType) -> list[Undo]:
-        return common.install_parallel_state(
-            self, module, PARALLEL_STATE, COORDINATOR_OPS, EAGER_ONLY
-        )
 
     def _install_model_runner(self, module: ModuleType) -> list[Undo]:
         def ranks(runner: Any, args: Any, kwargs: Any) -> None:

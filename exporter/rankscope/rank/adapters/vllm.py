@@ -12,7 +12,7 @@ from typing import Any
 
 from rankscope.rank import census, probe
 from rankscope.rank.adapters import common
-from rankscope.rank.adapters.points import Adapter, HookPoint, Installer, Undo, points_of
+from rankscope.rank.adapters.points import Adapter, HookPoint, Installer, Undo
 
 PARALLEL_STATE = "vllm.distributed.parallel_state"
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
@@ -130,18 +130,11 @@ class VLLMAdapter(Adapter):
 
     def installers(self) -> dict[str, Installer]:
         return {
-            PARALLEL_STATE: self._install_parallel_state,
+            PARALLEL_STATE: common.counting(self, COORDINATOR_OPS),
             GPU_WORKER: self._install_worker,
-            CUDA_COMMUNICATOR: self._install_communicator,
+            # Traced, a communicator method is reached from a counted coordinator method.
+            CUDA_COMMUNICATOR: common.counting(self, COMMUNICATOR_OPS, eager_only=COMMUNICATOR_OPS),
         }
-
-    def _install_parallel_state(self, module: ModuleType) -> list[Undo]:
-        return common.install_parallel_state(self, module, PARALLEL_STATE, COORDINATOR_OPS)
-
-    def _install_communicator(self, module: ModuleType) -> list[Undo]:
-        counted = points_of(self, CUDA_COMMUNICATOR, ("count",))
-        # Traced, a communicator method is reached from a counted coordinator method.
-        return common.count_methods(module, counted, COMMUNICATOR_OPS, eager_only=COMMUNICATOR_OPS)
 
     def _install_worker(self, module: ModuleType) -> list[Undo]:
         def ranks(worker: Any, args: Any, kwargs: Any) -> None:

@@ -2,12 +2,9 @@
 GroupCoordinator), given how to read the group instance from ``self``. The thread-local
 guard is shared with the torch.distributed patch: a counted call reaching another counted
 call on the same thread counts once, under the outermost name. A call that raises is not
-counted (its count is taken back).
-
-Under torch.compile the wrapper never touches the guard (dynamo would trace the
-thread-local and guard on it): the group is read once per trace
-(``assume_constant_result``) and the count is a registered custom op with a side effect,
-``rankscope::census_count``, which the compiled graph runs on every call.
+counted (its count is taken back). Under torch.compile a traced call counts through a
+registered custom op, ``rankscope::census_count``, which the compiled graph runs on every
+call (docs/integrations.md).
 """
 
 from __future__ import annotations
