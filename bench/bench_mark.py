@@ -230,7 +230,8 @@ def gpu_reads() -> tuple[Callable[[], None], Callable[[], None], str]:
     import pynvml
     import torch
 
-    from rankscope.rank.probe.nvml_view import _fast_memory_reader, _fast_process_lister
+    from rankscope.nvml_calls import memory_reader
+    from rankscope.rank.probe.nvml_view import _fast_process_lister
 
     recorded = probe.mark("gpu")
     assert recorded is not None and recorded.nvml.procs is not None, recorded
@@ -239,7 +240,7 @@ def gpu_reads() -> tuple[Callable[[], None], Callable[[], None], str]:
     stats = torch._C._cuda_memoryStats
     memory_info = pynvml.nvmlDeviceGetMemoryInfo
     processes = pynvml.nvmlDeviceGetComputeRunningProcesses
-    one_struct = _fast_memory_reader(pynvml)
+    one_struct = memory_reader(pynvml, keep_gil=False)
     one_call = _fast_process_lister(pynvml)
     assert one_struct is not None and one_call is not None
 

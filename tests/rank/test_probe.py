@@ -162,13 +162,9 @@ def test_configure_and_the_per_mark_runner(flight_dir: Path) -> None:
 
 
 def test_boot_id_precedence() -> None:
-    assert resolve_boot_id({"RANKSCOPE_BOOT_ID": "mine", "TORCHELASTIC_RUN_ID": "te"}) == (
-        "mine",
-        "env:RANKSCOPE_BOOT_ID",
-    )
-    assert resolve_boot_id({"TORCHELASTIC_RUN_ID": "te"}) == ("te", "env:TORCHELASTIC_RUN_ID")
-    boot, source = resolve_boot_id({"TORCHELASTIC_RUN_ID": "none"})
-    assert source == "parent"
+    assert resolve_boot_id({"RANKSCOPE_BOOT_ID": "mine", "TORCHELASTIC_RUN_ID": "te"}) == "mine"
+    assert resolve_boot_id({"TORCHELASTIC_RUN_ID": "te"}) == "te"
+    boot = resolve_boot_id({"TORCHELASTIC_RUN_ID": "none"})
     host = os.uname().nodename
     assert boot == f"{host}-{os.getppid()}-{read_start_ticks(os.getppid())}"
     env: dict[str, str] = {}

@@ -179,7 +179,7 @@ AGREEMENT = """
     import pynvml
     import torch
     from rankscope.rank import probe
-    from rankscope.rank.probe.nvml_view import _fast_process_lister, _public_process_lister
+    from rankscope.rank.probe.nvml_view import _fast_process_lister, _public_processes
     torch.cuda.set_device(0)
     x = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
@@ -197,7 +197,7 @@ AGREEMENT = """
         "total": info.total,
         "index_uuid": pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(rec.device.nvml_index)),
         "fast": sorted(fast(handle)) if fast else None,
-        "public": sorted(_public_process_lister(pynvml)(handle)),
+        "public": sorted(_public_processes(pynvml, handle)),
         "mem_get_info": list(torch.cuda.mem_get_info()),
     }))
 """

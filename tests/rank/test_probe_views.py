@@ -14,15 +14,11 @@ from typing import Any
 import pytest
 from tests.spinner import stamps_around
 
+from rankscope.nvml_calls import memory_reader
 from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.rank import probe
 from rankscope.rank.probe import arenas
-from rankscope.rank.probe.nvml_view import (
-    NvmlView,
-    _fast_memory_reader,
-    _fast_process_lister,
-    own_bytes,
-)
+from rankscope.rank.probe.nvml_view import NvmlView, _fast_process_lister, own_bytes
 from rankscope.rank.probe.torch_view import (
     Device,
     TorchReading,
@@ -240,7 +236,7 @@ def test_the_direct_memory_read_fills_one_struct_and_raises_nvmls_errors() -> No
         NVML_SUCCESS=pynvml.NVML_SUCCESS,
         NVMLError=pynvml.NVMLError,
     )
-    read_memory = _fast_memory_reader(binding)
+    read_memory = memory_reader(binding, keep_gil=False)
     assert read_memory is not None
     assert read_memory("handle-0") == (7 * MiB, 80 * MiB)
     free["handle-0"] = 3 * MiB
@@ -250,7 +246,7 @@ def test_the_direct_memory_read_fills_one_struct_and_raises_nvmls_errors() -> No
         read_memory("gone")
     assert lost.value.value == pynvml.NVML_ERROR_GPU_IS_LOST
     # A binding without the function lookup (a stand-in) gets pynvml's public wrapper.
-    assert _fast_memory_reader(FakeNvml([])) is None
+    assert memory_reader(FakeNvml([]), keep_gil=False) is None
 
 
 # --- derived fields -------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
@@ -133,17 +133,15 @@ def derived_boot_id(launcher_pid: int, host: str | None = None) -> str:
     return f"{host}-{launcher_pid}-{start if start is not None else 'x'}"
 
 
-def resolve_boot_id(environ: dict[str, str] | None = None) -> tuple[str, str]:
-    """(boot id, where it came from): RANKSCOPE_BOOT_ID, else TORCHELASTIC_RUN_ID, else
-    derived from the parent process, which all ranks of one launch share."""
+def resolve_boot_id(environ: Mapping[str, str] | None = None, launcher: int | None = None) -> str:
+    """RANKSCOPE_BOOT_ID, else TORCHELASTIC_RUN_ID, else derived from the ``launcher`` (by
+    default the parent process, which all ranks of one launch share)."""
     env = os.environ if environ is None else environ
-    explicit = env.get(ENV_BOOT_ID)
-    if explicit:
-        return explicit, "env:" + ENV_BOOT_ID
-    elastic = env.get(ENV_TORCHELASTIC_RUN_ID)
-    if elastic and elastic != "none":
-        return elastic, "env:" + ENV_TORCHELASTIC_RUN_ID
-    return derived_boot_id(os.getppid()), "parent"
+    for name in (ENV_BOOT_ID, ENV_TORCHELASTIC_RUN_ID):
+        value = env.get(name)
+        if value and value != "none":
+            return value
+    return derived_boot_id(os.getppid() if launcher is None else launcher)
 
 
 def publish_boot_id(environ: dict[str, str] | None = None) -> str:
@@ -151,13 +149,7 @@ def publish_boot_id(environ: dict[str, str] | None = None) -> str:
     inherit. Keeps an id already set; otherwise derives one from this process, exactly what
     a child without the variable would derive from its parent."""
     env = os.environ if environ is None else environ
-    for name in (ENV_BOOT_ID, ENV_TORCHELASTIC_RUN_ID):
-        value = env.get(name)
-        if value and value != "none":
-            env[ENV_BOOT_ID] = value
-            return value
-    boot = derived_boot_id(os.getpid())
-    env[ENV_BOOT_ID] = boot
+    boot = env[ENV_BOOT_ID] = resolve_boot_id(env, os.getpid())
     return boot
 
 
@@ -183,7 +175,6 @@ class Recorder:
     rank: RankIdentity = field(default_factory=rank_from_env)
     process: ProcessIdentity = field(default_factory=current_process)
     boot: str = ""
-    boot_source: str = ""
     lines_written: int = 0
     lines_dropped: int = 0
     _streams: dict[str, _Stream] = field(default_factory=dict)
@@ -212,7 +203,7 @@ class Recorder:
 
     def __post_init__(self) -> None:
         if not self.boot:
-            self.boot, self.boot_source = resolve_boot_id()
+            self.boot = resolve_boot_id()
         env_dir = os.environ.get(ENV_DIR) or None
         flight_dir = self.flight_dir if self.flight_dir is not None else env_dir
         self.flight_dir = None if flight_dir is None else Path(flight_dir)
@@ -230,7 +221,7 @@ class Recorder:
                 self.flight_dir = Path(flight_dir)
                 self._close_locked()
             if boot_id is not None:
-                self.boot, self.boot_source = boot_id, "configure"
+                self.boot = boot_id
             self.rank = replace(self.rank, **rank_fields)  # TypeError on an unknown field
             self.armed = self.flight_dir is not None
 

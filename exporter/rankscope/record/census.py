@@ -142,9 +142,6 @@ class BlockedIn(Codec):
     seq: int | None = codec.count()
     since: float | None = codec.time()
 
-    def to_json(self) -> Json:
-        return codec.encode_fields(self, BlockedIn)
-
 
 def _blocked_in(value: Any, bad: Bad, name: str) -> BlockedIn | None:
     if value is None:

@@ -83,15 +83,9 @@ def read_count(arena: Any, attr: str) -> tuple[int | None, str | None]:
 
 
 def read_arena(arena: Any) -> MarkArena:
-    values: list[int | None] = []
-    whys: list[str] = []
-    for attr in COUNTS:
-        value, why = read_count(arena, attr)
-        values.append(value)
-        if why:
-            whys.append(why)
-    reserved, backed, retained = values
-    return MarkArena(reserved, backed, retained, "; ".join(whys) or None)
+    reads = [read_count(arena, attr) for attr in COUNTS]
+    (reserved, _), (backed, _), (retained, _) = reads
+    return MarkArena(reserved, backed, retained, "; ".join(why for _, why in reads if why) or None)
 
 
 def snapshot() -> dict[str, MarkArena]:

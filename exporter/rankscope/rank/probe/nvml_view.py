@@ -9,6 +9,7 @@ import ctypes
 import importlib
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from rankscope.nvml_calls import c_function, memory_reader
@@ -72,28 +73,15 @@ def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
     return list_processes
 
 
-def _public_process_lister(nvml: Any) -> Callable[[Any], ProcessList]:
-    def list_processes(handle: Any) -> ProcessList:
-        return [
-            (int(p.pid), p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        ]
-
-    return list_processes
+def _public_processes(nvml: Any, handle: Any) -> ProcessList:
+    return [
+        (int(p.pid), p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    ]
 
 
-MemoryReader = Callable[[Any], tuple[int, int]]  # handle -> (free, total) bytes
-
-
-def _fast_memory_reader(nvml: Any) -> MemoryReader | None:
-    return memory_reader(nvml, keep_gil=False)  # releases the GIL, as the process list's
-
-
-def _public_memory_reader(nvml: Any) -> MemoryReader:
-    def read_memory(handle: Any) -> tuple[int, int]:
-        info = nvml.nvmlDeviceGetMemoryInfo(handle)
-        return int(info.free), int(info.total)
-
-    return read_memory
+def _public_memory(nvml: Any, handle: Any) -> tuple[int, int]:
+    info = nvml.nvmlDeviceGetMemoryInfo(handle)
+    return int(info.free), int(info.total)
 
 
 class NvmlView:
@@ -107,7 +95,7 @@ class NvmlView:
         self._failure: str | None = None
         self._handles: dict[str, tuple[Any, int]] = {}  # uuid -> (handle, nvml index)
         self._list_processes: Callable[[Any], ProcessList] | None = None
-        self._read_memory: MemoryReader | None = None
+        self._read_memory: Callable[[Any], tuple[int, int]] | None = None  # (free, total) bytes
 
     def _init_locked(self) -> None:
         if self._ready or self._failure:
@@ -119,8 +107,9 @@ class NvmlView:
             self._failure = f"NVML unavailable: {exc}"
             return
         self._module = nvml
-        self._list_processes = _fast_process_lister(nvml) or _public_process_lister(nvml)
-        self._read_memory = _fast_memory_reader(nvml) or _public_memory_reader(nvml)
+        self._list_processes = _fast_process_lister(nvml) or partial(_public_processes, nvml)
+        # releases the GIL, as the process list's
+        self._read_memory = memory_reader(nvml, keep_gil=False) or partial(_public_memory, nvml)
         self._ready = True
 
     def _handle(self, uuid: str) -> tuple[Any, int]:
@@ -146,8 +135,7 @@ class NvmlView:
             why = f"CUDA device {device.index} reports no uuid to match with NVML"
             return None, MarkDriver(why=why), MarkNvml(why=why)
         try:
-            cached = self._handles.get(device.uuid)
-            handle, nvml_index = cached if cached is not None else self._handle(device.uuid)
+            handle, nvml_index = self._handles.get(device.uuid) or self._handle(device.uuid)
         except Exception as exc:
             why = self._failure or f"NVML has no card {device.uuid}: {exc}"
             return None, MarkDriver(why=why), MarkNvml(why=why)

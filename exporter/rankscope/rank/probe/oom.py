@@ -15,7 +15,7 @@ from typing import Any
 
 from rankscope.procfs import parse_stat_start_ticks
 from rankscope.rank.imports import after_import
-from rankscope.rank.probe.torch_view import Device
+from rankscope.rank.probe.torch_view import Device, int_or_none, stat
 from rankscope.rank.writer import RECORDER
 from rankscope.record import (
     MarkDevice,
@@ -46,7 +46,6 @@ class OomState:
     why: str | None = NOT_IMPORTED
     last_phase: str | None = None
     last_phase_wall: float | None = None
-    observed: int = 0  # OOMs seen by the observer in this process
 
 
 STATE = OomState()
@@ -115,7 +114,6 @@ def _attach(c: Any) -> None:
 def observe(device: int, alloc_size: int, device_total: int, device_free: int) -> None:
     """torch's OOM observer. Writes one ``oom`` line; never raises."""
     try:
-        STATE.observed += 1
         try:
             body = measure(int(device), int(alloc_size), int(device_total), int(device_free))
         except Exception as exc:
@@ -129,10 +127,10 @@ def observe(device: int, alloc_size: int, device_total: int, device_free: int) -
 def bare(device: Any, alloc_size: Any, device_total: Any, device_free: Any) -> Oom:
     """What torch handed the observer, with every read of ours null."""
     return Oom(
-        requested=_int(alloc_size),
-        torch_free=_int(device_free),
-        torch_limit=_int(device_total),
-        device=MarkDevice(index=_int(device)),
+        requested=int_or_none(alloc_size),
+        torch_free=int_or_none(device_free),
+        torch_limit=int_or_none(device_total),
+        device=MarkDevice(index=int_or_none(device)),
         allocator=OomAllocator(why="not read"),
         pools_why="not read",
         driver=MarkDriver(why="not read"),
@@ -202,10 +200,10 @@ def allocator_view(stats: dict[str, Any] | None, why: str | None) -> OomAllocato
     if stats is None:
         return OomAllocator(why=why)
     return OomAllocator(
-        reserved=_stat(stats, "reserved_bytes"),
-        allocated=_stat(stats, "allocated_bytes"),
-        num_ooms=_int(stats.get("num_ooms")),
-        segments=_stat(stats, "segment"),
+        reserved=stat(stats, "reserved_bytes"),
+        allocated=stat(stats, "allocated_bytes"),
+        num_ooms=int_or_none(stats.get("num_ooms")),
+        segments=stat(stats, "segment"),
     )
 
 
@@ -214,8 +212,8 @@ def _pools(
 ) -> tuple[dict[str, OomPool] | None, int | None, str | None]:
     if stats is None:
         return None, None, "allocator stats unread, so the snapshot size is unknown"
-    blocks = (_stat(stats, "active") or 0) + (_stat(stats, "inactive_split") or 0)
-    segments = _stat(stats, "segment") or 0
+    blocks = (stat(stats, "active") or 0) + (stat(stats, "inactive_split") or 0)
+    segments = stat(stats, "segment") or 0
     if blocks + segments > MAX_SNAPSHOT_BLOCKS:
         return None, None, f"{blocks} blocks: over {MAX_SNAPSHOT_BLOCKS}, too many to walk here"
     try:
@@ -257,15 +255,3 @@ def pool_summary(
                     size = int(block.get("size") or 0)
                     largest = size if largest is None else max(largest, size)
     return pools, largest
-
-
-def _stat(stats: dict[str, Any], key: str) -> int | None:
-    """torch's nested stats: ``stats[key]["all"]["current"]``."""
-    try:
-        return _int(stats[key]["all"]["current"])
-    except (KeyError, TypeError):
-        return None
-
-
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None

@@ -33,26 +33,26 @@ def nvml_uuid(raw: Any) -> str:
 
 
 def view_from_stats(stats: dict[str, Any]) -> MarkTorch:
-    """The mark's allocator fields from torch's nested memory-stats dict (a pure function).
-    A key torch stops reporting gives null, never 0."""
-
-    def all_of(key: str) -> dict[str, Any]:
-        node = stats.get(key)
-        node = node.get("all") if isinstance(node, dict) else None
-        return node if isinstance(node, dict) else {}
-
-    reserved, allocated = all_of("reserved_bytes"), all_of("allocated_bytes")
+    """The mark's allocator fields from torch's nested memory-stats dict (a pure function)."""
     return MarkTorch(
-        _int(reserved.get("current")),
-        _int(allocated.get("current")),
-        _int(allocated.get("peak")),
-        _int(stats.get("num_alloc_retries")),
-        _int(stats.get("num_ooms")),
+        stat(stats, "reserved_bytes"),
+        stat(stats, "allocated_bytes"),
+        stat(stats, "allocated_bytes", "peak"),
+        int_or_none(stats.get("num_alloc_retries")),
+        int_or_none(stats.get("num_ooms")),
     )
 
 
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) else None
+def stat(stats: dict[str, Any], key: str, which: str = "current") -> int | None:
+    """torch's nested ``stats[key]["all"][which]``: a key torch stops reporting is null, never 0."""
+    try:
+        return int_or_none(stats[key]["all"][which])
+    except (KeyError, TypeError):
+        return None
+
+
+def int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def initialising(cuda: Any) -> bool:
