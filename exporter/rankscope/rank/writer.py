@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -66,27 +67,19 @@ def _value_encoder() -> Callable[[Any], str]:
 
 encode_json = _value_encoder()
 
-# A value as JSON text: ints, null and strings inline; anything else as ENCODER writes it.
+# A value as JSON text: ints, null, strings and bools inline; else as ENCODER writes it.
 _SCALAR = (
-    '(R(x) if type(x := {}) is int else "null" if x is None else S(x) if type(x) is str else J(x))'
+    '(R(x) if type(x := {}) is int else "null" if x is None else S(x) if type(x) is str'
+    ' else "true" if x is True else "false" if x is False else J(x))'
 )
-_LINE_ENCODERS: dict[type, Callable[[Any], str]] = {}
 
 
-def members_of(body: Body) -> str:
-    """The members of ``body``'s JSON object, as ENCODER writes its ``to_json()``, without the
-    braces: a line is its header's members, then its body's."""
-    encode = _LINE_ENCODERS.get(type(body))
-    if encode is None:
-        encode = _LINE_ENCODERS[type(body)] = line_encoder(type(body))
-    return encode(body)
-
-
+@functools.cache
 def line_encoder(kind: type[Any]) -> Callable[[Any], str]:
-    """``members_of`` for one kind, a function generated once from its declared fields, its
-    nested sections inlined: a mark is written at every boot phase, and building its objects
-    as dicts to encode them was most of the probe's own cost. A kind of a wire shape of its
-    own (its own ``to_json``) is encoded from that."""
+    """The members of a ``kind``'s JSON object as ENCODER writes its ``to_json()``, without the
+    braces, by a function generated once from its declared fields, its sections inlined: a
+    mark is written at every boot phase, and building its objects as dicts to encode them was
+    most of the probe's own cost. A kind of a wire shape of its own encodes its to_json."""
     if kind.to_json is not Codec.to_json:
         return lambda body: encode_json(body.to_json())[1:-1]
     names: dict[str, Any] = {"R": int.__repr__, "S": encode_basestring_ascii, "J": encode_json}
@@ -245,7 +238,8 @@ class Recorder:
             untimed = header_json(body.KIND, self.boot, self.rank, self.process, None, 0.0)
             del untimed["mono"], untimed["wall"]
             head = self._heads[body.KIND] = (identity, ENCODER.encode(untimed)[:-1])
-        members = members_of(body)
+        kind: type = type(body)
+        members = line_encoder(kind)(body)
         times = f'"mono":{time.monotonic()!r},"wall":{time.time()!r}'  # floats as JSON has them
         return f"{head[1]},{times}{',' * bool(members)}{members}}}\n".encode()
 

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.procfs import parse_stat_start_ticks
+from rankscope.procfs import read_stat
 from rankscope.rank.imports import after_import
 from rankscope.rank.probe.torch_view import Device, int_or_none, stat
 from rankscope.rank.writer import RECORDER
@@ -147,19 +147,9 @@ def holders(procs: dict[int, int | None] | None, proc: str = "/proc") -> list[Oo
         return None
     out = []
     for pid, nbytes in procs.items():
-        start, comm = _stat_of(pid, proc)
+        start, comm = read_stat(pid, proc)
         out.append(OomHolder(pid, nbytes, comm, start))
     return out
-
-
-def _stat_of(pid: int, proc: str) -> tuple[int | None, str | None]:
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            raw = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None, None
-    start, end = raw.find("("), raw.rfind(")")
-    return parse_stat_start_ticks(raw), (raw[start + 1 : end] if 0 <= start < end else None)
 
 
 def measure(device: int, alloc_size: int, device_total: int, device_free: int) -> Oom:
