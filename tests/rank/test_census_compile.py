@@ -171,6 +171,37 @@ def test_a_compiled_counted_method_on_cuda_with_inductor_is_counted_per_call(cou
     assert counts.snapshot()[KEY] == N
 
 
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_one_compiled_function_over_coordinators_of_other_sizes_counts_each_group(fullgraph):
+    """The same compiled code over coordinators whose ranks and sizes differ: dynamo
+    recompiles per coordinator (an int that differs between traces turns symbolic, which no
+    constant may hold), and each call counts under its own group."""
+
+    class Sized(Coordinator):
+        def __init__(self, name: str, ranks: list[int]) -> None:
+            self.unique_name, self.ranks, self.world_size = name, ranks, len(ranks)
+
+    undo = census.instrument_methods(Sized, {"all_reduce": "all_reduce"})
+    groups = [Sized("tp:0", [0, 1]), Sized("ep:0", [0, 1, 2, 3]), Sized("dp:0", [0, 1, 2])]
+    counts.reset()
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(
+            lambda c, x: c.all_reduce(x + 1), fullgraph=fullgraph, backend="aot_eager"
+        )
+        for _ in range(N):
+            for group in groups:
+                compiled(group, torch.ones(2))
+    finally:
+        undo()
+        torch._dynamo.reset()
+    assert counts.snapshot() == {
+        ("tp:0-1", "all_reduce"): N,
+        ("ep:0-3", "all_reduce"): N,
+        ("dp:0-2", "all_reduce"): N,
+    }
+
+
 def test_a_coordinator_whose_group_cannot_be_named_compiles_uncounted():
     """A traced call whose group_of fails: the method compiles in one graph, uncounted, and
     the failure is counted."""

@@ -9,11 +9,11 @@ call (docs/integrations.md).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import sys
 import threading
-import types
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -93,18 +93,18 @@ def compiling_check() -> Callable[[], bool]:
 # Set once torch._dynamo is imported (in a process that never compiles, registering the op
 # now and then aborted the exit); a traced wrapper reads them at trace time.
 _count_op: Any = None  # torch.ops.rankscope.census_count
-_traced_group: Any = None  # _group_of_fields, as torch.compiler.assume_constant_result
+_traced_group: Any = None  # _group_of_id, as torch.compiler.assume_constant_result
 _group_ofs: list[GroupOf] = []  # a traced wrapper's group_of, by the slot it captures
 
-# What a traced call reads of ``self`` to name its group: dynamo hands plain values (not
-# the object: before torch 2.13 it cannot) to assume_constant_result, once per trace.
-GROUP_FIELDS = ("unique_name", "ranks", "world_size")
 
-
-def _group_of_fields(slot: int, op: str, *values: Any) -> str | None:
-    fields = {f: v for f, v in zip(GROUP_FIELDS, values, strict=True) if v is not None}
+def _group_of_id(slot: int, op: str, ident: int) -> str | None:
+    """The group of the object dynamo is tracing, handed on as its id: dynamo passes an id
+    on as a constant (and guards the graph to that object), where an object or the ints it
+    holds may not be (before torch 2.13; an int that differs between traces turns symbolic).
+    The object is alive: dynamo holds it while it traces."""
+    obj = ctypes.cast(ident, ctypes.py_object).value
     try:
-        return _group_ofs[slot](types.SimpleNamespace(**fields))
+        return _group_ofs[slot](obj)
     except Exception as exc:
         _counts._count_failed("traced", op, exc)
         return None
@@ -129,7 +129,7 @@ def _register_count_op(_dynamo: Any = None) -> None:
         )
         registered.register_fake(lambda group, op: None)
         torch.fx.node.has_side_effect(torch.ops.rankscope.census_count.default)
-        _traced_group = torch.compiler.assume_constant_result(_group_of_fields)
+        _traced_group = torch.compiler.assume_constant_result(_group_of_id)
         _count_op = torch.ops.rankscope.census_count
     except Exception as exc:  # traced calls pass through uncounted; eager ones still count
         log.warning("rankscope census: no counting under torch.compile: %r", exc)
@@ -154,7 +154,7 @@ def _traced_counter(
     def count_traced(obj: Any) -> None:
         count_op, traced_group = _count_op, _traced_group
         if count_op is not None:
-            group = traced_group(slot, op, *[getattr(obj, f, None) for f in GROUP_FIELDS])
+            group = traced_group(slot, op, id(obj))
             if group is not None:
                 count_op(group, op)
 
@@ -232,7 +232,7 @@ def instrument_methods(
             why = "is not an instance method"
         else:
             saved[name] = cls.__dict__.get(name, _INHERITED)
-            traced = _traced_counter(group_of, op, name not in untraced)
+            traced = _traced_counter(cached, op, name not in untraced)
             setattr(cls, name, _method_wrapper(current, op, cached, traced))
             continue
         log.warning("rankscope census: %s.%s %s; not counted", cls.__name__, name, why)
