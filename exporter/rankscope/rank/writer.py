@@ -85,7 +85,7 @@ def line_encoder(kind: type[Any]) -> Callable[[Any], str]:
     names: dict[str, Any] = {"R": int.__repr__, "S": encode_basestring_ascii, "J": encode_json}
     lines = ["def encode(o):"]
 
-    def members(cls: type[Codec], obj: str) -> str:
+    def members(cls: type, obj: str) -> str:
         parts: list[str] = []
         for name, spec, _ in plan(cls):
             value = f"{obj}.{name}"

@@ -8,6 +8,7 @@ goes to ``bad``: the line is kept. A ``required`` field missing or wrong: ``pars
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -177,19 +178,12 @@ def sections(cls: type[Codec]) -> Any:
     return custom(parse, json_of_each, factory=dict)
 
 
-_PLANS: dict[type, list[tuple[str, Spec, str]]] = {}
-
-
+@functools.cache
 def plan(cls: type) -> list[tuple[str, Spec, str]]:
-    """``cls``'s fields in declaration order: (name, spec, dotted name), cached per class."""
-    entries = _PLANS.get(cls)
-    if entries is None:
-        where = getattr(cls, "WHERE", "")
-        entries = _PLANS[cls] = [
-            (f.name, f.metadata.get(Spec, Spec(None, None, False)), f"{where}.{f.name}")
-            for f in fields(cls)
-        ]
-    return entries
+    """``cls``'s fields in declaration order: (name, spec, dotted name)."""
+    where = getattr(cls, "WHERE", "")
+    none = Spec(None, None, False)
+    return [(f.name, f.metadata.get(Spec, none), f"{where}.{f.name}") for f in fields(cls)]
 
 
 def encode_fields(obj: Any, cls: type) -> Json:

@@ -75,12 +75,8 @@ def parse_line(raw: bytes, file: str = "", bad: Bad | None = None) -> Record | s
     return "malformed" if line is None else line
 
 
-def _flight_names(flight_dir: Path) -> set[str]:
-    """The names of the flight files in ``flight_dir``, symlinks left out (and logged)."""
-    return {path.name for path in _flight_files(flight_dir)}
-
-
 def _flight_files(flight_dir: Path) -> list[Path]:
+    """The flight files in ``flight_dir``, symlinks left out (and logged)."""
     try:
         entries = list(os.scandir(flight_dir))
     except FileNotFoundError:
@@ -181,7 +177,7 @@ class FlightReader:
         records: list[Record] = []
         self.restarted, self.removed = set(), set()
         if changed is None:
-            listed = _flight_names(self.flight_dir)
+            listed = {path.name for path in _flight_files(self.flight_dir)}
             for gone in self.present - listed:
                 self._gone(gone)
             names = listed

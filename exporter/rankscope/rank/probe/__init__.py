@@ -35,8 +35,6 @@ __all__ = ["arenas", "configure", "derive", "mark", "mark_fields", "oom", "publi
 
 log = logging.getLogger("rankscope")
 
-STREAM = Mark.STREAM
-
 # What a mark reads (tests swap in stand-ins).
 TORCH = TorchView()
 NVML = NvmlView()

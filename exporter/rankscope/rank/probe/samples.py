@@ -58,11 +58,11 @@ def take() -> Sample | None:
 class ServingSampler(threading.Thread):
     def __init__(self, every_s: float) -> None:
         super().__init__(name="rankscope-samples", daemon=True)
-        self.every_s, self.taken, self._stopping = every_s, 0, threading.Event()
+        self.every_s, self._stopping = every_s, threading.Event()
 
     def run(self) -> None:
         while not self._stopping.wait(self.every_s):
-            self.taken += take() is not None
+            take()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
