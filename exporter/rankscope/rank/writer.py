@@ -172,8 +172,8 @@ class Recorder:
     lines_dropped: int = 0
     _streams: dict[str, _Stream] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
-    # kind -> (the identity it was made for, the header's text up to its times)
-    _heads: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    # (kind, runner) -> (the identity it was made for, the header's text up to its times)
+    _heads: dict[tuple[str, str | None], tuple[Any, str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _armed: bool = False
     _armed_followers: list[Callable[[bool], None]] = field(default_factory=list)
@@ -228,16 +228,17 @@ class Recorder:
         line.update(payload)
         return (ENCODER.encode(line) + "\n").encode()
 
-    def _encode_body(self, body: Body) -> bytes:
-        """``_encode(body.KIND, body.to_json())``, from text: the header's, kept while the
-        identity stands, then the times, then the body's members (no kind names a header
-        field, so none would be merged into the header)."""
+    def _encode_body(self, body: Body, runner: str | None) -> bytes:
+        """``_encode(body.KIND, body.to_json())`` (``runner`` in the header's) from text: the
+        header's, kept while the identity stands, then the times, then the body's members (no
+        kind names a header field, so none would be merged into the header)."""
         identity = (self.boot, self.rank, self.process)
-        head = self._heads.get(body.KIND)
+        head = self._heads.get((body.KIND, runner))
         if head is None or head[0] != identity:
-            untimed = header_json(body.KIND, self.boot, self.rank, self.process, None, 0.0)
+            rank = self.rank if runner is None else replace(self.rank, runner=runner)
+            untimed = header_json(body.KIND, self.boot, rank, self.process, None, 0.0)
             del untimed["mono"], untimed["wall"]
-            head = self._heads[body.KIND] = (identity, ENCODER.encode(untimed)[:-1])
+            head = self._heads[body.KIND, runner] = (identity, ENCODER.encode(untimed)[:-1])
         kind: type = type(body)
         members = line_encoder(kind)(body)
         times = f'"mono":{time.monotonic()!r},"wall":{time.time()!r}'  # floats as JSON has them
@@ -299,10 +300,7 @@ class Recorder:
         if not self._armed:
             return False
         try:
-            if runner is None:
-                data = self._encode_body(body)
-            else:
-                data = self._encode(body.KIND, {**body.to_json(), "runner": runner})
+            data = self._encode_body(body, runner)
         except Exception as exc:  # an unserialisable extra must not reach the host program
             self._drop(body.STREAM, f"encode: {exc!r}")
             return False
