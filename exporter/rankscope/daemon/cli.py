@@ -205,13 +205,12 @@ def main(args: argparse.Namespace) -> int:
     # logs its own, and a flood of bad requests must not flood the log.
     uvicorn_level = logging.DEBUG if args.log_level == "debug" else logging.ERROR
     logging.getLogger("uvicorn").setLevel(uvicorn_level)
-    from rankscope.daemon.server import TLSError
+    from rankscope.daemon.server import TLSError, listen
 
     try:
-        daemon = build(args)
-        tls = daemon.tls_context()  # a certificate that cannot serve fails here
-        sock = daemon.bind()  # and a taken port here, before any "serving on"
+        daemon = build(args)  # a certificate that cannot serve fails here
+        sock = listen(daemon.host, daemon.port)  # and a taken port here, before "serving on"
     except (ValueError, OSError) as exc:  # a TLSError is a ValueError
         print(f"rankscope serve: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, TLSError) else 2
-    return daemon.run(tls, sock)
+    return daemon.run(sock)

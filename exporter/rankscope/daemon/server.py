@@ -82,22 +82,13 @@ class Daemon:
     port: int
     collectors: TimedCollectors
     sources: Sources
-    tls: ssl.SSLContext | None = None
+    tls: ssl.SSLContext | None = None  # the web config's: each connection gets the one in force
     otlp: Poller | None = None
 
-    def tls_context(self) -> ssl.SSLContext | None:
-        """The web config's TLS context (None without): each new connection is served with
-        the TLS settings and files in force."""
-        return self.tls
-
-    def bind(self) -> socket.socket:
-        """The listening socket: a taken port is an OSError here, before the log line."""
-        return listen(self.host, self.port)
-
-    def run(self, tls: ssl.SSLContext | None, sock: socket.socket) -> int:
-        """Serve until SIGTERM or SIGINT; then stop serving, stop the threads, and end by
-        the signal as a process without handlers would (SIGINT: KeyboardInterrupt)."""
-        server = HTTPServer(self.app, tls)
+    def run(self, sock: socket.socket) -> int:
+        """Serve on ``sock`` until SIGTERM or SIGINT; then stop serving, stop the threads, and
+        end by the signal as a process without handlers would (SIGINT: KeyboardInterrupt)."""
+        server = HTTPServer(self.app, self.tls)
         caught: list[int] = []
 
         def on_signal(signum: int, _frame: Any) -> None:

@@ -4,10 +4,10 @@ only their byte counts are made up, a rank's following its latest boot phase."""
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rankscope.daemon.devices import write_script
 
 GiB = 1024**3
 MiB = 1024**2
@@ -76,23 +76,16 @@ class SimulatedCards:
     def bytes_to_leave(self, card: int, free: int) -> int:
         return max(self.free(card) - free, 0)
 
-    def document(self) -> dict[str, object]:
-        return {
-            "cards": [
-                {
-                    "index": i,
-                    "uuid": f"GPU-simulated-demo-{i}",
-                    "model": CARD_MODEL,
-                    "total": CARD_TOTAL,
-                    "free": self.free(i),
-                    "processes": {str(pid): held for pid, held in sorted(self.holders[i].items())},
-                }
-                for i in range(self.count)
-            ]
-        }
-
     def write(self) -> None:
-        # One rename, so the daemon never reads half a file.
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self.document(), indent=1))
-        os.replace(tmp, self.path)
+        cards = [
+            {
+                "index": i,
+                "uuid": f"GPU-simulated-demo-{i}",
+                "model": CARD_MODEL,
+                "total": CARD_TOTAL,
+                "free": self.free(i),
+                "processes": {str(pid): held for pid, held in sorted(self.holders[i].items())},
+            }
+            for i in range(self.count)
+        ]
+        write_script(self.path, cards)
