@@ -372,27 +372,12 @@ def read_flight(
         raise FileNotFoundError(f"flight directory {root} does not exist")
     if not root.is_dir():
         raise NotADirectoryError(f"flight directory {root} is not a directory")
-    records: list[Record] = []
-    skipped: collections.Counter[str] = collections.Counter()
-    invalid: collections.Counter[str] = collections.Counter()
-    unreadable: dict[str, str] = {}
-    for path in _flight_files(root):
-        try:
-            fd = _open_regular(path)
-            if fd is None:
-                continue
-            with open(fd, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:  # this file's records are left out, the others read
-            unreadable[path.name] = exc.strerror or str(exc)
-            continue
-        cut = data.rfind(b"\n")
-        _parse_into(data[: cut + 1], path.name, records, skipped, invalid)
-        if data[cut + 1 :].strip():
-            # No newline: the append never finished, whatever the bytes happen to parse as.
-            skipped["torn"] += 1
+    # One full pass of the tail: a file failing partway keeps the lines read before it.
+    reader = FlightReader(root)
+    records = reader.poll()
+    skipped, invalid, unreadable = reader.skipped, reader.invalid, reader.unreadable
+    # A last line with no newline: the append never finished, whatever its bytes parse as.
+    skipped.update("torn" for tail in reader._tails.values() if tail.pending.strip())
     boots = summarize_boots(records)
     if all_boots:
         return Flight(records, boots, None, skipped, invalid, unreadable)
