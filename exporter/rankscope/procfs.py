@@ -20,16 +20,6 @@ def read_start_ticks(pid: int | str = "self", proc: str = DEFAULT_ROOT) -> int |
     return read_stat(pid, proc)[0]
 
 
-def parse_stat_start_ticks(stat_line: str) -> int | None:
-    # comm (field 2) may hold spaces and parentheses: the fields after the last ')' start at
-    # field 3 (state), so field 22 is the 20th.
-    close = stat_line.rfind(")")
-    try:
-        return int(stat_line[close + 2 :].split()[19]) if close >= 0 else None
-    except (IndexError, ValueError):
-        return None
-
-
 def read_nspid(pid: int | str = "self", proc: str = DEFAULT_ROOT) -> tuple[int, ...] | None:
     """/proc/PID/status's NSpid chain: the reader's namespace's pid first, the innermost last."""
     try:
@@ -93,7 +83,12 @@ def read_stat(pid: int | str, proc: str = DEFAULT_ROOT) -> tuple[int | None, str
             raw = f.read().decode("utf-8", "replace")
     except OSError:
         return None, None
-    return parse_stat_start_ticks(raw), parse_stat_comm(raw)
+    # The fields after comm's last ')' start at field 3 (state): field 22 is the 20th.
+    try:
+        start_ticks = int(raw[raw.rindex(")") + 2 :].split()[19])
+    except (IndexError, ValueError):
+        start_ticks = None
+    return start_ticks, parse_stat_comm(raw)
 
 
 class ProcCache:
