@@ -174,13 +174,11 @@ class SamplerOom:
         """One API entry -> the instant; ValueError naming the first field that is wrong."""
         raw = obj.get("holders")
         return cls(
-            wall=_number(obj.get("wall"), "wall"),
+            wall=_of(obj.get("wall"), float, "wall"),
             gpu=_opt(obj.get("gpu"), int, "gpu"),
             uuid=_opt(obj.get("uuid"), str, "uuid"),
             free=_opt(obj.get("free"), int, "free"),
-            onset_wall=None
-            if obj.get("onset_wall") is None
-            else _number(obj["onset_wall"], "onset_wall"),
+            onset_wall=_opt(obj.get("onset_wall"), float, "onset_wall"),
             onset_free=_opt(obj.get("onset_free"), int, "onset_free"),
             holders=None if raw is None else tuple(_holder(h) for h in _of(raw, list, "holders")),
             why=tuple(_of(w, str, "why") for w in _of(obj.get("why") or [], list, "why")),
@@ -203,6 +201,9 @@ def _holder(obj: Any) -> Holding:
 
 
 def _of(value: Any, kind: type[T], name: str) -> T:
+    """``value`` when it is a ``kind`` (a bool is no number; an int is a float)."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # type: ignore[return-value]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ValueError(f"{name}: {value!r}")
     return value
@@ -210,12 +211,6 @@ def _of(value: Any, kind: type[T], name: str) -> T:
 
 def _opt(value: Any, kind: type[T], name: str) -> T | None:
     return None if value is None else _of(value, kind, name)
-
-
-def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}: {value!r}")
-    return float(value)
 
 
 def sampler_ooms_of_boot(
