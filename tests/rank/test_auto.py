@@ -315,3 +315,49 @@ def test_the_auto_module_alone_loads_no_schema() -> None:
     assert done.stdout.split() == ["rankscope", "rankscope.rank", "rankscope.rank.auto"], (
         done.stdout
     )
+
+
+class StandInGraph:
+    """STAND-IN for torch.cuda.CUDAGraph (no GPU here): the three methods rankscope wraps."""
+
+    def capture_begin(self) -> None:
+        pass
+
+    def capture_end(self) -> None:
+        pass
+
+    def replay(self) -> None:
+        pass
+
+    def pool(self) -> tuple[int, int]:
+        return (1, 3)
+
+
+def test_one_graph_instrumentation_marks_captures_and_counts_replays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Armed, CUDAGraph is wrapped once: the capture marks around the capture, and the census
+    counts a captured collective again at each replay."""
+    import torch
+
+    from rankscope.rank.census import counts, graphs
+
+    phases: list[str] = []
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", StandInGraph)
+    monkeypatch.setattr(auto, "_mark", lambda phase, fields=None: phases.append(phase))
+    counts.reset()
+    graphs.reset()
+    try:
+        auto._hook_graphs(torch)
+        auto._hook_graphs(torch)  # idempotent: wrapped once
+        graph = StandInGraph()
+        graph.capture_begin()
+        counts.count("world:0", "all_reduce")
+        graph.capture_end()
+        graph.replay()
+        graph.replay()
+        assert phases == ["capture_begin", "capture_end"]
+        assert counts.snapshot() == {("world:0", "all_reduce"): 3}
+    finally:
+        counts.reset()
+        graphs.reset()

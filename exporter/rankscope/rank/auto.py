@@ -159,7 +159,6 @@ def _hook_census(torch: ModuleType) -> None:
     given = os.environ.get(snapshots.ENV_EVERY)
     census.configure(auto_every=snapshots.every_from_env() if given else DEFAULT_AUTO_EVERY)
     census.instrument_torch_distributed(on_world=snapshots.auto_tick)
-    census.instrument_cuda_graphs()
 
 
 def _hook_cuda_init(torch: ModuleType) -> None:
@@ -311,25 +310,14 @@ def _group_destroyed(call: Call) -> None:
 
 
 def _hook_graphs(torch: ModuleType) -> None:
-    cls: Any = getattr(torch.cuda, "CUDAGraph", None)
-    if cls is None or getattr(cls.capture_begin, "__rankscope_auto__", False):
-        return
-    begin, end = cls.capture_begin, cls.capture_end
+    # The census's one instrumentation of CUDAGraph (it counts nothing when disarmed) carries
+    # the capture marks too.
+    from rankscope.rank.census import graphs
 
-    @functools.wraps(begin)
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _guarded(_mark, "capture_begin")
-        return begin(self, *args, **kwargs)
-
-    @functools.wraps(end)
-    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = end(self, *args, **kwargs)
-        _guarded(_mark_capture_end, torch, self)
-        return result
-
-    for wrapper in (capture_begin, capture_end):
-        wrapper.__rankscope_auto__ = True  # type: ignore[attr-defined]
-        setattr(cls, wrapper.__name__, wrapper)
+    graphs.instrument_cuda_graphs(
+        on_begin=lambda graph: _guarded(_mark, "capture_begin"),
+        on_end=lambda graph: _guarded(_mark_capture_end, torch, graph),
+    )
 
 
 def _mark_capture_end(torch: Any, graph: Any) -> None:

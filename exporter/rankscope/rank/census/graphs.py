@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from rankscope.rank.census import counts as _counts
+from rankscope.rank.census.wrap import MARK
 from rankscope.record import GraphCounts
 from rankscope.record.naming import Key
 
@@ -136,19 +137,24 @@ def reset() -> None:
 _GRAPH_METHODS = ("capture_begin", "capture_end", "replay")
 
 
-def instrument_cuda_graphs() -> Callable[[], None]:
-    """Track every ``torch.cuda.CUDAGraph`` capture and replay (SGLang's and vLLM's); the undo."""
+def instrument_cuda_graphs(
+    on_begin: Callable[[Any], None] | None = None, on_end: Callable[[Any], None] | None = None
+) -> Callable[[], None]:
+    """Track every ``torch.cuda.CUDAGraph`` capture and replay (SGLang's and vLLM's); the undo.
+    ``on_begin(graph)`` runs before each capture begins and ``on_end(graph)`` after each ends
+    (``rankscope run``'s marks): both must never raise."""
     import torch
 
-    cls: Any = torch.cuda.CUDAGraph
+    cls: Any = getattr(torch.cuda, "CUDAGraph", None)
+    if cls is None or any(getattr(getattr(cls, n), MARK, False) for n in _GRAPH_METHODS):
+        return lambda: None  # no graphs, or instrumented already: the first undo restores
     originals = {name: cls.__dict__.get(name) for name in _GRAPH_METHODS}
-    if any(getattr(getattr(cls, n), "__rankscope_census__", False) for n in _GRAPH_METHODS):
-        return lambda: None  # already instrumented: the first undo restores
-
     begin, end, replay_graph = (getattr(cls, n) for n in _GRAPH_METHODS)
 
     @functools.wraps(begin)
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if on_begin is not None:
+            on_begin(self)
         result = begin(self, *args, **kwargs)
         begin_capture(self)
         return result
@@ -161,6 +167,8 @@ def instrument_cuda_graphs() -> Callable[[], None]:
             abandon_capture(self)
             raise
         end_capture(self)
+        if on_end is not None:
+            on_end(self)
         return result
 
     @functools.wraps(replay_graph)
@@ -170,7 +178,7 @@ def instrument_cuda_graphs() -> Callable[[], None]:
         return result
 
     for wrapper in (capture_begin, capture_end, replay_method):
-        wrapper.__rankscope_census__ = True  # type: ignore[attr-defined]
+        setattr(wrapper, MARK, True)
         setattr(cls, wrapper.__name__, wrapper)
 
     def undo() -> None:
