@@ -209,23 +209,7 @@ class Endpoint:
         return self._view
 
 
-class RasPoller:
-    """A thread per endpoint: one that hangs until its deadline delays no other."""
-
-    def __init__(self, endpoints: list[Endpoint], interval: float) -> None:
-        self.endpoints = endpoints
-        # A poll in progress ends at its own deadline at worst: stop waits for it briefly.
-        self._runs = [
-            Periodic("rankscope-nccl-ras", interval, e.poll_once, stop_wait=1.0) for e in endpoints
-        ]
-
-    def start(self) -> None:
-        for run in self._runs:
-            run.start()
-
-    def stop(self) -> None:
-        for run in self._runs:
-            run.stop()
-
-    def views(self) -> list[EndpointView]:
-        return [e.view() for e in self.endpoints]
+def pollers(endpoints: list[Endpoint], interval: float) -> list[Periodic]:
+    """A thread per endpoint: one that hangs until its deadline delays no other. A poll in
+    progress ends at its own deadline at worst: a stop waits for it briefly."""
+    return [Periodic("rankscope-nccl-ras", interval, e.poll_once, stop_wait=1.0) for e in endpoints]

@@ -20,7 +20,7 @@ from rankscope.catalog import CATALOG
 from rankscope.daemon import nccl_ras
 from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.daemon.flightstate import FlightState, FlightView
-from rankscope.daemon.nccl_ras import Endpoint, EndpointView, RasPoller
+from rankscope.daemon.nccl_ras import Endpoint, EndpointView, pollers
 from rankscope.daemon.nccl_ras_report import ERROR_REASONS, Communicator, MissingRank, RasRank
 from rankscope.daemon.registry import add, counter, gauge, info, label_values
 
@@ -86,9 +86,9 @@ def build(config: DaemonConfig, sources: Sources) -> NcclRasCollector:
         )
         for address in dict.fromkeys(o.nccl_ras_address or [nccl_ras.DEFAULT_ADDRESS])
     ]
-    poller = RasPoller(endpoints, o.nccl_ras_interval)
-    sources.run(poller)
-    return NcclRasCollector(poller, sources.flight)
+    for poller in pollers(endpoints, o.nccl_ras_interval):
+        sources.run(poller)
+    return NcclRasCollector(endpoints, sources.flight)
 
 
 def pid_identities(view: FlightView) -> dict[int, Identity | None]:
@@ -130,7 +130,7 @@ def comm_boot(comm: Communicator, mapped: dict[tuple[str, int], Identity]) -> st
 
 @dataclass
 class NcclRasCollector:
-    poller: RasPoller
+    endpoints: list[Endpoint]
     state: FlightState
     name: str = field(default=NAME, init=False)
 
@@ -145,7 +145,7 @@ class NcclRasCollector:
         errors = counter("rankscope_nccl_ras_poll_errors_total")
         polls = counter("rankscope_nccl_ras_polls_total")
         nccl = info("rankscope_nccl_info")
-        for ep in self.poller.views():
+        for ep in (e.view() for e in self.endpoints):
             self._endpoint(ep, identities, fams, collectives, nccl)
             add(polls, (ep.address,), ep.polls)
             for reason in ERROR_REASONS:
