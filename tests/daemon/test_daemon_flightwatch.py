@@ -48,8 +48,8 @@ def test_an_idle_refresh_opens_nothing_and_a_change_opens_one_file(
     state.refresh()
     assert len(opened) == 20
     listings: list[Path] = []
-    real_listing = reader._flight_names
-    monkeypatch.setattr(reader, "_flight_names", lambda d: listings.append(d) or real_listing(d))
+    real_listing = reader._flight_files
+    monkeypatch.setattr(reader, "_flight_files", lambda d: listings.append(d) or real_listing(d))
     opened.clear()
     for _ in range(3):
         state.refresh()
