@@ -34,115 +34,101 @@ def _unified(total: int, backed: int | None = None) -> Any:
     return _pool("UnifiedKVPool", total_bytes=total, **vmm)
 
 
+UNKNOWN_RETAINED = "arena reports retained_bytes as unknown"
+
+
+def _sized(reserved: int, backed: int) -> MarkArena:
+    """The arena a pool of known size reads as (no pool reports what it retains)."""
+    return MarkArena(reserved, backed, None, UNKNOWN_RETAINED)
+
+
+def _case(case_id: str, pool: Any, expected: MarkArena, *, draft: bool = False) -> Any:
+    return pytest.param(pool, draft, expected, id=case_id)
+
+
+def _post_capture(cls: str, half: int, backed: int) -> Any:
+    """A pool of two ``half``-sized K/V buffers, ``backed`` of them mapped after capture."""
+    return _pool(
+        cls,
+        get_kv_size_bytes=lambda: (half, half),
+        post_capture_active=True,
+        post_capture_backed_bytes=backed,
+    )
+
+
+def _unified_front(cls: str, **members: Any) -> Any:
+    """A unified pool's front: its own size reads (0, 0), the unified buffer holds the total."""
+    return _pool(cls, get_kv_size_bytes=lambda: (0, 0), **members)
+
+
+NO_SIZE = 'LookupError("SGLang\'s DeepSeekV4TokenToKVPool does not report its size")'
+
 SGLANG_CASES = [
-    pytest.param(
+    _case(
+        "MHATokenToKVPool",
         _pool("MHATokenToKVPool", get_kv_size_bytes=lambda: (3 * MIB, 3 * MIB)),
-        False,
-        MarkArena(6 * MIB, 6 * MIB, None, "arena reports retained_bytes as unknown"),
-        id="MHATokenToKVPool",
+        _sized(6 * MIB, 6 * MIB),
     ),
-    pytest.param(
+    _case(
+        "MLATokenToKVPool",
         _pool("MLATokenToKVPool", get_kv_size_bytes=lambda: 5 * MIB),
-        False,
-        MarkArena(5 * MIB, 5 * MIB, None, "arena reports retained_bytes as unknown"),
-        id="MLATokenToKVPool",
+        _sized(5 * MIB, 5 * MIB),
     ),
-    pytest.param(
-        _pool(
-            "MHATokenToKVPool",
-            get_kv_size_bytes=lambda: (8 * MIB, 8 * MIB),
-            post_capture_active=True,
-            post_capture_backed_bytes=4 * MIB,
+    _case(
+        "MHATokenToKVPool-post-capture-vmm",
+        _post_capture("MHATokenToKVPool", 8 * MIB, 4 * MIB),
+        _sized(16 * MIB, 4 * MIB),
+    ),
+    _case(  # SGLang's backed bytes: the full-attention pool's
+        "HybridLinearKVPool-post-capture-vmm",
+        _post_capture("HybridLinearKVPool", 8 * MIB, 2 * MIB),
+        _sized(16 * MIB, 2 * MIB),
+    ),
+    _case(  # SGLang's backed bytes: full + sliding-window pools
+        "SWAKVPool-post-capture-vmm",
+        _post_capture("SWAKVPool", 10 * MIB, 3 * MIB),
+        _sized(20 * MIB, 3 * MIB),
+    ),
+    _case(
+        "UnifiedMHATokenToKVPool",
+        _unified_front("UnifiedMHATokenToKVPool", _unified_buffer=_unified(64 * MIB)),
+        _sized(64 * MIB, 64 * MIB),
+    ),
+    _case(
+        "UnifiedMLATokenToKVPool-post-capture-vmm",
+        _unified_front(
+            "UnifiedMLATokenToKVPool", _unified_buffer=_unified(64 * MIB, backed=24 * MIB)
         ),
-        False,
-        MarkArena(16 * MIB, 4 * MIB, None, "arena reports retained_bytes as unknown"),
-        id="MHATokenToKVPool-post-capture-vmm",
+        _sized(64 * MIB, 24 * MIB),
     ),
-    pytest.param(
-        _pool(
-            "HybridLinearKVPool",
-            get_kv_size_bytes=lambda: (8 * MIB, 8 * MIB),
-            post_capture_active=True,
-            post_capture_backed_bytes=2 * MIB,  # SGLang's: the full-attention pool's
-        ),
-        False,
-        MarkArena(16 * MIB, 2 * MIB, None, "arena reports retained_bytes as unknown"),
-        id="HybridLinearKVPool-post-capture-vmm",
+    _case(
+        "UnifiedSWAKVPool",
+        _unified_front("UnifiedSWAKVPool", unified_buffer=_unified(32 * MIB)),
+        _sized(32 * MIB, 32 * MIB),
     ),
-    pytest.param(
-        _pool(
-            "SWAKVPool",
-            get_kv_size_bytes=lambda: (10 * MIB, 10 * MIB),
-            post_capture_active=True,
-            post_capture_backed_bytes=3 * MIB,  # SGLang's: full + sliding-window pools
-        ),
-        False,
-        MarkArena(20 * MIB, 3 * MIB, None, "arena reports retained_bytes as unknown"),
-        id="SWAKVPool-post-capture-vmm",
-    ),
-    pytest.param(
-        _pool(
-            "UnifiedMHATokenToKVPool",
-            get_kv_size_bytes=lambda: (0, 0),  # SGLang: UnifiedKVPool holds the total
-            _unified_buffer=_unified(64 * MIB),
-        ),
-        False,
-        MarkArena(64 * MIB, 64 * MIB, None, "arena reports retained_bytes as unknown"),
-        id="UnifiedMHATokenToKVPool",
-    ),
-    pytest.param(
-        _pool(
-            "UnifiedMLATokenToKVPool",
-            get_kv_size_bytes=lambda: (0, 0),
-            _unified_buffer=_unified(64 * MIB, backed=24 * MIB),
-        ),
-        False,
-        MarkArena(64 * MIB, 24 * MIB, None, "arena reports retained_bytes as unknown"),
-        id="UnifiedMLATokenToKVPool-post-capture-vmm",
-    ),
-    pytest.param(
-        _pool(
-            "UnifiedSWAKVPool",
-            get_kv_size_bytes=lambda: (0, 0),
-            unified_buffer=_unified(32 * MIB),
-        ),
-        False,
-        MarkArena(32 * MIB, 32 * MIB, None, "arena reports retained_bytes as unknown"),
-        id="UnifiedSWAKVPool",
-    ),
-    pytest.param(
-        _pool(
+    _case(
+        "UnifiedHybridLinearKVPool",
+        _unified_front(
             "UnifiedHybridLinearKVPool",
-            get_kv_size_bytes=lambda: (0, 0),
             full_kv_pool=_pool("UnifiedMHATokenToKVPool", _unified_buffer=_unified(48 * MIB)),
         ),
-        False,
-        MarkArena(48 * MIB, 48 * MIB, None, "arena reports retained_bytes as unknown"),
-        id="UnifiedHybridLinearKVPool",
+        _sized(48 * MIB, 48 * MIB),
     ),
-    pytest.param(
-        _pool(
-            "UnifiedDraftKVPool",
-            get_kv_size_bytes=lambda: (0, 0),  # fused into the target's unified entries
-            _unified_buffer=_unified(64 * MIB, backed=24 * MIB),
-        ),
-        True,
-        MarkArena(0, 0, None, "arena reports retained_bytes as unknown"),
-        id="UnifiedDraftKVPool-in-kv_draft",
+    _case(  # fused into the target's unified entries
+        "UnifiedDraftKVPool-in-kv_draft",
+        _unified_front("UnifiedDraftKVPool", _unified_buffer=_unified(64 * MIB, backed=24 * MIB)),
+        _sized(0, 0),
+        draft=True,
     ),
-    pytest.param(
+    _case(
+        "DeepSeekV4TokenToKVPool",
         _pool("DeepSeekV4TokenToKVPool"),
-        False,
         MarkArena(
             None,
             None,
             None,
-            "reserved_bytes raised LookupError(\"SGLang's DeepSeekV4TokenToKVPool does not "
-            'report its size"); backed_bytes raised LookupError("SGLang\'s '
-            'DeepSeekV4TokenToKVPool does not report its size"); arena reports '
-            "retained_bytes as unknown",
+            f"reserved_bytes raised {NO_SIZE}; backed_bytes raised {NO_SIZE}; {UNKNOWN_RETAINED}",
         ),
-        id="DeepSeekV4TokenToKVPool",
     ),
 ]
 
@@ -164,9 +150,7 @@ def test_vllm_kv_config_counts_its_one_device_allocation_once():
         kv_cache_tensors=[_tensor(8 * MIB), _tensor(8 * MIB, 4 * MIB), _tensor(2 * MIB, host=True)],
     )
     arena = vllm.KvCacheArena(vllm.device_kv_bytes(config), None)
-    assert read_arena(arena) == MarkArena(
-        8 * MIB, 8 * MIB, None, "arena reports retained_bytes as unknown"
-    )
+    assert read_arena(arena) == _sized(8 * MIB, 8 * MIB)
 
 
 def test_vllm_extensible_kv_cache_reserves_its_padded_size_and_backs_what_it_committed():
@@ -175,9 +159,7 @@ def test_vllm_extensible_kv_cache_reserves_its_padded_size_and_backs_what_it_com
         extensible_kv_cache=_pool("ExtensibleKVCache", size=10 * MIB, physical_bytes=3 * MIB),
     )
     arena = vllm.KvCacheArena(8 * MIB, runner)  # the unpadded config asked for 8 MiB
-    assert read_arena(arena) == MarkArena(
-        10 * MIB, 3 * MIB, None, "arena reports retained_bytes as unknown"
-    )
+    assert read_arena(arena) == _sized(10 * MIB, 3 * MIB)
 
 
 READS = {
