@@ -62,6 +62,29 @@ def _site(tmp_path: Path, framework: str, version: str, tree: Path = STANDINS) -
     return site
 
 
+def _site_env(site: Path, flight: Path) -> dict[str, str]:
+    """This environment, importing the stand-in ``site`` and rankscope, recording to ``flight``."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "exporter")]),
+        "RANKSCOPE_DIR": str(flight),
+        "PYTHONWARNINGS": "ignore",
+    }
+
+
+def _run_hooked(site: Path, flight: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter against the stand-in ``site``; it must exit 0."""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_site_env(site, flight),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 def _boot(
     tmp_path: Path,
     framework: str,
@@ -75,13 +98,10 @@ def _boot(
     flight = tmp_path / ("flight" if adapters else "flight-off")
     env = {
         **(extra_env or {}),
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "exporter")]),
-        "RANKSCOPE_DIR": str(flight),
+        **_site_env(site, flight),
         "RANKSCOPE_BOOT_ID": f"standin-{framework}",
         "RANKSCOPE_CENSUS_EVERY": "1",
         "STANDIN_ADAPTERS": "1" if adapters else "0",
-        "PYTHONWARNINGS": "ignore",
     }
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # SGLang and vLLM ranks start without
         env.pop(name, None)
@@ -356,16 +376,7 @@ def test_a_process_importing_part_of_a_framework_gets_its_line_at_exit(tmp_path)
         "import sglang.srt.distributed.parallel_state as ps; "
         "print(hasattr(ps.GroupCoordinator.all_reduce, '__wrapped__'))"
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "exporter")]),
-        "RANKSCOPE_DIR": str(flight),
-        "PYTHONWARNINGS": "ignore",
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
+    out = _run_hooked(site, flight, code)
     assert out.stdout.strip() == "True"
     (line,) = _adapter_lines(read_flight(flight).records)
     assert line.body.status == "attached"
@@ -389,16 +400,7 @@ def test_a_forked_child_of_an_attached_process_gets_its_own_line(tmp_path):
         "if pid == 0: os._exit(0)\n"
         "os.waitpid(pid, 0)"
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "exporter")]),
-        "RANKSCOPE_DIR": str(flight),
-        "PYTHONWARNINGS": "ignore",
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
+    _run_hooked(site, flight, code)
     lines = _adapter_lines(read_flight(flight).records)
     assert len({line.header.pid for line in lines}) == 2
     assert [line.body.status for line in lines] == ["attached", "attached"]
