@@ -57,6 +57,24 @@ def job_env(venv: ArmedVenv, **extra: str) -> dict[str, str]:
 Marks = list[Line[Mark]]
 
 
+def run_torchrun(
+    venv: ArmedVenv, flight_dir: Path, ranks: int, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """`rankscope run` over torchrun starting ``ranks`` ranks of the program (with ``extra``)."""
+    return rankscope(
+        venv,
+        "run",
+        "--dir",
+        str(flight_dir),
+        "--",
+        "torchrun",
+        "--nproc-per-node",
+        str(ranks),
+        *program_args(*extra),
+        env=job_env(venv),
+    )
+
+
 def marks_by_process(flight_dir: Path) -> tuple[Any, dict[Any, Marks]]:
     flight = read_flight(flight_dir)
     by: dict[Any, Marks] = collections.defaultdict(list)
@@ -106,18 +124,7 @@ def assert_every_rank_counted(doc: dict[str, Any], world: int) -> None:
 
 def test_torchrun_four_ranks_one_boot_generic_marks_and_census(venv: ArmedVenv, tmp_path: Path):
     flight_dir = tmp_path / "flight"
-    done = rankscope(
-        venv,
-        "run",
-        "--dir",
-        str(flight_dir),
-        "--",
-        "torchrun",
-        "--nproc-per-node",
-        "4",
-        *program_args(),
-        env=job_env(venv),
-    )
+    done = run_torchrun(venv, flight_dir, 4)
     assert done.returncode == 0, done.stderr[-3000:]
     assert rank_lines(done.stdout) == [
         f"rank {r}: param 672.0 last metrics [44, 45, 46, 47]" for r in range(4)
@@ -147,17 +154,8 @@ def test_census_names_the_rank_that_skipped_an_all_reduce(venv: ArmedVenv, tmp_p
     flight_dir = tmp_path / "flight"
     # Rank 3 forgets one all_reduce; its next collective meets its peers' all_reduce and
     # the job hangs there until gloo's timeout (4 s) fails it, as a real job would fail.
-    done = rankscope(
-        venv,
-        "run",
-        "--dir",
-        str(flight_dir),
-        "--",
-        "torchrun",
-        "--nproc-per-node",
-        "4",
-        *program_args("--skip-rank", "3", "--skip-step", "5", "--timeout", "4"),
-        env=job_env(venv),
+    done = run_torchrun(
+        venv, flight_dir, 4, "--skip-rank", "3", "--skip-step", "5", "--timeout", "4"
     )
     assert done.returncode == 1, done.stderr[-3000:]  # torchrun's own status for a failed job
     _, doc = census_doc(venv, flight_dir)
