@@ -18,7 +18,7 @@ import os
 import signal
 import subprocess
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,26 @@ def census(venv: ArmedVenv, flight: Path) -> tuple[int, dict[str, Any]]:
     return done.returncode, json.loads(done.stdout)
 
 
+def eventually(condition: Callable[[], Any], what: str) -> Any:
+    """``condition``'s first true value, polled within the bound a loaded machine names in."""
+    return wait_for(condition, timeout=NAMED_WITHIN_S, interval=0.5, what=what)
+
+
+def census_once_every_rank(
+    venv: ArmedVenv, flight: Path, status: int, state: str
+) -> dict[str, Any]:
+    """The census JSON once the CLI exits ``status`` with every rank of the job in ``state``."""
+    _, doc = eventually(
+        lambda: (
+            (got := census(venv, flight))[0] == status
+            and states(got[1]) == dict.fromkeys(range(WORLD), state)
+            and got
+        ),
+        f"every rank named {state}",
+    )
+    return doc
+
+
 def states(doc: dict[str, Any]) -> dict[int, str]:
     return {r["rank"]: r["state"] for r in doc.get("ranks", [])}
 
@@ -157,16 +177,7 @@ def test_a_hang_is_named_while_it_hangs_by_the_cli_the_metrics_and_the_api(
         job(venv, flight, "--fault", "skip-hang", "--rank", "2", "--step", "5", "--steps", "40"),
         daemon(venv, flight) as base,
     ):
-        _, doc = wait_for(
-            lambda: (
-                (got := census(venv, flight))[0] == 1
-                and states(got[1]) == dict.fromkeys(range(WORLD), "stalled")
-                and got
-            ),
-            timeout=NAMED_WITHIN_S,
-            interval=0.5,
-            what="every rank named stalled",
-        )
+        doc = census_once_every_rank(venv, flight, 1, "stalled")
         assert doc["divergent"] is True
         ops = latest(doc)
         assert ops["all_reduce"]["counts"] == {"0": 6, "1": 6, "2": 5}
@@ -189,7 +200,7 @@ def test_a_hang_is_named_while_it_hangs_by_the_cli_the_metrics_and_the_api(
                 and sample(inside, "1.0", rank="2", group=GROUP, op="all_gather")
             )
 
-        wait_for(metrics_agree, timeout=NAMED_WITHIN_S, interval=0.5, what="/metrics names it")
+        eventually(metrics_agree, "/metrics names it")
         api = json.loads(fetch(f"{base}/api/v1/census"))
         assert states(api) == dict.fromkeys(range(WORLD), "stalled")
         assert latest(api)["all_reduce"]["lagging"] == [2]
@@ -202,35 +213,22 @@ def test_a_rank_killed_mid_job_is_named_dead_by_the_cli_and_the_daemon(
 ) -> None:
     flight = tmp_path / "flight"
     with job(venv, flight, "--steps", "4000"), daemon(venv, flight) as base:
-        _, doc = wait_for(
-            lambda: (
-                (got := census(venv, flight))[0] == 0
-                and states(got[1]) == dict.fromkeys(range(WORLD), "running")
-                and got
-            ),
-            timeout=NAMED_WITHIN_S,
-            interval=0.5,
-            what="three running ranks",
-        )
+        doc = census_once_every_rank(venv, flight, 0, "running")
         victim = doc["ranks"][1]["pid"]
         os.kill(victim, signal.SIGKILL)
-        status, doc = wait_for(
+        status, doc = eventually(
             lambda: (got := census(venv, flight))[1] and states(got[1])[1] == "dead" and got,
-            timeout=NAMED_WITHIN_S,
-            interval=0.5,
-            what="rank 1 named dead",
+            "rank 1 named dead",
         )
         assert status == 1
         assert doc["divergent"] is True
         assert doc["dead_in_group"] == [1]
         assert doc["ranks"][1]["alive"] is False
-        wait_for(
+        eventually(
             lambda: sample(
                 metric_lines(base, "rankscope_census_rank_state"), "1.0", rank="1", state="dead"
             ),
-            timeout=NAMED_WITHIN_S,
-            interval=0.5,
-            what="the daemon names rank 1 dead",
+            "the daemon names rank 1 dead",
         )
         assert states(json.loads(fetch(f"{base}/api/v1/census")))[1] == "dead"
 
@@ -277,16 +275,7 @@ def test_a_rank_that_hangs_before_a_collective_is_named_behind(
     # wedged loader or a deadlock); ranks 0 and 2 wait in that all_reduce.
     args = ("--fault", "slow", "--rank", "1", "--step", "5", "--slow", "600", "--steps", "10")
     with job(venv, flight, *args):
-        _, doc = wait_for(
-            lambda: (
-                (got := census(venv, flight))[0] == 1
-                and states(got[1]) == dict.fromkeys(range(WORLD), "stalled")
-                and got
-            ),
-            timeout=NAMED_WITHIN_S,
-            interval=0.5,
-            what="every rank named stalled",
-        )
+        doc = census_once_every_rank(venv, flight, 1, "stalled")
         entry = latest(doc)["all_reduce"]
         assert entry["lagging"] == [1] and entry["counts"] == {"0": 6, "1": 5, "2": 6}
         assert blocked(doc, 0) == blocked(doc, 2) == (GROUP, "all_reduce", 6)
