@@ -143,6 +143,14 @@ def legend_entries_not_drawn(page: Any) -> list[str]:
 
 
 @pytest.fixture
+def simulated_cards(tmp_path: Path) -> Path:
+    """The device script of simulated cards, written: what `serve` reads as its cards."""
+    cards = SimulatedCards(tmp_path / "cards.json")
+    cards.write()
+    return cards.path
+
+
+@pytest.fixture
 def browser() -> Iterator[Any]:
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing; scripts/test.sh installs Debian's chromium")
@@ -253,12 +261,10 @@ def test_status_page_shows_cards_ranks_census_and_follows_the_flight_dir(
 
 
 def test_the_legend_names_only_colours_a_bar_draws(
-    tmp_path: Path, flight_dir: Path, browser: Any
+    simulated_cards: Path, flight_dir: Path, browser: Any
 ) -> None:
     """No floor configured and no process on the cards: no floor, rank or foreign entry."""
-    cards = SimulatedCards(tmp_path / "cards.json")
-    cards.write()
-    with serve(flight_dir, cards.path, floor=False) as url:
+    with serve(flight_dir, simulated_cards, floor=False) as url:
         page = browser.new_page()
         page.goto(url + "/")
         page.wait_for_selector(".card[data-gpu='0'] .bar .seg.free")
@@ -307,14 +313,18 @@ def page_of(browser: Any, url: str) -> Any:
     return page
 
 
+def waterfall_of(browser: Any, url: str) -> Any:
+    """The page, once rank 1's waterfall row has drawn its bars."""
+    page = page_of(browser, url)
+    page.wait_for_selector(".wf-row[data-rank='1'] .wf-seg")
+    return page
+
+
 def test_the_waterfall_names_each_bar_by_its_span_and_keeps_every_bar_readable(
-    torchrun_boot: Path, tmp_path: Path, browser: Any
+    torchrun_boot: Path, simulated_cards: Path, browser: Any
 ) -> None:
-    cards = SimulatedCards(tmp_path / "cards.json")
-    cards.write()
-    with serve(torchrun_boot, cards.path) as url:
-        page = page_of(browser, url)
-        page.wait_for_selector(".wf-row[data-rank='1'] .wf-seg")
+    with serve(torchrun_boot, simulated_cards) as url:
+        page = waterfall_of(browser, url)
         for rank in (0, 1):
             row = page.locator(f".wf-row[data-rank='{rank}']")
             spans = row.locator(".wf-seg").evaluate_all("els => els.map(e => e.dataset.span)")
@@ -346,13 +356,10 @@ def test_the_waterfall_names_each_bar_by_its_span_and_keeps_every_bar_readable(
 
 
 def test_the_launcher_is_a_process_with_no_rank_not_rank_unknown(
-    torchrun_boot: Path, tmp_path: Path, browser: Any
+    torchrun_boot: Path, simulated_cards: Path, browser: Any
 ) -> None:
-    cards = SimulatedCards(tmp_path / "cards.json")
-    cards.write()
-    with serve(torchrun_boot, cards.path) as url:
-        page = page_of(browser, url)
-        page.wait_for_selector(".wf-row[data-rank='1'] .wf-seg")
+    with serve(torchrun_boot, simulated_cards) as url:
+        page = waterfall_of(browser, url)
         labels = page.locator(".wf-label").all_inner_texts()
         assert labels[:2] == ["rank 0", "rank 1"], labels
         (launcher,) = labels[2:]
@@ -376,11 +383,9 @@ def test_without_a_gpu_the_cards_say_so_plainly_and_draw_no_legend(
 
 
 def test_every_endpoint_is_in_the_header_and_nothing_follows_the_footer(
-    flight_dir: Path, tmp_path: Path, browser: Any
+    flight_dir: Path, simulated_cards: Path, browser: Any
 ) -> None:
-    cards = SimulatedCards(tmp_path / "cards.json")
-    cards.write()
-    with serve(flight_dir, cards.path) as url:
+    with serve(flight_dir, simulated_cards) as url:
         page = page_of(browser, url)
         assert page.locator("header nav a[href='api/v1/oom']").count() == 1
         assert page.locator("footer ~ *:not(script)").count() == 0
