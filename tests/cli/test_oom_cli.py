@@ -4,12 +4,15 @@ directories written line by line here."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +124,31 @@ def make_flight(flight_dir: Path) -> None:
     write(flight_dir, "oom-h1-500-50.jsonl", oom_line("b1", 500, 50, 3, 1796000000.0))
 
 
+@contextlib.contextmanager
+def serving(page: dict[str, Any]) -> Iterator[int]:
+    """A real HTTP server (the standard library's) on loopback answering every GET with
+    ``page`` as JSON; its port."""
+
+    class OnePage(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(page).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), OnePage) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield server.server_address[1]
+        finally:
+            server.shutdown()
+
+
 def test_one_line_per_oom_with_every_holder_named_largest_first(flight_dir: Path) -> None:
     make_flight(flight_dir)
     done = run(str(flight_dir))
@@ -206,30 +234,11 @@ def test_a_daemon_address_that_answers_no_http_is_an_error_after_dir(flight_dir:
 def test_a_daemon_whose_pages_lead_back_is_an_error_not_a_loop(flight_dir: Path) -> None:
     """A server (a real one, the standard library's) whose page.next leads back to a page
     already read: an error after DIR's lines, never an endless walk."""
-    import http.server
-
     make_flight(flight_dir)
     (alone,) = run(str(flight_dir)).stdout.splitlines()
-
-    class Looping(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps({"ooms": [], "page": {"next": "/api/v1/oom?offset=0"}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Looping) as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            url = f"http://127.0.0.1:{server.server_address[1]}"
-            got = run(str(flight_dir), "--daemon", url)
-        finally:
-            server.shutdown()
+    with serving({"ooms": [], "page": {"next": "/api/v1/oom?offset=0"}}) as port:
+        url = f"http://127.0.0.1:{port}"
+        got = run(str(flight_dir), "--daemon", url)
     assert got.returncode == 1, got.stderr
     assert f"rankscope oom: daemon {url}: the pages lead back to /api/v1/oom?offset=0" in got.stderr
     assert got.stdout.splitlines() == [alone]
@@ -257,29 +266,10 @@ def test_a_daemon_given_as_host_and_port_is_reached_over_http(flight_dir: Path) 
     """--daemon 127.0.0.1:PORT, no scheme, as the daemon's own --web.listen-address spells
     it: taken as http:// (a real server, the standard library's, answers one empty page).
     Before, urllib refused it: `<urlopen error unknown url type: 127.0.0.1>`."""
-    import http.server
-
     make_flight(flight_dir)
     (alone,) = run(str(flight_dir)).stdout.splitlines()
-
-    class OnePage(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps({"ooms": [], "page": {"next": None}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), OnePage) as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            got = run(str(flight_dir), "--daemon", f"127.0.0.1:{server.server_address[1]}")
-        finally:
-            server.shutdown()
+    with serving({"ooms": [], "page": {"next": None}}) as port:
+        got = run(str(flight_dir), "--daemon", f"127.0.0.1:{port}")
     assert (got.returncode, got.stderr) == (0, "")
     assert got.stdout.splitlines() == [alone]
 
