@@ -4,15 +4,10 @@ series, from records written by the real recorder."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 from tests.daemon.test_daemon_flightstate import rank_recorder
+from tests.support.pid_namespace import in_pid_namespace
 from tests.support.waiting import wait_for
 
 from rankscope.daemon.collectors.census import CensusCollector
@@ -83,15 +78,7 @@ time.sleep(120)
 def test_a_rank_in_its_own_pid_namespace_is_judged_by_the_daemon_not_by_the_cli(
     flight_dir: Path,
 ) -> None:
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs unshare(1) and root for a PID namespace")
-    proc = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-         sys.executable, "-c", INNER, str(flight_dir)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    try:
+    with in_pid_namespace(INNER, str(flight_dir)) as proc:
         assert proc.stdout is not None
         assert int(proc.stdout.readline()) == 1  # the namespace's first process
         state = FlightState(flight_dir)
@@ -101,9 +88,6 @@ def test_a_rank_in_its_own_pid_namespace_is_judged_by_the_daemon_not_by_the_cli(
         # The CLI runs in another PID namespace: it cannot tell, and says so.
         (rank,) = census_document(read_flight(flight_dir))["ranks"]
         assert (rank["state"], rank["alive"]) == ("stalled", None)
-    finally:
-        proc.send_signal(signal.SIGKILL)  # --kill-child takes the namespace down with it
-        proc.wait(timeout=10)
 
     def dead() -> bool:
         state.refresh()

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ from rankscope.daemon.holdings import attribute, cap, summarize
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.procfs import ProcCache, ProcInfo, RankIndex, parse_stat_comm, read_proc_info
 from rankscope.reports.oom import Holding
+from support.pid_namespace import in_pid_namespace
 from support.waiting import wait_for
 
 GiB = 1 << 30
@@ -168,22 +167,11 @@ def children(pid: int) -> list[int]:
 def namespaced_rank(flight_dir: Path) -> Iterator[tuple[int, int]]:
     """A real process in its own PID namespace that wrote a flight record: (host pid,
     pid it saw)."""
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs unshare(1) and root for a PID namespace")
-    proc = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-         sys.executable, "-c", INNER, str(flight_dir)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    try:
+    with in_pid_namespace(INNER, str(flight_dir)) as proc:
         assert proc.stdout is not None
         inner_pid = int(proc.stdout.readline())
         [host_pid] = children(proc.pid)
         yield host_pid, inner_pid
-    finally:
-        proc.send_signal(signal.SIGKILL)  # --kill-child takes the namespace down with it
-        proc.wait(timeout=10)
 
 
 def exposition(monitor: CardSide) -> dict[tuple[str, ...], float]:
