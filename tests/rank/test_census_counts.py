@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from rankscope.rank import census
 from rankscope.rank.census import counts, graphs, snapshots
+from rankscope.rank.census.wrap import patch, undo_all
 from rankscope.rank.writer import RankIdentity, Recorder
 from rankscope.record import GraphCounts
 from rankscope.record.compare import compare_group, compare_ranks
@@ -251,6 +253,26 @@ def test_instrument_methods_skips_missing_and_inherited_is_restored() -> None:
     undo()
     assert "all_reduce" not in Sub.__dict__
     assert census.snapshot() == {("pp:0,4", "all_reduce"): 1}
+
+
+def test_patch_undo_restores_own_inherited_and_absent_attributes() -> None:
+    class Base:
+        def shared(self) -> str:
+            return "base"
+
+    class Sub(Base):
+        def own(self) -> str:
+            return "own"
+
+    own, module = Sub.__dict__["own"], types.ModuleType("patched")
+    undos = [patch(Sub, name, lambda self: "patched") for name in ("own", "shared", "absent")]
+    undos.append(patch(module, "absent", 1))
+    assert Sub().own() == Sub().shared() == Sub().absent() == "patched"  # type: ignore[attr-defined]
+    undo_all(undos)()
+    assert Sub.__dict__["own"] is own  # own: put back
+    assert "shared" not in Sub.__dict__ and Sub().shared() == "base"  # inherited: deleted again
+    assert not hasattr(Sub, "absent") and not hasattr(module, "absent")  # absent: removed
+    undo_all(undos)()  # each patch undone once
 
 
 def test_a_failing_group_reader_costs_the_count_not_the_call() -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from rankscope.rank.census import counts as _counts
-from rankscope.rank.census.wrap import MARK
+from rankscope.rank.census.wrap import MARK, patch, undo_all
 from rankscope.record import GraphCounts
 from rankscope.record.naming import Key
 
@@ -148,7 +148,6 @@ def instrument_cuda_graphs(
     cls: Any = getattr(torch.cuda, "CUDAGraph", None)
     if cls is None or any(getattr(getattr(cls, n), MARK, False) for n in _GRAPH_METHODS):
         return lambda: None  # no graphs, or instrumented already: the first undo restores
-    originals = {name: cls.__dict__.get(name) for name in _GRAPH_METHODS}
     begin, end, replay_graph = (getattr(cls, n) for n in _GRAPH_METHODS)
 
     @functools.wraps(begin)
@@ -177,16 +176,7 @@ def instrument_cuda_graphs(
         replay(self)
         return result
 
-    for wrapper in (capture_begin, capture_end, replay_method):
+    wrappers = (capture_begin, capture_end, replay_method)
+    for wrapper in wrappers:
         setattr(wrapper, MARK, True)
-        setattr(cls, wrapper.__name__, wrapper)
-
-    def undo() -> None:
-        for name, original in originals.items():
-            if original is None:
-                with contextlib.suppress(AttributeError):
-                    delattr(cls, name)
-            else:
-                setattr(cls, name, original)
-
-    return undo
+    return undo_all([patch(cls, w.__name__, w) for w in wrappers])

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rankscope.rank.census import counts as _counts
-from rankscope.rank.census.wrap import GUARD, MARK, compiling_check
+from rankscope.rank.census.wrap import GUARD, MARK, compiling_check, patch, undo_all
 from rankscope.rank.writer import RECORDER
 from rankscope.record.naming import RECV, SEND, group_instance, p2p_name
 
@@ -273,7 +273,6 @@ def instrument_torch_distributed(
             RECORDER.configure(rank=dist.get_rank(), world_size=dist.get_world_size())
         names = [n for n in (*COLLECTIVES, *P2P, BATCH) if hasattr(c10d, n)]
         plain = {n: getattr(c10d, n) for n in names}
-        saved_dist = {n: dist.__dict__.get(n, _ABSENT) for n in names}
         wrappers = {
             n: _collective_wrapper(dist, n, plain[n], on_world if n in COLLECTIVES else None)
             for n in names
@@ -281,19 +280,14 @@ def instrument_torch_distributed(
         }
         if BATCH in plain:
             wrappers[BATCH] = _batch_wrapper(dist, c10d, plain[BATCH], plain)
-        for n, w in wrappers.items():
-            setattr(c10d, n, w)
-            setattr(dist, n, w)
+        restore = undo_all(
+            [patch(module, n, w) for n, w in wrappers.items() for module in (c10d, dist)]
+        )
 
         def undo() -> None:
             global _undo
             with _lock:
-                for n in names:
-                    setattr(c10d, n, plain[n])
-                    if saved_dist[n] is _ABSENT:
-                        dist.__dict__.pop(n, None)
-                    else:
-                        setattr(dist, n, saved_dist[n])
+                restore()
                 _undo = None
 
         _undo = undo
@@ -305,6 +299,3 @@ def uninstrument_torch_distributed() -> None:
     undo = _undo
     if undo is not None:
         undo()
-
-
-_ABSENT = object()

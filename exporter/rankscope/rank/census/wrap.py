@@ -9,6 +9,7 @@ call (docs/integrations.md).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -36,6 +37,34 @@ class _Guard(threading.local):
 
 
 GUARD = _Guard()
+
+_NOT_OWN = object()
+
+
+def patch(owner: Any, name: str, value: Any) -> Callable[[], None]:
+    """Set ``owner.name`` (a class or module) to ``value``; the undo restores it exactly: the
+    owner's own attribute put back, an inherited or absent one deleted again."""
+    saved = vars(owner).get(name, _NOT_OWN)  # a class's inherited attribute is not its own
+    setattr(owner, name, value)
+
+    def undo() -> None:
+        if saved is _NOT_OWN:
+            with contextlib.suppress(AttributeError):
+                delattr(owner, name)
+        else:
+            setattr(owner, name, saved)
+
+    return undo
+
+
+def undo_all(undos: list[Callable[[], None]]) -> Callable[[], None]:
+    """One undo for several patches, run last first; each runs once."""
+
+    def undo() -> None:
+        while undos:
+            undos.pop()()
+
+    return undo
 
 
 def _cached(group_of: GroupOf) -> GroupOf:
@@ -221,7 +250,7 @@ def instrument_methods(
     )
     cached = _cached(group_of)
     untraced = frozenset(eager_only)
-    saved: dict[str, Any] = {}
+    undos: list[Callable[[], None]] = []
     for name, op in table.items():
         current = getattr(cls, name, None)
         if current is None or not callable(current):
@@ -231,21 +260,8 @@ def instrument_methods(
         elif isinstance(cls.__dict__.get(name), (staticmethod, classmethod)):
             why = "is not an instance method"
         else:
-            saved[name] = cls.__dict__.get(name, _INHERITED)
             traced = _traced_counter(cached, op, name not in untraced)
-            setattr(cls, name, _method_wrapper(current, op, cached, traced))
+            undos.append(patch(cls, name, _method_wrapper(current, op, cached, traced)))
             continue
         log.warning("rankscope census: %s.%s %s; not counted", cls.__name__, name, why)
-
-    def undo() -> None:
-        for name, original in saved.items():
-            if original is _INHERITED:
-                delattr(cls, name)
-            else:
-                setattr(cls, name, original)
-        saved.clear()
-
-    return undo
-
-
-_INHERITED = object()
+    return undo_all(undos)
