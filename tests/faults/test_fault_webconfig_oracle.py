@@ -62,6 +62,16 @@ class Case:
     clients: tuple[Client, ...] = ()
 
 
+def served(name: str, config: str, *clients: Client) -> Case:
+    """A config Go serves, and what each client gets from it (one plain client unless named)."""
+    return Case(name, config, OK, clients=clients or (Client(OK),))
+
+
+def refused_here(name: str, config: str, row: str) -> Case:
+    """A config Go serves that rankscope refuses, docs/daemon.md's ``row`` saying why."""
+    return Case(name, config, OK, difference=row)
+
+
 CASES = [
     # TestYAMLFiles: each is loaded (Go's run and validate agree on all of them).
     Case("path invalid", "somefile", "no such file"),
@@ -119,50 +129,36 @@ CASES = [
             Client("bad certificate", cert="client_selfsigned"),
         ),
     ),
-    Case("TLS inline", "web_config_noAuth_tlsInline.good.yml", OK, clients=(Client(OK),)),
-    Case("all ciphers", "web_config_noAuth_allCiphers.good.yml", OK, clients=(Client(OK),)),
-    Case(
+    served("TLS inline", "web_config_noAuth_tlsInline.good.yml"),
+    served("all ciphers", "web_config_noAuth_allCiphers.good.yml"),
+    served(
         "some ciphers",
         "web_config_noAuth_someCiphers.good.yml",
-        OK,
-        clients=(
-            Client(OK, ciphers="ECDHE-RSA-AES128-GCM-SHA256"),
-            Client("handshake failure", ciphers="ECDHE-RSA-AES256-SHA"),
-            Client(
-                OK,
-                ciphers="ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384",
-                chosen="ECDHE-RSA-AES128-GCM-SHA256",
-            ),
+        Client(OK, ciphers="ECDHE-RSA-AES128-GCM-SHA256"),
+        Client("handshake failure", ciphers="ECDHE-RSA-AES256-SHA"),
+        Client(
+            OK,
+            ciphers="ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384",
+            chosen="ECDHE-RSA-AES128-GCM-SHA256",
         ),
     ),
-    Case(
+    served(
         "some ciphers, client's order",
         "web_config_noAuth_someCiphers_noOrder.good.yml",
-        OK,
-        clients=(
-            Client(
-                OK,
-                ciphers="ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384",
-                chosen="ECDHE-RSA-AES128-GCM-SHA256",
-            ),
+        Client(
+            OK,
+            ciphers="ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384",
+            chosen="ECDHE-RSA-AES128-GCM-SHA256",
         ),
     ),
-    Case("all curves", "web_config_noAuth_allCurves.good.yml", OK, clients=(Client(OK),)),
-    Case(
+    served("all curves", "web_config_noAuth_allCurves.good.yml"),
+    served(
         "some curves",
         "web_config_noAuth_someCurves.good.yml",
-        OK,
-        clients=(
-            Client(OK, curve="secp521r1"),
-            Client("handshake failure", curve="secp384r1"),
-        ),
+        Client(OK, curve="secp521r1"),
+        Client("handshake failure", curve="secp384r1"),
     ),
-    Case(
-        "non-HTTP/2 ciphers, http2 off",
-        "web_config_noAuth_noHTTP2.good.yml",
-        OK,
-        clients=(Client(OK),),
-    ),
+    served("non-HTTP/2 ciphers, http2 off", "web_config_noAuth_noHTTP2.good.yml"),
     Case(
         "non-HTTP/2 ciphers, http2 on",
         "web_config_noAuth_noHTTP2Cipher.bad.yml",
@@ -176,62 +172,42 @@ CASES = [
     ),
     Case("X-Frame-Options: foo", "web_config_headers_frame_options.bad.yml", "invalid value for"),
     Case("Content-Type header", "web_config_headers_extra_header.bad.yml", "can not be configured"),
-    Case(
+    refused_here(
         "RequireAnyClientCert",
         "tls_config_noAuth.requireanyclientcert.good.yml",
-        OK,
-        difference="RequireAnyClientCert",
+        "RequireAnyClientCert",
     ),
-    Case(
+    refused_here(
         "RequireAnyClientCert, inline key",
         "tls_config_noAuth.requireanyclientcertkeyinline.good.yml",
-        OK,
-        difference="RequireAnyClientCert",
+        "RequireAnyClientCert",
     ),
-    Case(
+    served(
         "RequireAndVerifyClientCert",
         "tls_config_noAuth.requireandverifyclientcert.good.yml",
-        OK,
-        clients=(
-            Client(OK, cert="client_selfsigned"),
-            Client("certificate required"),
-        ),
+        Client(OK, cert="client_selfsigned"),
+        Client("certificate required"),
     ),
-    Case(
-        "allowed SANs, good",
-        "web_config_auth_client_san.good.yaml",
-        OK,
-        difference="client_allowed_sans",
+    refused_here(
+        "allowed SANs, good", "web_config_auth_client_san.good.yaml", "client_allowed_sans"
     ),
-    Case(
-        "allowed SANs, bad",
-        "web_config_auth_client_san.bad.yaml",
-        OK,
-        difference="client_allowed_sans",
-    ),
+    refused_here("allowed SANs, bad", "web_config_auth_client_san.bad.yaml", "client_allowed_sans"),
     Case("rate limiter off", "web_config_rate_limiter_nonblocking.yaml", OK),
-    Case(
-        "rate limiter 1s",
-        "web_config_rate_limiter_one_second.yaml",
-        OK,
-        difference="`rate_limit` on",
-    ),
+    refused_here("rate limiter 1s", "web_config_rate_limiter_one_second.yaml", "`rate_limit` on"),
     # TestConfigReloading's blocking file, and a testdata file no Go test loads.
-    Case(
+    refused_here(
         "RequireAndVerifyClientCert, no CA",
         "web_config_noAuth.good.blocking.yml",
-        OK,
-        difference="`RequireAndVerifyClientCert` without a CA",
+        "`RequireAndVerifyClientCert` without a CA",
     ),
-    Case(
+    refused_here(
         "clientCAs missing",
         "web_config_auth_clientCAs_missing.bad.yml",
-        OK,
-        difference="`RequireAndVerifyClientCert` without a CA",
+        "`RequireAndVerifyClientCert` without a CA",
     ),
     # TestUsers.
     Case("users, no TLS", "web_config_users_noTLS.good.yml", OK),
-    Case("users, TLS", "web_config_users.good.yml", OK, clients=(Client(OK),)),
+    served("users, TLS", "web_config_users.good.yml"),
     # Cases exporter-toolkit's code defines. yaml.v2's UnmarshalStrict refuses a repeated key.
     Case("second, empty tls_server_config", TLS + "tls_server_config:\n", "already set"),
     Case(
@@ -263,11 +239,10 @@ CASES = [
         'http_server_config:\n  headers:\n    X-XSS-Protection: "1\\r\\nSet-Cookie: a=b"\n',
         OK,
     ),
-    Case(
+    refused_here(
         "non-ASCII header value",
         'http_server_config:\n  headers:\n    Content-Security-Policy: "default-src é"\n',
-        OK,
-        difference="header value with CR/LF",
+        "header value with CR/LF",
     ),
     # HTTPConfig.HTTP2 is a bool: yaml.v2 takes YAML 1.1's plain booleans only.
     Case(
@@ -290,11 +265,10 @@ CASES = [
         "basic_auth_users:\n  dave: $2y$10$2UXri9cIDdgeKjBo4Rlpx.U3ZLDV8X1IxKmsfOvhcM5oXQt/mLm\n",
         "hashedSecret too short",
     ),
-    Case(
+    refused_here(
         "bcrypt cut to 59",
         "basic_auth_users:\n  dave: $2y$10$2UXri9cIDdgeKjBo4Rlpx.U3ZLDV8X1IxKmsfOvhcM5oXQt/mLmX\n",
-        OK,
-        difference="`basic_auth_users` hash damaged",
+        "`basic_auth_users` hash damaged",
     ),
     Case(
         "bcrypt cost 3",
@@ -308,28 +282,25 @@ CASES = [
     ),
     Case("plain password", "basic_auth_users:\n  dave: dave123\n", "hashedSecret too short"),
     # tls_config.go ConfigToTLSConfig.
-    Case(
+    served(
         "RequireClientCert with a CA",
         TLS + '  client_auth_type: RequireClientCert\n  client_ca_file: "client_selfsigned.pem"\n',
-        OK,
-        clients=(Client(OK, cert="client_selfsigned"), Client("certificate required")),
+        Client(OK, cert="client_selfsigned"),
+        Client("certificate required"),
     ),
-    Case(
+    served(
         "RequestClientCert, no CA",
         TLS + "  client_auth_type: RequestClientCert\n",
-        OK,
-        clients=(Client(OK), Client(OK, cert="client_selfsigned")),
+        Client(OK),
+        Client(OK, cert="client_selfsigned"),
     ),
-    Case(
+    served(
         "VerifyClientCertIfGiven with a CA",
         TLS
         + '  client_auth_type: VerifyClientCertIfGiven\n  client_ca_file: "client_selfsigned.pem"\n',
-        OK,
-        clients=(
-            Client(OK),
-            Client(OK, cert="client_selfsigned"),
-            Client("unknown ca", cert="client2_selfsigned"),
-        ),
+        Client(OK),
+        Client(OK, cert="client_selfsigned"),
+        Client("unknown ca", cert="client2_selfsigned"),
     ),
     Case(
         "client CA file without policy",
@@ -342,25 +313,23 @@ CASES = [
         "client CA's have been configured without a Client Auth Policy",
     ),
     Case("invalid ClientAuth", TLS + "  client_auth_type: Sometimes\n", "invalid ClientAuth"),
-    Case("cert file and inline cert", TLS + "  cert: junk\n", OK, clients=(Client(OK),)),
-    Case(
+    served("cert file and inline cert", TLS + "  cert: junk\n"),
+    refused_here(
         "min above max",
         TLS + "  min_version: TLS13\n  max_version: TLS12\n",
-        OK,
-        difference="`min_version` above `max_version`",
+        "`min_version` above `max_version`",
     ),
-    Case(
+    refused_here(
         "TLS settings, no certificate",
         "tls_server_config:\n  min_version: TLS13\n",
-        OK,
-        difference="`tls_server_config` with settings but no certificate",
+        "`tls_server_config` with settings but no certificate",
     ),
     # crypto/tls: the version bounds, and TLS 1.3 suites that are not configurable.
-    Case(
+    served(
         "max TLS12",
         TLS + "  max_version: TLS12\n",
-        OK,
-        clients=(Client(OK), Client("protocol version not supported", min_tls13=True)),
+        Client(OK),
+        Client("protocol version not supported", min_tls13=True),
     ),
     Case(
         "TLS 1.3 suites only, http2 on",
@@ -372,35 +341,32 @@ CASES = [
         TLS + "  cipher_suites: [TLS_AES_128_GCM_SHA256]\nhttp_server_config:\n",
         OK,
     ),
-    Case(
+    served(
         "TLS 1.3 suites only",
         TLS + "  cipher_suites: [TLS_AES_128_GCM_SHA256]\nhttp_server_config:\n  http2: false\n",
-        OK,
-        clients=(Client(OK), Client("handshake failure", ciphers="ECDHE-RSA-AES128-GCM-SHA256")),
+        Client(OK),
+        Client("handshake failure", ciphers="ECDHE-RSA-AES128-GCM-SHA256"),
     ),
     # x509.CertPool.AppendCertsFromPEM skips what is not a certificate: an empty pool.
-    Case(
+    refused_here(
         "junk inline client CA",
         TLS + "  client_auth_type: VerifyClientCertIfGiven\n  client_ca: junk\n",
-        OK,
-        difference="client CA with no usable certificate",
+        "client CA with no usable certificate",
     ),
-    Case(
+    served(
         "several curves",
         TLS + "  curve_preferences: [X25519, CurveP384]\n",
-        OK,
-        clients=(Client(OK, curve="X25519"),),
+        Client(OK, curve="X25519"),
     ),
     Case(
         "YAML merge key",
         "base: &b\n  http2: true\nhttp_server_config:\n  <<: *b\n",
         "field base not found",
     ),
-    Case(
+    refused_here(
         "merge key inside a section",
         "http_server_config:\n  <<: {http2: true}\n",
-        OK,
-        difference="a YAML merge key",
+        "a YAML merge key",
     ),
     Case("rate_limit unknown key", "rate_limit:\n  every: 1s\n", "field every not found"),
     Case("rate_limit bad duration", "rate_limit:\n  interval: soon\n", "cannot unmarshal"),
@@ -411,16 +377,24 @@ CASES = [
     ),
 ]
 
+CASE_NAMED = {c.name: c for c in CASES}
+
+
+def config_file(case: Case, directory: Path) -> Path:
+    """The case's config in ``directory`` beside a copy of the fixtures: the fixture file, or
+    the case's YAML written as inline.yml."""
+    shutil.copytree(FIXTURES, directory, dirs_exist_ok=True)
+    if "\n" not in case.config:
+        return directory / case.config
+    path = directory / "inline.yml"
+    path.write_text(case.config)
+    return path
+
 
 def load(case: Case, directory: Path) -> WebConfig:
     """What `rankscope serve` does with the file before it serves: load it, and make the TLS
     context (WebConfigError or ssl.SSLError when it cannot)."""
-    shutil.copytree(FIXTURES, directory, dirs_exist_ok=True)
-    path = directory / case.config
-    if "\n" in case.config:
-        path = directory / "inline.yml"
-        path.write_text(case.config)
-    config = load_web_config(path)
+    config = load_web_config(config_file(case, directory))
     if config.tls is not None:
         config.tls.context()
     return config
@@ -454,15 +428,15 @@ def test_the_oracle_covers_every_config_of_the_testdata() -> None:
 
 
 def test_what_go_serves_reads_as_go_reads_it(tmp_path: Path) -> None:
-    by_name = {c.name: c for c in CASES}
-    headers = load(by_name["headers"], tmp_path).headers
+    headers = load(CASE_NAMED["headers"], tmp_path).headers
     assert headers["X-XSS-Protection"] == "1"
     assert headers["Content-Security-Policy"] == "default-src 'self' *.test.example.net"
-    crlf = load(by_name["CR/LF in a header value"], tmp_path).headers
+    crlf = load(CASE_NAMED["CR/LF in a header value"], tmp_path).headers
     assert crlf == {"X-XSS-Protection": "1  Set-Cookie: a=b"}  # one header, as Go sends it
-    assert load(by_name["http2: y"], tmp_path).http2 is True
-    assert load(by_name["http2: off"], tmp_path).http2 is False
-    assert set(load(by_name["users, no TLS"], tmp_path).users) == {"alice", "bob", "carol", "dave"}
+    assert load(CASE_NAMED["http2: y"], tmp_path).http2 is True
+    assert load(CASE_NAMED["http2: off"], tmp_path).http2 is False
+    users = load(CASE_NAMED["users, no TLS"], tmp_path).users
+    assert set(users) == {"alice", "bob", "carol", "dave"}
 
 
 def handshake(context: ssl.SSLContext, client: Client) -> tuple[bool, str]:
@@ -545,7 +519,7 @@ SERVED = ["noAuth.good", "TLS inline", "users, no TLS", "headers"]
 def test_a_real_daemon_serves_a_sample_as_go_does(
     name: str, flight_dir: Path, tmp_path: Path
 ) -> None:
-    case = next(c for c in CASES if c.name == name)
+    case = CASE_NAMED[name]
     config = load(case, tmp_path / "web")
     args = (
         f"--web.config.file={tmp_path / 'web' / case.config}",
@@ -594,14 +568,9 @@ REFUSED_AT_START = {
 def test_serve_refuses_to_start_on_what_go_refuses(
     name: str, flight_dir: Path, tmp_path: Path
 ) -> None:
-    case = next(c for c in CASES if c.name == name)
+    case = CASE_NAMED[name]
     assert case.go != OK
-    web = tmp_path / "web"
-    shutil.copytree(FIXTURES, web)
-    path = web / case.config
-    if "\n" in case.config:
-        path = web / "inline.yml"
-        path.write_text(case.config)
+    path = config_file(case, tmp_path / "web")
     result = subprocess.run(
         [sys.executable, "-m", "rankscope", "serve", f"--flight-dir={flight_dir}",
          f"--web.config.file={path}", "--web.listen-address=127.0.0.1:0"],
