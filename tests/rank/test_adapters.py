@@ -291,20 +291,27 @@ def test_a_next_release_with_every_hook_point_attaches_as_unverified(tmp_path):
     }
 
 
+def _boot_unadapted_with_renamed(tmp_path: Path, version: str, member: str, renamed: str):
+    """Boot a copy of the SGLang stand-in, as ``version``, whose scheduler module calls
+    ``member`` ``renamed``: the job runs as without the adapter (its output, nothing wrapped).
+    The flight's records."""
+    tree = tmp_path / "renamed"
+    shutil.copytree(STANDINS / "sglang", tree / "sglang")
+    scheduler = tree / "sglang" / "srt" / "managers" / "scheduler.py"
+    scheduler.write_text(scheduler.read_text().replace(member, renamed))
+    site = _site(tmp_path, "sglang", version, tree=tree)
+    flight, outs, _ = _boot(tmp_path, "sglang", site)
+    for rank in range(WORLD):
+        assert _job_output(outs[rank]) == JOB_OUTPUT.format(rank=rank)
+        assert _wrapped(outs[rank]) == []
+    return read_flight(flight).records
+
+
 def test_a_next_release_with_a_hook_renamed_is_not_attached_with_one_line(tmp_path):
     """The same next release with one hook point renamed (Scheduler.ingest_requests, a module
     the scheduler process imports last): the run-time check finds it before anything is
     installed; one line names it and the job runs as without the adapter."""
-    tree = tmp_path / "renamed"
-    shutil.copytree(STANDINS / "sglang", tree / "sglang")
-    scheduler = tree / "sglang" / "srt" / "managers" / "scheduler.py"
-    scheduler.write_text(scheduler.read_text().replace("ingest_requests", "ingest_reqs"))
-    site = _site(tmp_path, "sglang", "0.5.24", tree=tree)
-    flight, outs, _ = _boot(tmp_path, "sglang", site)
-    records = read_flight(flight).records
-    for rank in range(WORLD):
-        assert _job_output(outs[rank]) == JOB_OUTPUT.format(rank=rank)
-        assert _wrapped(outs[rank]) == []
+    records = _boot_unadapted_with_renamed(tmp_path, "0.5.24", "ingest_requests", "ingest_reqs")
     lines = _adapter_lines(records)
     assert len(lines) == WORLD  # one a process
     assert {(a.body.status, a.body.failed_hook, a.body.failed_why) for a in lines} == {
@@ -322,16 +329,7 @@ def test_a_missing_hook_point_detaches_everything_with_one_line(tmp_path):
     """A checked version whose Scheduler lacks run_batch (a copy of the stand-in with the
     hook target renamed): the coordinator and runner hooks that attached before it are
     undone, one line names the hook, and the job runs as without the adapter."""
-    tree = tmp_path / "renamed"
-    shutil.copytree(STANDINS / "sglang", tree / "sglang")
-    scheduler = tree / "sglang" / "srt" / "managers" / "scheduler.py"
-    scheduler.write_text(scheduler.read_text().replace("run_batch", "run_batch_v2"))
-    site = _site(tmp_path, "sglang", "0.5.22", tree=tree)
-    flight, outs, _ = _boot(tmp_path, "sglang", site)
-    records = read_flight(flight).records
-    for rank in range(WORLD):
-        assert _job_output(outs[rank]) == JOB_OUTPUT.format(rank=rank)
-        assert _wrapped(outs[rank]) == []
+    records = _boot_unadapted_with_renamed(tmp_path, "0.5.22", "run_batch", "run_batch_v2")
     lines = _adapter_lines(records)
     assert len(lines) == WORLD
     assert {(a.body.status, a.body.failed_hook, a.body.failed_why) for a in lines} == {
