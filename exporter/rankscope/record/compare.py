@@ -5,7 +5,7 @@ An op missing on a member rank counts as zero; a sender's ``send>b`` and the rec
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from rankscope.record.naming import SEND, Key, channel_name, parse_instance, parse_p2p
@@ -80,14 +80,24 @@ def compare_ranks(per_rank: Mapping[int, Mapping[Key, int]]) -> list[Entry]:
     return compare_split({rank: split_by_group(counts) for rank, counts in per_rank.items()})
 
 
-def compare_split(split: Mapping[int, Mapping[str, Mapping[str, int]]]) -> list[Entry]:
-    """Entries for every group instance among ``split`` (rank -> {group: {op: n}})."""
-    entries: list[Entry] = []
+def instances(split: Mapping[int, Mapping[str, Any]]) -> Iterator[tuple[str, list[int]]]:
+    """Every group instance among ``split`` (rank -> {group: ...}), by name, with the ranks
+    to compare for it."""
     for group in sorted({g for by_group in split.values() for g in by_group}):
         reporters = [r for r, by_group in split.items() if group in by_group]
-        members = members_of(group, split, reporters)
-        if len(members) >= 2:
-            entries.extend(compare_group(group, {r: split[r].get(group, {}) for r in members}))
+        yield group, members_of(group, split, reporters)
+
+
+def compare_split(
+    split: Mapping[int, Mapping[str, Mapping[str, int]]], settled: Collection[int] | None = None
+) -> list[Entry]:
+    """Entries for every group instance among ``split`` (rank -> {group: {op: n}}) with two
+    members or more; given ``settled``, only those whose members all are."""
+    entries: list[Entry] = []
+    for group, members in instances(split):
+        if len(members) < 2 or (settled is not None and any(m not in settled for m in members)):
+            continue
+        entries.extend(compare_group(group, {r: split[r].get(group, {}) for r in members}))
     return entries
 
 

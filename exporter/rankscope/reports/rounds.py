@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rankscope.record import Census
-from rankscope.record.compare import Entry, compare_group, members_of, split_by_group
+from rankscope.record.compare import Entry, compare_group, instances, split_by_group
 
 History = Mapping[int, Mapping[int, Census]]  # rank -> round -> that rank's snapshot
 
@@ -49,9 +49,7 @@ def group_rounds(snapshots: SnapshotsByRank) -> list[GroupRound]:
     by_rank = snapshots.by_rank
     latest = {rank: snapshots.groups_at(rank, max(snaps)) for rank, snaps in by_rank.items()}
     out: list[GroupRound] = []
-    for group in sorted({g for by_group in latest.values() for g in by_group}):
-        reporters = [rank for rank, by_group in latest.items() if group in by_group]
-        members = members_of(group, by_rank, reporters)
+    for group, members in instances(latest):
         common = set.intersection(*(set(by_rank[m]) for m in members)) if members else set()
         rounds = tuple(sorted(common))
         ops = {m: snapshots.groups_at(m, rounds[-1]).get(group, {}) for m in members if rounds}

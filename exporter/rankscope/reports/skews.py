@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.record.compare import Entry, compare_group, members_of, split_by_group
+from rankscope.record.compare import Entry, compare_split, split_by_group
 from rankscope.record.naming import Key
 
 
@@ -27,14 +27,7 @@ def latest_entries(
 ) -> list[Entry]:
     """The comparison at the latest counts of each group instance whose members all settled."""
     split = {rank: split_by_group(counts) for rank, counts in latest.items()}
-    entries: list[Entry] = []
-    for group in sorted({g for by_group in split.values() for g in by_group}):
-        reporters = [rank for rank, by_group in split.items() if group in by_group]
-        members = members_of(group, split, reporters)
-        if len(members) < 2 or any(m not in settled for m in members):
-            continue
-        entries.extend(compare_group(group, {m: split[m].get(group, {}) for m in members}))
-    return entries
+    return compare_split(split, settled)
 
 
 def skew_spans(moments: Mapping[int, list[RankMoment]]) -> list[dict[str, Any]]:
