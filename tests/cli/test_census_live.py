@@ -44,14 +44,8 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> ArmedVenv:
 def job(venv: ArmedVenv, flight: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
     """The program under `rankscope run -- torchrun`, in a session of its own, killed after."""
     proc = subprocess.Popen(
-        [
-            venv.python,
-            "-m",
-            "rankscope",
-            "run",
-            "--dir",
-            str(flight),
-            "--",
+        venv.run_under_rankscope(
+            flight,
             "torchrun",
             "--nproc-per-node",
             str(WORLD),
@@ -59,7 +53,7 @@ def job(venv: ArmedVenv, flight: Path, *args: str) -> Iterator[subprocess.Popen[
             str(free_port()),
             str(PROGRAM),
             *args,
-        ],
+        ),
         env=venv.env(TORCHELASTIC_ERROR_FILE=""),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -85,14 +79,7 @@ def job(venv: ArmedVenv, flight: Path, *args: str) -> Iterator[subprocess.Popen[
 def daemon(venv: ArmedVenv, flight: Path) -> Iterator[str]:
     address = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
-        [
-            venv.python,
-            "-m",
-            "rankscope",
-            "serve",
-            f"--flight-dir={flight}",
-            f"--web.listen-address={address}",
-        ],
+        venv.rankscope("serve", f"--flight-dir={flight}", f"--web.listen-address={address}"),
         env=venv.env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -106,7 +93,7 @@ def daemon(venv: ArmedVenv, flight: Path) -> Iterator[str]:
 
 def census(venv: ArmedVenv, flight: Path) -> tuple[int, dict[str, Any]]:
     done = subprocess.run(
-        [venv.python, "-m", "rankscope", "census", str(flight), "--json"],
+        venv.rankscope("census", str(flight), "--json"),
         env=venv.env(),
         capture_output=True,
         text=True,

@@ -33,7 +33,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> ArmedVenv:
 
 def rankscope(venv: ArmedVenv, *args: str, env: dict[str, str] | None = None, timeout: float = 120):
     return subprocess.run(
-        [venv.python, "-m", "rankscope", *args],
+        venv.rankscope(*args),
         env=env or venv.env(),
         capture_output=True,
         text=True,

@@ -58,17 +58,7 @@ def test_llama_generation_ledger_under_rankscope_run(tmp_path: Path) -> None:
     venv = make_armed_venv(tmp_path / "venv")
     flight = tmp_path / "flight"
     proc = subprocess.Popen(
-        [
-            venv.python,
-            "-m",
-            "rankscope",
-            "run",
-            "--dir",
-            str(flight),
-            "--",
-            venv.python,
-            str(PROGRAM),
-        ],
+        venv.run_under_rankscope(flight, venv.python, str(PROGRAM)),
         env=venv.env(RANKSCOPE_SAMPLE_EVERY="0.5"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

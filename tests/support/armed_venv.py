@@ -35,6 +35,14 @@ class ArmedVenv:
     def bin(self) -> Path:
         return self.root / "bin"
 
+    def rankscope(self, *args: str) -> list[str]:
+        """The command line of `rankscope ARGS` run by this venv's python."""
+        return [self.python, "-m", "rankscope", *args]
+
+    def run_under_rankscope(self, flight: Path, *command: str) -> list[str]:
+        """The command line of `rankscope run --dir FLIGHT -- COMMAND`."""
+        return self.rankscope("run", "--dir", str(flight), "--", *command)
+
     def env(self, **extra: str) -> dict[str, str]:
         """The environment a user's shell would give: the venv's bin first on PATH, this
         checkout's rankscope importable, nothing of rankscope's armed."""
