@@ -11,6 +11,7 @@ import ssl
 import tempfile
 import urllib.error
 import urllib.request
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +280,18 @@ def make_self_signed(directory: Path) -> tuple[Path, Path]:
     return _write_key_and_cert(directory, "server", key, _certificate("127.0.0.1", key))
 
 
+def serve_web_config(flight_dir: Path, cfg: Path, log: Path) -> AbstractContextManager[str]:
+    """A real `rankscope serve` of ``flight_dir`` under the web config ``cfg``, with no
+    card or holdings collector (no device here); its base URL."""
+    return serve(
+        flight_dir,
+        f"--web.config.file={cfg}",
+        "--no-collector.cards",
+        "--no-collector.holdings",
+        log=log,
+    )
+
+
 def https_get(
     url: str, context: ssl.SSLContext, auth: bytes | None = None
 ) -> tuple[int, dict[str, str], bytes]:
@@ -306,13 +319,7 @@ def test_a_daemon_serves_tls_and_basic_auth_from_its_web_config(
         f"basic_auth_users:\n  alice: '{ALICE_HASH}'\n"
     )
     context = ssl.create_default_context(cafile=str(cert))
-    with serve(
-        flight_dir,
-        f"--web.config.file={cfg}",
-        "--no-collector.cards",
-        "--no-collector.holdings",
-        log=tmp_path / "serve.log",
-    ) as url:
+    with serve_web_config(flight_dir, cfg, tmp_path / "serve.log") as url:
         https = url.replace("http://", "https://")
         status, headers, _ = https_get(https + "/metrics", context)
         assert status == 401 and headers["www-authenticate"].startswith("Basic")
@@ -362,13 +369,7 @@ def test_client_certificates_and_the_minimum_tls_version_are_enforced(
         "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
         "  min_version: TLS13\n"
     )
-    with serve(
-        flight_dir,
-        f"--web.config.file={cfg}",
-        "--no-collector.cards",
-        "--no-collector.holdings",
-        log=tmp_path / "serve.log",
-    ) as url:
+    with serve_web_config(flight_dir, cfg, tmp_path / "serve.log") as url:
         https = url.replace("http://", "https://") + "/healthz"
         with_cert = ssl.create_default_context(cafile=str(server_cert))
         with_cert.load_cert_chain(str(client_cert), str(client_key_path))

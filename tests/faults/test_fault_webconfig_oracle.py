@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.daemon.test_daemon_serve import get, serve
-from tests.daemon.test_daemon_webconfig import https_get
+from tests.daemon.test_daemon_serve import get
+from tests.daemon.test_daemon_webconfig import https_get, serve_web_config
 
 from rankscope.daemon.webconfig import WebConfig, WebConfigError, load_web_config
 
@@ -521,12 +521,8 @@ def test_a_real_daemon_serves_a_sample_as_go_does(
 ) -> None:
     case = CASE_NAMED[name]
     config = load(case, tmp_path / "web")
-    args = (
-        f"--web.config.file={tmp_path / 'web' / case.config}",
-        "--no-collector.cards",
-        "--no-collector.holdings",
-    )
-    with serve(flight_dir, *args, log=tmp_path / "serve.log") as url:
+    cfg = tmp_path / "web" / case.config
+    with serve_web_config(flight_dir, cfg, tmp_path / "serve.log") as url:
         if config.tls is not None:
             https = url.replace("http://", "https://").replace("127.0.0.1", "localhost")
             assert https_get(https + "/healthz", trusting_server_crt())[0] == 200
