@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from tests.daemon.test_daemon_flightstate import GiB, census, mark, rank_recorder
 
@@ -314,6 +315,16 @@ def test_the_phases_api_counts_a_rank_in_another_pid_namespace_as_a_rank(
         outer.wait()
 
 
+def app_as_served(state: FlightState) -> FastAPI:
+    """The API over ``state`` with the reports `rankscope serve` gives it, no collectors."""
+    return create_app(
+        registry=TimedCollectors().registry(),
+        state=state,
+        phases_report=lambda flight: phases_document(flight, state.host_pid),
+        census_report=census_document,
+    )
+
+
 def test_the_api_answers_from_the_tailed_state_without_rereading_per_request(
     flight_dir: Path, monkeypatch: pytest.MonkeyPatch, serve_app: ServeApp
 ) -> None:
@@ -332,13 +343,7 @@ def test_the_api_answers_from_the_tailed_state_without_rereading_per_request(
     proc_walks: list[str] = []
     monkeypatch.setattr(flightstate, "list_pids", lambda proc: proc_walks.append(proc) or [])
     monkeypatch.setattr(app_module, "API_REFRESH_S", 3600.0)  # no refresher runs here
-    app = create_app(
-        registry=TimedCollectors().registry(),
-        state=state,
-        phases_report=lambda flight: phases_document(flight, state.host_pid),
-        census_report=census_document,
-    )
-    client = serve_app(app)
+    client = serve_app(app_as_served(state))
     answers = [client.get(path).json() for path in ("/api/v1/phases", "/api/v1/census") * 3]
     assert not any(answer.pop("page")["truncated"] for answer in answers)  # all on one page
     assert client.get("/api/v1/boots").json()["boots"][0]["boot"] == "boot-1"
@@ -357,13 +362,7 @@ def test_api_answers_are_paged_and_the_pages_add_up_to_the_document(
         rec.write_record(mark("pre_weight_load"))
         rec.write_record(census(1, [["world:0-4", "all_reduce", 3 + rank % 2]]))
     state = FlightState(flight_dir)
-    app = create_app(
-        registry=TimedCollectors().registry(),
-        state=state,
-        phases_report=lambda flight: phases_document(flight, state.host_pid),
-        census_report=census_document,
-    )
-    client = serve_app(app)
+    client = serve_app(app_as_served(state))
     whole = json.loads(json.dumps(phases_document(read_flight(flight_dir))))
     seen: list[dict[str, object]] = []
     url: str | None = "/api/v1/phases?boot=boot-1&limit=2"
