@@ -390,6 +390,11 @@ def test_amtool_checks_the_example() -> None:
     assert "7 inhibit rules" in result.stdout
 
 
+def amtool_routes(*args: str) -> subprocess.CompletedProcess[str]:
+    """`amtool config routes test ARGS` against the example Alertmanager config."""
+    return run(binary("amtool"), "config", "routes", "test", f"--config.file={AM_EXAMPLE}", *args)
+
+
 @pytest.mark.parametrize(
     ("labels", "receiver"),
     [
@@ -415,15 +420,7 @@ def test_amtool_checks_the_example() -> None:
     ],
 )
 def test_amtool_routes(labels: list[str], receiver: str) -> None:
-    result = run(
-        binary("amtool"),
-        "config",
-        "routes",
-        "test",
-        f"--config.file={AM_EXAMPLE}",
-        f"--verify.receivers={receiver}",
-        *labels,
-    )
+    result = amtool_routes(f"--verify.receivers={receiver}", *labels)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == receiver
 
@@ -436,15 +433,7 @@ def test_every_shipped_alert_routes_by_its_severity() -> None:
     }
     for alert in _alerts():
         severity = alert["labels"]["severity"]
-        result = run(
-            binary("amtool"),
-            "config",
-            "routes",
-            "test",
-            f"--config.file={AM_EXAMPLE}",
-            f"alertname={alert['alert']}",
-            f"severity={severity}",
-        )
+        result = amtool_routes(f"alertname={alert['alert']}", f"severity={severity}")
         assert result.stdout.strip() == expected[severity], alert["alert"]
 
 
