@@ -65,15 +65,24 @@ def boots(d: Daemon) -> list[str]:
     return sorted(b["boot"] for b in json.loads(body)["boots"])
 
 
-@needs_setpriv
-def test_a_mode_000_file_fails_alone(flight_dir: Path, tmp_path: Path) -> None:
-    bad = rank_recorder(flight_dir, "boot-bad", 0, pid=1000)  # sorts first
-    marks(bad, 0, 3)
+def unreadable_beside_good(
+    flight_dir: Path, *, bad_marks: int, good_marks: int
+) -> tuple[Path, Recorder]:
+    """Boot "boot-bad" (rank 0, its file sorting first) made unreadable (mode 000) beside
+    boot GOOD (rank 1): the bad file's path, and GOOD's recorder."""
+    bad = rank_recorder(flight_dir, "boot-bad", 0, pid=1000)
+    marks(bad, 0, bad_marks)
     good = rank_recorder(flight_dir, GOOD, 1, pid=4242)
-    marks(good, 0, 5)
+    marks(good, 0, good_marks)
     bad_path = bad.path_for("marks")
     assert bad_path is not None
     bad_path.chmod(0)
+    return bad_path, good
+
+
+@needs_setpriv
+def test_a_mode_000_file_fails_alone(flight_dir: Path, tmp_path: Path) -> None:
+    bad_path, good = unreadable_beside_good(flight_dir, bad_marks=3, good_marks=5)
     files = sorted(flight_dir.iterdir())
     with daemon(flight_dir, tmp_path, EVERY_BOOT, wrap=NO_DAC) as d:
         wait_for("the good file read", lambda: phase_stamps(d, GOOD) == phases(5))
@@ -185,13 +194,7 @@ def test_a_mistyped_directory_is_not_ready_and_says_why(tmp_path: Path) -> None:
 
 @needs_setpriv
 def test_the_clis_leave_out_an_unreadable_file_and_name_it(flight_dir: Path) -> None:
-    bad = rank_recorder(flight_dir, "boot-bad", 0, pid=1000)
-    marks(bad, 0, 2)
-    good = rank_recorder(flight_dir, GOOD, 1, pid=4242)
-    marks(good, 0, 2)
-    bad_path = bad.path_for("marks")
-    assert bad_path is not None
-    bad_path.chmod(0)
+    bad_path, _ = unreadable_beside_good(flight_dir, bad_marks=2, good_marks=2)
     for command in ("boots", "phases"):
         run = subprocess.run(
             [*NO_DAC, sys.executable, "-m", "rankscope", command, str(flight_dir)],
