@@ -150,13 +150,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def report(label: str, ours: list[float], base: list[float]) -> None:
+def report(
+    label: str,
+    ours: list[float],
+    base: list[float],
+    names: tuple[str, str] = ("rankscope", "prometheus_client"),
+    goal: str = "",
+) -> None:
+    """p50 and p99 of two samples of seconds, and their ratios."""
     p50, p99 = percentile(ours, 0.5), percentile(ours, 0.99)
     b50, b99 = percentile(base, 0.5), percentile(base, 0.99)
     print(
-        f"{label:<16} rankscope p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms | "
-        f"prometheus_client p50 {b50 * 1e3:7.2f} ms  p99 {b99 * 1e3:7.2f} ms | "
-        f"ratio p50 {p50 / b50:5.2f}x  p99 {p99 / b99:5.2f}x"
+        f"{label:<16} {names[0]} p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms | "
+        f"{names[1]} p50 {b50 * 1e3:7.2f} ms  p99 {b99 * 1e3:7.2f} ms | "
+        f"ratio p50 {p50 / b50:5.2f}x  p99 {p99 / b99:5.2f}x{goal}"
     )
 
 

@@ -37,7 +37,7 @@ from bench_scrape import (
     free_port,
     host_flags,
     http_get,
-    percentile,
+    report,
     time_pairs,
 )
 
@@ -79,16 +79,6 @@ def wait_full(url: str) -> None:
         time.sleep(0.2)
 
 
-def report(kind: str, now: list[float], before: list[float]) -> None:
-    p50, p99 = percentile(now, 0.5), percentile(now, 0.99)
-    b50, b99 = percentile(before, 0.5), percentile(before, 0.99)
-    print(
-        f"{kind:<10} this checkout p50 {p50 * 1e3:6.2f} ms p99 {p99 * 1e3:6.2f} ms | "
-        f"before p50 {b50 * 1e3:6.2f} ms p99 {b99 * 1e3:6.2f} ms | "
-        f"ratio p50 {p50 / b50:4.2f}x p99 {p99 / b99:4.2f}x (goal <= 1.2x)"
-    )
-
-
 def split(checkout: Path, flags: list[str], scrapes: int) -> None:
     """Where one checkout's scrape goes, measured in a process of its own."""
     env = {**os.environ, "PYTHONPATH": f"{checkout / 'exporter'}{os.pathsep}{HERE / 'bench'}"}
@@ -125,7 +115,7 @@ def main() -> int:
                 now, before = time_pairs(
                     lambda g=get: g(url), lambda g=get: g(base_url), opts.scrapes
                 )
-                report(kind, now, before)
+                report(kind, now, before, ("this checkout", "before"), " (goal <= 1.2x)")
             for proc in daemons:  # before the cards and flight directory are removed
                 proc.terminate()
                 proc.wait()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from tests.cli.test_oom_cli import oom_line, write
-from tests.reports.test_census_report import rank_recorder
+from tests.support.recorders import rank_recorder
 
 from rankscope.cli import COMMANDS
 from rankscope.record import Census, Mark

@@ -13,28 +13,27 @@ from pathlib import Path
 from typing import Any
 
 from tests.daemon.test_status_page import browser, serve  # noqa: F401 (a fixture)
+from tests.support.recorders import rank_recorder
 
 from rankscope.demo.cards import SimulatedCards
 from rankscope.procfs import read_pidns_inode, read_start_ticks
-from rankscope.rank.writer import ProcessIdentity, RankIdentity, Recorder
+from rankscope.rank.writer import Recorder
 from rankscope.record import BlockedIn, CensusLive
 
 W = "world:0-2"
 
 
 def recorder(flight_dir: Path, rank: int, pid: int, ticks: int) -> Recorder:
-    process = ProcessIdentity(
+    """A rank of a real process of this host."""
+    return rank_recorder(
+        flight_dir,
+        rank,
+        boot="b-hang",
         host=socket.gethostname(),
         pid=pid,
-        start_ticks=ticks,
+        ticks=ticks,
         nspid=(pid,),
         pidns=read_pidns_inode(),
-    )
-    return Recorder(
-        flight_dir=flight_dir,
-        boot="b-hang",
-        process=process,
-        rank=RankIdentity(rank=rank, world_size=3),
     )
 
 

@@ -11,28 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.recorders import rank_recorder
 
 from rankscope.cli import build_parser
 from rankscope.cli.census import main as census_main
 from rankscope.cli.census import render_text
-from rankscope.rank.writer import ProcessIdentity, RankIdentity, Recorder
+from rankscope.rank.writer import Recorder
 from rankscope.record import SCHEMA_VERSION, Census, Header, Line, Mark
 from rankscope.record.reader import read_flight
 from rankscope.reports.census import build_report, census_document
 
 CountsAt = Callable[[int, int], dict[tuple[str, str], int]]  # (rank, round) -> counts
-
-
-def rank_recorder(flight_dir: Path, rank: int, boot: str = "b1", pid: int = 0) -> Recorder:
-    process = ProcessIdentity(
-        host="h", pid=pid or 1000 + rank, start_ticks=7, nspid=None, pidns=None
-    )
-    return Recorder(
-        flight_dir=flight_dir,
-        boot=boot,
-        process=process,
-        rank=RankIdentity(rank=rank, world_size=3),
-    )
 
 
 def write_rounds(rec: Recorder, rank: int, rounds: range, counts_at: CountsAt) -> None:

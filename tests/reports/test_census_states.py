@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.recorders import rank_recorder
+
 from rankscope.cli.census import healthy, render_text
 from rankscope.procfs import read_pidns_inode, read_start_ticks
-from rankscope.rank.writer import ProcessIdentity, RankIdentity, Recorder
+from rankscope.rank.writer import Recorder
 from rankscope.record import BlockedIn, Census, CensusDump, CensusLive
 from rankscope.record.reader import read_flight
 from rankscope.reports.census import build_report, census_document
@@ -25,14 +27,8 @@ AG = (W, "all_gather")
 def recorder(
     flight_dir: Path, rank: int, *, host: str = "h", pid: int = 0, ticks: int = 7
 ) -> Recorder:
-    process = ProcessIdentity(
-        host=host, pid=pid or 1000 + rank, start_ticks=ticks, nspid=None, pidns=read_pidns_inode()
-    )
-    return Recorder(
-        flight_dir=flight_dir,
-        boot="b1",
-        process=process,
-        rank=RankIdentity(rank=rank, world_size=3),
+    return rank_recorder(
+        flight_dir, rank, host=host, pid=pid, ticks=ticks, pidns=read_pidns_inode()
     )
 
 
