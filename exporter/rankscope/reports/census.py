@@ -1,26 +1,25 @@
 """The census report (``rankscope census --json``, /api/v1/census): each rank's state, each
 group instance compared at its latest common round and, once none of its members is running,
-at their latest counts; past divergences, skews and local dumps apart."""
+at their latest counts; past divergences, skews and local dumps apart.
+
+Counts in flux say nothing, so the latest counts of a group instance are compared only while
+none of its members moves (each stalled, exited or dead). A skew is a (group, op) whose counts
+differ then; replaying the ranks' live lines in time gives the skews that came and went
+(docs/census.md, "States and skews")."""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
+import socket
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rankscope.procfs import read_pidns_inode, read_start_ticks
 from rankscope.record import AnyLine, BlockedIn, Census, CensusDump, CensusLive, Divergence, Line
-from rankscope.record.compare import (
-    Entry,
-    compare_group,
-    compare_split,
-    members_of,
-    split_by_group,
-)
+from rankscope.record.compare import Entry, compare_group, compare_split, members_of, split_by_group
 from rankscope.record.naming import Key, parse_p2p, report_op_name
-from rankscope.reports.liveness import Alive, local_alive
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
-from rankscope.reports.skews import RankMoment, latest_entries, skew_spans
 
 if TYPE_CHECKING:
     from rankscope.record.reader import Flight
@@ -31,6 +30,30 @@ STATES = (RUNNING, STALLED, EXITED, DEAD)
 CENSUS_KINDS = (Census, CensusDump, CensusLive, Divergence)
 # A census_dump of these reasons is the rank's exit line: the process ended on its own terms.
 EXIT_REASONS = frozenset({"exit", "SIGTERM", "SIGABRT"})
+
+# (host, pid, start ticks, pid namespace inode) -> running, gone, or None: cannot tell here
+Alive = Callable[[str | None, int | None, int | None, int | None], "bool | None"]
+
+
+def local_alive(
+    host: str | None, pid: int | None, start_ticks: int | None, pidns: int | None
+) -> bool | None:
+    """From /proc, on the host that wrote the record and in its PID namespace; elsewhere None.
+    A pid reused by another process (other start ticks) is gone."""
+    if host != socket.gethostname() or pid is None or start_ticks is None or pidns is None:
+        return None
+    if pidns != read_pidns_inode("self"):
+        return None
+    return read_start_ticks(pid) == start_ticks
+
+
+@dataclass(frozen=True)
+class RankMoment:
+    """One line of a rank: the counts it changed, and whether the rank stands still since."""
+
+    wall: float
+    changed: dict[Key, int]
+    settled: bool
 
 
 @dataclass
@@ -120,28 +143,56 @@ def _load(
     return ranks, divergences
 
 
-def _spans(
-    rounds: Iterable[int], entries_at: dict[int, dict[str, Entry]], latest: int
-) -> list[Entry]:
-    """Runs of consecutive common rounds where an op diverged with the same lagging ranks."""
-    spans: list[Entry] = []
-    open_spans: dict[str, Entry] = {}
-    for round_ in rounds:
-        current = entries_at[round_]
-        for op in list(open_spans):
-            entry = current.get(op)
-            span = open_spans[op]
-            if entry is None or not entry["divergent"] or entry["lagging"] != span["lagging"]:
-                spans.append(open_spans.pop(op))
+def _divergent_runs(
+    steps: Iterable[tuple[Any, Iterable[Entry]]],
+) -> list[tuple[Entry, Any, Any, Any]]:
+    """Each run of steps over which a (group, op) diverged with the same lagging ranks: (its
+    entry at the first step, the first step, the last, the step that ended it or None)."""
+    runs: list[tuple[Entry, Any, Any, Any]] = []
+    open_runs: dict[tuple[str, str], list[Any]] = {}
+    for at, entries in steps:
+        current = {(e["group"], e["op"]): e for e in entries if e["divergent"]}
+        for key, run in list(open_runs.items()):
+            entry = current.get(key)
+            if entry is None or entry["lagging"] != run[0]["lagging"]:
+                runs.append((run[0], run[1], run[2], at))
+                del open_runs[key]
             else:
-                span["rounds"][1] = round_
-        for op, entry in current.items():
-            if entry["divergent"] and op not in open_spans:
-                open_spans[op] = dict(entry, round=round_, rounds=[round_, round_])
-    spans.extend(open_spans.values())
-    for span in spans:
-        span["resolved"] = span["rounds"][1] != latest
-    return spans
+                run[2] = at
+        for key, entry in current.items():
+            open_runs.setdefault(key, [entry, at, at])
+    runs.extend((entry, first, last, None) for entry, first, last in open_runs.values())
+    return runs
+
+
+def _latest_entries(
+    latest: Mapping[int, Mapping[Key, int]], settled: Collection[int]
+) -> list[Entry]:
+    """The comparison at the latest counts of each group instance whose members all settled."""
+    return compare_split({rank: split_by_group(counts) for rank, counts in latest.items()}, settled)
+
+
+def _skew_spans(moments: Mapping[int, list[RankMoment]]) -> list[dict[str, Any]]:
+    """Every skew the ranks' lines show, in time; ``until`` is null for one still standing."""
+    counts: dict[int, dict[Key, int]] = {rank: {} for rank in moments}
+    settled: set[int] = set()
+
+    def replayed() -> Iterable[tuple[float, list[Entry]]]:
+        for wall, rank, _, moment in sorted(
+            (m.wall, rank, i, m) for rank, ms in moments.items() for i, m in enumerate(ms)
+        ):
+            counts[rank].update(moment.changed)
+            if moment.settled:
+                settled.add(rank)
+            else:
+                settled.discard(rank)
+            yield wall, _latest_entries(counts, settled) if len(settled) > 1 else []
+
+    spans = [
+        {**entry, "since": since, "until": until, "resolved": until is not None}
+        for entry, since, _, until in _divergent_runs(replayed())
+    ]
+    return sorted(spans, key=lambda s: (s["since"], s["group"], s["op"]))
 
 
 @dataclass(frozen=True)
@@ -152,15 +203,12 @@ class States:
     latest: list[Entry]
     dead_in_group: list[int]
 
-    def of(self, state: str) -> list[int]:
-        return [r["rank"] for r in self.ranks if r["state"] == state]
-
 
 def rank_states(ranks: dict[int, _Rank], alive: Alive) -> States:
     summaries = [_rank_summary(ranks[r], alive) for r in sorted(ranks)]
     states = {r["rank"]: r["state"] for r in summaries}
     settled = {rank for rank, state in states.items() if state != RUNNING}
-    latest = latest_entries({r: s.latest for r, s in ranks.items()}, settled)
+    latest = _latest_entries({r: s.latest for r, s in ranks.items()}, settled)
     return States(summaries, latest, _dead_in_group(ranks, states))
 
 
@@ -187,7 +235,7 @@ def build_report(
     return {
         "boot": boot,
         "ranks": states.ranks,
-        "states": {state: states.of(state) for state in STATES},
+        "states": {s: [r["rank"] for r in states.ranks if r["state"] == s] for s in STATES},
         "every": everies[0] if len(everies) == 1 else everies or None,
         "groups": groups,
         "entries": entries,
@@ -197,7 +245,7 @@ def build_report(
         "dead_in_group": states.dead_in_group,
         "first_divergent_round": min((e["rounds"][0] for e in history), default=None),
         "history": history,
-        "skews": skew_spans({r: s.moments for r, s in ranks.items()}),
+        "skews": _skew_spans({r: s.moments for r, s in ranks.items()}),
         "dumps": _dump_section(ranks),
         "in_process": _in_process_section(divergences),
         "in_process_lines": len(divergences),
@@ -237,22 +285,26 @@ def _snapshot_sections(
         if not compared:
             continue
         entries.extend(dict(e, round=found.round) for e in found.entries)
-        history.extend(_spans(compared, _entries_by_round(found, snapshots), compared[-1]))
+        runs = _divergent_runs(_entries_by_round(found, snapshots))
+        history.extend(
+            dict(entry, round=first, rounds=[first, last], resolved=last != compared[-1])
+            for entry, first, last, _ in runs
+        )
     history.sort(key=lambda e: (e["rounds"][0], e["group"], e["op"]))
     return groups, entries, history
 
 
-def _entries_by_round(found: GroupRound, snapshots: SnapshotsByRank) -> dict[int, dict[str, Entry]]:
-    """Per common round of ``found``, its members' comparison by op."""
-    entries_at = {found.rounds[-1]: {e["op"]: e for e in found.entries}}
+def _entries_by_round(
+    found: GroupRound, snapshots: SnapshotsByRank
+) -> Iterator[tuple[int, list[Entry]]]:
+    """Per common round of ``found``, in order, its members' comparison."""
     for r in found.rounds[:-1]:
         at = [snapshots.groups_at(m, r).get(found.group, {}) for m in found.members]
         if all(ops == at[0] for ops in at[1:]) and all(parse_p2p(op) is None for op in at[0]):
-            entries_at[r] = {}  # every member agrees on every op: nothing to list
-            continue
-        per_rank = dict(zip(found.members, at, strict=True))
-        entries_at[r] = {e["op"]: e for e in compare_group(found.group, per_rank)}
-    return entries_at
+            yield r, []  # every member agrees on every op: nothing to list
+        else:
+            yield r, compare_group(found.group, dict(zip(found.members, at, strict=True)))
+    yield found.rounds[-1], found.entries
 
 
 def _dump_section(ranks: dict[int, _Rank]) -> dict[str, Any]:

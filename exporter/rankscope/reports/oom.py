@@ -218,13 +218,11 @@ def sampler_ooms_of_boot(
 ) -> list[SamplerOom]:
     """The sampler's OOMs from ``boot``'s first record to the next boot's (open for the
     newest: a rank killed by the OOM writes nothing after it); all when no boot matches."""
-    chosen = [i for i, b in enumerate(boots) if b.boot == boot]
-    if not chosen:
-        return sorted(ooms, key=lambda o: o.wall)
-    i = chosen[0]
-    begin = boots[i].first_wall
-    end = boots[i + 1].first_wall if i + 1 < len(boots) else float("inf")
-    return sorted((o for o in ooms if begin <= o.wall < end), key=lambda o: o.wall)
+    starts = [b.first_wall for b in boots] + [float("inf")]
+    i = next((i for i, b in enumerate(boots) if b.boot == boot), None)
+    if i is not None:
+        ooms = (o for o in ooms if starts[i] <= o.wall < starts[i + 1])
+    return sorted(ooms, key=lambda o: o.wall)
 
 
 def sampler_ooms_of_page(doc: Any) -> tuple[list[SamplerOom], list[str], str | None]:
