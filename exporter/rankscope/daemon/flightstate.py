@@ -89,7 +89,6 @@ class StreamState:
     marks_forgotten: int = 0  # oldest marks dropped past MAX_MARKS_PER_PROCESS
     ooms: list[Line[Oom]] = field(default_factory=list)  # oom lines, newest last
     oom_counts: dict[tuple[int | None, str | None], int] = field(default_factory=dict)  # by card
-    gone_at: float | None = None  # time.monotonic() its process was taken as gone
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,7 @@ class FlightState:
         self.exited_grace = exited_grace
         self._proc = proc
         self._host = socket.gethostname()
-        self._exited_at: dict[RankProcess, float] = {}  # first refresh that found it gone
+        self._exited_at: dict[RankProcess, float] = {}  # time.monotonic() it was taken as gone
         self._reader = FlightReader(self.flight_dir)
         self._lock = threading.Lock()
         self._polling = threading.Lock()  # one refresh reads at a time
@@ -164,10 +163,9 @@ class FlightState:
         self._watch = DirWatch(self.flight_dir, use_inotify)
         # Derived from every stream, made again only when the reader saw a change (None).
         self._reader_version = -1
-        # This host's processes not found gone yet, each to its last record when it was in
-        # the directory at start (None for one that came later); those found running once.
+        # This host's processes not found gone yet, each to its last record while it may have
+        # exited before the daemon started (None once it came later or was found running).
         self._living: dict[RankProcess, float | None] = {}
-        self._seen_running: set[RankProcess] = set()
         self._caught_up = False  # the directory as it was at start has been read
         self._boots: list[BootSummary] | None = None
         self._boot_streams: dict[str, dict[tuple[str, str], StreamState]] = {}
@@ -199,10 +197,14 @@ class FlightState:
                 if reader.version != self._reader_version:
                     self._reader_version = reader.version
                     self._boots = self._view = self._running = None
-                # The host pid of each process seen for the first time.
-                new = {p for rec in records if (p := rank_process(rec)).key not in self._host_pids}
+                new = {
+                    p.key: p
+                    for rec in records
+                    if (p := rank_process(rec)).pidns != HOST_PIDNS_INODE
+                    and p.key not in self._host_pids
+                }
                 if new:
-                    self._host_pids.update(host_pids(list(new), self._proc))
+                    self._host_pids.update(host_pids(list(new.values()), self._proc))
                 self._caught_up = self._caught_up or not reader.backlog
                 self.up, self.error = True, None
                 self.refreshed_at = time.monotonic()
@@ -234,35 +236,24 @@ class FlightState:
         self.backlog = backlog
 
     def _note_exits(self) -> None:
-        """When each process of this host's PID namespace was found gone. One found gone
-        stays gone (its pid and start time never come back), so only the living are looked
-        at again. One already gone in the directory the daemon started on is taken as gone
-        since its last record: a directory of old restarts publishes nothing past the grace."""
-        with self._lock:
-            candidates = []
-            for p, since in list(self._living.items()):
-                pid = self._host_pid_locked(p)
-                if pid is None:  # another PID namespace's, not found in /proc: never judged
-                    del self._living[p]
-                else:
-                    candidates.append((p, pid, since))
+        """When each process of this host's PID namespace was found gone (under ``_polling``,
+        which every writer of ``_living`` holds). One found gone stays gone (its pid and start
+        time never come back), so only the living are looked at again. One already gone in the
+        directory the daemon started on is taken as gone since its last record: a directory of
+        old restarts publishes nothing past the grace."""
         now, wall_now = time.monotonic(), time.time()
-        exited = {}
-        for p, pid, last_wall in candidates:
-            if read_start_ticks(pid, self._proc) == p.start_ticks:
-                self._seen_running.add(p)
-            elif last_wall is None or p in self._seen_running:
-                exited[p] = now
-            else:
-                exited[p] = min(now, now - (wall_now - last_wall))
+        exited: dict[RankProcess, float] = {}
+        for p, last_wall in list(self._living.items()):
+            pid = self._host_pid_locked(p)
+            if pid is not None and read_start_ticks(pid, self._proc) == p.start_ticks:
+                self._living[p] = None  # running now: when it goes, it went then
+                continue
+            del self._living[p]  # pid None: another PID namespace's, never judged
+            if pid is not None:
+                exited[p] = now if last_wall is None else min(now, now - (wall_now - last_wall))
         if exited:
             with self._lock:
                 self._exited_at.update(exited)
-                for p in exited:
-                    self._living.pop(p, None)
-                    self._seen_running.discard(p)
-                for st in self._streams.values():
-                    st.gone_at = self._exited_at.get(st.process, st.gone_at)
                 self._view = self._running = None
 
     def _note_directory(self) -> None:
@@ -311,15 +302,13 @@ class FlightState:
             now = time.monotonic()
             if self._view is not None and now < self._view[1]:
                 return self._view[0]
-            # Series of a process gone past the grace go (the API and CLI still show it).
-            gone_before = now - self.exited_grace
-            visible = [
-                st
-                for st in self._streams.values()
-                if st.gone_at is None or st.gone_at > gone_before
-            ]
-            ends = (st.gone_at for st in visible if st.gone_at is not None)
-            until = min((t + self.exited_grace for t in ends), default=math.inf)
+            # A process's series go at the end of its grace (the API and CLI still show it).
+            visible, until = [], math.inf
+            for st in self._streams.values():
+                ends = self._exited_at.get(st.process, math.inf) + self.exited_grace
+                if now < ends:
+                    visible.append(st)
+                    until = min(until, ends)
             view = FlightView(
                 streams=tuple(_copy(st) for st in visible),  # a refresh may append meanwhile
                 divergences={boot: dict(by_key) for boot, by_key in self._divergences.items()},
@@ -400,7 +389,6 @@ class FlightState:
         st = self._streams.get(key)
         if st is None:
             st = self._streams[key] = StreamState(h.file, h.boot, rank_process(rec), h.wall, h.wall)
-            st.gone_at = self._exited_at.get(st.process)
             self._boot_streams.setdefault(h.boot, {})[key] = st
         else:
             st.first_wall = min(st.first_wall, h.wall)
@@ -459,7 +447,6 @@ class FlightState:
             processes = {st.process for st in self._streams.values()}
             self._exited_at = {p: t for p, t in self._exited_at.items() if p in processes}
             self._living = {p: t for p, t in self._living.items() if p in processes}
-            self._seen_running &= processes
             live = {p.key for p in processes}
             self._host_pids = {k: pid for k, pid in self._host_pids.items() if k in live}
         for boot, by_key in list(self._divergences.items()):
@@ -513,14 +500,13 @@ def _round_wall(line: Line[Divergence]) -> tuple[int, float]:
 
 
 def host_pids(
-    processes: list[RankProcess], proc: str = DEFAULT_ROOT
+    processes: list[RankProcess], proc: str
 ) -> dict[tuple[str, int, int | None], int | None]:
-    """The pid NVML lists for each process, by its key: its own in the host's PID namespace,
-    else found in this daemon's /proc (one walk, only when a process needs it)."""
-    out = {p.key: p.pid if p.pidns == HOST_PIDNS_INODE else None for p in processes}
-    namespaced = [p for p in processes if out[p.key] is None and p.start_ticks is not None]
-    if namespaced:
-        index = RankIndex(namespaced)
+    """The pid NVML lists for each process of another PID namespace, by its key: found in this
+    daemon's /proc (one walk, only when a process can be matched), else None."""
+    out: dict[tuple[str, int, int | None], int | None] = dict.fromkeys(p.key for p in processes)
+    if any(p.start_ticks is not None for p in processes):
+        index = RankIndex(processes)
         for pid in list_pids(proc):
             rp = index.match(read_proc_info(pid, proc))
             if rp is not None and out[rp.key] is None:

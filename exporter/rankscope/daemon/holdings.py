@@ -41,12 +41,10 @@ def attribute(
     out: list[Holding] = []
     for pid, nbytes in held.items():
         info = infos.get(pid) or ProcInfo(pid, None, None, None, None)
-        rp = index.match(info)
-        comm = info.comm or ""
-        if rp is None:
-            out.append(Holding(pid, comm, nbytes, ROLE_FOREIGN, None, None))
+        if (rp := index.match(info)) is not None:
+            out.append(Holding(pid, info.comm or "", nbytes, ROLE_RANK, rp.boot, rp.rank))
         else:
-            out.append(Holding(pid, comm, nbytes, ROLE_RANK, rp.boot, rp.rank))
+            out.append(Holding(pid, info.comm or "", nbytes, ROLE_FOREIGN, None, None))
     return largest_first(out)
 
 

@@ -47,15 +47,23 @@ class ExhaustionWatch:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}  # by uuid
         self._events: dict[str, list[SamplerOom]] = {}  # by uuid, the newest kept
-        sampler.exhaust_below = lambda identity: threshold.resolve(identity.total)
-        sampler.on_exhausted = self.exhausted
+        self._exhausted: set[str] = set()  # the uuids exhausted at their last read
+        sampler.on_read = self.read
 
-    def exhausted(self, card: CardState, now: float, free: int, onset: bool) -> None:
-        """Called by the sampler on each sample that finds ``card`` exhausted. Never raises."""
+    def read(self, card: CardState, free: int) -> None:
+        """Called by the sampler with each card read. Never raises."""
+        ident = card.identity
         try:
-            wall = self.wall()
-            ident = card.identity
-            if onset:
+            if free > self.threshold.resolve(ident.total):
+                self._exhausted.discard(ident.uuid)
+            elif ident.uuid in self._exhausted:  # still exhausted: follow the worst minimum
+                with self._lock:
+                    kept = self._events.get(ident.uuid)
+                    if kept and free < (kept[-1].free or 0):  # never None: the watch sets it
+                        kept[-1] = replace(kept[-1], wall=self.wall(), free=free)
+            else:  # the onset
+                self._exhausted.add(ident.uuid)
+                wall = self.wall()
                 holders, why = self._read_holders(card)
                 event = SamplerOom(wall, ident.index, ident.uuid, free, wall, free, holders, why)
                 with self._lock:
@@ -70,13 +78,8 @@ class ExhaustionWatch:
                     free,
                     ", ".join(f"{h.pid} {h.comm} {h.role} {h.bytes}" for h in holders or ()),
                 )
-                return
-            with self._lock:
-                kept = self._events.get(ident.uuid)
-                if kept and free < (kept[-1].free or 0):  # never None: the watch sets it
-                    kept[-1] = replace(kept[-1], wall=wall, free=free)
         except Exception:  # the sampler's thread goes on whatever happens here
-            log.exception("exhaustion watch failed on card %s", card.identity.index)
+            log.exception("exhaustion watch failed on card %s", ident.index)
 
     def _read_holders(self, card: CardState) -> tuple[tuple[Holding, ...] | None, tuple[str, ...]]:
         self.process_list_reads += 1

@@ -22,6 +22,8 @@ log = logging.getLogger("rankscope.daemon")
 
 MAX_BACKOFF_S = 30.0
 REOPEN_AFTER_FAILURES = 3  # consecutive failures of one card before the source is reopened
+SOURCE_DOWN = "device source %s is down: %s; the daemon keeps serving, retrying with backoff"
+SOURCE_PARTIAL = "device source %s: %s; serving the other cards"
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,6 @@ class CardState:
     retry_at: float = 0.0
     backoff: float = 0.0
     holdings: CardHoldings | None = None
-    exhaust_below: int | None = None  # free at or below this: the card is exhausted
-    exhausted: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,9 +167,8 @@ class Sampler:
         self._lock = threading.Lock()  # card state: sampler and holdings write, scrapes read
         self._source_lock = threading.Lock()  # (re)opening vs the holdings' reads
         self._runner = Periodic("rankscope-sampler", interval, self.sample)
-        # The exhaustion watch (rankscope.daemon.oom): a card's threshold, and its hook.
-        self.exhaust_below: Callable[[CardIdentity], int | None] | None = None
-        self.on_exhausted: Callable[[CardState, float, int, bool], None] | None = None
+        # Each card read, after the lock (rankscope.daemon.oom's exhaustion watch).
+        self.on_read: Callable[[CardState, int], None] | None = None
 
     def sample(self, now: float | None = None) -> None:
         started = time.perf_counter()
@@ -199,7 +198,6 @@ class Sampler:
             except DeviceError as exc:
                 self._card_failed(card, exc, now)
         cutoff = now - self.window
-        exhausted: list[tuple[CardState, int, bool]] = []
         with self._lock:
             for card, free in reads:
                 if card.failing is not None:
@@ -218,13 +216,9 @@ class Sampler:
                 if below and not card.below:
                     card.breaches += 1
                 card.below, card.last_t = below, now
-                if card.exhaust_below is not None:
-                    if free <= card.exhaust_below:
-                        exhausted.append((card, free, not card.exhausted))
-                    card.exhausted = free <= card.exhaust_below
-        if exhausted and self.on_exhausted is not None:
-            for card, free, onset in exhausted:
-                self.on_exhausted(card, now, free, onset)
+        if self.on_read is not None:
+            for card, free in reads:
+                self.on_read(card, free)
 
     def _card_failed(self, card: CardState, exc: DeviceError, now: float) -> None:
         with self._lock:
@@ -246,25 +240,22 @@ class Sampler:
                 # Handles may be dead (driver reloaded, GPU reset): re-resolve them all.
                 self._reopen_at = card.retry_at
 
-    def _count_source_failure(self, message: str, warning: str) -> float:
-        """Counts a failure of the source (under the lock); the delay before the next try."""
+    def _count_source_failure(self, message: str, warning: str, now: float) -> None:
+        """Under the lock: counts a failure of the source, and when to try it again."""
         self.source_errors += 1
         self._source_backoff = backoff(self._source_backoff, self.interval)
+        self._reopen_at = now + self._source_backoff
         if self.source_failing != message:
             log.warning(warning, self.source.name, message)
         self.source_failing = message
-        return self._source_backoff
 
     def _source_failed(self, exc: DeviceError, now: float) -> None:
+        """The open source stopped answering: closed until the retry."""
         with self._lock:
-            warning = (
-                "device source %s is down: %s; the daemon keeps serving, retrying with backoff"
-            )
-            self._reopen_at = now + self._count_source_failure(str(exc), warning)
-            if self._open:
-                self._open = False
-                for card in self._cards:
-                    card.last_t, card.holdings = None, None
+            self._count_source_failure(str(exc), SOURCE_DOWN, now)
+            self._open = False
+            for card in self._cards:
+                card.last_t, card.holdings = None, None
         with self._source_lock:
             self.source.close()
 
@@ -275,25 +266,20 @@ class Sampler:
                 self._open = False
             try:
                 self._adopt(self.source.open())
-                failed: DeviceError | None = None
             except DeviceError as exc:
-                failed = exc
-        if failed is not None:
-            self._source_failed(failed, now)
-            return
+                with self._lock:
+                    self._count_source_failure(str(exc), SOURCE_DOWN, now)
+                self.source.close()
+                return
         with self._lock:
             self._open = True
             incomplete = self.source.incomplete
-            if incomplete is None:
-                if self.source_failing is not None:
-                    log.info("device source %s is up again", self.source.name)
-                self.source_failing = None
-                self._source_backoff = 0.0
-                self._reopen_at = None
+            if incomplete is not None:  # serving the cards that answered, retrying the rest
+                self._count_source_failure(incomplete, SOURCE_PARTIAL, now)
                 return
-            # Open, serving the cards that answered, but down: count it, retry the rest.
-            warning = "device source %s: %s; serving the other cards"
-            self._reopen_at = now + self._count_source_failure(incomplete, warning)
+            if self.source_failing is not None:
+                log.info("device source %s is up again", self.source.name)
+            self.source_failing, self._source_backoff, self._reopen_at = None, 0.0, None
 
     def _adopt(self, identities: list[CardIdentity]) -> None:
         """State is kept per uuid (counters never go backwards across a reopen); a card no
@@ -312,8 +298,6 @@ class Sampler:
                 if card is None:
                     card = self._known[ident.uuid] = CardState(ident, floor)
                 card.identity, card.floor, card.present = ident, floor, True
-                if self.exhaust_below is not None:
-                    card.exhaust_below = self.exhaust_below(ident)
                 card.retry_at, card.last_t = 0.0, None
                 cards.append(card)
             listed = {c.identity.uuid for c in cards}
