@@ -23,7 +23,7 @@ from prometheus_client.registry import CollectorRegistry
 from rankscope import __version__
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.oom import OomBook
-from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, page_url, paginate
+from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, paginate
 from rankscope.daemon.sampler import CardView, Sampler
 from rankscope.daemon.sources import FLIGHT_REFRESH_S
 from rankscope.record.reader import BootNotFoundError, Flight
@@ -52,10 +52,6 @@ LINKS = (
 Report = Callable[[Flight], dict[str, Any]]
 Offset = Annotated[int, Query(ge=0)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
-
-# The long lists of each answer, paged by ?offset= and ?limit= (docs/architecture.md, API).
-PHASES_LISTS = ("processes",)
-CENSUS_LISTS = ("ranks", "entries", "history", "in_process")
 
 
 def create_app(
@@ -94,11 +90,19 @@ def create_app(
         _fresh(state)
         return JSONResponse({"boots": [b.as_json() for b in state.boots()]})
 
-    for path, report, lists in (
-        ("/api/v1/phases", phases_report, PHASES_LISTS),
-        ("/api/v1/census", census_report, CENSUS_LISTS),
-    ):
-        get(path)(_report_route(state, report, lists))
+    @get("/api/v1/phases")
+    def phases(
+        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
+    ) -> Response:
+        doc = phases_report(_flight(state, boot))
+        return _paged(request, doc, ("processes",), offset, limit)
+
+    @get("/api/v1/census")
+    def census(
+        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
+    ) -> Response:
+        doc = census_report(_flight(state, boot))
+        return _paged(request, doc, ("ranks", "entries", "history", "in_process"), offset, limit)
 
     @get("/api/v1/cards")
     def cards_route() -> Response:
@@ -106,7 +110,11 @@ def create_app(
 
     @get("/api/v1/oom")
     def oom(request: Request, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT) -> Response:
-        return _paged(request, _oom_document(ooms), ("ooms",), offset, limit)
+        if ooms is None:
+            doc: dict[str, Any] = {"ooms": [], "why": "the oom collector is off"}
+        else:
+            doc = {"ooms": ooms.documents()}
+        return _paged(request, doc, ("ooms",), offset, limit)
 
     if static_dir.is_dir():
         app.mount("/static", StaticFiles(directory=static_dir), name="static")
@@ -138,19 +146,6 @@ def _exposition(registry: CollectorRegistry, request: Request) -> Response:
     return Response(body, media_type=content_type, headers=headers)
 
 
-def _report_route(
-    state: FlightState, report: Report, lists: tuple[str, ...]
-) -> Callable[..., Response]:
-    """A route answering one boot's report (?boot=, the latest by default), its lists paged."""
-
-    def route(
-        request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
-    ) -> Response:
-        return _paged(request, report(_flight(state, boot)), lists, offset, limit)
-
-    return route
-
-
 def _readiness(
     state: FlightState, cards: Sampler | None, collecting: Callable[[], float | None] | None
 ) -> Response:
@@ -177,10 +172,8 @@ def _readiness(
 def _paged(
     request: Request, doc: dict[str, Any], lists: tuple[str, ...], offset: int, limit: int
 ) -> Response:
-    def next_url(at: int) -> str:
-        return page_url(request.url.path, request.url.query, offset=at, limit=limit)
-
-    return JSONResponse(paginate(doc, lists, offset, limit, next_url))
+    """``doc`` with its long ``lists`` paged by ?offset= and ?limit= (docs/architecture.md)."""
+    return JSONResponse(paginate(doc, lists, offset, limit, request.url.path, request.url.query))
 
 
 def clip(text: str, limit: int = ECHO_BYTES) -> str:
@@ -230,17 +223,10 @@ def _card(v: CardView) -> dict[str, Any]:
         "margin": v.margin,
         "breach_seconds": v.breach_seconds,
         "breaches": v.breaches,
-        "rank_resident": held.rank_resident if held else None,
-        "foreign": held.foreign if held else None,
-        "unattributed": held.unattributed if held else None,
+        # No holdings read yet: each of these unmeasured (None).
+        **{k: getattr(held, k, None) for k in ("rank_resident", "foreign", "unattributed")},
         "processes": [h.as_json() for h in (held.processes if held else ())],
     }
-
-
-def _oom_document(ooms: OomBook | None) -> dict[str, Any]:
-    if ooms is None:
-        return {"ooms": [], "why": "the oom collector is off"}
-    return {"ooms": ooms.documents()}
 
 
 def _fresh(state: FlightState) -> None:
@@ -260,32 +246,24 @@ def _flight(state: FlightState, boot: str | None) -> Flight:
         raise HTTPException(404, clip(str(exc))) from exc
 
 
-def _link_items(links: tuple[tuple[str, str], ...]) -> str:
-    # Relative hrefs, so the page works behind a proxy that serves it under a path prefix.
-    return "\n".join(
-        f'    <li><a href="{href.lstrip("/")}">{html.escape(href)}</a> {html.escape(what)}</li>'
-        for href, what in links
-    )
-
-
 def with_links(page: str) -> str:
-    """The status page with every landing link on it: those it lacks are added at the end."""
-    missing = tuple(
-        (href, what)
+    """The status page with every landing link on it: those it lacks are added at the end,
+    relative, so the page works behind a proxy that serves it under a path prefix."""
+    items = [
+        f'    <li><a href="{href.lstrip("/")}">{html.escape(href)}</a> {html.escape(what)}</li>\n'
         for href, what in LINKS
         if f'href="{href}"' not in page and f'href="{href.lstrip("/")}"' not in page
-    )
-    if not missing:
+    ]
+    if not items:
         return page
-    nav = f'<nav class="endpoints">\n  <ul>\n{_link_items(missing)}\n  </ul>\n</nav>\n'
+    nav = f'<nav class="endpoints">\n  <ul>\n{"".join(items)}  </ul>\n</nav>\n'
     at = page.lower().rfind("</body>")
     return page[:at] + nav + page[at:] if at >= 0 else page + nav
 
 
 def landing_page() -> str:
-    items = _link_items(LINKS)
-    return (
+    """The page served where the status page is not installed."""
+    return with_links(
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>rankscope</title></head>\n"
-        f"<body>\n  <h1>rankscope {html.escape(__version__)}</h1>\n  <ul>\n{items}\n  </ul>\n"
-        "</body></html>\n"
+        f"<body>\n  <h1>rankscope {html.escape(__version__)}</h1>\n</body></html>\n"
     )

@@ -27,7 +27,12 @@ from rankscope import catalog
 log = logging.getLogger("rankscope.daemon")
 
 _F = TypeVar("_F", GaugeMetricFamily, CounterMetricFamily, SummaryMetricFamily, InfoMetricFamily)
-Family = GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily | InfoMetricFamily
+_FAMILIES = {
+    "gauge": GaugeMetricFamily,
+    "counter": CounterMetricFamily,
+    "summary": SummaryMetricFamily,
+    "info": InfoMetricFamily,
+}
 
 
 @runtime_checkable
@@ -39,20 +44,11 @@ class Collector(Protocol):
     def collect(self) -> Iterable[Metric]: ...
 
 
-# The family class of each catalog type but info, whose family has no unit.
-_UNITED = {
-    "gauge": GaugeMetricFamily,
-    "counter": CounterMetricFamily,
-    "summary": SummaryMetricFamily,
-}
-
-
-def family(catalog_name: str) -> Family:
+def family(catalog_name: str) -> Metric:
     """A fresh, empty family for one catalog entry; KeyError for an uncatalogued name."""
     m = catalog.BY_NAME[catalog_name]
-    if m.type == "info":
-        return InfoMetricFamily(m.family, m.help, labels=list(m.labels))
-    return _UNITED[m.type](m.family, m.help, labels=list(m.labels), unit=m.unit)
+    unit = {} if m.type == "info" else {"unit": m.unit}  # an info family has no unit
+    return _FAMILIES[m.type](m.family, m.help, labels=list(m.labels), **unit)
 
 
 def _typed(catalog_name: str, cls: type[_F]) -> _F:
@@ -80,9 +76,6 @@ def add(
     """Add one sample unless the value is unmeasured (None): absent, never 0."""
     if value is not None:
         fam.add_metric(label_values(*values), float(value))
-
-
-REFRESH = "refresh"  # the collector label of the refresh step's self metrics
 
 
 class TimedCollectors:
@@ -136,24 +129,22 @@ class TimedCollectors:
         if self._refresh is not None:
             start = time.perf_counter()
             ok = self._refresh() is not False
-            success.add_metric([REFRESH], 1.0 if ok else 0.0)
-            duration.add_metric([REFRESH], time.perf_counter() - start)
+            success.add_metric(["refresh"], float(ok))
+            duration.add_metric(["refresh"], time.perf_counter() - start)
         for c in self.collectors:
             start = time.perf_counter()
             try:
-                got = list(c.collect())
+                families.extend(list(c.collect()))  # whole, or none of its families
                 ok = True
             except Exception as exc:
-                got, ok = [], False
+                ok = False
                 if c.name not in self._warned:
                     self._warned.add(c.name)
                     log.exception("collector %s failed: %s", c.name, exc)
                 else:
                     log.debug("collector %s failed again: %r", c.name, exc)
-            elapsed = time.perf_counter() - start
-            families.extend(got)
-            success.add_metric([c.name], 1.0 if ok else 0.0)
-            duration.add_metric([c.name], elapsed)
+            success.add_metric([c.name], float(ok))
+            duration.add_metric([c.name], time.perf_counter() - start)
         return [*families, success, duration]
 
     def registry(self) -> CollectorRegistry:

@@ -9,11 +9,12 @@ import gc
 import logging
 import signal
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvicorn
 
@@ -21,13 +22,11 @@ from rankscope.daemon import collectors
 from rankscope.daemon.app import create_app
 from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.guard import HEAD_DEADLINE_S, RequestGuard, StrictH11Protocol
+from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.sources import Poller, Sources
 from rankscope.reports.census import census_document
 from rankscope.reports.ledger import phases_document
-
-if TYPE_CHECKING:
-    import ssl
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -51,28 +50,22 @@ def build(config: DaemonConfig) -> Daemon:
         ooms=sources.oom_book,
         collecting=timed.running_for,
     )
-    daemon = Daemon(app, config.web.host, config.web.port, timed, sources)
-    if config.web.config_file is not None:  # the web config, and with it ssl, only when given
-        import ssl
-
+    tls = None
+    if config.web.config_file is not None:  # the web config, and with it yaml, only when given
         from rankscope.daemon.webauth import WebAuth
 
         try:
-            web = WebAuth(app, config.web.config_file)
+            app = WebAuth(app, config.web.config_file)
         except ssl.SSLError as exc:
             raise TLSError(f"TLS: {exc}") from None
-        daemon.app, daemon.tls = web, web.tls_context()
-    daemon.otlp = _otlp(config, timed, state.latest_boot)
-    return daemon
-
-
-def _otlp(config: DaemonConfig, timed: TimedCollectors, latest_boot: Any) -> Poller | None:
-    from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
-
-    if not otlp_configured(config.otlp.endpoint):
-        return None
-    interval = config.otlp.interval or default_interval()
-    return OtlpPusher(timed, latest_boot, endpoint=config.otlp.endpoint, interval=interval)
+        tls = app.tls_context()
+    otlp = None
+    if otlp_configured(config.otlp.endpoint):
+        interval = config.otlp.interval or default_interval()
+        otlp = OtlpPusher(
+            timed, state.latest_boot, endpoint=config.otlp.endpoint, interval=interval
+        )
+    return Daemon(app, config.web.host, config.web.port, timed, sources, tls, otlp)
 
 
 @dataclass
@@ -117,9 +110,8 @@ class Daemon:
         return 0
 
 
-KEEP_ALIVE_S = 30.0  # an idle kept-alive connection is closed after this
-STOP_GRACE_S = 5.0  # how long a stop waits for the answers in flight
-HANDSHAKE_DEADLINE_S = HEAD_DEADLINE_S  # a TLS handshake must finish within this
+KEEP_ALIVE_S = 30  # an idle kept-alive connection is closed after this
+STOP_GRACE_S = 5  # how long a stop waits for the answers in flight
 
 
 class HTTPServer(uvicorn.Server):
@@ -137,8 +129,8 @@ class HTTPServer(uvicorn.Server):
                 log_config=None,  # the daemon's logging, as configured by `rankscope serve`
                 access_log=False,  # RequestGuard logs each answer at debug, escaped
                 server_header=False,  # no version advertised
-                timeout_keep_alive=int(KEEP_ALIVE_S),
-                timeout_graceful_shutdown=int(STOP_GRACE_S),
+                timeout_keep_alive=KEEP_ALIVE_S,
+                timeout_graceful_shutdown=STOP_GRACE_S,
             )
         )
         self.tls = tls  # rankscope's own context: uvicorn's would take file names only
@@ -150,8 +142,8 @@ class HTTPServer(uvicorn.Server):
         yield  # Daemon.run has its own handlers, which set should_exit
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's start on the caller's sockets (lifespan is off), with a deadline for
-        each TLS handshake (asyncio's default is 60 s)."""
+        """uvicorn's start on the caller's sockets (lifespan is off), with a TLS handshake
+        held to a request head's deadline (asyncio's default is 60 s)."""
         config = self.config
 
         def protocol() -> asyncio.Protocol:
@@ -160,7 +152,7 @@ class HTTPServer(uvicorn.Server):
             )
 
         loop = asyncio.get_running_loop()
-        handshake = HANDSHAKE_DEADLINE_S if self.tls is not None else None
+        handshake = HEAD_DEADLINE_S if self.tls is not None else None
         self.servers = [
             await loop.create_server(
                 protocol, sock=sock, ssl=self.tls, backlog=config.backlog,
