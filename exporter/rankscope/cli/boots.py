@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import TextIO
 
 from rankscope.cli import common
-from rankscope.record.reader import Flight
+
+HEADER = ("boot", "first (UTC)", "last (UTC)", "processes", "ranks", "")
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
@@ -20,29 +19,20 @@ def main(args: argparse.Namespace) -> int:
     if flight is None:
         return 2
     if args.json:
-        common.print_json({"boots": [b.as_json() for b in flight.boots]}, sys.stdout)
-    else:
-        print_boots(flight, sys.stdout, empty=common.no_boots_hint(args.flight_dir))
-    return 0
-
-
-def print_boots(flight: Flight, out: TextIO, empty: str) -> None:
+        common.print_json({"boots": [b.as_json() for b in flight.boots]})
+        return 0
     if not flight.boots:
-        out.write(empty)
+        print(common.no_boots_hint(args.flight_dir), end="")
     else:
-        rows = [
-            [
-                b.boot,
-                common.when(b.first_wall),
-                common.when(b.last_wall),
-                str(b.processes),
-                ",".join(str(r) for r in b.ranks) or "-",
-                "latest" if b.latest else "",
-            ]
-            for b in flight.boots
-        ]
-        header = ["boot", "first (UTC)", "last (UTC)", "processes", "ranks", ""]
-        out.writelines(line + "\n" for line in common.table([header, *rows]))
+        rows = [HEADER]
+        for b in flight.boots:
+            first, last = common.when(b.first_wall), common.when(b.last_wall)
+            ranks = ",".join(str(r) for r in b.ranks) or "-"
+            rows.append(
+                (b.boot, first, last, str(b.processes), ranks, "latest" if b.latest else "")
+            )
+        print(*common.table(rows), sep="\n")
     note = common.skipped_note(dict(flight.skipped))
     if note:
-        out.write(note + "\n")
+        print(note)
+    return 0

@@ -34,7 +34,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"rankscope census: {common.no_boots_hint(args.flight_dir)}", end="", file=sys.stderr)
         return 2
     if args.json:
-        common.print_json(report, sys.stdout)
+        common.print_json(report)
     else:
         sys.stdout.write(render_text(report))
     return 0 if healthy(report) else 1
@@ -53,10 +53,14 @@ def _counts_text(counts: Mapping[str, int]) -> str:
     return " ".join(f"{r}:{n}" for r, n in counts.items())
 
 
-def _status(entry: Entry) -> str:
-    if not entry["divergent"]:
-        return "ok"
-    return "DIVERGENT, lagging: " + ",".join(str(r) for r in entry["lagging"])
+def _ranks(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks))
+
+
+def _clock(wall: float | None) -> str:
+    if wall is None:
+        return "?"
+    return time.strftime("%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 10)} UTC"
 
 
 def _state_text(rank: Mapping[str, Any]) -> str:
@@ -71,43 +75,16 @@ def _state_text(rank: Mapping[str, Any]) -> str:
     return state
 
 
-def _clock(wall: float | None) -> str:
-    if wall is None:
-        return "?"
-    return time.strftime("%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 10)} UTC"
-
-
-def _states_text(report: Mapping[str, Any]) -> list[str]:
-    states = report["states"]
-    said = [f"{state} {','.join(map(str, ranks))}" for state, ranks in states.items() if ranks]
-    lines = ["ranks by state: " + "; ".join(said)]
-    if report["dead_in_group"]:
-        lines.append("DEAD member(s): " + ",".join(map(str, report["dead_in_group"])))
-    return lines
-
-
-def _skews_text(skews: list[Mapping[str, Any]]) -> list[str]:
-    if not skews:
-        return []
-    lines = ["", "skews while the ranks stood still:"]
-    for s in skews:
-        until = "still standing" if s["until"] is None else f"made up at {_clock(s['until'])}"
-        lines.append(
-            f"  {s['group']} {s['op']}: {_counts_text(s['counts'])}, lagging "
-            f"{','.join(map(str, s['lagging']))}, from {_clock(s['since'])}, {until}"
-        )
-    return lines
-
-
 def _entry_table(
     entries: list[Entry], counts: str, extra: tuple[str, ...] = (), indent: str = ""
 ) -> list[str]:
     """Compared (group, op) entries as a table; ``extra``: more of each entry's fields."""
     rows = [["GROUP", "OP", *(k.upper() for k in extra), counts, "STATUS"]]
-    rows += [
-        [e["group"], e["op"], *(str(e[k]) for k in extra), _counts_text(e["counts"]), _status(e)]
-        for e in entries
-    ]
+    for e in entries:
+        status = f"DIVERGENT, lagging: {_ranks(e['lagging'])}" if e["divergent"] else "ok"
+        rows.append(
+            [e["group"], e["op"], *(str(e[k]) for k in extra), _counts_text(e["counts"]), status]
+        )
     return common.table(rows, numbers_right=False, indent=indent)
 
 
@@ -119,9 +96,12 @@ def render_text(report: Mapping[str, Any]) -> str:
     every = report["every"]
     lines = [
         f"census of boot {report['boot']}: {len(ranks)} rank(s) with census records"
-        + (f", a snapshot every {every} ticks" if every else "")
+        + (f", a snapshot every {every} ticks" if every else ""),
+        "ranks by state: "
+        + "; ".join(f"{state} {_ranks(r)}" for state, r in report["states"].items() if r),
     ]
-    lines += _states_text(report)
+    if report["dead_in_group"]:
+        lines.append("DEAD member(s): " + _ranks(report["dead_in_group"]))
     if report["latest"]:
         lines += ["", "at the latest counts (no member moving):"]
         lines += [*_entry_table(report["latest"], "LATEST COUNTS (rank:n)"), ""]
@@ -134,7 +114,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         n = report["in_process_lines"]
         lines += ["", f"in-process comparison ({n} divergence line(s)), latest per op:"]
         for d in report["in_process"]:
-            state = f"lagging {','.join(map(str, d['lagging']))}" if d["lagging"] else "agree again"
+            state = f"lagging {_ranks(d['lagging'])}" if d["lagging"] else "agree again"
             lines.append(
                 f"  round {d['round']}: {d['group']} {d['op']} {_counts_text(d['counts'])}, {state}"
             )
@@ -146,7 +126,14 @@ def render_text(report: Mapping[str, Any]) -> str:
         ]
         if dumps["entries"]:
             lines += _entry_table(dumps["entries"], "COUNTS AT DUMP", indent="  ")
-    lines += _skews_text(report["skews"])
+    if report["skews"]:
+        lines += ["", "skews while the ranks stood still:"]
+    for s in report["skews"]:
+        until = "still standing" if s["until"] is None else f"made up at {_clock(s['until'])}"
+        lines.append(
+            f"  {s['group']} {s['op']}: {_counts_text(s['counts'])}, lagging "
+            f"{_ranks(s['lagging'])}, from {_clock(s['since'])}, {until}"
+        )
     lines += ["", "ranks:"]
     for r in ranks:
         last = r["last_round"]
@@ -171,6 +158,6 @@ def _history_text(report: Mapping[str, Any]) -> list[str]:
         state = "resolved since" if e["resolved"] else "still at the latest common round"
         lines.append(
             f"  {e['group']} {e['op']}: {rounds}, first counts {_counts_text(e['counts'])}, "
-            f"lagging {','.join(map(str, e['lagging']))} ({state})"
+            f"lagging {_ranks(e['lagging'])} ({state})"
         )
     return lines

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import io
 import json
 import os
 import re
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -62,9 +62,8 @@ def no_boots_hint(flight_dir: str) -> str:
     return f"no boots recorded in {flight_dir} (the directory the probes write, {ENV_DIR})\n"
 
 
-def print_json(document: Any, out: TextIO) -> None:
-    json.dump(document, out, indent=2)
-    out.write("\n")
+def print_json(document: Any) -> None:
+    print(json.dumps(document, indent=2))
 
 
 def mib(value: int | None, *, signed: bool = False) -> str:
@@ -74,9 +73,7 @@ def mib(value: int | None, *, signed: bool = False) -> str:
 
 
 def when(wall: float) -> str:
-    return datetime.datetime.fromtimestamp(wall, datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M:%S"
-    )
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall))
 
 
 # C0 and C1 control characters (ESC, CR, BEL, CSI...) in a phase name or boot id would

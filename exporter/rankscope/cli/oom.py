@@ -40,7 +40,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     every = open_flight(args, all_boots=True)
-    chosen = None if every is None else open_flight(args, boot=args.boot)
+    chosen = every and open_flight(args, boot=args.boot)
     if every is None or chosen is None:
         return 2
     # Holders are named against every boot's records: a rank of an older boot that still
@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
         doc = {"boot": chosen.boot, "ooms": [e.as_json() for e in events]}
         if sampled is not None:
             doc["sampler"] = [o.as_json() for o in sampled]
-        print_json(doc, sys.stdout)
+        print_json(doc)
     else:
         print_events(events, sampled or [], chosen.boot, sys.stdout)
     return 1 if args.daemon and sampled is None else 0
@@ -126,10 +126,8 @@ def on_loopback(url: str) -> bool:
     import urllib.parse
 
     host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:  # a name: it takes the environment's proxies
         return False
 

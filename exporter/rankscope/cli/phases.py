@@ -4,14 +4,21 @@ per card, what its memory was made of at each mark. --json prints /api/v1/phases
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Any, TextIO
+from typing import Any
 
 from rankscope.cli import common
 from rankscope.reports.ledger import VIEWS, phases_document
 
-POST_HEADER = ("post (MiB)", "runner", "s")
-VIEW_HEADER = ("reserved", "allocated", "driver", "process", "non-torch")  # VIEWS, in order
+POST_HEADER = (
+    "post (MiB)",
+    "runner",
+    "s",
+    "reserved",
+    "allocated",
+    "driver",
+    "process",
+    "non-torch",
+)
 CARD_HEADER = ("at mark (MiB)", "pid", "total", "rank-resident", "foreign", "free")
 CARD_SIGNED = ("unattributed", "drift")
 
@@ -28,25 +35,24 @@ def main(args: argparse.Namespace) -> int:
         return 2
     document = phases_document(flight)
     if args.json:
-        common.print_json(document, sys.stdout)
+        common.print_json(document)
+    elif document["boot"] is None:
+        print(common.no_boots_hint(args.flight_dir), end="")
     else:
-        print_phases(document, sys.stdout, empty=common.no_boots_hint(args.flight_dir))
+        print_phases(document)
     return 0
 
 
-def print_phases(document: dict[str, Any], out: TextIO, empty: str) -> None:
-    if document["boot"] is None:
-        out.write(empty)
-        return
+def print_phases(document: dict[str, Any]) -> None:
     n = len(document["processes"])
-    out.write(f"boot {document['boot']}: {n} process{'es' if n != 1 else ''}\n")
+    print(f"boot {document['boot']}: {n} process{'es' if n != 1 else ''}")
     for process in document["processes"]:
-        _print_process(process, out)
+        _print_process(process)
     for card in document["cards"]:
-        _print_card(card, out)
+        _print_card(card)
     note = common.skipped_note(document["skipped"])
     if note:
-        out.write("\n" + note + "\n")
+        print("\n" + note)
 
 
 def _who(process: dict[str, Any]) -> str:
@@ -60,46 +66,35 @@ def _who(process: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def _print_process(process: dict[str, Any], out: TextIO) -> None:
-    out.write(f"\nprocess {_who(process)}\n")
+def _print_process(process: dict[str, Any]) -> None:
+    print(f"\nprocess {_who(process)}")
     if not process["posts"]:
-        out.write("  no posts (fewer than two marks per runner)\n")
+        print("  no posts (fewer than two marks per runner)")
     else:
         rows = [
-            [
-                p["post"],
-                p["runner"] or "-",
-                f"{p['seconds']:.2f}",
-                *(common.mib(p["views"][view], signed=True) for view in VIEWS),
-            ]
+            [p["post"], p["runner"] or "-", f"{p['seconds']:.2f}"]
+            + [common.mib(p["views"][view], signed=True) for view in VIEWS]
             for p in process["posts"]
         ]
-        rows.insert(0, [*POST_HEADER, *VIEW_HEADER])
-        out.writelines(line + "\n" for line in common.table(rows, indent="  "))
+        print(*common.table([POST_HEADER, *rows], indent="  "), sep="\n")
     unmeasured: dict[str, list[str]] = {}
     for m in process["marks"]:
         for why in dict.fromkeys(m["why"].values()):
             unmeasured.setdefault(why, []).append(m["phase"])
     for why, phases in unmeasured.items():
-        out.write(f"  n/a at {', '.join(phases)}: {why}\n")
+        print(f"  n/a at {', '.join(phases)}: {why}")
 
 
-def _print_card(card: dict[str, Any], out: TextIO) -> None:
+def _print_card(card: dict[str, Any]) -> None:
     gpu = card["gpu"] if card["gpu"] is not None else "?"
-    out.write(
-        f"\ncard gpu {gpu} {card['uuid']}: total = rank-resident + foreign + free + unattributed\n"
-    )
+    print(f"\ncard gpu {gpu} {card['uuid']}: total = rank-resident + foreign + free + unattributed")
     rows = [
-        [
-            i["phase"],
-            str(i["pid"]),
-            *(common.mib(i[field]) for field in ("total", "rank_resident", "foreign", "free")),
-            *(common.mib(i[field], signed=True) for field in CARD_SIGNED),
-        ]
+        [i["phase"], str(i["pid"])]
+        + [common.mib(i[field]) for field in ("total", "rank_resident", "foreign", "free")]
+        + [common.mib(i[field], signed=True) for field in CARD_SIGNED]
         for i in card["identities"]
     ]
-    rows.insert(0, [*CARD_HEADER, *CARD_SIGNED])
-    out.writelines(line + "\n" for line in common.table(rows, indent="  "))
+    print(*common.table([CARD_HEADER + CARD_SIGNED, *rows], indent="  "), sep="\n")
     foreign = {pid for i in card["identities"] for pid in i["foreign_pids"]}
     if foreign:
-        out.write(f"  foreign pids seen: {', '.join(sorted(foreign, key=int))}\n")
+        print(f"  foreign pids seen: {', '.join(sorted(foreign, key=int))}")

@@ -1,9 +1,6 @@
-"""``python3 -m rankscope.mixin [--check] [ROOT]``: (re)write the generated files.
-
-Writes alerts/rankscope.rules.yml, alerts/alertmanager.example.yml and dashboards/*.json under
-ROOT (default: the source tree this package lives in), then the Helm chart's copies
-(rankscope.mixin.helm). With --check nothing is written; the exit status is 1 when any file
-differs.
+"""``python3 -m rankscope.mixin [--check] [ROOT]``: (re)write alerts/, dashboards/ and the Helm
+chart's copies under ROOT (default: the source tree this package lives in). With --check
+nothing is written; the exit status is 1 when any file differs.
 """
 
 from __future__ import annotations

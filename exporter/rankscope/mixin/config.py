@@ -1,9 +1,8 @@
 """The mixin's one configuration place: selectors, thresholds, windows and `for:` durations.
 
-In the style of the monitoring mixins' ``_config``: every value is text that rules.build
-pastes into PromQL or a rule field as-is, so a caller may pass a number, a duration, or a
-template reference such as ``"{{ .Values.rules.config.corridorThinShare }}"`` (the Helm sync
-does). docs/alerting.md documents each knob; a test keeps that page and this dict in step.
+As in the monitoring mixins' ``_config``, every value is text pasted into PromQL or a rule
+field as is, so a caller may pass a Helm template reference instead (the chart sync does).
+docs/alerting.md documents each knob; a test keeps that page and this dict in step.
 """
 
 from __future__ import annotations
@@ -62,9 +61,7 @@ DEFAULTS: dict[str, Any] = {
 
 def merged(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """DEFAULTS with ``overrides`` applied; an unknown key is an error, not a silent no-op."""
-    config = dict(DEFAULTS)
-    for key, value in (overrides or {}).items():
-        if key not in DEFAULTS:
-            raise KeyError(f"unknown mixin config key {key!r}; known: {', '.join(DEFAULTS)}")
-        config[key] = value
-    return config
+    unknown = [key for key in overrides or {} if key not in DEFAULTS]
+    if unknown:
+        raise KeyError(f"unknown mixin config key {unknown[0]!r}; known: {', '.join(DEFAULTS)}")
+    return {**DEFAULTS, **(overrides or {})}

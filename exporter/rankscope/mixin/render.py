@@ -56,7 +56,7 @@ def rules_yaml(config: Mapping[str, Any] | None = None) -> str:
 def outputs() -> dict[Path, str]:
     """Relative path -> the text the generator writes there."""
     example = importlib.resources.files("rankscope.mixin").joinpath(EXAMPLE_ROUTING)
-    files = {RULES_FILE: rules_yaml(), Path("alerts") / EXAMPLE_ROUTING: example.read_text()}
+    files = {RULES_FILE: rules_yaml(), RULES_FILE.parent / EXAMPLE_ROUTING: example.read_text()}
     for name, dashboard in dashboards().items():
         files[DASHBOARD_DIR / name] = json.dumps(dashboard, indent=2) + "\n"
     return files
@@ -72,11 +72,7 @@ def write_files(root: Path, files: Mapping[Path, str], *, check: bool) -> list[P
     changed = []
     for relative, text in files.items():
         path = root / relative
-        try:
-            current = path.read_text()
-        except FileNotFoundError:
-            current = None
-        if current == text:
+        if path.exists() and path.read_text() == text:
             continue
         changed.append(path)
         if not check:

@@ -1,8 +1,7 @@
-"""The Grafana dashboards, one module each (cards, boot_ledger, census, instrument), built
-from the panel helpers here; each module's ``build(c)`` returns its dashboard for the merged
-config ``c``. Every dashboard is provisioned by its uid, reads Prometheus through a
-``datasource`` variable and filters with label_values variables (host = ``instance``; boot
-and card where the metrics carry them). Schema version 39 is what Grafana 10.4 and 11 write.
+"""The Grafana dashboards, one module each, built from the panel helpers here: each module's
+``build(c)`` returns its dashboard for the merged config ``c``, provisioned by its uid, reading
+Prometheus through a ``datasource`` variable and filtered by label_values variables (host,
+boot, card). Schema version 39 is what Grafana 10.4 and 11 write.
 """
 
 from __future__ import annotations
@@ -17,9 +16,14 @@ _WIDTH = 24
 Query = tuple[str, str]
 
 
-def _targets(queries: list[Query], *, instant: bool) -> list[dict]:
+def _panel(
+    kind: str, title: str, description: str, queries: list[Query], width: int, **fields: Any
+) -> dict:
+    """A panel's common head and targets (a table's are instant), then its own ``fields``;
+    ``_layout`` places it by ``_width``."""
+    instant = kind == "table"
     mode = {"range": False, "format": "table"} if instant else {"range": True}
-    return [
+    targets = [
         {
             "datasource": DATASOURCE,
             "expr": expr,
@@ -30,12 +34,6 @@ def _targets(queries: list[Query], *, instant: bool) -> list[dict]:
         }
         for n, (expr, legend) in enumerate(queries)
     ]
-
-
-def _panel(
-    kind: str, title: str, description: str, targets: list[dict], width: int, **fields: Any
-) -> dict:
-    """A panel's common head, then its own ``fields``; ``_layout`` places it by ``_width``."""
     head = {"type": kind, "title": title, "description": description, "datasource": DATASOURCE}
     return {**head, "targets": targets, **fields, "_width": width}
 
@@ -56,7 +54,7 @@ def timeseries(
         "timeseries",
         title,
         description,
-        _targets(queries, instant=False),
+        queries,
         width,
         fieldConfig={"defaults": {"unit": unit, "custom": custom}, "overrides": []},
         options={
@@ -80,7 +78,7 @@ def table(
         "table",
         title,
         description,
-        _targets([(expr, "") for expr in exprs], instant=True),
+        [(expr, "") for expr in exprs],
         width,
         fieldConfig={"defaults": {"unit": unit}, "overrides": overrides or []},
         options={"showHeader": True, "cellHeight": "sm"},
