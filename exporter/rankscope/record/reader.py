@@ -11,13 +11,14 @@ import json
 import logging
 import os
 import stat
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rankscope.procfs import HOST_PIDNS_INODE
-from rankscope.record import SCHEMA_VERSION, AnyLine, Bad, parse_object
+from rankscope.record import SCHEMA_VERSION, AnyLine, Bad, Header, parse_object
 from rankscope.record.codec import nested_deeper_than
 
 Record = AnyLine
@@ -75,8 +76,8 @@ def parse_line(raw: bytes, file: str = "", bad: Bad | None = None) -> Record | s
     return "malformed" if line is None else line
 
 
-def _flight_files(flight_dir: Path) -> list[Path]:
-    """The flight files in ``flight_dir``, symlinks left out (and logged)."""
+def _flight_files(flight_dir: Path) -> list[str]:
+    """The names of the flight files in ``flight_dir``, symlinks left out (and logged)."""
     try:
         entries = list(os.scandir(flight_dir))
     except FileNotFoundError:
@@ -88,7 +89,7 @@ def _flight_files(flight_dir: Path) -> list[Path]:
     files = [e for e in entries if e.name.endswith(FILE_SUFFIX)]
     for link in filter(os.DirEntry.is_symlink, files):
         _warn_once(link.path, "is a symlink; not followed")
-    return sorted(Path(e.path) for e in files if not e.is_symlink())
+    return [e.name for e in files if not e.is_symlink()]
 
 
 _warned: set[tuple[str, str]] = set()
@@ -100,11 +101,6 @@ def _warn_once(path: str, what: str) -> None:
         log.warning("flight file %s %s", path, what)
 
 
-def _skip(skipped: collections.Counter[str], name: str, reason: str) -> None:
-    skipped[reason] += 1
-    _warn_once(name, f"has {reason} lines; skipped and counted")
-
-
 def _open_regular(path: Path) -> int | None:
     """A descriptor for ``path`` if it is a regular file, else None (logged); non-blocking
     and not following a symlink, so a FIFO renamed in never blocks."""
@@ -114,23 +110,6 @@ def _open_regular(path: Path) -> int | None:
     os.close(fd)
     _warn_once(str(path), "is not a regular file; skipped")
     return None
-
-
-def _parse_into(
-    chunk: bytes,
-    name: str,
-    records: list[Record],
-    skipped: collections.Counter[str],
-    invalid: collections.Counter[str],
-) -> None:
-    bad: Bad = []
-    for raw in chunk.split(b"\n"):
-        parsed = parse_line(raw, name, bad) if len(raw) <= MAX_LINE_BYTES else "oversized"
-        if isinstance(parsed, str):
-            _skip(skipped, name, parsed)
-        elif parsed is not None:
-            records.append(parsed)
-    invalid.update(bad)
 
 
 @dataclass
@@ -177,19 +156,17 @@ class FlightReader:
         records: list[Record] = []
         self.restarted, self.removed = set(), set()
         if changed is None:
-            listed = {path.name for path in _flight_files(self.flight_dir)}
-            for gone in self.present - listed:
+            names = set(_flight_files(self.flight_dir))
+            for gone in self.present - names:
                 self._gone(gone)
-            names = listed
         else:
             names = {n for n in changed if n.endswith(FILE_SUFFIX)} | self._unfinished
-        left = budget if budget is not None else -1
-        self.backlog = 0
-        self._unfinished = set()
+        left = sys.maxsize if budget is None else budget
+        self.backlog, self._unfinished = 0, set()
         failed: list[str] = []
         for name in sorted(names):
             try:
-                left = self._poll_name(name, records, left)
+                left -= self._poll_name(name, records, left)
             except OSError as exc:
                 why = exc.strerror or str(exc)
                 if self.unreadable.get(name) != why:  # a retry failing alike changes nothing
@@ -197,51 +174,6 @@ class FlightReader:
                 if name not in self.unreadable:
                     failed.append(name)
                 self.unreadable[name] = why
-        self._log_unreadable(failed)
-        return records
-
-    def _poll_name(self, name: str, records: list[Record], left: int) -> int:
-        """Reads what file ``name`` appended within ``left`` bytes (-1: no bound); what is
-        left of the budget."""
-        path = self.flight_dir / name
-        try:
-            st = path.lstat()
-        except FileNotFoundError:
-            self._gone(name)
-            return left
-        if stat.S_ISLNK(st.st_mode):
-            _warn_once(str(path), "is a symlink; not followed")
-            self._gone(name)
-            return left
-        self.present.add(name)
-        tail = self._current(name, st)
-        unread = st.st_size - (tail.offset if tail else 0)
-        if unread <= 0 and tail is not None:
-            return left  # unchanged: not even opened
-        if left == 0:
-            self.backlog += unread
-            self._unfinished.add(name)
-            return left
-        self.version += 1
-        read = self._poll_file(path, records, left)
-        if self.unreadable.pop(name, None) is not None:
-            log.warning("flight file %s is readable again", path)
-        if left > 0:
-            left = max(left - read, 0)
-            if read < unread:
-                self.backlog += unread - read
-                self._unfinished.add(name)
-        return left
-
-    def _gone(self, name: str) -> None:
-        self.version += 1
-        self.present.discard(name)
-        self._tails.pop(name, None)
-        self.unreadable.pop(name, None)
-        if name not in self.restarted:
-            self.removed.add(name)
-
-    def _log_unreadable(self, failed: list[str]) -> None:
         for name in failed[:LOG_UNREADABLE_NAMES]:
             log.warning(
                 "flight file %s cannot be read (%s); the other files go on, and it is "
@@ -255,6 +187,45 @@ class FlightReader:
                 len(failed) - LOG_UNREADABLE_NAMES,
                 self.flight_dir,
             )
+        return records
+
+    def _poll_name(self, name: str, records: list[Record], left: int) -> int:
+        """Reads what file ``name`` appended, at most ``left`` bytes; the bytes read."""
+        path = self.flight_dir / name
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            self._gone(name)
+            return 0
+        if stat.S_ISLNK(st.st_mode):
+            _warn_once(str(path), "is a symlink; not followed")
+            self._gone(name)
+            return 0
+        self.present.add(name)
+        tail = self._current(name, st)
+        unread = st.st_size - (tail.offset if tail else 0)
+        if unread <= 0 and tail is not None:
+            return 0  # unchanged: not even opened
+        if left == 0:
+            self.backlog += unread
+            self._unfinished.add(name)
+            return 0
+        self.version += 1
+        read = self._poll_file(path, records, left)
+        if self.unreadable.pop(name, None) is not None:
+            log.warning("flight file %s is readable again", path)
+        if read < unread:
+            self.backlog += unread - read
+            self._unfinished.add(name)
+        return read
+
+    def _gone(self, name: str) -> None:
+        self.version += 1
+        self.present.discard(name)
+        self._tails.pop(name, None)
+        self.unreadable.pop(name, None)
+        if name not in self.restarted:
+            self.removed.add(name)
 
     def _current(self, name: str, st: os.stat_result) -> _Tail | None:
         """The tail of file ``name`` unless the file was replaced since (or is new)."""
@@ -263,8 +234,8 @@ class FlightReader:
             return None
         return tail
 
-    def _poll_file(self, path: Path, records: list[Record], budget: int = -1) -> int:
-        """Read what ``path`` appended, at most ``budget`` bytes unless negative; bytes read."""
+    def _poll_file(self, path: Path, records: list[Record], budget: int) -> int:
+        """Reads what ``path`` appended, at most ``budget`` bytes; the bytes read."""
         fd = _open_regular(path)
         if fd is None:
             return 0
@@ -278,9 +249,8 @@ class FlightReader:
             f.seek(tail.offset)
             # Bounded chunks: memory stays capped whatever one poll finds.
             read = 0
-            while tail.offset < st.st_size and (budget < 0 or read < budget):
-                want = min(st.st_size - tail.offset, READ_CHUNK)
-                data = f.read(want if budget < 0 else min(want, budget - read))
+            while tail.offset < st.st_size and read < budget:
+                data = f.read(min(st.st_size - tail.offset, READ_CHUNK, budget - read))
                 if not data:
                     break
                 tail.offset += len(data)
@@ -289,20 +259,29 @@ class FlightReader:
             return read
 
     def _take(self, tail: _Tail, data: bytes, name: str, records: list[Record]) -> None:
+        """Parses the complete lines ``data`` ends, holding back its unterminated rest."""
         if tail.oversized:  # the rest of a dropped line, up to its newline
             end = data.find(b"\n")
             if end < 0:
                 return
             data, tail.oversized = data[end + 1 :], False
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            tail.pending += data
-        else:
-            _parse_into(tail.pending + data[:cut], name, records, self.skipped, self.invalid)
-            tail.pending = data[cut + 1 :]
-        if len(tail.pending) > MAX_LINE_BYTES:
-            _skip(self.skipped, name, "oversized")
+        *lines, rest = (tail.pending + data).split(b"\n")
+        bad: Bad = []
+        for raw in lines:
+            parsed = parse_line(raw, name, bad) if len(raw) <= MAX_LINE_BYTES else "oversized"
+            if isinstance(parsed, str):
+                self._skip(name, parsed)
+            elif parsed is not None:
+                records.append(parsed)
+        self.invalid.update(bad)
+        tail.pending = rest
+        if len(rest) > MAX_LINE_BYTES:
+            self._skip(name, "oversized")
             tail.pending, tail.oversized = b"", True
+
+    def _skip(self, name: str, reason: str) -> None:
+        self.skipped[reason] += 1
+        _warn_once(name, f"has {reason} lines; skipped and counted")
 
 
 @dataclass
@@ -333,31 +312,24 @@ class Flight:
 
 def summarize_boots(records: Iterable[Record]) -> list[BootSummary]:
     """Every boot among ``records``, oldest first (by its first record's wall time)."""
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    procs: dict[str, set[tuple[str, int, int | None]]] = collections.defaultdict(set)
-    ranks: dict[str, set[int]] = collections.defaultdict(set)
+    headers: dict[str, list[Header]] = collections.defaultdict(list)
     for rec in records:
-        h = rec.header
-        boot, wall = h.boot, h.wall
-        first[boot] = min(first.get(boot, wall), wall)
-        last[boot] = max(last.get(boot, wall), wall)
-        procs[boot].add(h.process_key)
-        if h.rank is not None:
-            ranks[boot].add(h.rank)
-    order = sorted(first, key=lambda b: (first[b], b))
-    newest = order[-1] if order else None
-    return [
+        headers[rec.header.boot].append(rec.header)
+    boots = [
         BootSummary(
-            boot=b,
-            first_wall=first[b],
-            last_wall=last[b],
-            processes=len(procs[b]),
-            ranks=sorted(ranks[b]),
-            latest=b == newest,
+            boot=boot,
+            first_wall=min(h.wall for h in hs),
+            last_wall=max(h.wall for h in hs),
+            processes=len({h.process_key for h in hs}),
+            ranks=sorted({h.rank for h in hs if h.rank is not None}),
+            latest=False,
         )
-        for b in order
+        for boot, hs in headers.items()
     ]
+    boots.sort(key=lambda b: (b.first_wall, b.boot))
+    if boots:
+        boots[-1].latest = True
+    return boots
 
 
 def read_flight(
