@@ -21,7 +21,7 @@ from tests.support.services import free_port
 from rankscope.rank.adapters import ADAPTERS
 from rankscope.rank.adapters.manifest import check_point
 from rankscope.rank.adapters.source import extract, module_path, wanted
-from rankscope.record import AdapterStatus, of_kind
+from rankscope.record import AdapterFailure, AdapterStatus, of_kind
 from rankscope.record.reader import read_flight
 from rankscope.reports.census import census_document
 from rankscope.reports.ledger import marks_of
@@ -261,7 +261,7 @@ def test_checked_only_leaves_an_unknown_version_one_line_and_an_untouched_job(tm
     for line in lines:
         assert line.body.status == "not_attached"
         assert line.body.version == "0.4.0"
-        assert line.body.failed_why == (
+        assert line.body.failed is not None and line.body.failed.why == (
             "sglang 0.4.0 is not a checked version (RANKSCOPE_ADAPTERS=checked-only)"
         )
         assert line.body.hooks == ()
@@ -314,12 +314,14 @@ def test_a_next_release_with_a_hook_renamed_is_not_attached_with_one_line(tmp_pa
     records = _boot_unadapted_with_renamed(tmp_path, "0.5.24", "ingest_requests", "ingest_reqs")
     lines = _adapter_lines(records)
     assert len(lines) == WORLD  # one a process
-    assert {(a.body.status, a.body.failed_hook, a.body.failed_why) for a in lines} == {
+    assert {(a.body.status, a.body.failed) for a in lines} == {
         (
             "not_attached",
-            "sglang.srt.managers.scheduler:Scheduler.ingest_requests",
-            "sglang.srt.managers.scheduler:Scheduler.ingest_requests: "
-            "Scheduler defines no method ingest_requests",
+            AdapterFailure(
+                "sglang.srt.managers.scheduler:Scheduler.ingest_requests",
+                "sglang.srt.managers.scheduler:Scheduler.ingest_requests: "
+                "Scheduler defines no method ingest_requests",
+            ),
         )
     }
     assert marks_of(records) == []
@@ -332,11 +334,12 @@ def test_a_missing_hook_point_detaches_everything_with_one_line(tmp_path):
     records = _boot_unadapted_with_renamed(tmp_path, "0.5.22", "run_batch", "run_batch_v2")
     lines = _adapter_lines(records)
     assert len(lines) == WORLD
-    assert {(a.body.status, a.body.failed_hook, a.body.failed_why) for a in lines} == {
+    assert {(a.body.status, a.body.failed) for a in lines} == {
         (
             "not_attached",
-            "sglang.srt.managers.scheduler:Scheduler.run_batch",
-            "Scheduler has no run_batch",
+            AdapterFailure(
+                "sglang.srt.managers.scheduler:Scheduler.run_batch", "Scheduler has no run_batch"
+            ),
         )
     }
     assert marks_of(records) == []

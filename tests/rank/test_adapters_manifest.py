@@ -161,7 +161,7 @@ def test_the_adapter_kind_round_trips_through_the_flight_reader(tmp_path):
     """An adapter line written as the adapters write it parses back into AdapterStatus; a
     bad field is named and nulled, and a line without a framework is malformed."""
     from rankscope.rank.writer import Recorder
-    from rankscope.record import AdapterStatus, of_kind
+    from rankscope.record import AdapterFailure, AdapterStatus, of_kind
     from rankscope.record.reader import parse_line, read_flight
 
     rec = Recorder(flight_dir=tmp_path)
@@ -170,14 +170,15 @@ def test_the_adapter_kind_round_trips_through_the_flight_reader(tmp_path):
         status="not_attached",
         version="0.9.0",
         checked_versions=("0.33.0", "0.34.0"),
-        failed_hook="vllm.v1.worker.gpu_worker:Worker.execute_model",
-        failed_why="vllm 0.9.0 is not a checked version",
+        failed=AdapterFailure(
+            "vllm.v1.worker.gpu_worker:Worker.execute_model", "vllm 0.9.0 is not a checked version"
+        ),
     )
     assert rec.write_record(body)
     (line,) = of_kind(read_flight(tmp_path).records, AdapterStatus)
     assert line.body == body
     raw = json.loads((tmp_path / next(p.name for p in tmp_path.iterdir())).read_text())
-    assert raw["failed"] == {"hook": body.failed_hook, "why": body.failed_why}
+    assert raw["failed"] == {"hook": body.failed.hook, "why": body.failed.why}
 
     bad: list[str] = []
     raw["hooks"] = ["ok", 3]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from rankscope.rank.writer import ENCODER, Recorder, line_encoder
 from rankscope.record import (
     KINDS,
+    AdapterFailure,
     AdapterStatus,
     BlockedIn,
     Census,
@@ -112,15 +113,28 @@ SAMPLES = {
         {"g1": GraphCounts({("tp:0-1", "all_gather"): 2}, 7)},
     ),
     "census none": Census(None, None, None),
-    "census_dump": CensusDump("SIGTERM", 5, 10, {("w", "send:1"): 3}, {"g": GraphCounts({}, None)}),
-    "census_dump none": CensusDump(None, None, None, None),
+    "census_dump": CensusDump(
+        reason="SIGTERM",
+        round=5,
+        every=10,
+        counts={("w", "send:1"): 3},
+        graphs={"g": GraphCounts({}, None)},
+    ),
+    "census_dump none": CensusDump(reason=None, round=None, every=None, counts=None),
     "divergence": Divergence(7, "tp:0-1", "all_reduce", {0: 5, 1: 4}, (1,)),
     "divergence agree": Divergence(None, "g", "op", {}, ()),
     "adapter": AdapterStatus(
-        "vllm", "attached", "0.6.0", ("0.6.0", "0.6.1"), ("a.b", "c.d"), ("e",)
+        framework="vllm",
+        status="attached",
+        version="0.6.0",
+        checked_versions=("0.6.0", "0.6.1"),
+        hooks=("a.b", "c.d"),
+        pending=("e",),
     ),
-    "adapter failed": AdapterStatus("sglang", "not_attached", None, (), (), (), "x.y", "gone"),
-    "adapter none": AdapterStatus("f", "detached"),
+    "adapter failed": AdapterStatus(
+        framework="sglang", status="not_attached", failed=AdapterFailure("x.y", "gone")
+    ),
+    "adapter none": AdapterStatus(framework="f", status="detached"),
     "oom": Oom(
         2 * MiB,
         10,
@@ -272,7 +286,9 @@ BODIES: dict[str, Any] = {
     "mark": st.builds(Mark, st.text(max_size=6), st.dictionaries(NAMES, JSON, max_size=3), **VIEWS),
     "sample": st.builds(Sample, **VIEWS),
     "census": st.builds(Census, COUNT, COUNT, COUNTS, GRAPHS),
-    "census_dump": st.builds(CensusDump, TEXT, COUNT, COUNT, COUNTS, GRAPHS),
+    "census_dump": st.builds(
+        CensusDump, reason=TEXT, round=COUNT, every=COUNT, counts=COUNTS, graphs=GRAPHS
+    ),
     "census_live": st.builds(
         CensusLive,
         st.dictionaries(st.tuples(NAMES, NAMES), st.integers(0, MAX_BYTES - 1), max_size=3),
@@ -287,8 +303,14 @@ BODIES: dict[str, Any] = {
         st.lists(st.integers(), max_size=3).map(tuple),
     ),
     "adapter": st.builds(
-        lambda f, s, v, c, h, p, fh, fw: AdapterStatus(f, s, v, c, h, p, fh, fw if fh else None),
-        *(st.text(max_size=4), st.text(max_size=4), TEXT, TEXTS, TEXTS, TEXTS, TEXT, TEXT),
+        AdapterStatus,
+        framework=st.text(max_size=4),
+        version=TEXT,
+        checked_versions=TEXTS,
+        status=st.text(max_size=4),
+        hooks=TEXTS,
+        pending=TEXTS,
+        failed=st.none() | st.builds(AdapterFailure, TEXT, TEXT),
     ),
     "oom": st.builds(
         Oom,

@@ -106,7 +106,7 @@ def test_exited_ranks_are_compared_at_their_exit_counts(flight_dir: Path) -> Non
     for r, n in enumerate((4, 4, 3)):
         rec = recorder(flight_dir, r)
         live(rec, {AR: n})
-        assert rec.write_record(CensusDump("exit", 0, 50, {AR: n}))
+        assert rec.write_record(CensusDump(reason="exit", round=0, every=50, counts={AR: n}))
     doc = report(flight_dir, unknown)
     assert doc["states"]["exited"] == [0, 1, 2]
     assert by_op(doc["latest"])["all_reduce"]["lagging"] == [2]
@@ -115,7 +115,7 @@ def test_exited_ranks_are_compared_at_their_exit_counts(flight_dir: Path) -> Non
 
 def test_a_manual_dump_is_no_exit_line(flight_dir: Path) -> None:
     rec = recorder(flight_dir, 0)
-    assert rec.write_record(CensusDump("manual", 0, 50, {AR: 1}))
+    assert rec.write_record(CensusDump(reason="manual", round=0, every=50, counts={AR: 1}))
     assert report(flight_dir, unknown)["ranks"][0]["state"] == "running"
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar, Union, get_args
 
-from rankscope.record.adapter import AdapterStatus
+from rankscope.record.adapter import AdapterFailure, AdapterStatus
 from rankscope.record.census import (
     BlockedIn,
     Census,
@@ -64,6 +64,7 @@ __all__ = [
     "ENV_DIR",
     "ENV_TORCHELASTIC_RUN_ID",
     "SCHEMA_VERSION",
+    "AdapterFailure",
     "AdapterStatus",
     "AnyLine",
     "Bad",

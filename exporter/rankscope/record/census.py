@@ -91,7 +91,7 @@ class Census(Codec):
     graphs: dict[str, GraphCounts] = _graphs_field()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class CensusDump(Codec):
     """A rank's local counts at abort or exit (no collective, not at a common round)."""
 
@@ -99,16 +99,11 @@ class CensusDump(Codec):
     STREAM: ClassVar[str] = "census"
     WHERE: ClassVar[str] = "census_dump"
 
-    reason: str | None = codec.text(default=MISSING)
     round: int | None = codec.count(default=MISSING)
     every: int | None = codec.count(default=MISSING)
     counts: Counts | None = _counts()
     graphs: dict[str, GraphCounts] = _graphs_field()
-
-    def to_json(self) -> Json:
-        out = codec.encode_fields(self, CensusDump)
-        out["reason"] = out.pop("reason")  # written last
-        return out
+    reason: str | None = codec.text(default=MISSING)
 
 
 def encode_changed(counts: Mapping[tuple[str, str], int] | None) -> Json:
@@ -143,12 +138,6 @@ class BlockedIn(Codec):
     since: float | None = codec.time()
 
 
-def _blocked_in(value: Any, bad: Bad, name: str) -> BlockedIn | None:
-    if value is None:
-        return None
-    return codec.parse_section(BlockedIn, codec.as_object(value, bad, name), bad)
-
-
 @dataclass(slots=True)
 class CensusLive(Codec):
     """The census watcher's line, on time rather than at a round: the counts that changed since
@@ -161,9 +150,7 @@ class CensusLive(Codec):
     WHERE: ClassVar[str] = "census_live"
 
     changed: Counts = codec.custom(decode_changed, encode_changed, factory=dict)
-    blocked_in: BlockedIn | None = codec.custom(
-        _blocked_in, lambda v: None if v is None else v.to_json()
-    )
+    blocked_in: BlockedIn | None = codec.section(BlockedIn, optional=True)
 
     def to_json(self) -> Json:
         out = codec.encode_fields(self, CensusLive)

@@ -153,12 +153,18 @@ ints_tuple = partial(custom, as_int_tuple, as_list)
 strings = partial(custom, lambda v, bad, name: as_strings(v, bad, name) or (), list, default=())
 
 
-def section(cls: type[Codec]) -> Any:
-    """A nested object of kind ``cls``; absent, it reads as ``cls()``."""
+def section(cls: type[Codec], *, optional: bool = False) -> Any:
+    """A nested object of kind ``cls``; absent, it reads as ``cls()``, or None if ``optional``."""
+
+    def parse(value: Any, bad: Bad, name: str) -> Any:
+        if value is None and optional:
+            return None
+        return parse_section(cls, as_object(value, bad, name), bad)
+
     return custom(
-        lambda v, bad, name: parse_section(cls, as_object(v, bad, name), bad),
+        parse,
         lambda v: None if v is None else v.to_json(),
-        factory=cls,
+        factory=MISSING if optional else cls,
         section=cls,
     )
 

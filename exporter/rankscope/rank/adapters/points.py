@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from rankscope.rank.writer import RECORDER
-from rankscope.record import AdapterStatus
+from rankscope.record import AdapterFailure, AdapterStatus
 
 log = logging.getLogger("rankscope.adapters")
 
@@ -253,8 +253,7 @@ class Adapter:
                 pending=tuple(m for m in self.installers() if m not in self._done)
                 if attached
                 else (),
-                failed_hook=point,
-                failed_why=why,
+                failed=None if point is None else AdapterFailure(point, why),
             )
         )
 

@@ -133,7 +133,11 @@ def _dump(reason: str, write: Callable[[CensusDump], bool]) -> bool:
         return False
     try:
         dump = CensusDump(
-            reason, STATE.round, STATE.every, _counts.snapshot(), _graphs.graph_counts()
+            round=STATE.round,
+            every=STATE.every,
+            counts=_counts.snapshot(),
+            graphs=_graphs.graph_counts(),
+            reason=reason,
         )
         return write(dump)
     except Exception as exc:
