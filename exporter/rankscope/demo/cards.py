@@ -58,17 +58,15 @@ class SimulatedCards:
 
     def set_holder(self, card: int, pid: int, held: int) -> None:
         self.holders[card][pid] = held
+        self.write()
 
     def drop_holder(self, pid: int) -> None:
-        for held in self.holders:
-            held.pop(pid, None)
-
-    def pids(self) -> set[int]:
-        return {pid for held in self.holders for pid in held}
+        if [held.pop(pid) for held in self.holders if pid in held]:
+            self.write()
 
     def clear(self) -> None:
-        for held in self.holders:
-            held.clear()
+        self.holders = [{} for _ in range(self.count)]
+        self.write()
 
     def free(self, card: int) -> int:
         return max(CARD_TOTAL - DRIVER_RESERVED - sum(self.holders[card].values()), 0)

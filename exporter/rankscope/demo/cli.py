@@ -21,14 +21,7 @@ from types import FrameType
 from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.demo import alerting, services
 from rankscope.demo.cards import FLOOR, GiB, SimulatedCards
-from rankscope.demo.scenarios import (
-    SAMPLER_WINDOW,
-    SCENARIOS,
-    Options,
-    Result,
-    ScenarioRun,
-    Stack,
-)
+from rankscope.demo.scenarios import SAMPLER_WINDOW, SCENARIOS, Result, ScenarioRun, Stack
 from rankscope.demo.view import View, gib
 
 GPU_FLOOR = 8 * GiB
@@ -79,7 +72,9 @@ def main(args: argparse.Namespace) -> int:
     if problem:
         print(f"rankscope demo: {problem}", file=sys.stderr)
         return 2
-    names = chosen_scenarios(args.scenario)
+    requested = args.scenario or ["all"]
+    # In the order given, once each.
+    names = list(SCENARIOS) if "all" in requested else list(dict.fromkeys(requested))
     view = View()
     workdir = Path(tempfile.mkdtemp(prefix="rankscope-demo-"))
     # Our own handlers, whatever was inherited: a SIGINT ignored by the parent still stops us.
@@ -120,12 +115,6 @@ def check_args(args: argparse.Namespace) -> str | None:
     if not 0 <= args.port <= 65535:
         return f"--port {args.port} is out of range"
     return None
-
-
-def chosen_scenarios(requested: list[str] | None) -> list[str]:
-    if not requested or "all" in requested:
-        return list(SCENARIOS)
-    return list(dict.fromkeys(requested))  # in the order given, once each
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
@@ -171,8 +160,9 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
         daemon = stack.enter_context(services.daemon(workdir, flight_dir, port, daemon_args))
         view.line(f"daemon: {daemon.url}/metrics; watch the status page at {daemon.url}/")
         receiver = start_alerting(stack, workdir, port, view)
-        options = Options(args.ranks, args.duration, step_interval=0.05, floor=floor)
-        shared = Stack(workdir, flight_dir, daemon, receiver, cards, view, options)
+        shared = Stack(
+            workdir, flight_dir, daemon, receiver, cards, view, args.ranks, args.duration, floor
+        )
         for name in names:
             ScenarioRun(shared, SCENARIOS[name]).run()
         return list(shared.results.values())

@@ -59,6 +59,7 @@ SCENARIOS: dict[str, Scenario] = {
     )
 }
 
+STEP_INTERVAL = 0.05  # seconds per serving step
 TROUGH_SECONDS = 0.4
 # The exhaustion leaves this much of card 0 free, for less than the foreign-holder rule's
 # `for:`, so the OOM page is the one page.
@@ -75,14 +76,6 @@ SAMPLER_WINDOW = 2.0
 OBSERVE_EVERY = 0.5
 BOOT_TIMEOUT = 120.0
 STRAGGLER_GRACE = 5.0  # in a collective after the first rank finished serving
-
-
-@dataclass
-class Options:
-    ranks: int
-    duration: float
-    step_interval: float
-    floor: int
 
 
 @dataclass
@@ -111,7 +104,9 @@ class Stack:
     receiver: WebhookReceiver | None
     cards: SimulatedCards | None
     view: View
-    options: Options
+    ranks: int
+    duration: float
+    floor: int
     counted: set[tuple[str, str]] = field(default_factory=set)  # (fingerprint, startsAt)
     boots: dict[str, str] = field(default_factory=dict)  # boot id -> scenario name
     results: dict[str, Result] = field(default_factory=dict)  # by scenario name
@@ -122,43 +117,42 @@ class ScenarioRun:
         self.stack = stack
         self.scenario = scenario
         self.view = stack.view
-        o = stack.options
-        self.tp = o.ranks // 2
-        self.steps = max(math.ceil(o.duration / o.step_interval), 10)
+        self.tp = stack.ranks // 2
+        self.steps = max(math.ceil(stack.duration / STEP_INTERVAL), 10)
         self.boot = f"demo-{scenario.name}-{time.strftime('%H%M%S')}-{os.getpid()}"
         stack.boots[self.boot] = scenario.name
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
         self.booted: set[int] = set()
         self.rounds: dict[int, int] = {}
         self.helpers: list[subprocess.Popen[bytes]] = []
-        result = Result(scenario, checked=stack.receiver is not None)
-        stack.results[scenario.name] = result
-        self.pages, self.notes, self.shown = result.pages, result.notes, result.shown
+        self.result = Result(scenario, checked=stack.receiver is not None)
+        self.pages, self.notes, self.shown = self.result.pages, self.result.notes, self.result.shown
+        stack.results[scenario.name] = self.result
         self.foreign_since: dict[int, float] = {}  # pid -> first seen
-        self.breaches_before: dict[str, int] | None = None  # the daemon's counters at start
+        self.breaches_before: dict[str, int] = {}  # each card's counter when first read
         self.breached: set[str] = set()  # cards whose breach counter rose in this scenario
         self.oomed: set[str] = set()  # cards with an OOM instant in this scenario
         self.worst_free: dict[str, int] = {}  # by card uuid, over this scenario's samples
-        self.page_index = stack.receiver.count() if stack.receiver else 0
+        self.page_index = len(stack.receiver.pages) if stack.receiver else 0
         self.serving_since: float | None = None
         self.acted = False  # the scenario's own event (foreign holder, trough, OOM) is done
         self.started_wall = time.time()
         self.started = time.monotonic()
 
     def launch(self) -> None:
-        o = self.stack.options
+        world = self.stack.ranks
         port = free_port()
         workload = ["--tp", str(self.tp), "--steps", str(self.steps)]
-        workload += ["--step-interval", str(o.step_interval)]
+        workload += ["--step-interval", str(STEP_INTERVAL)]
         if self.scenario.name == "skip":
             skip_step = max(self.steps // 4, 2)
-            workload += ["--skip-rank", str(o.ranks - 1), "--skip-step", str(skip_step)]
-        for rank in range(o.ranks):
+            workload += ["--skip-rank", str(world - 1), "--skip-step", str(skip_step)]
+        for rank in range(world):
             env = dict(
                 os.environ,
                 RANK=str(rank),
                 LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(o.ranks),
+                WORLD_SIZE=str(world),
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port),
                 RANKSCOPE_DIR=str(self.stack.flight_dir),
@@ -166,7 +160,7 @@ class ScenarioRun:
                 RANKSCOPE_CENSUS="1",  # armed, whatever the calling shell says
                 OMP_NUM_THREADS="1",  # four ranks on a small machine: no thread oversubscription
                 # A census snapshot about once a second, so a skew shows within seconds.
-                RANKSCOPE_CENSUS_EVERY=str(max(round(1.0 / o.step_interval), 1)),
+                RANKSCOPE_CENSUS_EVERY=str(max(round(1.0 / STEP_INTERVAL), 1)),
             )
             # Under `rankscope run`, as an operator starts a job: marks and census come free.
             argv = [sys.executable, "-m", "rankscope", "run", "--", sys.executable, "-m"]
@@ -178,12 +172,12 @@ class ScenarioRun:
         """Once serving: the foreign holder at once, the trough or the exhaustion a while in."""
         if self.acted or self.serving_since is None:
             return
-        name, o = self.scenario.name, self.stack.options
-        due = now - self.serving_since > SQUEEZE_AFTER * o.duration
+        name = self.scenario.name
+        due = now - self.serving_since > SQUEEZE_AFTER * self.stack.duration
         if name == "foreign":
             self.start_foreign()
         elif name == "trough" and due:
-            self.squeeze(max(o.floor - TROUGH_BELOW_FLOOR, 256 * 1024**2), TROUGH_SECONDS)
+            self.squeeze(max(self.stack.floor - TROUGH_BELOW_FLOOR, 256 * 1024**2), TROUGH_SECONDS)
         elif name == "oom" and due:
             # The sampler sees the card exhausted and counts an OOM no allocator reported.
             self.squeeze(EXHAUST_LEAVE_FREE, EXHAUST_SECONDS)
@@ -192,32 +186,28 @@ class ScenarioRun:
         self.acted = True
 
     def start_foreign(self) -> None:
-        cards = self.stack.cards
-        if cards is None:
-            proc = self._hog("foreign", "--bytes", "2GiB")
+        proc = self._holder(FOREIGN_BYTES, "--bytes", "2GiB")
+        if self.stack.cards is None:
             self.view.line(
                 f"foreign holder: pid {proc.pid} takes 2 GiB on GPU 0 (a real allocation)"
             )
-            return
-        proc = self._scripted(cards, "foreign", FOREIGN_BYTES)
-        self.view.line(
-            f"foreign holder: pid {proc.pid} (a real `sleep`) is scripted to hold "
-            f"{gib(FOREIGN_BYTES)} on simulated card 0"
-        )
+        else:
+            self.view.line(
+                f"foreign holder: pid {proc.pid} (a real `sleep`) is scripted to hold "
+                f"{gib(FOREIGN_BYTES)} on simulated card 0"
+            )
 
     def squeeze(self, leave: int, seconds: float) -> None:
         """A process takes all but ``leave`` bytes of card 0 for ``seconds``."""
-        what, cards = self.scenario.name, self.stack.cards
-        floor = gib(self.stack.options.floor)
+        what, cards, floor = self.scenario.name, self.stack.cards, gib(self.stack.floor)
+        take = cards.bytes_to_leave(0, leave) if cards else 0
+        proc = self._holder(take, "--leave-free", str(leave), "--hold", str(seconds))
         if cards is None:
-            proc = self._hog(what, "--leave-free", str(leave), "--hold", str(seconds))
             self.view.line(
                 f"{what}: pid {proc.pid} takes all but {gib(leave)} of GPU 0 for {seconds:g} s "
                 f"(real allocations; floor {floor})"
             )
             return
-        take = cards.bytes_to_leave(0, leave)
-        proc = self._scripted(cards, what, take)
         self.view.line(
             f"{what}: pid {proc.pid} (a real `sleep`) is scripted to take {gib(take)} on "
             f"simulated card 0 for {seconds:g} s, leaving {gib(cards.free(0))} free "
@@ -225,27 +215,22 @@ class ScenarioRun:
         )
         time.sleep(seconds)
         cards.drop_holder(proc.pid)
-        cards.write()
         stop(proc)
 
-    def _scripted(self, cards: SimulatedCards, what: str, held: int) -> subprocess.Popen[bytes]:
-        """A real `sleep` scripted to hold ``held`` bytes on simulated card 0."""
-        proc = self._helper(["sleep", "600"], what)
-        cards.set_holder(0, proc.pid, held)
-        cards.write()
-        return proc
-
-    def _hog(self, what: str, *args: str) -> subprocess.Popen[bytes]:
-        return self._helper([sys.executable, "-m", "rankscope.demo.hog", "--gpu", "0", *args], what)
-
-    def _helper(self, argv: list[str], what: str) -> subprocess.Popen[bytes]:
-        proc = start(argv, self.stack.workdir / f"{self.scenario.name}-{what}.log")
+    def _holder(self, held: int, *hog_args: str) -> subprocess.Popen[bytes]:
+        """A process holding memory on card 0: on a GPU the hog, given ``hog_args``; else a
+        real `sleep` scripted to hold ``held`` bytes on the simulated card."""
+        cards = self.stack.cards
+        hog = [sys.executable, "-m", "rankscope.demo.hog", "--gpu", "0", *hog_args]
+        log = self.stack.workdir / f"{self.scenario.name}-holder.log"
+        proc = start(hog if cards is None else ["sleep", "600"], log)
         self.helpers.append(proc)
+        if cards is not None:
+            cards.set_holder(0, proc.pid, held)
         return proc
 
     def follow(self, reader: FlightReader) -> None:
         cards = self.stack.cards
-        changed = False
         reached: dict[tuple[int, int], list[str]] = {}
         rank_pids = {proc.pid for proc in self.ranks.values()}
         for rec in reader.poll():
@@ -259,17 +244,13 @@ class ScenarioRun:
                     self.booted.add(rank)
                 if cards is not None and h.pid in rank_pids:
                     cards.set_holder(cards.card_of_rank(rank), h.pid, rank_bytes(body.phase))
-                    changed = True
             elif isinstance(body, Census):
                 self.rounds[rank] = body.round or 0
         for (rank, pid), phases in sorted(reached.items()):
             self.view.line(f"rank {rank} (pid {pid}): {' > '.join(phases)}")
         for proc in self.ranks.values():
-            if cards is not None and proc.poll() is not None and proc.pid in cards.pids():
+            if cards is not None and proc.poll() is not None:
                 cards.drop_holder(proc.pid)
-                changed = True
-        if changed and cards is not None:
-            cards.write()
         if self.serving_since is None and len(self.booted) == len(self.ranks):
             self.serving_since = time.monotonic()
             self.view.line(f"all {len(self.ranks)} ranks booted; serving {self.steps} steps")
@@ -278,7 +259,7 @@ class ScenarioRun:
         receiver = self.stack.receiver
         if receiver is None:
             return
-        new = receiver.since(self.page_index)
+        new = receiver.pages[self.page_index :]
         self.page_index += len(new)
         for page in new:
             key = (page.fingerprint, page.starts_at)
@@ -300,27 +281,13 @@ class ScenarioRun:
             self.view.line(f"the daemon did not answer ({exc})")
             return None
         now = time.monotonic()
-        cards = doc.get("cards", [])
-        breaches = {str(c.get("uuid")): c.get("breaches") or 0 for c in cards}
-        # An OOM's page holds back its card's breach (the shipped inhibition).
-        self.oomed |= {
-            str(c.get("uuid"))
-            for c in cards
-            if (c.get("last_oom") or {}).get("wall", 0) >= self.started_wall
-        }
-        if self.oomed:
-            self.shown.add(alerting.OUT_OF_MEMORY)
-        if self.breaches_before is None:
-            self.breaches_before = breaches
-        else:
-            self.breached |= {u for u, n in breaches.items() if n > self.breaches_before.get(u, 0)}
-        # The breach may be read a moment before the OOM of the same sample: judged anew.
-        self.shown.discard(alerting.CORRIDOR_BREACH)
-        if self.breached - self.oomed:
-            self.shown.add(alerting.CORRIDOR_BREACH)
         window_inside = now - self.started >= SAMPLER_WINDOW
-        for card in cards:
-            uuid = str(card.get("uuid"))
+        for card in doc.get("cards", []):
+            uuid, breaches = str(card.get("uuid")), card.get("breaches") or 0
+            if breaches > self.breaches_before.setdefault(uuid, breaches):
+                self.breached.add(uuid)
+            if (card.get("last_oom") or {}).get("wall", 0) >= self.started_wall:
+                self.oomed.add(uuid)
             seen = [card.get("free"), card.get("free_min") if window_inside else None]
             for free in (f for f in seen if isinstance(f, int)):
                 self.worst_free[uuid] = min(self.worst_free.get(uuid, free), free)
@@ -329,6 +296,13 @@ class ScenarioRun:
                     first = self.foreign_since.setdefault(proc["pid"], now)
                     if now - first >= alerting.FOREIGN_HOLDER_FOR_SECONDS:
                         self.shown.add(alerting.FOREIGN_HOLDER)
+        # An OOM's page holds back its card's breach (the shipped inhibition); the breach may
+        # be read a moment before the OOM of the same sample, so it is judged anew.
+        if self.oomed:
+            self.shown.add(alerting.OUT_OF_MEMORY)
+        self.shown.discard(alerting.CORRIDOR_BREACH)
+        if self.breached - self.oomed:
+            self.shown.add(alerting.CORRIDOR_BREACH)
         return doc
 
     def summary(self) -> None:
@@ -337,7 +311,7 @@ class ScenarioRun:
             return
         served = ", ".join(f"r{r}:{n}" for r, n in sorted(self.rounds.items())) or "none yet"
         self.view.line(f"rounds served (latest census snapshot per rank): {served}")
-        self.view.block(card_lines(cards, self.worst_free, self.breaches_before or {}))
+        self.view.block(card_lines(cards, self.worst_free, self.breaches_before))
         try:
             census: dict[str, Any] = self.stack.daemon.get(f"/api/v1/census?boot={self.boot}")
         except Exception as exc:
@@ -352,12 +326,12 @@ class ScenarioRun:
         self.view.block(census_summary(census))
 
     def run(self) -> None:
-        s, o = self.scenario, self.stack.options
+        s, world = self.scenario, self.stack.ranks
         self.view.banner(f"scenario {s.name}: {s.title}")
         expect = ", ".join(sorted(s.expected)) or "no page"
         self.view.line(
-            f"boot {self.boot}: {o.ranks} ranks ({o.ranks // self.tp} pipeline stages x "
-            f"{self.tp} tensor-parallel), {self.steps} steps of {o.step_interval * 1000:.0f} ms; "
+            f"boot {self.boot}: {world} ranks ({world // self.tp} pipeline stages x "
+            f"{self.tp} tensor-parallel), {self.steps} steps of {STEP_INTERVAL * 1000:.0f} ms; "
             f"expecting {expect}"
         )
         reader = FlightReader(self.stack.flight_dir)
@@ -373,7 +347,6 @@ class ScenarioRun:
                 stop(proc, grace=3.0)
             if self.stack.cards is not None:
                 self.stack.cards.clear()
-                self.stack.cards.write()
 
     def serve(self, reader: FlightReader) -> list[int]:
         """Follow the ranks until they all ended; the ranks the demo had to stop."""
@@ -438,14 +411,11 @@ class ScenarioRun:
         if self.stack.receiver is None:
             return
         deadline = time.monotonic() + SETTLE_SECONDS
-        satisfied_at: float | None = None
         self.view.line("waiting for pages still on their way")
         while time.monotonic() < deadline:
             self.collect_pages()
-            if satisfied_at is None and {p.alertname for p in self.pages} >= self.scenario.expected:
-                satisfied_at = time.monotonic()
-            if satisfied_at is not None and time.monotonic() - satisfied_at >= QUIET_SECONDS:
-                break
+            if {p.alertname for p in self.pages} >= self.scenario.expected:
+                deadline = min(deadline, time.monotonic() + QUIET_SECONDS)
             time.sleep(0.2)
 
 

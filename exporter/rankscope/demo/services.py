@@ -16,7 +16,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -93,7 +93,10 @@ def wait_ready(
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             name = Path(str(proc.args[0] if isinstance(proc.args, list) else proc.args)).name
-            seen = f"; see {log}:\n{tail(log)}" if log is not None else ""
+            seen = ""
+            if log is not None:
+                tail = log.read_text(errors="replace").splitlines()[-15:]
+                seen = f"; see {log}:\n" + "\n".join(tail)
             raise ServiceError(f"{name} exited with {proc.returncode}{seen}")
         try:
             with urllib.request.urlopen(url, timeout=2.0):
@@ -103,13 +106,6 @@ def wait_ready(
             time.sleep(0.1)
     seen = f"; see {log}" if log is not None else ""
     raise ServiceError(f"{url} did not answer within {timeout:.0f}s ({last}){seen}")
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 @dataclass
@@ -211,14 +207,15 @@ class Page:
         pages = []
         for alert in body.get("alerts", []):
             labels = {str(k): str(v) for k, v in (alert.get("labels") or {}).items()}
-            annotations = {str(k): str(v) for k, v in (alert.get("annotations") or {}).items()}
             pages.append(
                 cls(
                     receiver=str(body.get("receiver", "")),
                     status=str(alert.get("status", body.get("status", ""))),
                     alertname=labels.get("alertname", "?"),
                     labels=labels,
-                    annotations=annotations,
+                    annotations={
+                        str(k): str(v) for k, v in (alert.get("annotations") or {}).items()
+                    },
                     starts_at=str(alert.get("startsAt", "")),
                     fingerprint=str(alert.get("fingerprint", "")),
                 )
@@ -226,50 +223,39 @@ class Page:
         return pages
 
 
-@dataclass
-class WebhookReceiver:
+class WebhookReceiver(ThreadingHTTPServer):
     """Collects Alertmanager's webhook notifications (a stand-in for PagerDuty or Slack)."""
 
-    url: str
-    pages: list[Page] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Hook)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/hook"
+        self.pages: list[Page] = []  # extended whole by the handler threads, read by the demo
 
-    def since(self, index: int) -> list[Page]:
-        with self.lock:
-            return self.pages[index:]
 
-    def count(self) -> int:
-        with self.lock:
-            return len(self.pages)
+class _Hook(BaseHTTPRequestHandler):
+    server: WebhookReceiver
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            self.server.pages.extend(Page.from_notification(json.loads(raw)))
+        except (ValueError, AttributeError, TypeError):
+            self.send_response(400)
+        else:
+            self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the demo prints the pages itself
 
 
 @contextlib.contextmanager
 def webhook_receiver() -> Iterator[WebhookReceiver]:
-    receiver = WebhookReceiver(url="")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            try:
-                pages = Page.from_notification(json.loads(raw))
-            except (ValueError, AttributeError, TypeError):
-                pages = None
-            if pages is not None:
-                with receiver.lock:
-                    receiver.pages.extend(pages)
-            self.send_response(400 if pages is None else 200)
-            self.end_headers()
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # the demo prints the pages itself
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    receiver.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, name="webhook", daemon=True)
-    thread.start()
-    try:
-        yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with WebhookReceiver() as receiver:
+        thread = threading.Thread(target=receiver.serve_forever, name="webhook", daemon=True)
+        thread.start()
+        try:
+            yield receiver
+        finally:
+            receiver.shutdown()
+            thread.join()

@@ -26,35 +26,30 @@ COLLECTIVE_FAILED = 3  # the exit status of a rank left waiting on a peer's coll
 class KVArena:
     """A KV pool in the probe's arena protocol: reserved at boot, backed as written, parked."""
 
-    def __init__(self, blocks: int, block_bytes: int, device: Any) -> None:
+    reserved_bytes = KV_BLOCKS * KV_BLOCK_BYTES
+
+    def __init__(self, device: Any) -> None:
         import torch
 
-        self.block_bytes = block_bytes
-        self.blocks = blocks
-        self.pool = torch.empty(blocks * block_bytes, dtype=torch.uint8, device=device)
-        self.used = 0
-        self.parked = 0
-
-    @property
-    def reserved_bytes(self) -> int:
-        return self.blocks * self.block_bytes
+        self.pool = torch.empty(self.reserved_bytes, dtype=torch.uint8, device=device)
+        self.used = self.parked = 0
 
     @property
     def backed_bytes(self) -> int:
-        return (self.used + self.parked) * self.block_bytes
+        return (self.used + self.parked) * KV_BLOCK_BYTES
 
     @property
     def retained_bytes(self) -> int:
-        return self.parked * self.block_bytes
+        return self.parked * KV_BLOCK_BYTES
 
     def fill_block(self, step: int) -> None:
-        if self.used + self.parked >= self.blocks:
+        if self.used + self.parked >= KV_BLOCKS:
             # Pool full: finished sequences release blocks, which stay parked for reuse.
-            self.parked = min(self.parked + 1, self.blocks // 4)
-            self.used = self.blocks - self.parked
+            self.parked = min(self.parked + 1, KV_BLOCKS // 4)
+            self.used = KV_BLOCKS - self.parked
             return
-        start = self.used * self.block_bytes
-        self.pool[start : start + self.block_bytes].fill_(step % 251)
+        start = self.used * KV_BLOCK_BYTES
+        self.pool[start : start + KV_BLOCK_BYTES].fill_(step % 251)
         self.used += 1
 
 
@@ -174,7 +169,7 @@ def boot(at: Placement, args: argparse.Namespace) -> tuple[Callable[..., Any], K
     del full_weight
     probe.mark("weights_loaded", weight_bytes=weight.numel() * weight.element_size())
 
-    arena = KVArena(KV_BLOCKS, KV_BLOCK_BYTES, device)
+    arena = KVArena(device)
     probe.arenas.register("kv", arena)
     probe.mark("kv_pool_sized", kv_blocks=KV_BLOCKS, kv_block_bytes=KV_BLOCK_BYTES)
 

@@ -102,10 +102,7 @@ def card_identities(
         by_card[card].append(
             {
                 "phase": mark.phase,
-                "runner": h.runner,
-                "pid": h.pid,
-                "rank": h.rank,
-                "wall": h.wall,
+                **fields(h, ("runner", "pid", "rank", "wall")),
                 "gpu": mark.device.nvml_index,
                 "total": total,
                 "free": free,
@@ -137,15 +134,13 @@ def _mark_row(line: MarkLine) -> dict[str, Any]:
         "process_bytes": mark.nvml.self_bytes,
         **fields(mark.derived, ("non_torch", "non_torch_measured", "unbacked_reservation")),
         "arenas": {name: arena.to_json() for name, arena in mark.arenas.items()},
-        "why": _whys(mark),
+        "why": {
+            name: section.why
+            for name, section in fields(mark, ("device", "torch", "driver", "nvml")).items()
+            if section.why is not None
+        },
         "extra": mark.extra,
     }
-
-
-def _whys(mark: Mark) -> dict[str, str]:
-    whys = (mark.device.why, mark.torch.why, mark.driver.why, mark.nvml.why)
-    sections = zip(("device", "torch", "driver", "nvml"), whys, strict=True)
-    return {section: why for section, why in sections if why is not None}
 
 
 def _process(lines: list[MarkLine]) -> dict[str, Any]:
