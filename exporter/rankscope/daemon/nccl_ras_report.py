@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import (
@@ -191,23 +191,51 @@ def parse_text_report(text: str) -> RasReport:
     if "Warnings" not in (line.strip() for line in lines):
         raise ReportError("truncated", "no Warnings section")
     cuda = _CUDA_LINE.match(lines[1]) if len(lines) > 1 else None
-    found = _TextFindings()
+    rows: list[tuple[int, int, int]] = []  # group, comms, ranks per comm
+    dead_count, dead = 0, []
+    hashes: dict[str, str] = {}  # "#group-index" -> NCCL's hash
+    mismatches: dict[str, list[str]] = {}  # "#group-index" -> ops, or "status"
+    block, entry = "", None  # the unindented line an indented one belongs to (DEAD, a comm)
     for section, line in _sections(lines):
-        if section == "Communicators":
-            row = _GROUP_ROW.match(line)
-            if row:
-                g = row.groups()
-                found.groups.append((int(g[0]), int(g[1]), int(g[4])))
-        elif section in ("Errors", "Warnings"):
-            found.entry_line(line, section)
+        if section == "Communicators" and (row := _GROUP_ROW.match(line)):
+            rows.append((int(row[1]), int(row[2]), int(row[5])))
+        elif section not in ("Errors", "Warnings"):
+            continue
+        elif line and not line.startswith(" "):
+            block, entry = line.strip(), None
+            if found := _COMM_ENTRY.match(block):
+                entry = f"#{found[1]}-{found[2]}"
+                hashes[entry] = "0x" + found[3].lower()
+        elif block == "DEAD":
+            if count := _DEAD_COUNT.match(line):
+                dead_count = int(count[1])
+            if process := _PROCESS_LINE.match(line):
+                dead.append(DeadProcess(pid=int(process[1]), host=process[2]))
+        elif entry is not None and section == "Warnings":
+            op = _MISMATCH_OP.search(line)
+            what = op[1] if op else "status" if _MISMATCH_STATUS in line else None
+            if what is not None:
+                mismatches.setdefault(entry, []).append(what)
+    # Each grouped row's comms, by the hash NCCL printed for their "#group-index", or by it.
+    ids = [(f"#{group}-{i}", size) for group, n_comms, size in rows for i in range(n_comms)]
     return RasReport(
         format="text",
         nccl_version=version,
-        cuda_runtime_version=int(cuda.group(1)) if cuda else None,
-        cuda_driver_version=int(cuda.group(2)) if cuda else None,
-        communicators=found.communicators(),
-        dead_count=found.dead_count,
-        dead=tuple(found.dead),
+        cuda_runtime_version=int(cuda[1]) if cuda else None,
+        cuda_driver_version=int(cuda[2]) if cuda else None,
+        communicators=tuple(
+            Communicator(
+                hash=hashes.get(id_, id_),
+                secondary_hash="",
+                size=size,
+                ranks_count=None,
+                missing_ranks_count=None,
+                reported_mismatches=tuple(mismatches.get(id_, ())),
+            )
+            for id_, size in ids
+        ),
+        dead_count=dead_count,
+        dead=tuple(dead),
     )
 
 
@@ -220,53 +248,6 @@ def _sections(lines: list[str]) -> Iterator[tuple[str, str]]:
             section = line.strip().split("...")[0].strip()
         else:
             yield section, line
-
-
-@dataclass
-class _TextFindings:
-    """What the Communicators, Errors and Warnings sections of a text report say."""
-
-    groups: list[tuple[int, int, int]] = field(default_factory=list)  # group, comms, size
-    dead_count: int = 0
-    dead: list[DeadProcess] = field(default_factory=list)
-    hashes: dict[str, str] = field(default_factory=dict)  # "#group-index" -> NCCL's hash
-    mismatches: dict[str, list[str]] = field(default_factory=dict)  # "#group-index" -> ops
-    block: str = ""  # the entry an indented line belongs to (DEAD, a comm)
-    entry_id: str | None = None
-
-    def entry_line(self, line: str, section: str) -> None:
-        stripped = line.strip()
-        if line and not line.startswith(" "):
-            self.block, self.entry_id = stripped, None
-            entry = _COMM_ENTRY.match(stripped)
-            if entry:
-                self.entry_id = f"#{entry.group(1)}-{entry.group(2)}"
-                self.hashes[self.entry_id] = "0x" + entry.group(3).lower()
-        elif self.block == "DEAD":
-            if m := _DEAD_COUNT.match(line):
-                self.dead_count = int(m.group(1))
-            if p := _PROCESS_LINE.match(line):
-                self.dead.append(DeadProcess(pid=int(p.group(1)), host=p.group(2)))
-        elif self.entry_id is not None and section == "Warnings":
-            op = _MISMATCH_OP.search(line)
-            what = op.group(1) if op else "status" if _MISMATCH_STATUS in line else None
-            if what is not None:
-                self.mismatches.setdefault(self.entry_id, []).append(what)
-
-    def communicators(self) -> tuple[Communicator, ...]:
-        """Each grouped row's comms, by the hash NCCL printed for their "#group-index", or by it."""
-        return tuple(
-            Communicator(
-                hash=self.hashes.get(f"#{group}-{idx}", f"#{group}-{idx}"),
-                secondary_hash="",
-                size=size,
-                ranks_count=None,
-                missing_ranks_count=None,
-                reported_mismatches=tuple(self.mismatches.get(f"#{group}-{idx}", ())),
-            )
-            for group, n_comms, size in self.groups
-            for idx in range(n_comms)
-        )
 
 
 def count_mismatches(comm: Communicator) -> dict[str, tuple[int, int]]:
