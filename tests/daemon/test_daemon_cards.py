@@ -277,8 +277,8 @@ def test_flags(tmp_path: Path) -> None:
     assert isinstance(sampler.source, ScriptedSource)
     assert (sampler.interval, sampler.window) == (0.25, 90.0)
     floors = sampler.floors
-    assert floors.default is not None and floors.default.bytes == 2 * GiB
-    assert floors.by_index[0].bytes == 3 * GiB and floors.by_uuid["GPU-x"].fraction == 0.05
+    assert floors.by_card[""].bytes == 2 * GiB
+    assert floors.by_card["0"].bytes == 3 * GiB and floors.by_card["GPU-x"].fraction == 0.05
     assert isinstance(sampler_of(parse([])).source, NvmlSource)
     with pytest.raises(ValueError, match=r"--device\.script"):
         sampler_of(parse(["--device.source=script"]))

@@ -424,8 +424,8 @@ def test_schema_accepts_what_the_daemon_accepts(chart: helm.Chart) -> None:
     args = container(objects(chart, values))["args"]
     parsed = build_parser(args).parse_args(args)
     floors = parsed.corridor_floor[0]
-    assert floors.by_index[0].bytes == 2 * 1024**3 and floors.by_index[2].bytes == 1073741824
-    assert floors.by_uuid[UUID].fraction == 1.0 and floors.default.fraction == 0.025
+    assert floors.by_card["0"].bytes == 2 * 1024**3 and floors.by_card["2"].bytes == 1073741824
+    assert floors.by_card[UUID].fraction == 1.0 and floors.by_card[""].fraction == 0.025
     assert parsed.sampler_interval == 90.0
 
 
@@ -528,9 +528,9 @@ def test_all_on_args_parse_as_set(chart: helm.Chart) -> None:
     # A large number from the values stays digits, as a person would write the flag.
     assert f"--corridor.floor=5%,0=2GiB,1=1610612736,{UUID}=1.5GB" in args
     floors = parsed.corridor_floor[0]
-    assert floors.default.fraction == 0.05
-    assert floors.by_index[0].bytes == 2 * 1024**3 and floors.by_index[1].bytes == 1610612736
-    assert floors.by_uuid[UUID].bytes == 1_500_000_000
+    assert floors.by_card[""].fraction == 0.05
+    assert floors.by_card["0"].bytes == 2 * 1024**3 and floors.by_card["1"].bytes == 1610612736
+    assert floors.by_card[UUID].bytes == 1_500_000_000
     assert (parsed.sampler_interval, parsed.sampler_window) == (0.25, 30.0)
     assert (parsed.holdings_interval, parsed.holdings_max_per_card) == (2.0, 8)
     assert parsed.collector_census is False and parsed.collector_holdings is True

@@ -262,16 +262,13 @@ class ScriptedSource:
         origin = f"simulated device script {self.path}"
         try:
             st = os.stat(self.path)
+            if (st.st_ino, st.st_size, st.st_mtime_ns) != self._stamp:
+                self._stamp, self._error = (st.st_ino, st.st_size, st.st_mtime_ns), None
+                self._cards = parse_script(self.path.read_text(), origin)
         except OSError as exc:
             self._stamp, self._cards, self._error = None, [], f"{origin}: {exc.strerror or exc}"
-        else:
-            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-            if stamp != self._stamp:
-                self._stamp = stamp
-                try:
-                    self._cards, self._error = parse_script(self.path.read_text(), origin), None
-                except (OSError, ValueError) as exc:
-                    self._cards, self._error = [], str(exc)
+        except ValueError as exc:
+            self._cards, self._error = [], str(exc)
         if self._error is not None:
             raise DeviceError(self._error)
         return [c.identity for c in self._cards]
@@ -279,10 +276,9 @@ class ScriptedSource:
     def _card(self, slot: int) -> ScriptedCard:
         if self._error is not None:
             raise DeviceError(self._error)
-        try:
-            card = self._cards[slot]
-        except IndexError:
-            raise DeviceError(f"simulated card slot {slot} is no longer scripted") from None
+        if slot >= len(self._cards):
+            raise DeviceError(f"simulated card slot {slot} is no longer scripted")
+        card = self._cards[slot]
         if card.fail is not None:
             raise DeviceError(f"simulated card {card.identity.index}: {card.fail}")
         return card

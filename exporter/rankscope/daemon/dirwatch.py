@@ -80,10 +80,9 @@ class DirWatch:
         if self._libc is None:
             return None
         now = time.monotonic()
-        names = self._drain() if self._wd >= 0 else None
-        if self._wd < 0:
+        names = self._drain() if self._wd >= 0 else None  # None: the watch was lost
+        if self._wd < 0:  # what changed before the new watch is unknown
             self._watch()
-            names = None  # what changed before the watch is unknown
         if names is None or now >= self._full_pass_at:
             self._full_pass_at = now + FULL_PASS_S
             return None

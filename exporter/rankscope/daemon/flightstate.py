@@ -175,9 +175,8 @@ class FlightState:
         self._running: dict[tuple[str, int, int | None], bool] | None = None  # alive()'s
 
     def refresh(self) -> bool:
-        """Reads what changed (only the files the watch names, or a full pass). False (and
-        ``error`` set) when the directory cannot be listed: a down source. One file that
-        cannot be read fails alone (``health().unreadable``)."""
+        """Reads what changed; False (and ``error`` set) when the directory cannot be listed.
+        One file that cannot be read fails alone (``health().unreadable``)."""
         with self._polling:
             try:
                 records = self._reader.poll(self.read_budget, self._watch.changes())
@@ -212,7 +211,6 @@ class FlightState:
             return True
 
     def health(self) -> FlightHealth:
-        """What readiness reports of the flight directory, from the last refresh."""
         with self._lock:
             missing = None if self._dir_seen else "no such directory"
             error = self.error if self.up is False else missing
@@ -245,11 +243,12 @@ class FlightState:
         exited: dict[RankProcess, float] = {}
         for p, last_wall in list(self._living.items()):
             pid = self._host_pid_locked(p)
-            if pid is not None and read_start_ticks(pid, self._proc) == p.start_ticks:
+            if pid is None:  # another PID namespace's, not found in /proc: never judged
+                del self._living[p]
+            elif read_start_ticks(pid, self._proc) == p.start_ticks:
                 self._living[p] = None  # running now: when it goes, it went then
-                continue
-            del self._living[p]  # pid None: another PID namespace's, never judged
-            if pid is not None:
+            else:
+                del self._living[p]
                 exited[p] = now if last_wall is None else min(now, now - (wall_now - last_wall))
         if exited:
             with self._lock:
@@ -296,8 +295,7 @@ class FlightState:
         return self._boots
 
     def view(self) -> FlightView:
-        """One copy shared by every reader until the state changes or a series' grace ends:
-        a scrape's collectors copy nothing."""
+        """One copy shared by every reader until the state changes or a series' grace ends."""
         with self._lock:
             now = time.monotonic()
             if self._view is not None and now < self._view[1]:
@@ -320,7 +318,6 @@ class FlightState:
             return view
 
     def boots(self) -> list[BootSummary]:
-        """Every boot the state holds, oldest first (what /api/v1/boots returns)."""
         with self._lock:
             return list(self._summaries())
 
@@ -347,13 +344,12 @@ class FlightState:
             )
 
     def alive(self) -> Mapping[tuple[str, int, int | None], bool]:
-        """Whether each process this daemon can see still runs, as of the last refresh (a
-        read-only view: a scrape asks each time, and a copy would cost a pass over them)."""
+        """Whether each process this daemon can see still runs, as of the last refresh."""
         with self._lock:
             return MappingProxyType(self._alive_locked())
 
     def _alive_locked(self) -> dict[tuple[str, int, int | None], bool]:
-        """Made again only when the streams or the exits changed (a scrape asks each time)."""
+        # Made again only when the streams or the exits changed: a scrape asks each time.
         if self._running is None:
             out: dict[tuple[str, int, int | None], bool] = {}
             for st in self._streams.values():
@@ -365,7 +361,6 @@ class FlightState:
         return self._running
 
     def host_pid(self, rec: Record) -> int | None:
-        """The host pid of the process that wrote ``rec``, as resolved at refresh."""
         return self.process_host_pid(rank_process(rec))
 
     def process_host_pid(self, p: RankProcess) -> int | None:
@@ -466,8 +461,7 @@ def _fold_live(folded: Line[CensusLive] | None, line: Line[CensusLive]) -> Line[
 def newest(
     streams: Iterable[StreamState], line: Callable[[StreamState], Line[B] | None]
 ) -> list[tuple[StreamState, Line[B]]]:
-    """Each stream's ``line`` where it has one, oldest first: keyed by labels, the newest
-    wins (a rank that restarted within one boot shows its newest process)."""
+    """Each stream's ``line`` where it has one, oldest first: keyed by labels, the newest wins."""
     found = [(st, got) for st in streams if (got := line(st)) is not None]
     return sorted(found, key=lambda pair: pair[1].header.wall)
 

@@ -3,13 +3,15 @@ the newest boot, and the provider is rebuilt when it changes."""
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rankscope import __version__, catalog
@@ -26,8 +28,6 @@ UCUM_UNITS = {"bytes": "By", "seconds": "s", "": ""}
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
 ENV_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"  # milliseconds, as the OTel spec has it
-
-Attributes = dict[str, str]
 
 
 def instrument_names(metric: catalog.Metric) -> list[tuple[str, str]]:
@@ -54,38 +54,6 @@ def default_interval() -> float:
     return 15.0
 
 
-class SampleCache:
-    """One collection shared by every instrument of one export, not one per callback."""
-
-    def __init__(self, collectors: TimedCollectors, max_age: float) -> None:
-        self.collectors = collectors
-        self.max_age = max_age
-        self._taken = -float("inf")
-        self._samples: dict[str, list[tuple[Attributes, float]]] = {}
-        self._lock = threading.Lock()
-
-    def samples(self, sample_name: str) -> list[tuple[Attributes, float]]:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._taken > self.max_age:
-                taken: dict[str, list[tuple[Attributes, float]]] = defaultdict(list)
-                for family in self.collectors.collect():
-                    for s in family.samples:
-                        # An empty label value is an absent label in Prometheus; OTel drops it too.
-                        attrs = {k: v for k, v in s.labels.items() if v != ""}
-                        taken[s.name].append((attrs, float(s.value)))
-                self._samples, self._taken = taken, now
-            return self._samples.get(sample_name, [])
-
-    def callback(self, sample_name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        from opentelemetry.metrics import Observation
-
-        def observe(_options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(value, attrs) for attrs, value in self.samples(sample_name)]
-
-        return observe
-
-
 class OtlpPusher:
     def __init__(
         self,
@@ -100,10 +68,28 @@ class OtlpPusher:
         self.endpoint = endpoint
         self.interval = interval
         self.host = socket.gethostname()
-        self._cache = SampleCache(collectors, max_age=min(1.0, interval / 2))
         self._provider: MeterProvider | None = None
         self._boot: str | None = None
         self._watcher = Periodic("rankscope-otlp", interval, self._watch)
+        self._lock = threading.Lock()
+        self._taken = -math.inf
+        self._samples: dict[str, list[Observation]] = {}
+
+    def _observe(self, sample_name: str, _options: CallbackOptions) -> list[Observation]:
+        """One collection serves every instrument of one export, not one per callback."""
+        from opentelemetry.metrics import Observation
+
+        with self._lock:
+            now = time.monotonic()
+            if now - self._taken > min(1.0, self.interval / 2):
+                taken: dict[str, list[Observation]] = defaultdict(list)
+                for family in self.collectors.collect():
+                    for s in family.samples:
+                        # An empty label value is an absent label in Prometheus; OTel drops it too.
+                        attrs = {k: v for k, v in s.labels.items() if v != ""}
+                        taken[s.name].append(Observation(float(s.value), attrs))
+                self._samples, self._taken = taken, now
+            return self._samples.get(sample_name, [])
 
     def start(self) -> None:
         self._boot = self.latest_boot()
@@ -147,9 +133,8 @@ class OtlpPusher:
                 else meter.create_observable_gauge
             )
             for name, sample_name in instrument_names(metric):
-                create(
-                    name, [self._cache.callback(sample_name)], unit=unit, description=metric.help
-                )
+                observe = functools.partial(self._observe, sample_name)
+                create(name, [observe], unit=unit, description=metric.help)
         return provider
 
     def _watch(self) -> None:

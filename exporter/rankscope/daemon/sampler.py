@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,22 +38,17 @@ class FloorValue:
 
 @dataclass(frozen=True)
 class Floors:
-    """``--corridor.floor``: a default for every card and overrides by index or uuid."""
+    """``--corridor.floor``: floors by card uuid or index ('0'), and '' for every other card."""
 
-    default: FloorValue | None = None
-    by_index: dict[int, FloorValue] = field(default_factory=dict)
-    by_uuid: dict[str, FloorValue] = field(default_factory=dict)
+    by_card: dict[str, FloorValue] = field(default_factory=dict)
 
     def for_card(self, card: CardIdentity) -> int | None:
-        value = self.by_uuid.get(card.uuid) or self.by_index.get(card.index) or self.default
+        keys = (card.uuid, str(card.index), "")
+        value = next((self.by_card[key] for key in keys if key in self.by_card), None)
         return None if value is None else value.resolve(card.total)
 
     def merged(self, other: Floors) -> Floors:
-        return Floors(
-            other.default or self.default,
-            {**self.by_index, **other.by_index},
-            {**self.by_uuid, **other.by_uuid},
-        )
+        return Floors({**self.by_card, **other.by_card})
 
 
 def parse_floor_value(text: str) -> FloorValue:
@@ -72,27 +66,19 @@ def parse_floor_value(text: str) -> FloorValue:
 
 def parse_floors(text: str) -> Floors:
     """'2GiB' (every card), '0=2GiB,GPU-abc=3GiB' (by index or uuid), '5%,1=4GiB'."""
-    default: FloorValue | None = None
-    by_index: dict[int, FloorValue] = {}
-    by_uuid: dict[str, FloorValue] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
+    by_card: dict[str, FloorValue] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.rpartition("=")
+        key = key.strip()
         try:
+            if sep and not key:
+                raise ValueError("empty card key before '='")
             floor = parse_floor_value(value)
         except ValueError as exc:
             detail = str(exc).removeprefix(f"{value!r}: ")  # the item already names it
             raise ValueError(f"corridor floor {item!r}: {detail}") from None
-        if not sep:
-            default = floor
-        elif re.fullmatch(r"\d+", key.strip()):
-            by_index[int(key)] = floor
-        elif key.strip():
-            by_uuid[key.strip()] = floor
-        else:
-            raise ValueError(f"corridor floor {item!r}: empty card key before '='")
-    return Floors(default, by_index, by_uuid)
+        by_card[str(int(key)) if key.isdecimal() else key] = floor
+    return Floors(by_card)
 
 
 @dataclass
@@ -144,7 +130,6 @@ class Sampler:
         floors: Floors | None = None,
         interval: float = 0.1,
         window: float = 15.0,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval <= 0 or window <= 0:
             raise ValueError("the sampler interval and window must be positive")
@@ -152,7 +137,6 @@ class Sampler:
         self.floors = floors or Floors()
         self.interval = interval
         self.window = window
-        self.clock = clock
         self.samples = 0
         self.duration_sum = 0.0
         self.source_errors = 0
@@ -172,7 +156,7 @@ class Sampler:
 
     def sample(self, now: float | None = None) -> None:
         started = time.perf_counter()
-        now = self.clock() if now is None else now
+        now = time.monotonic() if now is None else now
         if self._reopen_at is not None and now >= self._reopen_at:
             self._reopen(now)
         elif self._open:
@@ -306,8 +290,8 @@ class Sampler:
                     card.present, card.latest, card.holdings = False, None, None
                     card.window.clear()
             self._cards = cards
-        known = listed | {str(c.identity.index) for c in cards}
-        for key in [*map(str, self.floors.by_index), *self.floors.by_uuid]:
+        known = {"", *listed, *(str(c.identity.index) for c in cards)}
+        for key in self.floors.by_card:
             if key not in known:
                 log.warning("--corridor.floor names card %r, which the source does not list", key)
 
@@ -347,7 +331,7 @@ class Sampler:
             )
 
     def views(self, now: float | None = None) -> list[CardView]:
-        now = self.clock() if now is None else now
+        now = time.monotonic() if now is None else now
         cutoff = now - self.window
         out: list[CardView] = []
         with self._lock:
@@ -374,25 +358,23 @@ class Sampler:
         return out
 
 
-def backoff(previous: float, first: float, cap: float = MAX_BACKOFF_S) -> float:
-    """The next retry delay: ``first``, then doubling up to ``cap``."""
-    return min(max(previous * 2, first), cap)
+def backoff(previous: float, first: float) -> float:
+    """The next retry delay: ``first``, then doubling up to MAX_BACKOFF_S."""
+    return min(max(previous * 2, first), MAX_BACKOFF_S)
 
 
+@dataclass(eq=False)
 class Periodic:
     """Runs ``fn`` every ``interval`` seconds on a daemon thread; a run that starts late is
     an overrun, and the schedule restarts from now instead of bursting to catch up."""
 
-    def __init__(
-        self, name: str, interval: float, fn: Callable[[], object], stop_wait: float = 10.0
-    ) -> None:
-        self.name = name
-        self.interval = interval
-        self.fn = fn
-        self.stop_wait = stop_wait
-        self.overruns = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    name: str
+    interval: float
+    fn: Callable[[], object]
+    stop_wait: float = 10.0
+    overruns: int = field(default=0, init=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
 
     def start(self) -> None:
         if self._thread is not None:
