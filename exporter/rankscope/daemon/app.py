@@ -205,11 +205,10 @@ def cards_document(cards: Sampler | None, ooms: OomBook | None = None) -> dict[s
     if why is None and not cards.tried.is_set():
         why = "the device source has not been tried yet"
     latest = ooms.latest_by_uuid() if ooms is not None else {}
-    body = [{**_card(v), "last_oom": latest.get(v.identity.uuid)} for v in cards.views()]
-    return {"cards": body, "why": why}
+    return {"cards": [_card(v, latest.get(v.identity.uuid)) for v in cards.views()], "why": why}
 
 
-def _card(v: CardView) -> dict[str, Any]:
+def _card(v: CardView, last_oom: dict[str, Any] | None) -> dict[str, Any]:
     held = v.holdings
     return {
         "gpu": v.identity.index,
@@ -226,6 +225,7 @@ def _card(v: CardView) -> dict[str, Any]:
         # No holdings read yet: each of these unmeasured (None).
         **{k: getattr(held, k, None) for k in ("rank_resident", "foreign", "unattributed")},
         "processes": [h.as_json() for h in (held.processes if held else ())],
+        "last_oom": last_oom,
     }
 
 

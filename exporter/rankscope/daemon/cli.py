@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -144,9 +145,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
     flight_dir = Path(args.flight_dir)
     if flight_dir.exists() and not flight_dir.is_dir():
         raise NotADirectoryError(f"--flight-dir {flight_dir} is not a directory")
-    floors = Floors()
-    for spec in args.corridor_floor or ():
-        floors = floors.merged(spec)
+    floors = functools.reduce(Floors.merged, args.corridor_floor or (), Floors())
     return DaemonConfig(
         flight=FlightSection(
             flight_dir,
@@ -173,21 +172,18 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         collectors=frozenset(
             m.NAME for m in collectors.COLLECTORS if getattr(args, _switch(m.NAME), True)
         ),
-        options=_options(args),
+        options={
+            m.Options: _options(m.Options, args)
+            for m in collectors.COLLECTORS
+            if hasattr(m, "Options")
+        },
     )
 
 
-def _options(args: argparse.Namespace) -> dict[type[Any], Any]:
-    """Each collector's Options from its flags (a repeated flag's list as a tuple)."""
-    kinds = [m.Options for m in collectors.COLLECTORS if hasattr(m, "Options")]
-    return {
-        kind: kind(**{f.name: _frozen(getattr(args, f.name)) for f in dataclasses.fields(kind)})
-        for kind in kinds
-    }
-
-
-def _frozen(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+def _options(kind: type[Any], args: argparse.Namespace) -> Any:
+    """A collector's Options from its flags (a repeated flag's list as a tuple)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(kind)}
+    return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def build(args: argparse.Namespace) -> Daemon:

@@ -25,7 +25,6 @@ def parse_duration(text: str) -> float:
 
 
 def argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-
     def convert(text: str) -> Any:
         try:
             return parse(text)
@@ -72,11 +71,8 @@ _UNITS = {
 
 
 def parse_bytes(text: str | int) -> int:
-    """'2GiB', '1.5GB', '512Mi', '1048576' -> bytes (SI units of 1000, IEC of 1024)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"negative byte count {text}")
-        return text
+    """'2GiB', '1.5GB', '512Mi', '1048576' -> bytes (SI units of 1000, IEC of 1024); an int
+    as it is (exact below 2**53 bytes, 8 PiB)."""
     raw = str(text).strip()
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
     unit = raw[len(number) :].strip().lower()

@@ -37,10 +37,8 @@ def loggable(text: str) -> str:
 
 
 def _strict_head(buf: Any) -> h11.Request | None:
-    """h11's reader of a request head, refusing what h11 lets through: more than
-    MAX_HEADERS fields, a head over MAX_HEAD_BYTES that arrived in one piece, more than one
-    Content-Length (two fields or a list, even of equal values), Content-Length with
-    Transfer-Encoding, and a target that is not ASCII."""
+    """h11's reader of a request head, refusing what h11 lets through (a head that arrived
+    whole is not bound by h11; two Content-Lengths are refused even of equal values)."""
     pending = bytes(buf)
     request = maybe_read_from_IDLE_client(buf)
     if request is None:
@@ -104,6 +102,10 @@ class StrictH11Protocol(H11Protocol):
         self.idle_since = self.loop.time()
         super().on_response_complete()
 
+    @property
+    def peer(self) -> str:
+        return self.client[0] if self.client else "?"
+
     def waiting_for_head(self) -> bool:
         idle = self.cycle is None or self.cycle.response_complete
         return idle and self.conn.their_state is h11.IDLE
@@ -120,9 +122,7 @@ class StrictH11Protocol(H11Protocol):
     def _head_overdue(self) -> None:
         self._head_timer = None
         if self.waiting_for_head():
-            log.debug(
-                "http %s: no whole request head in %.0fs, closed", _peer(self), HEAD_DEADLINE_S
-            )
+            log.debug("http %s: no whole request head in %.0fs, closed", self.peer, HEAD_DEADLINE_S)
             self.transport.close()
 
     def _shed_one(self) -> None:
@@ -137,13 +137,9 @@ class StrictH11Protocol(H11Protocol):
                 "http: %d connections open, closed one from %s (idle or waiting for a "
                 "request head the longest)",
                 len(self.connections),
-                _peer(oldest),
+                oldest.peer,
             )
             oldest.transport.close()
-
-
-def _peer(protocol: H11Protocol) -> str:
-    return protocol.client[0] if protocol.client else "?"
 
 
 class RequestGuard:

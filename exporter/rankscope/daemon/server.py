@@ -24,7 +24,7 @@ from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.guard import HEAD_DEADLINE_S, RequestGuard, StrictH11Protocol
 from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
 from rankscope.daemon.registry import TimedCollectors
-from rankscope.daemon.sources import Poller, Sources
+from rankscope.daemon.sources import Sources
 from rankscope.reports.census import census_document
 from rankscope.reports.ledger import phases_document
 
@@ -59,13 +59,13 @@ def build(config: DaemonConfig) -> Daemon:
         except ssl.SSLError as exc:
             raise TLSError(f"TLS: {exc}") from None
         tls = app.tls_context()
-    otlp = None
     if otlp_configured(config.otlp.endpoint):
         interval = config.otlp.interval or default_interval()
-        otlp = OtlpPusher(
+        pusher = OtlpPusher(
             timed, state.latest_boot, endpoint=config.otlp.endpoint, interval=interval
         )
-    return Daemon(app, config.web.host, config.web.port, timed, sources, tls, otlp)
+        sources.pollers.append(pusher)  # started after the sources, stopped before them
+    return Daemon(app, config.web.host, config.web.port, timed, sources, tls)
 
 
 @dataclass
@@ -76,7 +76,6 @@ class Daemon:
     collectors: TimedCollectors
     sources: Sources
     tls: ssl.SSLContext | None = None  # the web config's: each connection gets the one in force
-    otlp: Poller | None = None
 
     def run(self, sock: socket.socket) -> int:
         """Serve on ``sock`` until SIGTERM or SIGINT; then stop serving, stop the threads, and
@@ -95,13 +94,9 @@ class Daemon:
         gc.freeze()
         self.sources.start()
         try:
-            if self.otlp is not None:
-                self.otlp.start()
             server.run(sockets=[sock])
         finally:
             sock.close()
-            if self.otlp is not None:
-                self.otlp.stop()
             self.sources.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -24,7 +24,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from rankscope.daemon.webconfig import WebConfig, WebConfigError, load_web_config
-from rankscope.daemon.webconfig_tls import LiveContext, stamp
+from rankscope.daemon.webconfig_tls import LiveContext
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -67,10 +67,6 @@ class BasicAuth:
         self.users = dict(users)
         self._accepted: dict[bytes, None] = {}
         self._lock = threading.Lock()
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.users)
 
     def _credentials(self, authorization: bytes | None) -> tuple[bytes, bytes | None, bytes]:
         """(a digest of the user, their hash and the password; the hash, None for no such
@@ -124,9 +120,9 @@ class Served:
         return cls(config, BasicAuth(config.users), headers, tls)
 
     def stamps(self, path: Path) -> tuple[tuple[int, int, int] | None, ...]:
-        """The web config's stamp and those of the TLS files it names."""
+        """When the web config and each TLS file it names last changed (None: unreadable)."""
         files = self.config.tls.files.values() if self.config.tls is not None else ()
-        return tuple(stamp(f) for f in (path, *files))
+        return tuple(_stamp(f) for f in (path, *files))
 
 
 class WebAuth:
@@ -173,7 +169,7 @@ class WebAuth:
                 message = {**message, "headers": [*message.get("headers", ()), *served.headers]}
             await send(message)
 
-        if served.auth.enabled and not await self._passes(served.auth, scope):
+        if served.auth.users and not await self._passes(served.auth, scope):
             challenge = {"WWW-Authenticate": 'Basic realm="rankscope"'}
             await PlainTextResponse("Unauthorized\n", 401, challenge)(scope, receive, with_headers)
             return
@@ -201,7 +197,7 @@ def _reloaded(path: Path, last: Served) -> Served:
             "web config %s changed but cannot be used, keeping the last good one: %s", path, exc
         )
         return last
-    if last.auth.enabled and not served.auth.enabled:
+    if last.auth.users and not served.auth.users:
         log.error(
             "web config %s changed: it has no basic_auth_users now; basic auth stays on with "
             "the last good config (restart the daemon to serve without auth)",
@@ -215,3 +211,13 @@ def _reloaded(path: Path, last: Served) -> Served:
         len(served.headers),
     )
     return served
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """When a file last changed, with its size and inode, so a rewrite within one tick of a
+    coarse clock or a file renamed over it (a Kubernetes secret's update) still shows."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino

@@ -26,11 +26,8 @@ ALLOWED_HEADERS: dict[str, tuple[str, ...] | None] = {
     "Content-Security-Policy": None,
 }
 _TOP_KEYS = ("tls_server_config", "http_server_config", "rate_limit", "basic_auth_users")
-_HTTP_KEYS = ("http2", "headers")
-_RATE_KEYS = ("burst", "interval")
 # A whole bcrypt hash: $2a$/$2b$/$2y$, a two-digit cost, 22 characters of salt and 31 of hash.
 _BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
-_BCRYPT_LENGTH = 60
 _PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
 
 
@@ -50,7 +47,7 @@ def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> W
     tls = parse_tls(reader, top.get("tls_server_config"), base_dir)
     _check_rate_limit(reader, top.get("rate_limit"))
     http_node = top.get("http_server_config")
-    http = reader.mapping(http_node, "http_server_config", _HTTP_KEYS)
+    http = reader.mapping(http_node, "http_server_config", ("http2", "headers"))
     # A null section is Go's zero value, http2 false; an absent one keeps the default.
     http2_default = http_node is None or not is_null(http_node)
     http2 = reader.boolean(http.get("http2"), "http_server_config.http2", http2_default)
@@ -95,8 +92,8 @@ def _users(reader: Reader, node: yaml.Node | None) -> dict[str, bytes]:
 def _bcrypt_problem(hashed: str) -> str | None:
     """Why ``hashed`` is not a whole bcrypt hash (Go refuses one that is too short and
     starts anyway with other damage, then refuses every password: refused here at once)."""
-    if len(hashed) != _BCRYPT_LENGTH:
-        return f"{len(hashed)} characters where bcrypt has {_BCRYPT_LENGTH} (cut or padded?)"
+    if len(hashed) != 60:
+        return f"{len(hashed)} characters where bcrypt has 60 (cut or padded?)"
     found = _BCRYPT.fullmatch(hashed)
     if found is None:
         return "expected $2a$, $2b$ or $2y$, a two-digit cost and 53 characters of [./A-Za-z0-9]"
@@ -132,7 +129,7 @@ def _headers(reader: Reader, node: yaml.Node | None) -> dict[str, str]:
 def _check_rate_limit(reader: Reader, node: yaml.Node | None) -> None:
     """Read as Go reads it; a limit that is on is refused, since the daemon has no rate
     limiter and serving without the limit the file asks for would protect less."""
-    raw = reader.mapping(node, "rate_limit", _RATE_KEYS)
+    raw = reader.mapping(node, "rate_limit", ("burst", "interval"))
     interval = reader.duration(raw.get("interval"), "rate_limit.interval")
     reader.integer(raw.get("burst"), "rate_limit.burst")
     # Go: an interval of 0 turns the limiter off; a negative one limits nothing.

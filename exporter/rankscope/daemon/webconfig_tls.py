@@ -12,8 +12,8 @@ import ssl
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 _CLIENT_AUTH_ALIASES = {"": "NoClientCert", "RequireClientCert": "RequireAnyClientCert"}
-# Keys whose presence turns TLS on in Go (TLSConfig.IsEnabled).
+# Keys whose presence turns TLS on in Go (TLSConfig.IsEnabled); the others are TLSConfig's.
 _ENABLING = (
     "cert",
     "key",
@@ -77,15 +77,6 @@ _ENABLING = (
     "key_file",
     "client_auth_type",
     "client_ca_file",
-)
-TLS_KEYS = (
-    *_ENABLING,
-    "cipher_suites",
-    "curve_preferences",
-    "min_version",
-    "max_version",
-    "prefer_server_cipher_suites",
-    "client_allowed_sans",
 )
 
 
@@ -114,7 +105,7 @@ class TLSConfig:
     def files(self) -> dict[str, Path]:
         """The files this config reads, by key."""
         keys = ("cert_file", "key_file", "client_ca_file")
-        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+        return {key: path for key in keys if (path := getattr(self, key)) is not None}
 
     def describe(self) -> str:
         """Where the certificate and key come from, for messages (never the inline PEM)."""
@@ -156,7 +147,15 @@ class TLSConfig:
             context.minimum_version = TLS_VERSIONS[self.min_version]
             context.maximum_version = TLS_VERSIONS[self.max_version]
         if self.cert_reqs != ssl.CERT_NONE:
-            self._load_client_ca(context)
+            ca = f"client_ca_file {self.client_ca_file}" if self.client_ca_file else "client_ca"
+            try:
+                if self.client_ca_file is not None:
+                    context.load_verify_locations(cafile=str(self.client_ca_file))
+                elif self.client_ca is not None:
+                    context.load_verify_locations(cadata=self.client_ca)
+            except ssl.SSLError as exc:
+                reason = exc.reason or exc
+                raise ssl.SSLError(f"{ca} holds no usable CA certificate: {reason}") from exc
         context.verify_mode = ssl.VerifyMode(self.cert_reqs)
         if self.cipher_suites:
             tls12 = [CIPHER_SUITES[name] for name in self.cipher_suites]
@@ -174,27 +173,9 @@ class TLSConfig:
             context.set_ecdh_curve(CURVES[self.curve_preferences[0]])
         return context
 
-    def _load_client_ca(self, context: ssl.SSLContext) -> None:
-        where = f"client_ca_file {self.client_ca_file}" if self.client_ca_file else "client_ca"
-        try:
-            if self.client_ca_file is not None:
-                context.load_verify_locations(cafile=str(self.client_ca_file))
-            elif self.client_ca is not None:
-                context.load_verify_locations(cadata=self.client_ca)
-        except ssl.SSLError as exc:
-            raise ssl.SSLError(
-                f"{where} holds no usable CA certificate: {exc.reason or exc}"
-            ) from exc
 
-
-def stamp(path: Path) -> tuple[int, int, int] | None:
-    """When a file last changed, with its size and inode, so a rewrite within one tick of a
-    coarse clock or a file renamed over it (a Kubernetes secret's update) still shows."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
+# The keys of tls_server_config: TLSConfig's fields, and one refused with a reason.
+TLS_KEYS = (*(f.name for f in fields(TLSConfig)), "client_allowed_sans")
 
 
 class LiveContext(ssl.SSLContext):
@@ -229,22 +210,21 @@ def _pem_path(path: Path | None, inline: str | None) -> Iterator[str]:
 
 def parse_tls(reader: Reader, node: yaml.Node | None, base_dir: Path) -> TLSConfig | None:
     """The TLS settings, None when the file asks for none."""
-    raw = reader.mapping(node, "tls_server_config", TLS_KEYS)
-    text = {k: reader.string(raw.get(k), f"tls_server_config.{k}") for k in _ENABLING}
+    where = "tls_server_config"
+    raw = reader.mapping(node, where, TLS_KEYS)
+    text = {k: reader.string(raw.get(k), f"{where}.{k}") for k in _ENABLING}
     if not any(text.values()):
         if raw:
             # Go serves plain HTTP here and ignores these settings; refusing keeps a file
             # that asked for TLS from being served without it.
             raise reader.error(
-                f"tls_server_config sets {', '.join(sorted(raw))} but no certificate: "
+                f"{where} sets {', '.join(sorted(raw))} but no certificate: "
                 "set cert_file and key_file (or cert and key)"
             )
         return None
-    where = "tls_server_config"
-    if not text["cert_file"] and not text["cert"]:
-        raise reader.error(f"{where}: missing one of cert or cert_file")
-    if not text["key_file"] and not text["key"]:
-        raise reader.error(f"{where}: missing one of key or key_file")
+    for pem in ("cert", "key"):
+        if not text[f"{pem}_file"] and not text[pem]:
+            raise reader.error(f"{where}: missing one of {pem} or {pem}_file")
     auth = _client_auth(reader, text)
     if reader.strings(raw.get("client_allowed_sans"), f"{where}.client_allowed_sans"):
         raise reader.error(
@@ -269,8 +249,8 @@ def parse_tls(reader: Reader, node: yaml.Node | None, base_dir: Path) -> TLSConf
         client_auth_type=auth,
         client_ca_file=_path(base_dir, text["client_ca_file"]),
         client_ca=None if text["client_ca_file"] else text["client_ca"] or None,
-        cipher_suites=_names(reader, raw.get("cipher_suites"), "cipher", CIPHER_SUITES),
-        curve_preferences=_names(reader, raw.get("curve_preferences"), "curve", CURVES),
+        cipher_suites=_names(reader, raw, "cipher_suites", "cipher", CIPHER_SUITES),
+        curve_preferences=_names(reader, raw, "curve_preferences", "curve", CURVES),
         min_version=versions[0],
         max_version=versions[1],
         prefer_server_cipher_suites=reader.boolean(
@@ -315,10 +295,10 @@ def _version(reader: Reader, node: yaml.Node | None, where: str, default: str) -
 
 
 def _names(
-    reader: Reader, node: yaml.Node | None, kind: str, known: dict[str, str | None] | dict[str, str]
+    reader: Reader, raw: dict[str, yaml.Node], key: str, kind: str, known: Mapping[str, object]
 ) -> tuple[str, ...]:
-    where = f"tls_server_config.{'cipher_suites' if kind == 'cipher' else 'curve_preferences'}"
-    names = reader.strings(node, where)
+    where = f"tls_server_config.{key}"
+    names = reader.strings(raw.get(key), where)
     for name in names:
         if name not in known:
             raise reader.error(f"unknown {kind}: {name!r} in {where} (known: {', '.join(known)})")

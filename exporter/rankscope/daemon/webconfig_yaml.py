@@ -18,17 +18,8 @@ _INT = "tag:yaml.org,2002:int"
 _TRUE = frozenset(["y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON"])
 _FALSE = frozenset(["n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF"])
 # Go's time.ParseDuration: a sequence of decimal numbers, each with a unit.
-_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class WebConfigError(ValueError):
@@ -133,6 +124,7 @@ def go_duration(text: str) -> float | None:
     """Seconds of a Go duration string, None when Go's time.ParseDuration refuses it."""
     sign = -1.0 if text.startswith("-") else 1.0
     body = text[1:] if text[:1] in "+-" else text
+    body = body.replace("µ", "u").replace("μ", "u")  # Go takes either micro sign for us
     if body == "0":
         return 0.0
     if not body or _DURATION_PART.sub("", body):
