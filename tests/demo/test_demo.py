@@ -229,7 +229,7 @@ def test_demo_routing_points_every_integration_at_the_receiver(tmp_path: Path) -
 
 
 def test_the_shipped_routing_and_rules_serve_the_scenarios(tmp_path: Path) -> None:
-    example, _origin = alerting.example_routing()
+    example = alerting.example_routing()
     cfg = tmp_path / "am.yml"
     cfg.write_text(alerting.demo_routing(example, "http://127.0.0.1:9/hook"))
     check = subprocess.run(

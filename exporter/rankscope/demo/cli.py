@@ -27,7 +27,6 @@ from rankscope.demo.view import View, gib
 GPU_FLOOR = 8 * GiB
 DEFAULT_PORT = 19400  # the daemon's own default, so the status page is where a user expects
 MAX_RANKS = 8  # one host's cards
-JUDGED_BY_API = "The scenarios run, and each is judged by what the daemon's API shows instead"
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
@@ -121,16 +120,13 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def gpu_present() -> bool:
+def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -> list[Result]:
     try:
         import torch
+
+        gpu = bool(torch.cuda.is_available())
     except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
-def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -> list[Result]:
-    gpu = gpu_present()
+        gpu = False
     floor = GPU_FLOOR if gpu else FLOOR
     flight_dir = workdir / "flight"
     flight_dir.mkdir()
@@ -176,18 +172,16 @@ def start_alerting(
     prometheus_bin = services.find_binary(services.PROMETHEUS_NAMES)
     alertmanager_bin = services.find_binary(services.ALERTMANAGER_NAMES)
     if not (prometheus_bin and alertmanager_bin):
-        installed = "are not both installed (scripts/demo.sh installs them)"
-        view.line(f"no pages: prometheus and prometheus-alertmanager {installed}. {JUDGED_BY_API}")
-        return None
-    try:
-        example, origin = alerting.example_routing()
-    except FileNotFoundError as exc:
-        view.line(f"no pages: {exc}. {JUDGED_BY_API}")
+        view.line(
+            "no pages: prometheus and prometheus-alertmanager are not both installed "
+            "(scripts/demo.sh installs them). The scenarios run, and each is judged by what "
+            "the daemon's API shows instead"
+        )
         return None
     rule_file = workdir / "rankscope.rules.yml"
     rule_file.write_text(alerting.rules_text())
     receiver = stack.enter_context(services.webhook_receiver())
-    routing = alerting.demo_routing(example, receiver.url)
+    routing = alerting.demo_routing(alerting.example_routing(), receiver.url)
     am = stack.enter_context(
         services.alertmanager(alertmanager_bin, workdir / "alertmanager", routing)
     )
@@ -202,7 +196,7 @@ def start_alerting(
     )
     view.line(
         f"prometheus: {prom.url} (the shipped rules, `for:` shortened for the demo); "
-        f"alertmanager: {am.url} (routing from {origin}); pages arrive at {receiver.url}"
+        f"alertmanager: {am.url} (routing from {alerting.EXAMPLE_ORIGIN}); pages arrive at {receiver.url}"
     )
     return receiver
 

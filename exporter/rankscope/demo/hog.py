@@ -48,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         signal.pause()  # SIGTERM from the demo ends it
     else:
         time.sleep(args.hold)
-    del block
     return 0
 
 

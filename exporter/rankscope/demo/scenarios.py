@@ -235,8 +235,7 @@ class ScenarioRun:
         rank_pids = {proc.pid for proc in self.ranks.values()}
         for rec in reader.poll():
             h, body = rec.header, rec.body
-            rank = h.rank
-            if h.boot != self.boot or rank is None:
+            if h.boot != self.boot or (rank := h.rank) is None:
                 continue
             if isinstance(body, Mark):
                 reached.setdefault((rank, h.pid), []).append(body.phase)
@@ -311,7 +310,7 @@ class ScenarioRun:
             return
         served = ", ".join(f"r{r}:{n}" for r, n in sorted(self.rounds.items())) or "none yet"
         self.view.line(f"rounds served (latest census snapshot per rank): {served}")
-        self.view.block(card_lines(cards, self.worst_free, self.breaches_before))
+        self.view.line(*card_lines(cards, self.worst_free, self.breaches_before))
         try:
             census: dict[str, Any] = self.stack.daemon.get(f"/api/v1/census?boot={self.boot}")
         except Exception as exc:
@@ -323,7 +322,7 @@ class ScenarioRun:
             self.shown.add(alerting.CENSUS_SKEW)
         else:
             self.shown.discard(alerting.CENSUS_SKEW)
-        self.view.block(census_summary(census))
+        self.view.line(*census_summary(census))
 
     def run(self) -> None:
         s, world = self.scenario, self.stack.ranks
@@ -350,8 +349,7 @@ class ScenarioRun:
 
     def serve(self, reader: FlightReader) -> list[int]:
         """Follow the ranks until they all ended; the ranks the demo had to stop."""
-        started = time.monotonic()
-        last_summary = last_observed = started
+        started = last_summary = last_observed = time.monotonic()
         first_done: float | None = None
         while any(p.poll() is None for p in self.ranks.values()):
             self.follow(reader)

@@ -23,13 +23,10 @@ class View:
         self.out = out or sys.stdout
         self.t0 = time.monotonic()
 
-    def line(self, text: str) -> None:
-        self.out.write(f"[{time.monotonic() - self.t0:6.1f}s] {text}\n")
+    def line(self, *texts: str) -> None:
+        stamp = f"[{time.monotonic() - self.t0:6.1f}s]"
+        self.out.writelines(f"{stamp} {text}\n" for text in texts)
         self.out.flush()
-
-    def block(self, lines: list[str]) -> None:
-        for text in lines:
-            self.line(text)
 
     def banner(self, text: str) -> None:
         self.out.write(f"\n=== {text} ===\n")

@@ -132,8 +132,6 @@ def join(rank: int, world: int, tp: int) -> Placement:
     tp_groups = [
         dist.new_group(list(range(s * tp, s * tp + tp)), timeout=tp_timeout) for s in range(stages)
     ]
-    # A no-op under `rankscope run`; keeps the census when the workload runs on its own.
-    census.instrument_torch_distributed()
     for group in tp_groups:
         census.name_group(group, "tp")  # "tp:2-3" rather than torch's "pg2:2-3"
     census.enable_comparison(timeout_s=30.0)
@@ -154,7 +152,6 @@ def boot(at: Placement, args: argparse.Namespace) -> tuple[Callable[..., Any], K
     import torch.distributed as dist
 
     from rankscope import probe
-    from rankscope.rank import auto
 
     device, cuda = at.device, at.device.type == "cuda"
     # Marked before touching the GPU: until then the daemon can only call its memory foreign.
@@ -180,17 +177,12 @@ def boot(at: Placement, args: argparse.Namespace) -> tuple[Callable[..., Any], K
         return x[:, at.tp_rank * shard : (at.tp_rank + 1) * shard] @ weight
 
     local_step = local
-    if cuda:
-        auto_marks = auto.is_armed()  # capture marks come from `rankscope run` when armed
-        if not auto_marks:
-            probe.mark("capture_begin")
+    if cuda:  # the capture's marks come from `rankscope run`'s arming
         graph = torch.cuda.CUDAGraph()
         static_out = local(x_in)  # warm-up outside the capture, as frameworks do
         with torch.cuda.graph(graph):
             static_out = local(x_in)
         torch.cuda.synchronize()
-        if not auto_marks:
-            probe.mark("capture_end")
 
         def local_step(x: Any) -> Any:
             x_in.copy_(x)

@@ -345,20 +345,16 @@ def rank_state(state: _Rank, alive: bool | None) -> str:
     return STALLED if state.blocked_in is not None else RUNNING
 
 
-def _blocked_json(rank: int, blocked: BlockedIn | None) -> dict[str, Any] | None:
-    if blocked is None:
-        return None
-    op = None if blocked.op is None else report_op_name(rank, blocked.op)
-    return {"group": blocked.group, "op": op, "seq": blocked.seq, "since": blocked.since}
-
-
 def _rank_summary(state: _Rank, alive_of: Alive) -> dict[str, Any]:
     last_round = max(state.snapshots) if state.snapshots else None
     host, pid, start_ticks = state.process or (None, None, None)
     alive = alive_of(host, pid, start_ticks, state.pidns)
     status = rank_state(state, alive)
     latest = state.snapshots[last_round].counts if last_round is not None else None
-    blocked = state.blocked_in if status in (STALLED, DEAD) else None
+    blocked_in: dict[str, Any] | None = None
+    if (blocked := state.blocked_in) is not None and status in (STALLED, DEAD):
+        op = None if blocked.op is None else report_op_name(state.rank, blocked.op)
+        blocked_in = {"group": blocked.group, "op": op, "seq": blocked.seq, "since": blocked.since}
     return {
         "rank": state.rank,
         "host": host,
@@ -366,7 +362,7 @@ def _rank_summary(state: _Rank, alive_of: Alive) -> dict[str, Any]:
         "start_ticks": start_ticks,
         "state": status,
         "alive": alive,
-        "blocked_in": _blocked_json(state.rank, blocked),
+        "blocked_in": blocked_in,
         "last_progress_wall": _progress_wall(state),
         "snapshots": len(state.snapshots),
         "last_round": last_round,
