@@ -46,7 +46,7 @@ def test_value_reference_prints_numbers_through_the_helper() -> None:
 
 
 def test_template_never_opens_an_action_at_a_promql_brace() -> None:
-    template = helm.prometheusrule_template()
+    template = helm.rule_groups()
     assert "{{{" not in template and "}}}" not in template.replace("}}`}}", "")
     assert "{ {{- .Values.prometheusRule.config.selector -}} }" in template
     # Every config key is referenced, none is left as a literal default.

@@ -48,18 +48,13 @@ def unrecognized(
     options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
     by_name = {"--" + o.rsplit(".", 1)[1]: o for o in options if "." in o}
     by_name.update({o: o for o in options})  # a flag's own name before another's last part
-    hints = []
-    for arg in unknown:
-        flag = arg.split("=", 1)[0]
-        if not flag.startswith("-"):
-            continue
-        meant = synonyms.get(flag) or next(
-            iter(difflib.get_close_matches(flag, by_name, n=1, cutoff=0.6)), None
-        )
-        if meant is not None:
-            hints.append(f"{flag}: did you mean {by_name.get(meant, meant)}?")
     message = "unrecognized arguments: " + " ".join(unknown)
-    return message + "".join(f"\n  {hint}" for hint in hints)
+    for flag in (arg.split("=", 1)[0] for arg in unknown if arg.startswith("-")):
+        close = difflib.get_close_matches(flag, by_name, n=1, cutoff=0.6)
+        meant = synonyms.get(flag) or (close[0] if close else None)
+        if meant is not None:
+            message += f"\n  {flag}: did you mean {by_name.get(meant, meant)}?"
+    return message
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TextIO
 
 from rankscope.cli.common import NA, add_boot, add_flight_dir, open_flight, print_json, when
 from rankscope.daemon.paging import MAX_LIMIT
@@ -40,7 +39,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     every = open_flight(args, all_boots=True)
-    chosen = every and open_flight(args, boot=args.boot)
+    chosen = None if every is None else open_flight(args, boot=args.boot)
     if every is None or chosen is None:
         return 2
     # Holders are named against every boot's records: a rank of an older boot that still
@@ -66,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
             doc["sampler"] = [o.as_json() for o in sampled]
         print_json(doc)
     else:
-        print_events(events, sampled or [], chosen.boot, sys.stdout)
+        print_events(events, sampled or [], chosen.boot)
     return 1 if args.daemon and sampled is None else 0
 
 
@@ -169,12 +168,9 @@ def sampler_line(o: SamplerOom) -> str:
     return head + "  holders: " + ("; ".join(held(h) for h in o.holders) or "none")
 
 
-def print_events(
-    events: list[OomEvent], sampled: list[SamplerOom], boot: str | None, out: TextIO
-) -> None:
+def print_events(events: list[OomEvent], sampled: list[SamplerOom], boot: str | None) -> None:
     if not events and not sampled:
-        out.write(f"no OOM recorded for boot {boot}\n" if boot else "no OOM recorded\n")
-        return
+        print(f"no OOM recorded for boot {boot}" if boot else "no OOM recorded")
     lines = [(e.wall, line(e)) for e in events] + [(o.wall, sampler_line(o)) for o in sampled]
     for _, text in sorted(lines, key=lambda wl: wl[0]):
-        out.write(text + "\n")
+        print(text)

@@ -1,7 +1,4 @@
-"""The rule file, assembled from the areas in rankscope.mixin.alerts.
-
-``build(config)`` returns the rule-file document (``{"groups": [...]}``).
-"""
+"""The rule file (``{"groups": [...]}``), assembled from the areas in rankscope.mixin.alerts."""
 
 from __future__ import annotations
 
@@ -17,11 +14,9 @@ ALERTING_GROUP = "rankscope.alerts"
 # The census rules in a group of their own: evaluated concurrently with the others, so their
 # cost at fleet scale never delays the corridor rules or the alerts.
 CENSUS_GROUP = "rankscope.census"
-# The alerts whose `for:` is minutes, in a group evaluated every `slowAlertsInterval`:
-# Prometheus expands every label and annotation template of every active alert at every
-# evaluation of its group (rules/alerting.go, AlertingRule.Eval), so a condition present on
-# every card of a fleet costs its group that much each time, and these need no 15 s
-# resolution (docs/performance.md).
+# The alerts whose `for:` is minutes, evaluated every `slowAlertsInterval`: Prometheus expands
+# every template of every active alert at each evaluation of its group (AlertingRule.Eval), a
+# cost at fleet scale that these need not pay every 15 s (docs/performance.md).
 SLOW_ALERTING_GROUP = "rankscope.alerts.slow"
 
 

@@ -1,12 +1,9 @@
-"""The alerting and recording rules, one module per area.
+"""The alerting and recording rules, one module per area: its ``ALERTS`` and its ``RECORDING``
+(name -> expression), which rankscope.mixin.rules assembles into groups.
 
-Each area module (corridor, census, nccl, oom, exporter) declares its ``ALERTS`` and, where it
-records series of its own, its ``RECORDING`` (name -> expression); rankscope.mixin.rules
-renders them for a config and assembles the groups. Expressions are templates of config keys
-(``{selector}``) whose values are pasted in as text, so the Helm sync can pass template
-references instead of numbers. Annotations use Prometheus's own templating only, never config
-values, so they survive any renderer unchanged. Every metric named here is in
-rankscope.catalog (a test checks).
+Expressions are templates of config keys (``{selector}``) pasted in as text, so the Helm sync
+can pass template references; annotations use Prometheus's templating only, never config
+values, so they survive any renderer unchanged.
 """
 
 from __future__ import annotations
