@@ -62,11 +62,21 @@ class Comparator:
         if self.failed is None:
             self._queue.put_nowait((round_, counts))
 
-    def close(self, timeout: float = 5.0) -> bool:
-        """Stop after the rounds already submitted; True when the thread has ended."""
+    def close(self, timeout: float) -> bool:
+        """Stop after the rounds already submitted; True when the thread has ended, and the
+        group this comparator created is destroyed (freed at the interpreter's teardown, it
+        aborts)."""
         self._queue.put_nowait(None)
         self._thread.join(timeout)
-        return not self._thread.is_alive()
+        if self._thread.is_alive():
+            return False
+        if self.own_group and self.group is not None:
+            try:
+                self.dist.destroy_process_group(self.group)
+            except Exception as exc:
+                log.info("rankscope census: the comparison group was not destroyed: %r", exc)
+            self.group = None
+        return True
 
     def _run(self) -> None:
         GUARD.depth = 1  # this thread's own gathers are not the job's collectives
@@ -86,7 +96,7 @@ class Comparator:
                 )
                 return
 
-    def compare_round(self, round_: int, counts: dict[Key, int]) -> list[Entry]:
+    def compare_round(self, round_: int, counts: dict[Key, int]) -> None:
         mine = {"rank": self.rank, "round": round_, "counts": encode_counts(counts)}
         gathered = [
             json.loads(raw)
@@ -98,25 +108,20 @@ class Comparator:
             log.warning(
                 "rankscope census: ranks reported different rounds %s; not compared", sorted(rounds)
             )
-            return []
+            return
         per_rank = {
             int(g["rank"]): {(grp, op): int(n) for grp, op, n in g["counts"]} for g in gathered
         }
-        entries = compare_ranks(per_rank)
         self.compared += 1
-        self._report(round_, entries)
-        return [e for e in entries if e["divergent"]]
-
-    def _report(self, round_: int, entries: list[Entry]) -> None:
-        """Log a divergence when it appears or changes, record it each round it lasts, and
-        record (with no lagging rank) the round at which the counts agree again."""
-        for entry in entries:
+        # Log a divergence when it appears or changes, record it each round it lasts, and
+        # record (with no lagging rank) the round at which the counts agree again.
+        for entry in compare_ranks(per_rank):
             key = (entry["group"], entry["op"])
-            counts = entry["counts"]
+            tally = entry["counts"]
             if entry["divergent"]:
                 self.divergences.append((round_, entry))
-                top = max(counts.values())
-                signature = (tuple(entry["lagging"]), tuple(top - n for n in counts.values()))
+                top = max(tally.values())
+                signature = (tuple(entry["lagging"]), tuple(top - n for n in tally.values()))
                 if self._signatures.get(key) != signature:
                     self._signatures[key] = signature
                     log.warning(
@@ -128,10 +133,9 @@ class Comparator:
             else:
                 continue
             # The lowest member records it, so each group's divergence lands on its host.
-            if RECORDER.armed and min(int(r) for r in counts) == self.rank:
-                by_rank = {int(r): n for r, n in counts.items()}
-                lagging = tuple(entry["lagging"])
-                RECORDER.write_record(Divergence(round_, *key, by_rank, lagging))
+            by_rank = {int(r): n for r, n in tally.items()}
+            if RECORDER.armed and min(by_rank) == self.rank:
+                RECORDER.write_record(Divergence(round_, *key, by_rank, tuple(entry["lagging"])))
 
 
 def gather_bytes(dist: Any, group: Any, data: bytes) -> list[bytes]:
@@ -192,44 +196,23 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
 
 def disable_comparison(timeout: float = 5.0) -> None:
     """Stop after the rounds submitted; a gather still running after ``timeout`` ends at exit."""
-    comparator = _detach()
-    if comparator is not None:
-        _close(comparator, timeout)
-
-
-def _detach() -> Comparator | None:
     global _active
     comparator, _active = _active, None
     snapshots.STATE.on_snapshot = None
-    return comparator
+    if comparator is not None and not comparator.close(timeout):
+        _unfinished.append(comparator)
 
 
 _unfinished: list[Comparator] = []  # closed, but their thread was still in a gather
 
 
-def _close(comparator: Comparator, timeout: float) -> bool:
-    if not comparator.close(timeout):
-        if comparator not in _unfinished:
-            _unfinished.append(comparator)
-        return False
-    if comparator in _unfinished:
-        _unfinished.remove(comparator)
-    if comparator.own_group:
-        try:
-            comparator.dist.destroy_process_group(comparator.group)
-        except Exception as exc:
-            log.info("rankscope census: the comparison group was not destroyed: %r", exc)
-        comparator.group = None  # freed now: freed at the interpreter's teardown, it aborts
-    return True
-
-
 def _stop_at_exit() -> None:
     """Before torch tears down (a thread left in a gloo call then aborts the process), wait
     for the submitted rounds as long as one gather may take (the group's timeout at worst)."""
-    active = _detach()
-    for comparator in [*([active] if active else []), *_unfinished]:
+    disable_comparison(timeout=0.0)  # the active comparator joins the unfinished
+    for comparator in _unfinished:
         wait = comparator.timeout_s + 5.0
-        if not _close(comparator, wait):
+        if not comparator.close(wait):
             log.warning(
                 "rankscope census: the comparison thread is still in a gather after %.0f s; "
                 "a peer is probably gone",

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 import weakref
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, MutableMapping
 from typing import Any
 
 from rankscope.rank.census import counts as _counts
@@ -20,8 +20,6 @@ log = logging.getLogger("rankscope.census")
 
 # Per captured graph: its name, and what one replay counts with the replays so far.
 Captured = tuple[str, GraphCounts]
-# Graph objects are held weakly (a dropped graph must free its pool); plain keys (a batch
-# size, a name) strongly until forget().
 _weak: weakref.WeakKeyDictionary[Any, Captured] = weakref.WeakKeyDictionary()
 _strong: dict[Hashable, Captured] = {}
 _open: dict[Hashable, tuple[str, dict[Key, int]]] = {}  # key -> (name, counts at begin)
@@ -29,19 +27,14 @@ _captured = 0
 unknown_replays = 0
 
 
-def _lookup(key: Any) -> Captured | None:
+def _table(key: Any) -> MutableMapping[Any, Captured]:
+    """Where ``key``'s entry lives: a graph object weakly (a dropped graph must free its pool),
+    a plain key (a batch size, a name) strongly until forget()."""
     try:
-        found = _weak.get(key)
-    except TypeError:  # not weakly referenceable: a plain key
-        found = None
-    return found if found is not None else _strong.get(key)
-
-
-def _store(key: Any, entry: Captured) -> None:
-    try:
-        _weak[key] = entry
+        weakref.ref(key)
     except TypeError:
-        _strong[key] = entry
+        return _strong
+    return _weak
 
 
 def begin_capture(key: Any, name: str | None = None) -> None:
@@ -68,7 +61,7 @@ def end_capture(key: Any) -> GraphCounts | None:
         now = _counts.snapshot()
         delta = {k: n - before.get(k, 0) for k, n in now.items() if n != before.get(k, 0)}
         entry = GraphCounts(delta, 0)
-        _store(key, (name, entry))
+        _table(key)[key] = (name, entry)
         return entry
     except Exception as exc:
         log.warning("rankscope census: capture of %r not tracked: %r", key, exc)
@@ -99,12 +92,11 @@ def replay(key: Any, n: int = 1) -> None:
     if not _counts.ARMED:
         return
     try:
-        found = _lookup(key)
+        found = _table(key).get(key)
         if found is None:
             unknown_replays += n
             return
-        entry = found[1]
-        table = _counts.COUNTS
+        entry, table = found[1], _counts.COUNTS
         for k, per_replay in entry.counts.items():
             table[k] += per_replay * n
         entry.replays = (entry.replays or 0) + n
@@ -114,9 +106,7 @@ def replay(key: Any, n: int = 1) -> None:
 
 def forget(key: Any) -> None:
     """Drop what is known of graph ``key`` (a plain key is otherwise kept for good)."""
-    with contextlib.suppress(TypeError):
-        _weak.pop(key, None)
-    _strong.pop(key, None)
+    _table(key).pop(key, None)
 
 
 def graph_counts() -> dict[str, GraphCounts]:

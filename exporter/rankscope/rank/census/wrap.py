@@ -1,11 +1,8 @@
 """Counting named methods of a framework's coordinator class (SGLang's or vLLM's
-GroupCoordinator), given how to read the group instance from ``self``. The thread-local
-guard is shared with the torch.distributed patch: a counted call reaching another counted
-call on the same thread counts once, under the outermost name. A call that raises is not
-counted (its count is taken back). Under torch.compile a traced call counts through a
-registered custom op, ``rankscope::census_count``, which the compiled graph runs on every
-call (docs/integrations.md).
-"""
+GroupCoordinator). The thread-local guard, shared with the torch.distributed patch, counts
+nested counted calls once, under the outermost name; a call that raises is taken back. Traced
+by torch.compile, a call counts through the custom op ``rankscope::census_count``, which the
+compiled graph runs on every call (docs/integrations.md)."""
 
 from __future__ import annotations
 
@@ -115,8 +112,7 @@ def compiling_check() -> Callable[[], bool]:
     """torch.compiler.is_compiling of the torch this process imported (a constant to dynamo,
     so a wrapper branching on it traces only its compiled branch); without torch, False."""
     compiler = getattr(sys.modules.get("torch"), "compiler", None)
-    check: Callable[[], bool] = getattr(compiler, "is_compiling", _not_compiling)
-    return check
+    return getattr(compiler, "is_compiling", _not_compiling)
 
 
 # Set once torch._dynamo is imported (in a process that never compiles, registering the op
@@ -196,8 +192,6 @@ def _method_wrapper(
     group_of: GroupOf,
     count_traced: Callable[[Any], None] | None,
 ) -> Callable[..., Any]:
-    namer = op if callable(op) else None
-    fixed_op = op if isinstance(op, str) else ""
     compiling = compiling_check()
 
     @functools.wraps(original)
@@ -208,23 +202,21 @@ def _method_wrapper(
             return original(self, *args, **kwargs)
         if GUARD.depth:
             return original(self, *args, **kwargs)
-        GUARD.depth = 1
+        GUARD.depth, key = 1, None
         try:
-            key = None
             try:
                 group = group_of(self)
-                name = namer(self, args, kwargs) if namer is not None else fixed_op
+                name = op if isinstance(op, str) else op(self, args, kwargs)
                 if group is not None and name is not None:
                     key = (group, name)
                     _counts.count(group, name)
             except Exception as exc:  # a naming failure costs a count, never the call
                 _counts._count_failed(original.__name__, op, exc)
-            try:
-                return original(self, *args, **kwargs)
-            except BaseException:
-                if key is not None:  # a call that raised did not happen: take it back
-                    _counts.count(*key, -1)
-                raise
+            return original(self, *args, **kwargs)
+        except BaseException:
+            if key is not None:  # a call that raised did not happen: take it back
+                _counts.count(*key, -1)
+            raise
         finally:
             GUARD.depth = 0
 
