@@ -27,8 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "exporter"))
 
 from rankscope.rank.adapters import ADAPTERS  # noqa: E402
-from rankscope.rank.adapters.manifest import MANIFEST_PATH  # noqa: E402
-from rankscope.rank.adapters.source import extract, module_path, wanted  # noqa: E402
+from rankscope.rank.adapters.manifest import (  # noqa: E402
+    MANIFEST_PATH,
+    extract,
+    module_path,
+    wanted,
+)
 
 # One wheel per version whatever interpreter runs this script (SGLang publishes one per
 # CPython version, with the same Python source): CPython 3.11 on x86-64 Linux.

@@ -19,8 +19,7 @@ import pytest
 from tests.support.services import free_port
 
 from rankscope.rank.adapters import ADAPTERS
-from rankscope.rank.adapters.manifest import check_point
-from rankscope.rank.adapters.source import extract, module_path, wanted
+from rankscope.rank.adapters.manifest import check_point, extract, module_path, wanted
 from rankscope.record import AdapterFailure, AdapterStatus, of_kind
 from rankscope.record.reader import read_flight
 from rankscope.reports.census import census_document

@@ -11,9 +11,8 @@ import re
 import pytest
 
 from rankscope.rank.adapters import ADAPTERS
-from rankscope.rank.adapters.manifest import check, load
+from rankscope.rank.adapters.manifest import check, extract, load
 from rankscope.rank.adapters.points import HookPoint
-from rankscope.rank.adapters.source import extract
 
 MANIFEST = load()
 BY_NAME = {a.framework: a for a in ADAPTERS}

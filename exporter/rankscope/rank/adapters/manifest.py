@@ -1,9 +1,9 @@
-"""The check of the adapters' hook points against the manifest: what the real source of each
-checked framework version defines at the places the adapters use. scripts/adapter-manifest.py
-extracts it from the released wheels into ``manifest.json`` (beside this file);
-tests/rank/test_adapters_manifest.py runs :func:`check` on it. The same check runs at run
-time for an installed version that is not a checked one, against the framework's own source
-read with ``ast`` (nothing of it imported): :func:`first_problem`. Manifest shape::
+"""The adapters' hook points against the frameworks' real source, read with ``ast`` (nothing
+of it imported). scripts/adapter-manifest.py runs :func:`extract` on the released wheels of
+each checked version to write ``manifest.json`` (beside this file), which
+tests/rank/test_adapters_manifest.py checks with :func:`check`. At run time, a version that is
+not a checked one is checked the same way against its installed source: :func:`first_problem`.
+Manifest shape::
 
     {"frameworks": {"sglang": {"0.5.23": {
         "wheel": {"file": ..., "sha256": ...},
@@ -19,24 +19,113 @@ read with ``ast`` (nothing of it imported): :func:`first_problem`. Manifest shap
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.metadata
 import json
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rankscope.rank.adapters.points import Adapter, HookPoint
-from rankscope.rank.adapters.source import Params, extract, module_path, wanted
 
 MANIFEST_PATH = Path(__file__).with_name("manifest.json")
+ENV_ADAPTERS = "RANKSCOPE_ADAPTERS"
+CHECKED_ONLY = "checked-only"
+
+Params = list[list[str]]
+
+
+# --- reading the source ----------------------------------------------------------------------
+
+
+def _params(args: ast.arguments, *, method: bool) -> Params:
+    out: Params = [[a.arg, "positional_only"] for a in args.posonlyargs]
+    out += [[a.arg, "positional"] for a in args.args]
+    if method and out:
+        out = out[1:]  # self (or cls)
+    if args.vararg is not None:
+        out.append([args.vararg.arg, "var_positional"])
+    out += [[a.arg, "keyword_only"] for a in args.kwonlyargs]
+    if args.kwarg is not None:
+        out.append([args.kwarg.arg, "var_keyword"])
+    return out
+
+
+def _self_attributes(cls: ast.ClassDef) -> set[str]:
+    """What the class assigns: ``self.x`` anywhere in it, and names in its own body."""
+    names = {
+        node.attr
+        for node in ast.walk(cls)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
+    for stmt in cls.body:  # class-level names and annotations
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def extract(
+    source: str, members: Mapping[str, Iterable[str]], functions: Iterable[str]
+) -> dict[str, Any]:
+    """The manifest entry of one module's source: for each named class, the named members it
+    defines (methods with their parameters and decorators, attributes), and the named
+    module-level functions. A name the source does not define is simply absent."""
+    out: dict[str, Any] = {"classes": {}, "functions": {}}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name in members:
+            want = set(members[node.name])
+            methods = {
+                item.name: {
+                    "params": _params(item.args, method=True),
+                    "decorators": [  # a decorator call by its callee's name
+                        ast.unparse(d.func if isinstance(d, ast.Call) else d)
+                        for d in item.decorator_list
+                    ],
+                }
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in want
+            }
+            out["classes"][node.name] = {
+                "methods": methods,
+                "attributes": sorted(_self_attributes(node) & want),
+            }
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in functions:
+            out["functions"][node.name] = _params(node.args, method=False)
+    return out
+
+
+def wanted(adapter: Adapter) -> dict[str, tuple[dict[str, set[str]], set[str]]]:
+    """module -> ({class: members}, functions) an adapter's hook points name."""
+    out: dict[str, tuple[dict[str, set[str]], set[str]]] = {}
+    for point in adapter.points:
+        members, functions = out.setdefault(point.module, ({}, set()))
+        if "." in point.qualname:
+            cls, member = point.qualname.split(".", 1)
+            members.setdefault(cls, set()).add(member)
+        else:
+            functions.add(point.qualname)
+    return out
+
+
+def module_path(module: str) -> str:
+    """Where a module's source sits in a wheel (or a source tree): a/b/c.py."""
+    return module.replace(".", "/") + ".py"
+
+
+# --- checking hook points against it ---------------------------------------------------------
 
 
 def _check_params(point: HookPoint, params: Params) -> list[str]:
+    positional = [p for p, kind in params if kind in ("positional_only", "positional")]
     problems = []
     for name, position in point.params:
-        positional = [p for p, kind in params if kind in ("positional_only", "positional")]
         if len(positional) > position and positional[position] == name:
             continue
         where = f"at position {position}" if position < len(positional) else "positionally"
@@ -102,10 +191,6 @@ def load(path: Path = MANIFEST_PATH) -> dict[str, Any]:
     return dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-ENV_ADAPTERS = "RANKSCOPE_ADAPTERS"
-CHECKED_ONLY = "checked-only"
-
-
 def unchecked_failure(adapter: Adapter, module: str) -> tuple[str, str] | None:
     """Why a version that is not a checked one cannot attach, or None: every hook point
     verified in its installed source. RANKSCOPE_ADAPTERS=checked-only: never attach."""
@@ -136,9 +221,8 @@ def _source_of(distribution: str, module: str) -> str | None:
 
 def first_problem(adapter: Adapter) -> tuple[str, str] | None:
     """(hook point, why) of the first hook point the installed source does not offer as the
-    adapter uses it (module, class, method, parameters at their positions, attributes);
-    None when every one does. An optional point may be missing (it is read with a
-    fallback)."""
+    adapter uses it; None when every one does. An optional point may be missing (it is read
+    with a fallback)."""
     for module, (members, functions) in sorted(wanted(adapter).items()):
         source = _source_of(adapter.distribution, module)
         try:

@@ -1,13 +1,10 @@
 """Hook points and the attach machinery shared by the framework adapters.
 
-An adapter declares every place it touches in a framework as a :class:`HookPoint`, which
-the committed manifest is checked against (rankscope.rank.adapters.manifest). At run time it
-attaches module by module as each is imported: the installed version must be a checked one,
-or one whose installed source offers every hook point (rankscope.rank.adapters.manifest);
-every hook point of the module is resolved before any is installed, and on any failure
+An adapter declares every place it touches in a framework as a :class:`HookPoint`, checked
+against the framework's source (rankscope.rank.adapters.manifest). It attaches module by module
+as each is imported, every hook point resolved before any is installed; on any failure
 everything installed is undone, so the job runs untouched. Either way the process's record
-gets one ``adapter`` line saying what attached, or which hook could not and why.
-"""
+gets one ``adapter`` line saying what attached, or which hook could not and why."""
 
 from __future__ import annotations
 
@@ -176,7 +173,7 @@ class Adapter:
                 self._on_import(module)
         except Exception as exc:
             log.warning("rankscope adapter %s: %r; not attached", self.framework, exc)
-            self._give_up(f"{module.__name__}", f"adapter error {exc!r}")
+            self._give_up(module.__name__, f"adapter error {exc!r}")
 
     def _on_import(self, module: ModuleType) -> None:
         name = module.__name__
@@ -225,35 +222,28 @@ class Adapter:
             except Exception as exc:
                 log.warning("rankscope adapter %s: undo failed: %r", self.framework, exc)
         self._undo.clear()
-        self.state = "off"
+        self.state, self.hooks = "off", []
         log.warning(
             "rankscope adapter %s: %s could not attach (%s); the job runs without it",
             self.framework,
             point,
             why,
         )
-        self._write(("detached" if was == "attached" else "not_attached", point, why))
-        self.hooks = []
+        self._write(AdapterFailure(point, why), "detached" if was == "attached" else "not_attached")
 
-    def _write(self, failed: tuple[str, str, str] | None = None) -> None:
-        """The one ``adapter`` line: attached, or failed as (status, hook point, why)."""
-        attached = failed is None
-        status, point, why = failed or (
-            ATTACHED_UNVERIFIED if self.unverified else "attached",
-            None,
-            None,
-        )
+    def _write(self, failed: AdapterFailure | None = None, status: str = "not_attached") -> None:
+        """The one ``adapter`` line: attached (with the modules still pending), or ``failed``."""
+        attached = ATTACHED_UNVERIFIED if self.unverified else "attached"
+        pending = () if failed else tuple(m for m in self.installers() if m not in self._done)
         RECORDER.write_record(
             AdapterStatus(
                 framework=self.framework,
-                status=status,
+                status=status if failed else attached,
                 version=self.version,
                 checked_versions=self.checked_versions,
-                hooks=tuple(self.hooks) if attached else (),
-                pending=tuple(m for m in self.installers() if m not in self._done)
-                if attached
-                else (),
-                failed=None if point is None else AdapterFailure(point, why),
+                hooks=tuple(self.hooks),
+                pending=pending,
+                failed=failed,
             )
         )
 

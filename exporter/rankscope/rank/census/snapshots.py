@@ -1,9 +1,8 @@
-"""Rounds, snapshots and local dumps.
-
-``tick()`` runs once per scheduler iteration, a replicated point, so its round agrees across
-ranks; every N rounds (RANKSCOPE_CENSUS_EVERY) the rank appends a ``census`` line and hands
-the counts to the in-process comparison. ``dump_local()`` and the SIGTERM / SIGABRT / exit
-handlers write the local counts with no collective (a peer is probably dead by then)."""
+"""Rounds, snapshots and local dumps. ``tick()`` runs once per scheduler iteration, a replicated
+point, so its round agrees across ranks; every N rounds (RANKSCOPE_CENSUS_EVERY) the rank
+appends a ``census`` line and hands the counts to the in-process comparison. ``dump_local()``
+and the SIGTERM / SIGABRT / exit handlers write the local counts with no collective (a peer is
+probably dead by then)."""
 
 from __future__ import annotations
 
@@ -123,12 +122,8 @@ def _failed(what: str, exc: BaseException) -> None:
         )
 
 
-def dump_local(reason: str = "manual") -> bool:
+def dump_local(reason: str = "manual", write: Callable[[CensusDump], bool] | None = None) -> bool:
     """Write this rank's counts now, with no collective. True when a line was written."""
-    return _dump(reason, RECORDER.write_record)
-
-
-def _dump(reason: str, write: Callable[[CensusDump], bool]) -> bool:
     if not _counts.ARMED or not RECORDER.armed:
         return False
     try:
@@ -139,7 +134,7 @@ def _dump(reason: str, write: Callable[[CensusDump], bool]) -> bool:
             graphs=_graphs.graph_counts(),
             reason=reason,
         )
-        return write(dump)
+        return (write or RECORDER.write_record)(dump)
     except Exception as exc:
         _failed("dump", exc)
         return False
@@ -152,7 +147,7 @@ _previous: dict[int, Any] = {}
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     # detached: the interrupted code may hold the recorder's lock
-    dumped = _dump(signal.Signals(signum).name, RECORDER.write_record_detached)
+    dumped = dump_local(signal.Signals(signum).name, RECORDER.write_record_detached)
     STATE.signal_dumped = dumped or STATE.signal_dumped
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):

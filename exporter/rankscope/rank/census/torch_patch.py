@@ -1,7 +1,6 @@
-"""Opt-in counting of torch.distributed collectives: ``instrument_torch_distributed()``
-replaces each listed function, in ``torch.distributed`` and in the module defining it, by a
-wrapper that counts the call once, under the group's instance name (given with
-:func:`name_group`, else its ``group_desc``, else its pg name, over its ranks)."""
+"""Opt-in counting of torch.distributed collectives and p2p ops, once however they nest, under
+the group's instance name (given with :func:`name_group`, else its ``group_desc``, else its pg
+name, over its ranks)."""
 
 from __future__ import annotations
 
@@ -23,20 +22,9 @@ from rankscope.record.naming import RECV, SEND, group_instance, p2p_name
 log = logging.getLogger("rankscope.census")
 
 COLLECTIVES = (
-    "all_reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_single",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "reduce_scatter_single",
-    "broadcast",
-    "reduce",
-    "gather",
-    "scatter",
-    "all_to_all",
-    "all_to_all_single",
-    "barrier",
+    *("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single"),
+    *("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"),
+    *("broadcast", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier"),
 )
 P2P = {"send": SEND, "isend": SEND, "recv": RECV, "irecv": RECV}
 BATCH = "batch_isend_irecv"

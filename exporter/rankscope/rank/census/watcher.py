@@ -1,11 +1,8 @@
 """The census watcher: a thread that writes the counts on time, not only at a round, so a hung
-rank is named from its record while it hangs (docs/census.md, "Live lines and stalls").
-
-Every POLL_S it copies the counts. While they move, a ``census_live`` line with the counts
-changed since this process's previous census or census_live line, at most every PERIOD_S.
-When they have not moved for the stall time (RANKSCOPE_CENSUS_STALL_S), one line naming the
-collective counted last, the one a blocked rank is in. It never touches a process group and
-adds nothing to a collective's path: ``count`` already stores the key it counted."""
+rank is named from its record while it hangs (docs/census.md, "Live lines and stalls"). While
+the counts move, a ``census_live`` line with what changed, at most every PERIOD_S; once they
+have not moved for the stall time, one line naming the collective counted last, the one a
+blocked rank is in. It touches no process group and adds nothing to a collective's path."""
 
 from __future__ import annotations
 
@@ -77,36 +74,34 @@ class Watcher:
         return CensusLive(changed, blocked)
 
 
-class _Thread:
-    thread: threading.Thread | None = None
-    stop = threading.Event()
-    failures = 0
-
-
-THREAD = _Thread()
-
-
 def stall_from_env(environ: dict[str, str] | None = None) -> float:
     return env_number(ENV_STALL, DEFAULT_STALL_S, float, 0.1, environ)
 
 
+_thread: threading.Thread | None = None
+_stop = threading.Event()
+failures = 0  # polls that failed: the host program never sees them, the thread carries on
+
+
 def _run(watcher: Watcher, stop: threading.Event) -> None:
+    global failures
     while not stop.wait(POLL_S):
         try:
             line = watcher.poll(time.monotonic(), time.time())
             if line is not None:
                 RECORDER.write_record(line)
-        except Exception as exc:  # the host program never sees it; the thread carries on
-            THREAD.failures += 1
-            if THREAD.failures == 1:
+        except Exception as exc:
+            failures += 1
+            if failures == 1:
                 log.warning("rankscope census: the watcher failed (%r); carrying on", exc)
 
 
 def start_watcher(stall_s: float | None = None) -> bool:
     """Start the watcher (idempotent); False when disarmed or shutting down."""
+    global _thread, _stop
     if not _counts.ARMED:
         return False
-    if THREAD.thread is not None and THREAD.thread.is_alive():
+    if _thread is not None and _thread.is_alive():
         return True
     watcher = Watcher(stall_from_env() if stall_s is None else stall_s)
     stop = threading.Event()
@@ -115,15 +110,15 @@ def start_watcher(stall_s: float | None = None) -> bool:
     )
     if not stop_before_teardown(stop_watcher):
         return False
-    THREAD.thread, THREAD.stop = thread, stop
+    _thread, _stop = thread, stop
     thread.start()
     return True
 
 
 def stop_watcher() -> None:
     """Stop the watcher and wait for it (ahead of the interpreter's teardown)."""
-    thread = THREAD.thread
-    THREAD.stop.set()
+    global _thread
+    thread, _thread = _thread, None
+    _stop.set()
     if thread is not None and thread is not threading.current_thread():
         thread.join(timeout=2.0)
-    THREAD.thread = None
