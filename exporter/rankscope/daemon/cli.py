@@ -65,11 +65,11 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     add("--flight.dir", "--flight-dir", dest="flight_dir", default=os.environ.get(ENV_DIR),
         metavar="DIR", help=f"flight directory the probes write (default ${ENV_DIR})")  # fmt: skip
     add("--flight.exited-grace", dest="exited_grace", type=argtype(parse_duration),
-        default=None, metavar="DURATION",
+        default=FlightSection.exited_grace, metavar="DURATION",
         help="how long the series of a process that exited stay published (default 5m; "
         "its record file stays, and the API and CLI still show it)")  # fmt: skip
-    add("--flight.read-budget", dest="read_budget", type=argtype(parse_bytes), default=None,
-        metavar="BYTES",
+    add("--flight.read-budget", dest="read_budget", type=argtype(parse_bytes),
+        default=FlightSection.read_budget, metavar="BYTES",
         help="read at most this much of the flight directory per refresh (default 4MiB): "
         "a large directory is read over several refreshes, /readyz says 503 until then")  # fmt: skip
     add("--otlp.endpoint", dest="otlp_endpoint", default=None, metavar="URL",
@@ -81,17 +81,15 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     add("--log.level", dest="log_level", default="info",
         choices=("debug", "info", "warning", "error"),
         help="log only messages at this level or above (default info)")  # fmt: skip
-    for module in collectors.COLLECTORS:
+    _add_card_flags(parser)
+    for module in collectors.COLLECTORS:  # each switch, then the collector's own flags
         if module.DEFAULT is not None:
             add(f"--collector.{module.NAME}", dest=_switch(module.NAME),
                 action=argparse.BooleanOptionalAction, default=module.DEFAULT,
                 help=f"the {module.NAME} collector: {module.HELP} "
                 f"(default {'on' if module.DEFAULT else 'off'})")  # fmt: skip
-    _add_card_flags(parser)
-    for module in collectors.COLLECTORS:
-        add_flags = getattr(module, "add_flags", None)
-        if add_flags is not None:
-            add_flags(parser)
+        if hasattr(module, "add_flags"):
+            module.add_flags(parser)
 
 
 def _add_card_flags(parser: argparse.ArgumentParser) -> None:
@@ -147,11 +145,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         raise NotADirectoryError(f"--flight-dir {flight_dir} is not a directory")
     floors = functools.reduce(Floors.merged, args.corridor_floor or (), Floors())
     return DaemonConfig(
-        flight=FlightSection(
-            flight_dir,
-            exited_grace=args.exited_grace or FlightSection.exited_grace,
-            read_budget=args.read_budget or FlightSection.read_budget,
-        ),
+        flight=FlightSection(flight_dir, args.exited_grace, args.read_budget),
         web=WebSection(
             *parse_listen_address(args.listen_address),
             config_file=Path(args.web_config_file) if args.web_config_file else None,

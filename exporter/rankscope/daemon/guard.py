@@ -83,8 +83,22 @@ class StrictH11Protocol(H11Protocol):
         super().connection_made(transport)
         self.idle_since = self.loop.time()
         self._start_head_clock()
-        if len(self.connections) > MAX_CONNECTIONS:
-            self._shed_one()
+        if len(self.connections) <= MAX_CONNECTIONS:
+            return
+        waiting = [
+            c
+            for c in self.connections
+            if isinstance(c, StrictH11Protocol) and c is not self and c.waiting_for_head()
+        ]
+        if waiting:
+            oldest = min(waiting, key=lambda c: c.idle_since)
+            log.warning(
+                "http: %d connections open, closed one from %s (idle or waiting for a "
+                "request head the longest)",
+                len(self.connections),
+                oldest.peer,
+            )
+            oldest.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._head_timer is None and self.waiting_for_head():
@@ -110,8 +124,7 @@ class StrictH11Protocol(H11Protocol):
         idle = self.cycle is None or self.cycle.response_complete
         return idle and self.conn.their_state is h11.IDLE
 
-    def _start_head_clock(self) -> None:
-        self._stop_head_clock()
+    def _start_head_clock(self) -> None:  # only where no clock runs
         self._head_timer = self.loop.call_later(HEAD_DEADLINE_S, self._head_overdue)
 
     def _stop_head_clock(self) -> None:
@@ -124,22 +137,6 @@ class StrictH11Protocol(H11Protocol):
         if self.waiting_for_head():
             log.debug("http %s: no whole request head in %.0fs, closed", self.peer, HEAD_DEADLINE_S)
             self.transport.close()
-
-    def _shed_one(self) -> None:
-        waiting = [
-            c
-            for c in self.connections
-            if isinstance(c, StrictH11Protocol) and c is not self and c.waiting_for_head()
-        ]
-        if waiting:
-            oldest = min(waiting, key=lambda c: c.idle_since)
-            log.warning(
-                "http: %d connections open, closed one from %s (idle or waiting for a "
-                "request head the longest)",
-                len(self.connections),
-                oldest.peer,
-            )
-            oldest.transport.close()
 
 
 class RequestGuard:

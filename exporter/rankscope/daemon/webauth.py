@@ -45,17 +45,13 @@ def dummy_hash() -> bytes:
 
 def parse_basic(authorization: bytes | None) -> tuple[str | None, str | None]:
     """(user, password) of a Basic Authorization header, (None, None) for anything else."""
-    if not authorization:
-        return None, None
-    scheme, _, token = authorization.partition(b" ")
-    if scheme.lower() != b"basic":
-        return None, None
+    scheme, _, token = (authorization or b"").partition(b" ")
     try:
         decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
         return None, None
     user, sep, password = decoded.partition(":")
-    return (user, password) if sep else (None, None)
+    return (user, password) if sep and scheme.lower() == b"basic" else (None, None)
 
 
 class BasicAuth:

@@ -51,8 +51,15 @@ def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> W
     # A null section is Go's zero value, http2 false; an absent one keeps the default.
     http2_default = http_node is None or not is_null(http_node)
     http2 = reader.boolean(http.get("http2"), "http_server_config.http2", http2_default)
-    if tls is not None and http2:
-        _check_http2_ciphers(reader, tls)
+    # Go's net/http refuses to start HTTP/2 with TLS 1.2 cipher suites that lack the one
+    # HTTP/2 requires; the same file is refused here, so it behaves the same in both.
+    tls12_ciphers = tls.cipher_suites if tls is not None and tls.min_version != "TLS13" else ()
+    if http2 and tls12_ciphers and not set(tls12_ciphers) & set(HTTP2_REQUIRED_CIPHERS):
+        raise reader.error(
+            "http2: TLSConfig.CipherSuites is missing an HTTP/2-required AES_128_GCM_SHA256 "
+            f"cipher (need at least one of {' or '.join(HTTP2_REQUIRED_CIPHERS)}); add one "
+            "or set http_server_config.http2: false"
+        )
     return WebConfig(
         tls=tls,
         users=_users(reader, top.get("basic_auth_users")),
@@ -137,17 +144,4 @@ def _check_rate_limit(reader: Reader, node: yaml.Node | None) -> None:
         raise reader.error(
             "rate_limit is not supported: rankscope serve has no rate limiter (set interval "
             "to 0, or limit at a proxy in front of it)"
-        )
-
-
-def _check_http2_ciphers(reader: Reader, tls: TLSConfig) -> None:
-    """Go's net/http refuses to start HTTP/2 with TLS 1.2 cipher suites that lack the one
-    HTTP/2 requires; the same file is refused here, so it behaves the same in both."""
-    if not tls.cipher_suites or tls.min_version == "TLS13":
-        return
-    if not any(name in HTTP2_REQUIRED_CIPHERS for name in tls.cipher_suites):
-        raise reader.error(
-            "http2: TLSConfig.CipherSuites is missing an HTTP/2-required AES_128_GCM_SHA256 "
-            f"cipher (need at least one of {' or '.join(HTTP2_REQUIRED_CIPHERS)}); add one "
-            "or set http_server_config.http2: false"
         )

@@ -196,8 +196,7 @@ class LiveContext(ssl.SSLContext):
 @contextlib.contextmanager
 def _pem_path(path: Path | None, inline: str | None) -> Iterator[str]:
     """A path to read PEM from: the file, or the inline PEM in a private temporary directory
-    (mode 0700) only while OpenSSL reads it (the ssl module loads certificates and keys from
-    files only)."""
+    while OpenSSL reads it (the ssl module loads certificates and keys from files only)."""
     if path is not None:
         yield str(path)
         return
@@ -232,27 +231,25 @@ def parse_tls(reader: Reader, node: yaml.Node | None, base_dir: Path) -> TLSConf
             "hook to check the client certificate's SANs during the handshake; list the "
             "allowed clients' CA in client_ca_file instead"
         )
-    versions = [
-        _version(reader, raw.get(k), f"{where}.{k}", default)
-        for k, default in (("min_version", "TLS12"), ("max_version", "TLS13"))
-    ]
-    if TLS_VERSIONS[versions[0]] > TLS_VERSIONS[versions[1]]:
+    low, high = (
+        _version(reader, raw.get(k), f"{where}.{k}", getattr(TLSConfig, k))
+        for k in ("min_version", "max_version")
+    )
+    if TLS_VERSIONS[low] > TLS_VERSIONS[high]:
         raise reader.error(
-            f"{where}: min_version {versions[0]} is above max_version {versions[1]}; "
-            "no client could connect"
+            f"{where}: min_version {low} is above max_version {high}; no client could connect"
         )
+    pems: dict[str, Any] = {}  # each from its file or inline: the file wins, as in Go
+    for pem in ("cert", "key", "client_ca"):
+        file = text[f"{pem}_file"]
+        pems.update({f"{pem}_file": base_dir / file} if file else {pem: text[pem] or None})
     return TLSConfig(
-        cert_file=_path(base_dir, text["cert_file"]),
-        key_file=_path(base_dir, text["key_file"]),
-        cert=None if text["cert_file"] else text["cert"],
-        key=None if text["key_file"] else text["key"],
+        **pems,
         client_auth_type=auth,
-        client_ca_file=_path(base_dir, text["client_ca_file"]),
-        client_ca=None if text["client_ca_file"] else text["client_ca"] or None,
         cipher_suites=_names(reader, raw, "cipher_suites", "cipher", CIPHER_SUITES),
         curve_preferences=_names(reader, raw, "curve_preferences", "curve", CURVES),
-        min_version=versions[0],
-        max_version=versions[1],
+        min_version=low,
+        max_version=high,
         prefer_server_cipher_suites=reader.boolean(
             raw.get("prefer_server_cipher_suites"), f"{where}.prefer_server_cipher_suites", True
         ),
@@ -303,7 +300,3 @@ def _names(
         if name not in known:
             raise reader.error(f"unknown {kind}: {name!r} in {where} (known: {', '.join(known)})")
     return names
-
-
-def _path(base_dir: Path, value: str) -> Path | None:
-    return base_dir / value if value else None

@@ -89,10 +89,8 @@ class Reader:
         if is_null(node):
             return False  # yaml.v2 sets the zero value
         plain = isinstance(node, yaml.ScalarNode) and (node.style is None or node.tag == _BOOL)
-        if plain and node.value in _TRUE:
-            return True
-        if plain and node.value in _FALSE:
-            return False
+        if plain and node.value in _TRUE | _FALSE:
+            return node.value in _TRUE
         raise self.error(f"{where} must be true or false, not {_shown(node)}")
 
     def integer(self, node: yaml.Node | None, where: str) -> int:
