@@ -1,21 +1,16 @@
 """The flight record: its kinds, typed once, shared by the writers in the rank and every
 reader (reports, CLI, daemon); import them from here (docs/architecture.md, "The record").
 
-A :class:`Line` is the common :class:`Header` and a typed body, one class per kind:
-``mark`` and ``sample`` (record/mark.py), ``census``, ``census_dump``, ``census_live`` and
-``divergence`` (record/census.py), ``adapter`` (record/adapter.py), ``oom`` (record/oom.py). Readers narrow
-with ``isinstance(line.body, Mark)`` or :func:`of_kind`, never indexing a raw dict by
-string, and treat a parsed line as read-only.
+A :class:`Line` is the :class:`Header` and a typed body, one class per kind (mark.py,
+census.py, adapter.py, oom.py). Readers narrow with ``isinstance(line.body, Mark)`` or
+:func:`of_kind`, never indexing a raw dict by string, and treat a parsed line as read-only.
 
-Adding a kind: a dataclass of :class:`rankscope.record.codec.Codec` with ``KIND`` (its
-``kind`` string), ``STREAM`` (the file it goes to), ``WHERE`` (its fields' names in ``bad``)
-and its fields, each declared once with what it holds (``codec.nbytes()``, ``codec.text()``,
-``codec.section(MarkDevice)``...): ``to_json`` and ``parse`` follow. Add it to :data:`Body`
-and ``__all__`` below. Writers call ``RECORDER.write_record(MyKind(...))``; readers get
-``Line[MyKind]`` from :func:`of_kind`. A kind this reader does not know (from a newer writer
-of the same schema version) parses into :class:`UnknownKind`, which keeps its header.
-Changing what a field means, or removing one, needs SCHEMA_VERSION to move (the old still read).
-"""
+Adding a kind: a :class:`rankscope.record.codec.Codec` dataclass with ``KIND``, ``STREAM``
+(its file), ``WHERE`` (its fields' prefix in ``bad``) and its fields, each declared once
+(``codec.nbytes()``, ``codec.section(MarkDevice)``...), added to :data:`Body` and ``__all__``.
+A kind this reader does not know (a newer writer of the same schema version) parses into
+:class:`UnknownKind`, keeping its header. Changing what a field means, or removing one,
+moves SCHEMA_VERSION (the old still read)."""
 
 from __future__ import annotations
 
@@ -33,7 +28,7 @@ from rankscope.record.census import (
     GraphCounts,
     encode_counts,
 )
-from rankscope.record.codec import Bad, Json
+from rankscope.record.codec import Bad, parse_fields
 from rankscope.record.header import (
     ENV_BOOT_ID,
     ENV_DIR,
@@ -108,11 +103,7 @@ class UnknownKind:
 
     KIND: ClassVar[str] = ""
     STREAM: ClassVar[str] = ""
-
     kind: str
-
-    def to_json(self) -> Json:
-        return {}
 
 
 # Every kind this version reads: add a new kind's class here, on a line of its own (one line
@@ -154,14 +145,11 @@ def of_kind(lines: Iterable[AnyLine], kind: type[K]) -> list[Line[K]]:
 
 def parse_object(obj: Mapping[str, Any], bad: Bad, file: str = "") -> AnyLine | None:
     """A decoded JSON object of this schema version or older -> its typed line; None when
-    it is malformed (bad header, or a body that cannot stand). Bad fields go to ``bad``."""
-    header = Header.parse(obj, bad, file)
-    if header is None:
+    it is malformed (a required field missing or wrong). Bad fields go to ``bad``."""
+    values = parse_fields(Header, obj, bad)
+    if values is None:
         return None
+    header = Header(file=file, **values)
     cls = KINDS.get(header.kind)
-    if cls is None:
-        return Line(header, UnknownKind(header.kind))
-    body = cls.parse(obj, bad)
-    if body is None:
-        return None
-    return Line(header, body)
+    body = UnknownKind(header.kind) if cls is None else cls.parse(obj, bad)
+    return None if body is None else Line(header, body)

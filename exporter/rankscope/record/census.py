@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass
-from functools import partial
 from typing import Any, ClassVar
 
 from rankscope.record import codec
@@ -30,14 +29,13 @@ def encode_counts(counts: Mapping[tuple[str, str], int] | None) -> list[list[Any
 
 
 def _is_row(row: Any) -> bool:
-    if not (isinstance(row, list) and len(row) == 3):
-        return False
-    group, op, n = row
     return (
-        isinstance(group, str)
-        and isinstance(op, str)
-        and codec.as_whole(n, [], "") is not None
-        and n >= 0
+        isinstance(row, list)
+        and len(row) == 3
+        and isinstance(row[0], str)
+        and isinstance(row[1], str)
+        and type(row[2]) is int  # JSON's integers, never a bool
+        and row[2] >= 0
     )
 
 
@@ -45,7 +43,7 @@ def decode_counts(rows: Any, bad: Bad, name: str) -> Counts | None:
     """[group, op, n] rows -> counts; None (and named in ``bad``) when any row is not one."""
     if rows is None:
         return None
-    if isinstance(rows, list) and all(_is_row(row) for row in rows):
+    if isinstance(rows, list) and all(map(_is_row, rows)):
         return {(group, op): n for group, op, n in rows}
     return codec.reject(rows, bad, name)
 
@@ -73,36 +71,33 @@ def _graphs(value: Any, bad: Bad, name: str) -> dict[str, GraphCounts]:
     return out
 
 
-_counts = partial(codec.custom, decode_counts, encode_counts, default=MISSING)
-_graphs_field = partial(codec.custom, _graphs, codec.json_of_each, factory=dict)
+@dataclass(slots=True)
+class _Snapshot(Codec):
+    """A rank's counts (None: unreadable on the line) and its graphs', at a census round."""
+
+    round: int | None = codec.count(default=MISSING)
+    every: int | None = codec.count(default=MISSING)
+    counts: Counts | None = codec.custom(decode_counts, encode_counts, default=MISSING)
+    graphs: dict[str, GraphCounts] = codec.custom(_graphs, codec.json_of_each, factory=dict)
 
 
 @dataclass(slots=True)
-class Census(Codec):
+class Census(_Snapshot):
     """A snapshot of a rank's counts at a replicated round (docs/census.md)."""
 
     KIND: ClassVar[str] = "census"
     STREAM: ClassVar[str] = "census"
     WHERE: ClassVar[str] = "census"
 
-    round: int | None = codec.count(default=MISSING)
-    every: int | None = codec.count(default=MISSING)
-    counts: Counts | None = _counts()  # None: the line's counts were unreadable
-    graphs: dict[str, GraphCounts] = _graphs_field()
-
 
 @dataclass(slots=True, kw_only=True)
-class CensusDump(Codec):
+class CensusDump(_Snapshot):
     """A rank's local counts at abort or exit (no collective, not at a common round)."""
 
     KIND: ClassVar[str] = "census_dump"
     STREAM: ClassVar[str] = "census"
     WHERE: ClassVar[str] = "census_dump"
 
-    round: int | None = codec.count(default=MISSING)
-    every: int | None = codec.count(default=MISSING)
-    counts: Counts | None = _counts()
-    graphs: dict[str, GraphCounts] = _graphs_field()
     reason: str | None = codec.text(default=MISSING)
 
 

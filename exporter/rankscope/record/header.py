@@ -5,12 +5,11 @@ back what :func:`header_json` wrote."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rankscope.record import codec
-from rankscope.record.codec import Bad, Codec, Json
+from rankscope.record.codec import Codec, Json
 
 SCHEMA_VERSION = 1
 
@@ -81,13 +80,6 @@ class Header(RankIdentity, ProcessIdentity):
     def process_key(self) -> tuple[str, int, int | None]:
         """The identity of the writing process: (host, pid, start_ticks), never the rank."""
         return (self.host, self.pid, self.start_ticks)
-
-    @classmethod
-    def parse(cls, obj: Mapping[str, Any], bad: Bad, file: str = "") -> Header | None:
-        """The header of a decoded line, or None when a required field is missing or wrong
-        (the line is then malformed). Optional fields that are wrong become None."""
-        values = codec.parse_fields(cls, obj, bad)
-        return None if values is None else cls(file=file, **values)
 
     def to_json(self) -> Json:
         return header_json(self.kind, self.boot, self, self, self.mono, self.wall, self.v)

@@ -89,8 +89,8 @@ class MarkDerived(Codec):
 
 
 class MarkFields(Codec):
-    """A generic mark's extra as typed fields (rankscope.rank.auto's hooks); a reader gets
-    them back from a parsed mark's ``extra`` (a dict) with the kind's ``parse(extra, bad)``."""
+    """A generic mark's extra as typed fields (rankscope.rank.auto's hooks); a reader parses
+    them from a mark's ``extra`` dict with ``parse(extra, bad)``."""
 
     __slots__ = ()
     WHERE: ClassVar[str] = "mark.extra"
@@ -109,9 +109,9 @@ class ProcessStartFields(MarkFields):
 
 @dataclass(slots=True)
 class GroupFields(MarkFields):
-    """nccl_init_end's extra: the group creation's seconds, the group's instance name (as the
-    census names it), its ranks and backend, each null where unreadable; ``member`` is
-    written only when set (False: this rank is no member, torch returned a placeholder)."""
+    """nccl_init_end's extra: the group creation's seconds, instance name, ranks and backend,
+    null where unreadable; ``member`` is written only when set (False: this rank is no
+    member, torch returned a placeholder)."""
 
     seconds: float | None = codec.time()
     group: str | None = codec.text()
@@ -132,10 +132,9 @@ class PoolFields(MarkFields):
     in that pool (shared by every graph captured into it), and why they are null or were
     read from the whole allocator's snapshot."""
 
-    # the pool id's numbers as ints (a bool's "true" is no pool id's)
     pool: tuple[int, ...] | None = codec.custom(
         codec.as_int_tuple,
-        lambda pool: None if pool is None else [int(n) for n in pool],
+        lambda pool: None if pool is None else [int(n) for n in pool],  # a bool is no id
     )
     pool_bytes: int | None = codec.nbytes()
     pool_why: str | None = codec.text()
@@ -167,9 +166,8 @@ class Mark(Codec):
 
 @dataclass(slots=True)
 class Sample(Codec):
-    """A serving sample (docs/probe.md, "Serving samples"): what a mark measures, with no
-    phase, written at a bounded rate while the process serves, so arena and process bytes
-    are a time series. Its views validate as a mark's (bad fields named mark.*)."""
+    """A serving sample (docs/probe.md, "Serving samples"): a mark's views with no phase,
+    written at a bounded rate while serving; bad fields are named mark.* as a mark's."""
 
     KIND: ClassVar[str] = "sample"
     STREAM: ClassVar[str] = "samples"

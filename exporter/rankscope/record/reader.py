@@ -1,12 +1,12 @@
 """Reading flight directories (docs/architecture.md, "The record"): one-shot reads scoped to
 a boot, and an incremental tail. What a crash leaves never fails a read: a line is skipped
-and counted (``torn``, ``malformed``, ``newer_schema``, ``oversized``, ``too_deep``); only regular files
-are read, never blocking; a value that fails validation is None, counted in ``invalid``.
-"""
+and counted by reason (SKIP_REASONS); only regular files are read, never blocking; a value
+that fails validation is None, counted in ``invalid``."""
 
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import os
@@ -45,8 +45,6 @@ class BootNotFoundError(LookupError):
     """A boot was asked for by name and the directory holds no record of it."""
 
     def __init__(self, boot: str, known: list[str]) -> None:
-        self.boot = boot
-        self.known = known
         listed = ", ".join(known) if known else "none"
         shown = boot if len(boot) <= 80 else boot[:80] + "..."  # never echo a huge query
         super().__init__(f"no boot {shown!r} in the flight directory (boots recorded: {listed})")
@@ -92,13 +90,9 @@ def _flight_files(flight_dir: Path) -> list[str]:
     return [e.name for e in files if not e.is_symlink()]
 
 
-_warned: set[tuple[str, str]] = set()
-
-
+@functools.cache  # once per file and finding
 def _warn_once(path: str, what: str) -> None:
-    if (path, what) not in _warned:
-        _warned.add((path, what))
-        log.warning("flight file %s %s", path, what)
+    log.warning("flight file %s %s", path, what)
 
 
 def _open_regular(path: Path) -> int | None:
