@@ -154,12 +154,6 @@ class CensusLive(Codec):
         return out
 
 
-def _lagging(value: Any, bad: Bad, name: str) -> tuple[int, ...]:
-    if isinstance(value, list) and all(codec.as_whole(r, bad, name) is not None for r in value):
-        return tuple(value)
-    return codec.reject(value, bad, name) or ()
-
-
 def _count_by_rank(value: Any, bad: Bad, name: str) -> dict[int, int]:
     counts = codec.as_count_by_int(codec.as_object(value, bad, name), bad, name)
     return {rank: n for rank, n in (counts or {}).items() if n is not None}
@@ -178,4 +172,6 @@ class Divergence(Codec):
     group: str = codec.text(required=True)
     op: str = codec.text(required=True)
     counts: dict[int, int] = codec.custom(_count_by_rank, codec.str_keys, default=MISSING)
-    lagging: tuple[int, ...] = codec.custom(_lagging, codec.as_list, default=MISSING)
+    lagging: tuple[int, ...] = codec.custom(
+        lambda v, bad, name: codec.as_int_tuple(v, bad, name) or (), codec.as_list, default=MISSING
+    )
