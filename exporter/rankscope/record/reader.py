@@ -75,19 +75,15 @@ def parse_line(raw: bytes, file: str = "", bad: Bad | None = None) -> Record | s
 
 
 def _flight_files(flight_dir: Path) -> list[str]:
-    """The names of the flight files in ``flight_dir``, symlinks left out (and logged)."""
+    """The names of the flight files in ``flight_dir``; none while it does not exist."""
     try:
-        entries = list(os.scandir(flight_dir))
+        return [e.name for e in os.scandir(flight_dir) if e.name.endswith(FILE_SUFFIX)]
     except FileNotFoundError:
         return []
     except OSError as exc:
         raise OSError(
             exc.errno, f"cannot list flight directory {flight_dir}: {exc.strerror}"
         ) from exc
-    files = [e for e in entries if e.name.endswith(FILE_SUFFIX)]
-    for link in filter(os.DirEntry.is_symlink, files):
-        _warn_once(link.path, "is a symlink; not followed")
-    return [e.name for e in files if not e.is_symlink()]
 
 
 @functools.cache  # once per file and finding
@@ -193,7 +189,8 @@ class FlightReader:
             return 0
         if stat.S_ISLNK(st.st_mode):
             _warn_once(str(path), "is a symlink; not followed")
-            self._gone(name)
+            if name in self.present:  # a file replaced by a link
+                self._gone(name)
             return 0
         self.present.add(name)
         tail = self._current(name, st)
