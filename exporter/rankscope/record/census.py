@@ -101,9 +101,10 @@ class CensusDump(_Snapshot):
     reason: str | None = codec.text(default=MISSING)
 
 
-def encode_changed(counts: Mapping[tuple[str, str], int] | None) -> Json:
-    """Counts as ``{group: {op: n}}``: each group name written once (a compact live line)."""
-    out: Json = {}
+def split_by_group(counts: Mapping[tuple[str, str], int] | None) -> dict[str, dict[str, int]]:
+    """Counts as ``{group: {op: n}}``, sorted: each group name once (a live line's shape, and
+    the comparison's)."""
+    out: dict[str, dict[str, int]] = {}
     for (group, op), n in sorted((counts or {}).items()):
         out.setdefault(group, {})[op] = n
     return out
@@ -144,7 +145,7 @@ class CensusLive(Codec):
     STREAM: ClassVar[str] = "census"
     WHERE: ClassVar[str] = "census_live"
 
-    changed: Counts = codec.custom(decode_changed, encode_changed, factory=dict)
+    changed: Counts = codec.custom(decode_changed, split_by_group, factory=dict)
     blocked_in: BlockedIn | None = codec.section(BlockedIn, optional=True)
 
     def to_json(self) -> Json:

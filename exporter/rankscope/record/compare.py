@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
+from rankscope.record.census import split_by_group
 from rankscope.record.naming import SEND, Key, channel_name, parse_instance, parse_p2p
 
 try:  # hashlib's own blake2b, without hashlib, which loads OpenSSL's libcrypto (~3.5 MiB
@@ -66,13 +67,6 @@ def compare_group(group: str, per_rank: Mapping[int, Mapping[str, int]]) -> list
         }
         entries.append(make_entry(group, channel_name(src, dst), counts))
     return entries
-
-
-def split_by_group(counts: Mapping[Key, int]) -> dict[str, dict[str, int]]:
-    by_group: dict[str, dict[str, int]] = {}
-    for (group, op), n in counts.items():
-        by_group.setdefault(group, {})[op] = n
-    return by_group
 
 
 def compare_ranks(per_rank: Mapping[int, Mapping[Key, int]]) -> list[Entry]:
