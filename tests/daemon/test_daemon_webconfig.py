@@ -20,8 +20,12 @@ import pytest
 from tests.daemon.test_daemon_serve import serve
 
 from rankscope.daemon import webconfig
-from rankscope.daemon.webconfig import WebConfigError, load_web_config, parse_web_config
-from rankscope.daemon.webconfig_yaml import go_duration
+from rankscope.daemon.webconfig import (
+    WebConfigError,
+    go_duration,
+    load_web_config,
+    parse_web_config,
+)
 
 # Cost 4 keeps the tests quick; the daemon accepts any bcrypt cost.
 ALICE_HASH = bcrypt.hashpw(b"wonderland", bcrypt.gensalt(rounds=4)).decode()

@@ -122,9 +122,8 @@ def create_app(
 
     @get("/")
     def landing() -> Response:
-        if index.is_file():
-            return HTMLResponse(with_links(index.read_text(encoding="utf-8")))
-        return HTMLResponse(landing_page())
+        page = with_links(index.read_text(encoding="utf-8")) if index.is_file() else landing_page()
+        return HTMLResponse(page)
 
     return app
 
@@ -176,12 +175,12 @@ def _paged(
     return JSONResponse(paginate(doc, lists, offset, limit, request.url.path, request.url.query))
 
 
-def clip(text: str, limit: int = ECHO_BYTES) -> str:
-    """At most ``limit`` bytes (UTF-8) of a client's text, marked when cut."""
+def clip(text: str) -> str:
+    """At most ECHO_BYTES bytes (UTF-8) of a client's text, marked when cut."""
     raw = text.encode("utf-8", "surrogateescape")
-    if len(raw) <= limit:
+    if len(raw) <= ECHO_BYTES:
         return text
-    return raw[:limit].decode("utf-8", "ignore") + "..."
+    return raw[:ECHO_BYTES].decode("utf-8", "ignore") + "..."
 
 
 async def _clipped_validation_error(request: Request, exc: RequestValidationError) -> Response:

@@ -42,11 +42,9 @@ DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 SWITCHES = tuple(m.NAME for m in collectors.COLLECTORS if m.DEFAULT is not None)
 # Flags other exporters and servers spell differently: what a wrong one most likely meant.
 SYNONYMS = {
-    "--port": "--web.listen-address",
-    "--host": "--web.listen-address",
-    "--bind": "--web.listen-address",
-    "--listen": "--web.listen-address",
-    "--address": "--web.listen-address",
+    **dict.fromkeys(
+        ("--port", "--host", "--bind", "--listen", "--address"), "--web.listen-address"
+    ),
     "--dir": "--flight.dir",
     "--config": "--web.config.file",
 }

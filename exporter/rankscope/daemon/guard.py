@@ -30,12 +30,6 @@ _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 _CONTENT_LENGTH = re.compile(rb"content-length[ \t]*:[ \t]*(.*?)[ \t\r]*$", re.IGNORECASE)
 
 
-def loggable(text: str) -> str:
-    """A client's text safe in one log line: cut, with control and non-ASCII characters
-    escaped, so no input forges a line."""
-    return text[:LOGGED_CHARS].encode("unicode_escape").decode("ascii")
-
-
 def _strict_head(buf: Any) -> h11.Request | None:
     """h11's reader of a request head, refusing what h11 lets through (a head that arrived
     whole is not bound by h11; two Content-Lengths are refused even of equal values)."""
@@ -150,7 +144,8 @@ class RequestGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Only HTTP reaches here: the server runs without lifespan and websockets.
         path = scope["path"]
-        what = f"{scope['method']} {loggable(path)}"
+        # Cut, with control and non-ASCII characters escaped, so no input forges a log line.
+        what = f"{scope['method']} {path[:LOGGED_CHARS].encode('unicode_escape').decode()}"
         client = scope["client"][0] if scope.get("client") else "?"
         query = unquote_to_bytes(scope.get("query_string", b""))
         if _CONTROL.search(path.encode("utf-8", "surrogateescape")) or _CONTROL.search(query):

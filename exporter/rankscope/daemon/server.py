@@ -180,17 +180,13 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 @contextlib.contextmanager
-def serving(
-    app: Any, sock: socket.socket | None = None, tls: ssl.SSLContext | None = None
-) -> Iterator[HTTPServer]:
-    """``app`` served on a thread on ``sock`` (default: a free loopback port) until the
-    block ends; for tests and benches, as the daemon serves it."""
-    server = HTTPServer(app, tls)
+def serving(app: Any) -> Iterator[HTTPServer]:
+    """``app`` served on a thread on a free loopback port until the block ends; for tests and
+    benches, as the daemon serves it."""
+    server = HTTPServer(app)
+    sock = listen("127.0.0.1", 0)
     thread = threading.Thread(
-        target=server.run,
-        kwargs={"sockets": [sock if sock is not None else listen("127.0.0.1", 0)]},
-        name="rankscope-http",
-        daemon=True,
+        target=server.run, kwargs={"sockets": [sock]}, name="rankscope-http", daemon=True
     )
     thread.start()
     while not server.started and thread.is_alive():

@@ -1,7 +1,7 @@
-"""The web config's `tls_server_config`, as exporter-toolkit reads it, and the server's
-TLS context made from it. Go's names map onto OpenSSL's; where Python's ssl module cannot do
-what Go does, the config is refused with the reason, never served with less protection
-(docs/daemon.md lists each difference).
+"""The web config's `tls_server_config` and the server's TLS context made from it. Go's
+names map onto OpenSSL's; where Python's ssl module cannot do what Go does, the config is
+refused with the reason (webconfig.py), never served with less protection (docs/daemon.md
+lists each difference).
 """
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ import ssl
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
-
-from rankscope.daemon.webconfig_yaml import Reader
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -67,17 +63,6 @@ CLIENT_AUTH = {
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
-_CLIENT_AUTH_ALIASES = {"": "NoClientCert", "RequireClientCert": "RequireAnyClientCert"}
-# Keys whose presence turns TLS on in Go (TLSConfig.IsEnabled); the others are TLSConfig's.
-_ENABLING = (
-    "cert",
-    "key",
-    "client_ca",
-    "cert_file",
-    "key_file",
-    "client_auth_type",
-    "client_ca_file",
-)
 
 
 @dataclass(frozen=True)
@@ -174,10 +159,6 @@ class TLSConfig:
         return context
 
 
-# The keys of tls_server_config: TLSConfig's fields, and one refused with a reason.
-TLS_KEYS = (*(f.name for f in fields(TLSConfig)), "client_allowed_sans")
-
-
 class LiveContext(ssl.SSLContext):
     """A server context that wraps each new connection with the context ``current()``
     returns: exporter-toolkit reads its TLS config at each handshake (GetConfigForClient)."""
@@ -205,98 +186,3 @@ def _pem_path(path: Path | None, inline: str | None) -> Iterator[str]:
         written.touch(mode=0o600)
         written.write_text(inline or "")
         yield str(written)
-
-
-def parse_tls(reader: Reader, node: yaml.Node | None, base_dir: Path) -> TLSConfig | None:
-    """The TLS settings, None when the file asks for none."""
-    where = "tls_server_config"
-    raw = reader.mapping(node, where, TLS_KEYS)
-    text = {k: reader.string(raw.get(k), f"{where}.{k}") for k in _ENABLING}
-    if not any(text.values()):
-        if raw:
-            # Go serves plain HTTP here and ignores these settings; refusing keeps a file
-            # that asked for TLS from being served without it.
-            raise reader.error(
-                f"{where} sets {', '.join(sorted(raw))} but no certificate: "
-                "set cert_file and key_file (or cert and key)"
-            )
-        return None
-    for pem in ("cert", "key"):
-        if not text[f"{pem}_file"] and not text[pem]:
-            raise reader.error(f"{where}: missing one of {pem} or {pem}_file")
-    auth = _client_auth(reader, text)
-    if reader.strings(raw.get("client_allowed_sans"), f"{where}.client_allowed_sans"):
-        raise reader.error(
-            f"{where}.client_allowed_sans is not supported: Python's ssl module gives no "
-            "hook to check the client certificate's SANs during the handshake; list the "
-            "allowed clients' CA in client_ca_file instead"
-        )
-    low, high = (
-        _version(reader, raw.get(k), f"{where}.{k}", getattr(TLSConfig, k))
-        for k in ("min_version", "max_version")
-    )
-    if TLS_VERSIONS[low] > TLS_VERSIONS[high]:
-        raise reader.error(
-            f"{where}: min_version {low} is above max_version {high}; no client could connect"
-        )
-    pems: dict[str, Any] = {}  # each from its file or inline: the file wins, as in Go
-    for pem in ("cert", "key", "client_ca"):
-        file = text[f"{pem}_file"]
-        pems.update({f"{pem}_file": base_dir / file} if file else {pem: text[pem] or None})
-    return TLSConfig(
-        **pems,
-        client_auth_type=auth,
-        cipher_suites=_names(reader, raw, "cipher_suites", "cipher", CIPHER_SUITES),
-        curve_preferences=_names(reader, raw, "curve_preferences", "curve", CURVES),
-        min_version=low,
-        max_version=high,
-        prefer_server_cipher_suites=reader.boolean(
-            raw.get("prefer_server_cipher_suites"), f"{where}.prefer_server_cipher_suites", True
-        ),
-    )
-
-
-def _client_auth(reader: Reader, text: dict[str, str]) -> str:
-    given = text["client_auth_type"]
-    auth = _CLIENT_AUTH_ALIASES.get(given, given)
-    if auth not in CLIENT_AUTH:
-        raise reader.error(
-            f"invalid ClientAuth: tls_server_config.client_auth_type {given!r} is not one "
-            f"of {', '.join(CLIENT_AUTH)}"
-        )
-    has_ca = bool(text["client_ca_file"] or text["client_ca"])
-    if has_ca and auth == "NoClientCert":
-        # Go's own refusal: a CA without a policy would serve clients without certificates.
-        raise reader.error(
-            "client CA's have been configured without a Client Auth Policy: set "
-            "tls_server_config.client_auth_type (RequireAndVerifyClientCert to require one)"
-        )
-    if CLIENT_AUTH[auth] == ssl.CERT_REQUIRED and not has_ca:
-        raise reader.error(
-            f"tls_server_config.client_auth_type {auth} needs client_ca_file (or client_ca): "
-            "without it Go trusts the system's public CAs, and Python's ssl module cannot "
-            "accept a certificate it has not verified"
-        )
-    return auth
-
-
-def _version(reader: Reader, node: yaml.Node | None, where: str, default: str) -> str:
-    if node is None:
-        return default
-    value = reader.string(node, where)
-    if value not in TLS_VERSIONS:
-        raise reader.error(
-            f"unknown TLS version: {where} {value!r} is not one of {', '.join(TLS_VERSIONS)}"
-        )
-    return value
-
-
-def _names(
-    reader: Reader, raw: dict[str, yaml.Node], key: str, kind: str, known: Mapping[str, object]
-) -> tuple[str, ...]:
-    where = f"tls_server_config.{key}"
-    names = reader.strings(raw.get(key), where)
-    for name in names:
-        if name not in known:
-            raise reader.error(f"unknown {kind}: {name!r} in {where} (known: {', '.join(known)})")
-    return names
