@@ -169,8 +169,9 @@ def start_alerting(
 ) -> services.WebhookReceiver | None:
     """Prometheus with the shipped rules scraping the daemon on ``port``, Alertmanager with
     the example routing, and the pages' receiver; None without binaries or routing."""
-    prometheus_bin = services.find_binary(services.PROMETHEUS_NAMES)
-    alertmanager_bin = services.find_binary(services.ALERTMANAGER_NAMES)
+    prometheus_bin = shutil.which("prometheus")
+    # Debian's name first
+    alertmanager_bin = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
     if not (prometheus_bin and alertmanager_bin):
         view.line(
             "no pages: prometheus and prometheus-alertmanager are not both installed "
@@ -180,7 +181,7 @@ def start_alerting(
         return None
     rule_file = workdir / "rankscope.rules.yml"
     rule_file.write_text(alerting.rules_text())
-    receiver = stack.enter_context(services.webhook_receiver())
+    receiver = stack.enter_context(services.WebhookReceiver())
     routing = alerting.demo_routing(alerting.example_routing(), receiver.url)
     am = stack.enter_context(
         services.alertmanager(alertmanager_bin, workdir / "alertmanager", routing)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,9 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-PROMETHEUS_NAMES = ("prometheus",)
-ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")  # Debian's name first
 
 
 class ServiceError(RuntimeError):
@@ -48,10 +44,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def find_binary(names: Sequence[str]) -> str | None:
-    return next(filter(None, map(shutil.which, names)), None)
 
 
 def _die_with_parent() -> None:
@@ -224,12 +216,23 @@ class Page:
 
 
 class WebhookReceiver(ThreadingHTTPServer):
-    """Collects Alertmanager's webhook notifications (a stand-in for PagerDuty or Slack)."""
+    """Collects Alertmanager's webhook notifications (a stand-in for PagerDuty or Slack),
+    serving them from its own thread while entered."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Hook)
         self.url = f"http://127.0.0.1:{self.server_address[1]}/hook"
         self.pages: list[Page] = []  # extended whole by the handler threads, read by the demo
+        self.thread = threading.Thread(target=self.serve_forever, name="webhook", daemon=True)
+
+    def __enter__(self) -> WebhookReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+        self.thread.join()
+        self.server_close()
 
 
 class _Hook(BaseHTTPRequestHandler):
@@ -247,15 +250,3 @@ class _Hook(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the demo prints the pages itself
-
-
-@contextlib.contextmanager
-def webhook_receiver() -> Iterator[WebhookReceiver]:
-    with WebhookReceiver() as receiver:
-        thread = threading.Thread(target=receiver.serve_forever, name="webhook", daemon=True)
-        thread.start()
-        try:
-            yield receiver
-        finally:
-            receiver.shutdown()
-            thread.join()

@@ -42,9 +42,7 @@ def local_alive(
     A pid reused by another process (other start ticks) is gone."""
     if host != socket.gethostname() or pid is None or start_ticks is None or pidns is None:
         return None
-    if pidns != read_pidns_inode("self"):
-        return None
-    return read_start_ticks(pid) == start_ticks
+    return read_start_ticks(pid) == start_ticks if pidns == read_pidns_inode("self") else None
 
 
 @dataclass(frozen=True)
