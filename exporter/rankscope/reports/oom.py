@@ -79,16 +79,12 @@ class OomEvent:
 
 def rank_namer(records: Iterable[Record], resolve: HostPid = host_pid) -> RankNamer:
     """(host pid, start ticks) -> (boot, rank), or None: foreign, or a pid with no start ticks."""
-    index: dict[tuple[int, int], tuple[str, int | None]] = {}
+    index: dict[tuple[int, int | None], tuple[str, int | None]] = {}
     for rec in records:
         start, pid = rec.header.start_ticks, resolve(rec)
         if start is not None and pid is not None:
             index.setdefault((pid, start), (rec.header.boot, rec.header.rank))
-
-    def name(pid: int, start: int | None) -> tuple[str, int | None] | None:
-        return index.get((pid, start)) if start is not None else None
-
-    return name
+    return lambda pid, start: index.get((pid, start))  # no entry has unknown start ticks
 
 
 def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> OomEvent:
