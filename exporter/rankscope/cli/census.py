@@ -20,8 +20,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         "exit status: 0 when the job is healthy, 1 when the ranks diverge or a rank is "
         "stalled or dead, 2 on a usage error or when the directory holds no record"
     )
-    common.add_flight_dir(parser, name)
-    common.add_boot(parser, "read")
+    common.add_flight_dir(parser, name, boot="read")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 

@@ -21,8 +21,8 @@ from rankscope.reports.ledger import MiB
 NA = "n/a"
 
 
-def add_flight_dir(parser: argparse.ArgumentParser, name: str) -> None:
-    """DIR, or $RANKSCOPE_DIR when it is left out."""
+def add_flight_dir(parser: argparse.ArgumentParser, name: str, boot: str | None = None) -> None:
+    """DIR, or $RANKSCOPE_DIR when it is left out; with ``boot`` (a verb), --boot ID too."""
     parser.add_argument(
         "flight_dir",
         metavar="DIR",
@@ -30,11 +30,11 @@ def add_flight_dir(parser: argparse.ArgumentParser, name: str) -> None:
         default=os.environ.get(ENV_DIR),
         help=f"the flight directory the probes write (default ${ENV_DIR})",
     )
+    if boot is not None:
+        parser.add_argument(
+            "--boot", metavar="ID", help=f"the boot to {boot} (default: the latest)"
+        )
     parser.set_defaults(_command=name, _printable_output=True)
-
-
-def add_boot(parser: argparse.ArgumentParser, verb: str = "show") -> None:
-    parser.add_argument("--boot", metavar="ID", help=f"the boot to {verb} (default: the latest)")
 
 
 def open_flight(args: argparse.Namespace, **scope: Any) -> Flight | None:

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from rankscope.cli.common import NA, add_boot, add_flight_dir, open_flight, print_json, when
+from rankscope.cli.common import NA, add_flight_dir, open_flight, print_json, when
 from rankscope.daemon.paging import MAX_LIMIT
 from rankscope.reports.oom import (
     Holding,
@@ -25,8 +25,7 @@ GiB = 1 << 30
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
-    add_flight_dir(parser, name)
-    add_boot(parser)
+    add_flight_dir(parser, name, boot="show")
     parser.add_argument("--json", action="store_true", help="print JSON (bytes) instead of lines")
     parser.add_argument(
         "--daemon",

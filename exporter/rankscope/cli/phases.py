@@ -24,8 +24,7 @@ CARD_SIGNED = ("unattributed", "drift")
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
-    common.add_flight_dir(parser, name)
-    common.add_boot(parser)
+    common.add_flight_dir(parser, name, boot="show")
     parser.add_argument("--json", action="store_true", help="print JSON (bytes) instead of a table")
 
 

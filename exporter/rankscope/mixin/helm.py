@@ -119,30 +119,23 @@ def key_comments(source: str) -> dict[str, str]:
     under one another share the block above the first of them."""
     comments: dict[str, str] = {}
     block: list[str] = []
-    current = ""
-    for line in source.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            block.append(stripped.lstrip("#").strip())
-            continue
-        key = re.match(r'"([^"]+)"\s*:', stripped)
-        if key is None:
-            current = ""
+    shared = ""
+    for line in map(str.strip, source.splitlines()):
+        if line.startswith("#"):
+            block.append(line.lstrip("#").strip())
+        elif key := re.match(r'"([^"]+)"\s*:', line):
+            shared = comments[key.group(1)] = " ".join(block) or shared
+            block = []
         else:
-            current = " ".join(block) if block else current
-            comments[key.group(1)] = current
-        block = []
+            block, shared = [], ""
     return comments
 
 
 def _descriptions(defaults: Mapping[str, Any]) -> dict[str, str]:
     comments = key_comments(inspect.getsource(config))
     missing = [key for key in defaults if not comments.get(key)]
-    if missing:
-        raise ValueError(
-            f"mixin config keys without a comment in rankscope/mixin/config.py: {missing}; "
-            "the chart's values.schema.json takes each value's description from there"
-        )
+    if missing:  # the chart's values.yaml and values.schema.json describe each key with it
+        raise ValueError(f"mixin config keys without a comment in mixin/config.py: {missing}")
     return {key: f"{comments[key]} (mixin config {key})" for key in defaults}
 
 

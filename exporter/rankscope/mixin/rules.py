@@ -9,11 +9,7 @@ from rankscope.mixin.alerts import census, corridor, exporter, nccl, oom, promql
 from rankscope.mixin.config import merged
 
 AREAS = (corridor, census, nccl, oom, exporter)
-RECORDING_GROUP = "rankscope.rules"
 ALERTING_GROUP = "rankscope.alerts"
-# The census rules in a group of their own: evaluated concurrently with the others, so their
-# cost at fleet scale never delays the corridor rules or the alerts.
-CENSUS_GROUP = "rankscope.census"
 # The alerts whose `for:` is minutes, evaluated every `slowAlertsInterval`: Prometheus expands
 # every template of every active alert at each evaluation of its group (AlertingRule.Eval), a
 # cost at fleet scale that these need not pay every 15 s (docs/performance.md).
@@ -30,8 +26,10 @@ def build(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     alerts = [alert for area in AREAS for alert in area.ALERTS]
     return {
         "groups": [
-            {"name": RECORDING_GROUP, "rules": _recording(corridor.RECORDING, c)},
-            {"name": CENSUS_GROUP, "rules": _recording(census.RECORDING, c)},
+            {"name": "rankscope.rules", "rules": _recording(corridor.RECORDING, c)},
+            # The census rules in a group of their own: evaluated concurrently with the others,
+            # so their cost at fleet scale never delays the corridor rules or the alerts.
+            {"name": "rankscope.census", "rules": _recording(census.RECORDING, c)},
             {"name": ALERTING_GROUP, "rules": [a.rule(c) for a in alerts if not a.slow]},
             {
                 "name": SLOW_ALERTING_GROUP,

@@ -1,10 +1,9 @@
 """The census: ranks of one group instance disagreeing on a collective count, hung, or stalled.
 
-Rules that selected the ranks x (group, op) count series would read all of them (51,200 at 64
-hosts of 8 ranks) at every evaluation. So the daemon compares the ranks of its own host at a
-round all of them reached and publishes per group instance that round and a digest of the
-counts (hosts x groups series); the rules compare those, and only the description of an
-active alert queries the counts of the one skewed group to name a rank and op.
+Rules over the ranks x (group, op) count series would read 51,200 of them at 64 hosts of 8
+ranks at every evaluation. So each daemon publishes per group instance its host's latest
+common round and a digest of the counts there; the rules compare those, and only an active
+alert's description queries the counts of the one skewed group to name a rank and op.
 """
 
 from rankscope.mixin.alerts import Alert

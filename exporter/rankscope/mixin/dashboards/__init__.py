@@ -6,18 +6,18 @@ boot, card). Schema version 39 is what Grafana 10.4 and 11 write.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 SCHEMA_VERSION = 39
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 TAGS = ["rankscope"]
-_WIDTH = 24
 # A panel query: (PromQL, legend); an empty legend is Grafana's automatic one.
 Query = tuple[str, str]
 
 
 def _panel(
-    kind: str, title: str, description: str, queries: list[Query], width: int, **fields: Any
+    kind: str, title: str, description: str, queries: Iterable[Query], width: int, **fields: Any
 ) -> dict:
     """A panel's common head and targets (a table's are instant), then its own ``fields``;
     ``_layout`` places it by ``_width``."""
@@ -41,8 +41,7 @@ def _panel(
 def timeseries(
     title: str,
     description: str,
-    queries: list[Query],
-    *,
+    *queries: Query,
     unit: str = "short",
     width: int = 12,
     stack: bool = False,
@@ -67,8 +66,7 @@ def timeseries(
 def table(
     title: str,
     description: str,
-    exprs: list[str],
-    *,
+    *exprs: str,
     unit: str = "short",
     width: int = 12,
     overrides: list[dict] | None = None,
@@ -78,7 +76,7 @@ def table(
         "table",
         title,
         description,
-        [(expr, "") for expr in exprs],
+        ((expr, "") for expr in exprs),
         width,
         fieldConfig={"defaults": {"unit": unit}, "overrides": overrides or []},
         options={"showHeader": True, "cellHeight": "sm"},
@@ -141,7 +139,7 @@ def _layout(panels: list[dict]) -> list[dict]:
     for n, panel in enumerate(panels, start=1):
         panel = dict(panel)
         width = panel.pop("_width")
-        if x + width > _WIDTH:
+        if x + width > 24:
             x, y = 0, y + 8
         panel["id"] = n
         panel["gridPos"] = {"h": 8, "w": width, "x": x, "y": y}

@@ -12,7 +12,7 @@ def _posts(mark: str, view: str, what: str) -> dict:
     return table(
         f"Posts, {view} view",
         f"Bytes each phase took per rank and card, as {what} sees it (signed).",
-        [f'sum by (boot, rank, gpu, post) (rankscope_post_bytes{{{mark}, view="{view}"}})'],
+        f'sum by (boot, rank, gpu, post) (rankscope_post_bytes{{{mark}, view="{view}"}})',
         unit="bytes",
         width=8,
     )
@@ -41,12 +41,10 @@ def build(c: Mapping[str, Any]) -> dict:
                 "Marks per rank",
                 "Allocator reserved and allocated, NVML bytes of the process and driver free "
                 "memory at each phase mark.",
-                [
-                    f"rankscope_phase_reserved_bytes{{{mark}}}",
-                    f"rankscope_phase_allocated_bytes{{{mark}}}",
-                    f"rankscope_phase_process_bytes{{{mark}}}",
-                    f"rankscope_phase_device_free_bytes{{{mark}}}",
-                ],
+                f"rankscope_phase_reserved_bytes{{{mark}}}",
+                f"rankscope_phase_allocated_bytes{{{mark}}}",
+                f"rankscope_phase_process_bytes{{{mark}}}",
+                f"rankscope_phase_device_free_bytes{{{mark}}}",
                 unit="bytes",
                 width=24,
             ),
@@ -54,19 +52,17 @@ def build(c: Mapping[str, Any]) -> dict:
                 "Non-torch residue",
                 "NVML bytes of the process minus allocator reserved, signed: CUDA context, "
                 "NCCL buffers, graph pools. Absent where the subtraction is no measurement.",
-                [f"rankscope_phase_non_torch_bytes{{{mark}}}"],
+                f"rankscope_phase_non_torch_bytes{{{mark}}}",
                 unit="bytes",
             ),
             table(
                 "KV arenas: reserved versus backed",
                 "Address space each arena reserved, the part backed by committed pages, parked "
                 "handles, and the unbacked reservation (reserved minus backed).",
-                [
-                    f"rankscope_arena_reserved_bytes{{{arena}}}",
-                    f"rankscope_arena_backed_bytes{{{arena}}}",
-                    f"rankscope_arena_retained_bytes{{{arena}}}",
-                    f"rankscope_arena_reserved_bytes{{{arena}}} - rankscope_arena_backed_bytes{{{arena}}}",
-                ],
+                f"rankscope_arena_reserved_bytes{{{arena}}}",
+                f"rankscope_arena_backed_bytes{{{arena}}}",
+                f"rankscope_arena_retained_bytes{{{arena}}}",
+                f"rankscope_arena_reserved_bytes{{{arena}}} - rankscope_arena_backed_bytes{{{arena}}}",
                 unit="bytes",
             ),
         ],

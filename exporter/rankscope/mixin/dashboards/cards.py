@@ -38,61 +38,53 @@ def build(c: Mapping[str, Any]) -> dict:
             "Free memory, window minimum and floor",
             "Latest free memory, its minimum over the sampler's trailing window (the worst "
             "instant, a trough between scrapes included) and the card's floor.",
-            [
-                (f"rankscope_gpu_free_bytes{{{card}}}", f"{CARD} free"),
-                (f"rankscope_gpu_free_min_bytes{{{card}}}", f"{CARD} window min"),
-                (f"rankscope_corridor_floor_bytes{{{card}}}", f"{CARD} floor"),
-            ],
+            (f"rankscope_gpu_free_bytes{{{card}}}", f"{CARD} free"),
+            (f"rankscope_gpu_free_min_bytes{{{card}}}", f"{CARD} window min"),
+            (f"rankscope_corridor_floor_bytes{{{card}}}", f"{CARD} floor"),
             unit="bytes",
         ),
         timeseries(
             "Corridor margin",
             "Worst-instant free memory minus the floor (signed); below zero is a breach.",
-            [(f"rankscope:corridor_margin_bytes{{{card}}}", CARD)],
+            (f"rankscope:corridor_margin_bytes{{{card}}}", CARD),
             unit="bytes",
         ),
         timeseries(
             "Time below the floor",
             "Seconds per interval the card's free memory spent below its floor, and how "
             "many times it crossed below.",
-            [
-                (
-                    increase("rankscope_corridor_breach_seconds_total", card),
-                    f"{CARD} seconds below",
-                ),
-                (increase("rankscope_corridor_breaches_total", card), f"{CARD} crossings"),
-            ],
+            (
+                increase("rankscope_corridor_breach_seconds_total", card),
+                f"{CARD} seconds below",
+            ),
+            (increase("rankscope_corridor_breaches_total", card), f"{CARD} crossings"),
         ),
         # Who holds the memory.
         timeseries(
             "Card identity",
             "Total = rank-resident + foreign + free + unattributed. Unattributed is signed "
             "(context, driver, sampling skew) and shown, not hidden.",
-            [
-                (f"rankscope_gpu_rank_resident_bytes{{{card}}}", f"{CARD} rank-resident"),
-                (f"rankscope_gpu_foreign_bytes{{{card}}}", f"{CARD} foreign"),
-                (f"rankscope_gpu_free_bytes{{{card}}}", f"{CARD} free"),
-                (f"rankscope_gpu_unattributed_bytes{{{card}}}", f"{CARD} unattributed"),
-            ],
+            (f"rankscope_gpu_rank_resident_bytes{{{card}}}", f"{CARD} rank-resident"),
+            (f"rankscope_gpu_foreign_bytes{{{card}}}", f"{CARD} foreign"),
+            (f"rankscope_gpu_free_bytes{{{card}}}", f"{CARD} free"),
+            (f"rankscope_gpu_unattributed_bytes{{{card}}}", f"{CARD} unattributed"),
             unit="bytes",
             stack=True,
         ),
         table(
             "Holdings per process",
             "Every process NVML lists on the card; role foreign (red) is no rank of any boot.",
-            [f'max by ({_PROCESS}) (rankscope_gpu_process_bytes{{{card}, boot=~"$boot|"}})'],
+            f'max by ({_PROCESS}) (rankscope_gpu_process_bytes{{{card}, boot=~"$boot|"}})',
             unit="bytes",
             overrides=FOREIGN_IN_RED,
         ),
         timeseries(
             "Foreign holdings",
             "Memory held by processes that are no rank of any boot, by pid and comm.",
-            [
-                (
-                    f'rankscope_gpu_process_bytes{{{card}, role="foreign"}}',
-                    CARD + " pid {{pid}} {{comm}}",
-                )
-            ],
+            (
+                f'rankscope_gpu_process_bytes{{{card}, role="foreign"}}',
+                CARD + " pid {{pid}} {{comm}}",
+            ),
             unit="bytes",
         ),
         # Out-of-memory instants.
@@ -100,21 +92,22 @@ def build(c: Mapping[str, Any]) -> dict:
             "Out-of-memory instants",
             "OOMs per interval: a rank's allocator failed (boot, rank, pid), or the sampler "
             "saw the card's free memory at or below --oom.free-below (no pid).",
-            [(increase("rankscope_oom_events_total", card), CARD + " rank {{rank}} pid {{pid}}")],
+            (increase("rankscope_oom_events_total", card), CARD + " rank {{rank}} pid {{pid}}"),
         ),
         table(
             "Holders at the latest OOM",
             "Every process on the card at its latest OOM instant, largest first; role "
             "foreign (red) is no rank of any boot. `rankscope oom DIR` prints the whole "
             "instant.",
-            [f"sort_desc(max by ({_PROCESS}) (rankscope_oom_holder_bytes{{{card}}}))"],
+            f"sort_desc(max by ({_PROCESS}) (rankscope_oom_holder_bytes{{{card}}}))",
             unit="bytes",
             overrides=FOREIGN_IN_RED,
         ),
         table(
             "Cards",
             "Card identity: model, and whether the device source is NVML or simulated.",
-            [f"rankscope_gpu_info{{{card}}}", f"rankscope_gpu_total_bytes{{{card}}}"],
+            f"rankscope_gpu_info{{{card}}}",
+            f"rankscope_gpu_total_bytes{{{card}}}",
             width=24,
         ),
     ]
