@@ -14,10 +14,7 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
-from prometheus_client.exposition import (
-    choose_encoder,
-    gzip_accepted,
-)
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import CollectorRegistry
 
 from rankscope import __version__
@@ -185,12 +182,10 @@ def clip(text: str) -> str:
 
 async def _clipped_validation_error(request: Request, exc: RequestValidationError) -> Response:
     """FastAPI's 422, with each echoed input cut to ECHO_BYTES."""
-    errors = []
-    for error in exc.errors():
-        error = {k: v for k, v in error.items() if k != "ctx"}
+    errors = [{k: v for k, v in error.items() if k != "ctx"} for error in exc.errors()]
+    for error in errors:
         if isinstance(error.get("input"), str):
             error["input"] = clip(error["input"])
-        errors.append(error)
     return JSONResponse({"detail": errors}, status_code=422)
 
 

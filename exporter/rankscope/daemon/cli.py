@@ -191,8 +191,7 @@ def main(args: argparse.Namespace) -> int:
     )
     # uvicorn's own lines (its start and stop, each refused request) only at debug: the daemon
     # logs its own, and a flood of bad requests must not flood the log.
-    uvicorn_level = logging.DEBUG if args.log_level == "debug" else logging.ERROR
-    logging.getLogger("uvicorn").setLevel(uvicorn_level)
+    logging.getLogger("uvicorn").setLevel("DEBUG" if args.log_level == "debug" else "ERROR")
     from rankscope.daemon.server import TLSError, listen
 
     try:

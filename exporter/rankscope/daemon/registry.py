@@ -1,6 +1,5 @@
-"""The collector protocol, metric families made from the catalog (help, type and label
-names are never typed twice; label values go in catalog order), and the registry that
-times every collector at each scrape.
+"""The collector protocol, metric families made from the catalog (help, type and label names
+never typed twice; label values in catalog order), and the registry timing every collector.
 """
 
 from __future__ import annotations

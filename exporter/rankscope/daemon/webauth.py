@@ -1,8 +1,7 @@
-"""The web config at run time (--web.config.file, docs/daemon.md): basic auth with bcrypt
-and the configured response headers, as an ASGI layer over the app. The file is read again
-when it changes: users added turn auth on, a file that cannot be used keeps the last good
-config (the error logged), and once auth has been on no route is served without it. The
-TLS context comes from here too, made anew when the file or a TLS file it names changes.
+"""The web config at run time (--web.config.file, docs/daemon.md): basic auth with bcrypt and
+the configured response headers as an ASGI layer, and the TLS context. The file is read again
+when it or a TLS file it names changes; one that cannot be used keeps the last good config.
+Users added turn auth on, and once it is on no route is served without it.
 """
 
 from __future__ import annotations
@@ -140,13 +139,12 @@ class WebAuth:
         """The config in force: the file's if it changed and can be used, else the last."""
         stamps = self._served.stamps(self.path)
         with self._lock:
-            if stamps == self._stamps:
-                return self._served
-            last = self._served
-            self._served = _reloaded(self.path, last)
-            # Stamps of the files read; those of files the config names anew, as of now.
-            same = self._served.config.tls == last.config.tls
-            self._stamps = stamps if same else self._served.stamps(self.path)
+            if stamps != self._stamps:
+                last = self._served
+                self._served = _reloaded(self.path, last)
+                # Stamps of the files read; those of files the config names anew, as of now.
+                same = self._served.config.tls == last.config.tls
+                self._stamps = stamps if same else self._served.stamps(self.path)
             return self._served
 
     def tls_context(self) -> ssl.SSLContext | None:

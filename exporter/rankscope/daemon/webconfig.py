@@ -1,9 +1,8 @@
-"""The exporter-toolkit web configuration (--web.config.file, docs/daemon.md): TLS, basic
-auth with bcrypt hashes and response headers, parsed as exporter-toolkit's Go code parses them
-(its web/testdata is the oracle: tests/faults/test_fault_webconfig_oracle.py), yaml.v2's
-UnmarshalStrict into typed fields: an unknown or repeated key is an error, so a typo or a
-second, empty `basic_auth_users:` never leaves the daemon open, and each scalar converts as a
-Go field of its type takes it.
+"""The exporter-toolkit web configuration (--web.config.file, docs/daemon.md): TLS, basic auth
+with bcrypt hashes and response headers, parsed as exporter-toolkit's Go code (yaml.v2's
+UnmarshalStrict) parses them; its web/testdata is the oracle of test_fault_webconfig_oracle.py.
+An unknown or repeated key is an error, so a typo or a second, empty `basic_auth_users:` never
+leaves the daemon open; each scalar converts as a Go field of its type takes it.
 """
 
 from __future__ import annotations
@@ -342,7 +341,7 @@ class Reader:
         if node is None or is_null(node):
             return 0
         if isinstance(node, yaml.ScalarNode) and node.tag == _INT:
-            return int(_construct(node))
+            return yaml.SafeLoader("").construct_yaml_int(node)
         raise self.error(f"{where} must be an integer, not {_shown(node)}")
 
     def duration(self, node: yaml.Node | None, where: str) -> float:
@@ -351,7 +350,7 @@ class Reader:
         if node is None or is_null(node):
             return 0.0
         if isinstance(node, yaml.ScalarNode) and node.tag == _INT:
-            return int(_construct(node)) * 1e-9
+            return yaml.SafeLoader("").construct_yaml_int(node) * 1e-9
         text = self.string(node, where)
         seconds = go_duration(text)
         if seconds is None:
@@ -375,10 +374,6 @@ def go_duration(text: str) -> float | None:
     return sign * sum(
         float(number) * _UNIT_SECONDS[unit] for number, unit in _DURATION_PART.findall(body)
     )
-
-
-def _construct(node: yaml.Node) -> Any:
-    return yaml.SafeLoader("").construct_object(node)
 
 
 def _shown(node: yaml.Node) -> str:

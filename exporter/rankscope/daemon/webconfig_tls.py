@@ -120,8 +120,7 @@ class TLSConfig:
                 context.load_cert_chain(cert, key)
         except ssl.SSLError as exc:
             raise ssl.SSLError(f"cannot use {self.describe()}: {exc.reason or exc}") from exc
-        expired = self.expired(time.time())
-        if expired:
+        if expired := self.expired(time.time()):
             log.warning(
                 "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
                 self.cert_file or "(inline)",
@@ -143,15 +142,12 @@ class TLSConfig:
                 raise ssl.SSLError(f"{ca} holds no usable CA certificate: {reason}") from exc
         context.verify_mode = ssl.VerifyMode(self.cert_reqs)
         if self.cipher_suites:
-            tls12 = [CIPHER_SUITES[name] for name in self.cipher_suites]
-            openssl = [name for name in tls12 if name is not None]
+            openssl = [tls12 for name in self.cipher_suites if (tls12 := CIPHER_SUITES[name])]
             if openssl:
                 context.set_ciphers(":".join(openssl))
             else:  # only TLS 1.3 suites listed: Go then has no TLS 1.2 suite either
                 context.minimum_version = ssl.TLSVersion.TLSv1_3
-        if self.prefer_server_cipher_suites:
-            context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
-        else:
+        if not self.prefer_server_cipher_suites:  # the ssl module's server contexts prefer
             context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
         if self.curve_preferences:
             # The ssl module sets one group: the most preferred (docs/daemon.md).
