@@ -12,10 +12,10 @@ from rankscope.rank import census, probe
 from rankscope.rank.adapters.points import (
     Adapter,
     AttachError,
-    Hook,
     HookPoint,
     Installer,
     Undo,
+    Wrap,
     points_of,
     resolve,
     wrap_method,
@@ -97,18 +97,25 @@ def counting(
     return install
 
 
-def wrap_methods(
-    adapter: Adapter, module: ModuleType, name: str, hooks: Mapping[str, tuple[Hook | None, ...]]
-) -> list[Undo]:
-    """Wrap the methods of the one class ``name``'s wrap points are on: method -> (before,
-    after), either None."""
-    cls = {resolve(module, p)[0] for p in points_of(adapter, name, ("wrap",))}.pop()
-    return [wrap_method(cls, m, before=b, after=a) for m, (b, a) in hooks.items()]
+def wrap_points(module: str, cls: str, hooks: Mapping[str, Wrap]) -> tuple[HookPoint, ...]:
+    """The wrap points of ``cls``'s methods, with the parameters their hooks read."""
+    return tuple(HookPoint(module, f"{cls}.{m}", "wrap", w.params) for m, w in hooks.items())
 
 
-def marks(before: str, after: str, runner: Callable[[Any], str]) -> tuple[Hook, Hook]:
-    """Hooks marking phase ``before`` and ``after`` a call, for ``runner(self)``."""
-    return (
+def wrapping(adapter: Adapter, hooks: Mapping[str, Wrap]) -> Installer:
+    """The installer of a module whose wrap points are on one class: wrap its methods."""
+
+    def install(module: ModuleType) -> list[Undo]:
+        points = points_of(adapter, module.__name__, ("wrap",))
+        cls = {resolve(module, p)[0] for p in points}.pop()
+        return [wrap_method(cls, m, w) for m, w in hooks.items()]
+
+    return install
+
+
+def marks(before: str, after: str, runner: Callable[[Any], str]) -> Wrap:
+    """Marking phase ``before`` and ``after`` a call, for ``runner(self)``."""
+    return Wrap(
         lambda obj, args, kwargs: probe.mark(before, runner=runner(obj)),
         lambda obj, args, kwargs: probe.mark(after, runner=runner(obj)),
     )

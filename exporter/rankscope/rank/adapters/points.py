@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from rankscope.rank.writer import RECORDER
 from rankscope.record import AdapterFailure, AdapterStatus
@@ -90,12 +90,20 @@ def resolve(module: ModuleType, point: HookPoint) -> tuple[Any, str]:
 Hook = Callable[[Any, tuple[Any, ...], dict[str, Any]], object]
 
 
-def wrap_method(
-    cls: type, name: str, *, before: Hook | None = None, after: Hook | None = None
-) -> Undo:
-    """Replace ``cls.name`` by a wrapper that runs ``before`` and, when the call returns,
-    ``after``, each costing a log line if it fails, never the call. Returns the undo."""
+class Wrap(NamedTuple):
+    """What an adapter runs around one method, and the parameters its hooks read, as (name,
+    position after self): the method's wrap point declares them."""
+
+    before: Hook | None = None
+    after: Hook | None = None
+    params: tuple[tuple[str, int], ...] = ()
+
+
+def wrap_method(cls: type, name: str, wrap: Wrap) -> Undo:
+    """Replace ``cls.name`` by a wrapper that runs ``wrap.before`` and, when the call returns,
+    ``wrap.after``, each costing a log line if it fails, never the call. Returns the undo."""
     original = cls.__dict__[name]
+    before, after = wrap.before, wrap.after
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -6,12 +6,11 @@ ranks from parallel_state, the KV pool as arena ``kv`` (``kv_draft``), the censu
 from __future__ import annotations
 
 import weakref
-from types import ModuleType
 from typing import Any
 
 from rankscope.rank import census, probe
 from rankscope.rank.adapters import common
-from rankscope.rank.adapters.points import Adapter, HookPoint, Installer, Undo
+from rankscope.rank.adapters.points import Adapter, HookPoint, Installer, Wrap
 
 PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
@@ -62,16 +61,42 @@ EAGER_ONLY = (
     "all_gather",
 )
 
+
+def _runner(model_runner: Any) -> str:
+    return "draft" if getattr(model_runner, "is_draft_worker", False) else "target"
+
+
+def _configure_ranks(model_runner: Any, args: Any, kwargs: Any) -> None:
+    role = None if _runner(model_runner) == "draft" else "target"
+    common.configure_ranks(PARALLEL_STATE, runner=role)
+
+
+def _pool_sized(model_runner: Any, args: Any, kwargs: Any) -> None:
+    role = _runner(model_runner)
+    pool = model_runner.token_to_kv_pool
+    if pool is not None:
+        arena = KvPoolArena(pool, draft=role == "draft")
+        common.register_arena("kv" if role == "target" else "kv_draft", arena)
+    probe.mark("kv_pool_sized", runner=role)
+
+
+MODEL_RUNNER_HOOKS: dict[str, Wrap] = {
+    "init_torch_distributed": Wrap(after=_configure_ranks),
+    "load_model": common.marks("pre_weight_load", "weights_loaded", _runner),
+    "alloc_memory_pool": Wrap(after=_pool_sized),
+    "init_cuda_graphs": common.marks("capture_begin", "capture_end", _runner),
+}
+SCHEDULER_HOOKS: dict[str, Wrap] = {
+    "ingest_requests": Wrap(before=lambda *_: census.tick()),
+    "run_batch": Wrap(after=lambda *_: common.first_forward(ADAPTER)),
+}
+
 POINTS: tuple[HookPoint, ...] = (
     *common.coordinator_points(PARALLEL_STATE, COORDINATOR_OPS),
-    HookPoint(MODEL_RUNNER, "ModelRunner.init_torch_distributed", "wrap"),
-    HookPoint(MODEL_RUNNER, "ModelRunner.load_model", "wrap"),
-    HookPoint(MODEL_RUNNER, "ModelRunner.alloc_memory_pool", "wrap"),
-    HookPoint(MODEL_RUNNER, "ModelRunner.init_cuda_graphs", "wrap"),
+    *common.wrap_points(MODEL_RUNNER, "ModelRunner", MODEL_RUNNER_HOOKS),
     HookPoint(MODEL_RUNNER, "ModelRunner.is_draft_worker", "read"),
     HookPoint(MODEL_RUNNER, "ModelRunner.token_to_kv_pool", "read"),
-    HookPoint(SCHEDULER, "Scheduler.ingest_requests", "wrap"),
-    HookPoint(SCHEDULER, "Scheduler.run_batch", "wrap"),
+    *common.wrap_points(SCHEDULER, "Scheduler", SCHEDULER_HOOKS),
     *(
         HookPoint(MEMORY_POOL, f"{cls}.get_kv_size_bytes", "read")
         for cls in ("MHATokenToKVPool", "MLATokenToKVPool", "HybridLinearKVPool")
@@ -141,10 +166,6 @@ class KvPoolArena:
         return self.reserved_bytes()
 
 
-def _runner(model_runner: Any) -> str:
-    return "draft" if getattr(model_runner, "is_draft_worker", False) else "target"
-
-
 class SGLangAdapter(Adapter):
     framework = "sglang"
     distribution = "sglang"
@@ -154,37 +175,9 @@ class SGLangAdapter(Adapter):
     def installers(self) -> dict[str, Installer]:
         return {
             PARALLEL_STATE: common.counting(self, COORDINATOR_OPS, EAGER_ONLY),
-            MODEL_RUNNER: self._install_model_runner,
-            SCHEDULER: self._install_scheduler,
+            MODEL_RUNNER: common.wrapping(self, MODEL_RUNNER_HOOKS),
+            SCHEDULER: common.wrapping(self, SCHEDULER_HOOKS),
         }
 
-    def _install_model_runner(self, module: ModuleType) -> list[Undo]:
-        def ranks(runner: Any, args: Any, kwargs: Any) -> None:
-            role = None if _runner(runner) == "draft" else "target"
-            common.configure_ranks(PARALLEL_STATE, runner=role)
 
-        def pool_sized(runner: Any, args: Any, kwargs: Any) -> None:
-            role = _runner(runner)
-            pool = runner.token_to_kv_pool
-            if pool is not None:
-                arena = KvPoolArena(pool, draft=role == "draft")
-                common.register_arena("kv" if role == "target" else "kv_draft", arena)
-            probe.mark("kv_pool_sized", runner=role)
-
-        hooks = {
-            "init_torch_distributed": (None, ranks),
-            "load_model": common.marks("pre_weight_load", "weights_loaded", _runner),
-            "alloc_memory_pool": (None, pool_sized),
-            "init_cuda_graphs": common.marks("capture_begin", "capture_end", _runner),
-        }
-        return common.wrap_methods(self, module, MODEL_RUNNER, hooks)
-
-    def _install_scheduler(self, module: ModuleType) -> list[Undo]:
-        hooks = {
-            "ingest_requests": (lambda *_: census.tick(), None),
-            "run_batch": (None, lambda *_: common.first_forward(self)),
-        }
-        return common.wrap_methods(self, module, SCHEDULER, hooks)
-
-
-ADAPTER = SGLangAdapter()
+ADAPTER: Adapter = SGLangAdapter()

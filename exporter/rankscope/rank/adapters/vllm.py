@@ -7,12 +7,11 @@ bypass it, a tick per engine step; docs/integrations.md has each.
 from __future__ import annotations
 
 import weakref
-from types import ModuleType
 from typing import Any
 
 from rankscope.rank import census, probe
 from rankscope.rank.adapters import common
-from rankscope.rank.adapters.points import Adapter, HookPoint, Installer, Undo
+from rankscope.rank.adapters.points import Adapter, HookPoint, Installer, Wrap
 
 PARALLEL_STATE = "vllm.distributed.parallel_state"
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
@@ -64,6 +63,36 @@ COMMUNICATOR_OPS: dict[str, common.Op] = {
     "recv": ("recv", "src", 2),
 }
 
+
+def _target(worker: Any) -> str:
+    return "target"  # a drafter runs inside the target's model runner
+
+
+def _configure_ranks(worker: Any, args: Any, kwargs: Any) -> None:
+    common.configure_ranks(PARALLEL_STATE, runner="target")
+
+
+def _pool_sized(worker: Any, args: Any, kwargs: Any) -> None:
+    config = kwargs.get("kv_cache_config", args[0] if args else None)
+    if config is not None:
+        arena = KvCacheArena(device_kv_bytes(config), getattr(worker, "model_runner", None))
+        common.register_arena("kv", arena)
+    probe.mark("kv_pool_sized", runner="target")
+
+
+def _step_done(worker: Any, args: Any, kwargs: Any) -> None:
+    census.tick()
+    common.first_forward(ADAPTER)
+
+
+WORKER_HOOKS: dict[str, Wrap] = {
+    "init_device": Wrap(after=_configure_ranks),
+    "load_model": common.marks("pre_weight_load", "weights_loaded", _target),
+    "initialize_from_config": Wrap(after=_pool_sized, params=(("kv_cache_config", 0),)),
+    "compile_or_warm_up_model": common.marks("capture_begin", "capture_end", _target),
+    "execute_model": Wrap(after=_step_done),
+}
+
 POINTS: tuple[HookPoint, ...] = (
     *common.coordinator_points(PARALLEL_STATE, COORDINATOR_OPS),
     *common.count_points(CUDA_COMMUNICATOR, "CudaCommunicator", COMMUNICATOR_OPS),
@@ -71,11 +100,7 @@ POINTS: tuple[HookPoint, ...] = (
         HookPoint(BASE_COMMUNICATOR, f"DeviceCommunicatorBase.{a}", "read")
         for a in ("unique_name", "ranks", "rank_in_group", "world_size")
     ),
-    HookPoint(GPU_WORKER, "Worker.init_device", "wrap"),
-    HookPoint(GPU_WORKER, "Worker.load_model", "wrap"),
-    HookPoint(GPU_WORKER, "Worker.initialize_from_config", "wrap", (("kv_cache_config", 0),)),
-    HookPoint(GPU_WORKER, "Worker.compile_or_warm_up_model", "wrap"),
-    HookPoint(GPU_WORKER, "Worker.execute_model", "wrap"),
+    *common.wrap_points(GPU_WORKER, "Worker", WORKER_HOOKS),
     HookPoint(GPU_WORKER, "Worker.model_runner", "read"),
     HookPoint(KV_CACHE_INTERFACE, "KVCacheConfig.kv_cache_tensors", "read"),
     HookPoint(KV_CACHE_INTERFACE, "KVCacheTensor.size", "read"),
@@ -131,37 +156,10 @@ class VLLMAdapter(Adapter):
     def installers(self) -> dict[str, Installer]:
         return {
             PARALLEL_STATE: common.counting(self, COORDINATOR_OPS),
-            GPU_WORKER: self._install_worker,
+            GPU_WORKER: common.wrapping(self, WORKER_HOOKS),
             # Traced, a communicator method is reached from a counted coordinator method.
             CUDA_COMMUNICATOR: common.counting(self, COMMUNICATOR_OPS, eager_only=COMMUNICATOR_OPS),
         }
-
-    def _install_worker(self, module: ModuleType) -> list[Undo]:
-        def ranks(worker: Any, args: Any, kwargs: Any) -> None:
-            common.configure_ranks(PARALLEL_STATE, runner="target")
-
-        def pool_sized(worker: Any, args: Any, kwargs: Any) -> None:
-            config = kwargs.get("kv_cache_config", args[0] if args else None)
-            if config is not None:
-                arena = KvCacheArena(device_kv_bytes(config), getattr(worker, "model_runner", None))
-                common.register_arena("kv", arena)
-            probe.mark("kv_pool_sized", runner="target")
-
-        def step_done(worker: Any, args: Any, kwargs: Any) -> None:
-            census.tick()
-            common.first_forward(self)
-
-        def target(worker: Any) -> str:
-            return "target"
-
-        hooks = {
-            "init_device": (None, ranks),
-            "load_model": common.marks("pre_weight_load", "weights_loaded", target),
-            "initialize_from_config": (None, pool_sized),
-            "compile_or_warm_up_model": common.marks("capture_begin", "capture_end", target),
-            "execute_model": (None, step_done),
-        }
-        return common.wrap_methods(self, module, GPU_WORKER, hooks)
 
 
 ADAPTER = VLLMAdapter()
