@@ -1,8 +1,6 @@
-"""Framework adapters (SGLang, vLLM) that attach themselves when the framework is imported:
-``install_import_hooks()`` (idempotent, never raises; ``rankscope run`` calls it) watches
-their modules (rankscope.rank.imports), and a module imported already is attached at once.
-rankscope never imports a framework itself. docs/integrations.md says what each does.
-"""
+"""Framework adapters (SGLang, vLLM) that attach themselves as the framework's modules are
+imported (rankscope.rank.imports); rankscope never imports a framework itself.
+docs/integrations.md says what each does."""
 
 from __future__ import annotations
 

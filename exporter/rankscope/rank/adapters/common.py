@@ -31,10 +31,7 @@ def group_of(coordinator: Any) -> str | None:
 
 
 def count_methods(
-    module: Any,
-    points: list[HookPoint],
-    table: Mapping[str, Op],
-    eager_only: Iterable[str] = (),
+    module: Any, points: list[HookPoint], table: Mapping[str, Op], eager_only: Iterable[str] = ()
 ) -> list[Undo]:
     """Count the methods of ``points`` (all of one class) under the ops of ``table``;
     ``eager_only`` as census.instrument_methods takes it."""

@@ -168,7 +168,7 @@ def check(adapter: Adapter, manifest: dict[str, Any]) -> list[str]:
     problem names the version and the point. [] when all are present and compatible."""
     versions = manifest.get("frameworks", {}).get(adapter.framework, {})
     problems = []
-    optional_seen: set[HookPoint] = set()
+    present: set[HookPoint] = set()
     for version in adapter.checked_versions:
         entry = versions.get(version)
         if entry is None:
@@ -176,15 +176,12 @@ def check(adapter: Adapter, manifest: dict[str, Any]) -> list[str]:
             continue
         for point in adapter.points:
             found = check_point(point, entry["modules"].get(point.module))
-            if point.optional:
-                if found:
-                    continue  # read with a fallback where the version lacks it
-                optional_seen.add(point)
-            problems.extend(f"{adapter.framework} {version}: {p}" for p in found)
-    for point in adapter.points:
-        if point.optional and point not in optional_seen:
-            problems.append(f"{adapter.framework}: {point.name} is in no checked version")
-    return problems
+            if not found:
+                present.add(point)
+            elif not point.optional:  # an optional one is read with a fallback where absent
+                problems.extend(f"{adapter.framework} {version}: {p}" for p in found)
+    missing = [p for p in adapter.points if p.optional and p not in present]
+    return problems + [f"{adapter.framework}: {p.name} is in no checked version" for p in missing]
 
 
 def load(path: Path = MANIFEST_PATH) -> dict[str, Any]:

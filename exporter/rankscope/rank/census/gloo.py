@@ -36,14 +36,7 @@ def describe(entry: Entry) -> str:
 class Comparator:
     """Gathers (round, counts) over ``group`` on a daemon thread, round by round."""
 
-    def __init__(
-        self,
-        dist: Any,
-        group: Any,
-        rank: int,
-        own_group: bool = False,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, dist: Any, group: Any, rank: int, own_group: bool, timeout_s: float) -> None:
         self.dist = dist
         self.group = group
         self.timeout_s = timeout_s  # the group's: how long one gather can wait for a peer
@@ -186,7 +179,7 @@ def enable_comparison(group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -
         if RECORDER.rank.rank is None:
             RECORDER.configure(rank=rank, world_size=dist.get_world_size())
         disable_comparison()
-        _active = Comparator(dist, group, rank, own_group=own, timeout_s=timeout_s)
+        _active = Comparator(dist, group, rank, own, timeout_s)
         snapshots.STATE.on_snapshot = _active.submit
         return _active
     except Exception as exc:

@@ -150,11 +150,9 @@ def _counting(
 
 
 def _collective_wrapper(
-    dist: Any, name: str, original: Callable[..., Any], on_world: Callable[[], None] | None = None
+    dist: Any, name: str, original: Callable[..., Any], on_world: Callable[[], None] | None
 ) -> Callable[..., Any]:
     """``on_world`` (the automatic cadence) runs after each call on the default group."""
-    if name in P2P:
-        return _p2p_wrapper(dist, name, original)
     group_at = _position(original, "group")
     world, table, names, counts = dist.distributed_c10d._world, _counts.COUNTS, _names, _counts
     # the field itself where this torch has it: the property is a Python call
@@ -234,9 +232,7 @@ def _batch_wrapper(
     return wrapper
 
 
-def instrument_torch_distributed(
-    on_world: Callable[[], None] | None = None,
-) -> Callable[[], None]:
+def instrument_torch_distributed(on_world: Callable[[], None] | None = None) -> Callable[[], None]:
     """Count every call of torch.distributed's collectives and p2p ops, once however they
     nest. Idempotent; returns the undo. Patches nothing, with a log line, where torch is absent
     or the census disarmed. ``on_world`` (``rankscope run``'s ``census.auto_tick``) runs after
@@ -259,18 +255,16 @@ def instrument_torch_distributed(
         if dist.is_initialized() and RECORDER.rank.rank is None:
             # Snapshots are compared by rank: take it from torch when the launcher set none.
             RECORDER.configure(rank=dist.get_rank(), world_size=dist.get_world_size())
-        names = [n for n in (*COLLECTIVES, *P2P, BATCH) if hasattr(c10d, n)]
-        plain = {n: getattr(c10d, n) for n in names}
+        plain = {n: getattr(c10d, n) for n in (*COLLECTIVES, *P2P, BATCH) if hasattr(c10d, n)}
         wrappers = {
-            n: _collective_wrapper(dist, n, plain[n], on_world if n in COLLECTIVES else None)
-            for n in names
-            if n != BATCH
+            n: _batch_wrapper(dist, c10d, f, plain)
+            if n == BATCH
+            else _p2p_wrapper(dist, n, f)
+            if n in P2P
+            else _collective_wrapper(dist, n, f, on_world)
+            for n, f in plain.items()
         }
-        if BATCH in plain:
-            wrappers[BATCH] = _batch_wrapper(dist, c10d, plain[BATCH], plain)
-        restore = undo_all(
-            [patch(module, n, w) for n, w in wrappers.items() for module in (c10d, dist)]
-        )
+        restore = undo_all([patch(m, n, w) for n, w in wrappers.items() for m in (c10d, dist)])
 
         def undo() -> None:
             global _undo

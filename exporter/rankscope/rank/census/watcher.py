@@ -41,7 +41,11 @@ class Watcher:
     def poll(self, mono: float, wall: float) -> CensusLive | None:
         """The line to write now, if any, given the counts now."""
         counts = _counts.snapshot()
-        self._note_full_snapshot()
+        # A census line newer than this watcher's last line holds every count: the next live
+        # line carries only what changed after it, a period after it.
+        full = _snapshots.STATE.full_written
+        if full is not None and full[0] > self.written_mono:
+            self.written_mono, self.written = full
         if counts != self.seen:
             resumed, self.stalled = self.stalled, False
             self.seen, self.progress_mono, self.progress_wall = counts, mono, wall
@@ -60,13 +64,6 @@ class Watcher:
         if key is None or key not in counts:
             return BlockedIn(None, None, None, self.progress_wall)
         return BlockedIn(key[0], key[1], counts[key], self.progress_wall)
-
-    def _note_full_snapshot(self) -> None:
-        """A census line newer than this watcher's last line holds every count: the next live
-        line carries only what changed after it, a period after it."""
-        full = _snapshots.STATE.full_written
-        if full is not None and full[0] > self.written_mono:
-            self.written_mono, self.written = full
 
     def _line(self, counts: dict[Key, int], mono: float, blocked: BlockedIn | None) -> CensusLive:
         changed = {k: n for k, n in counts.items() if self.written.get(k) != n}

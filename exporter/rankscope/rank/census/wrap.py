@@ -237,9 +237,7 @@ def instrument_methods(
     that torch.compile traces into a call of the framework's opaque custom op, which reaches
     another counted method when it runs: traced, they count nothing (else twice). A method
     missing or already wrapped is skipped with a log line. Returns the undo."""
-    table: dict[str, str | OpNamer] = (
-        dict(methods) if isinstance(methods, Mapping) else {m: m for m in methods}
-    )
+    table = dict(methods) if isinstance(methods, Mapping) else {m: m for m in methods}
     cached = _cached(group_of)
     untraced = frozenset(eager_only)
     undos: list[Callable[[], None]] = []
