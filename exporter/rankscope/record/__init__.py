@@ -5,9 +5,9 @@ A :class:`Line` is the :class:`Header` and a typed body, one class per kind (mar
 census.py, adapter.py, oom.py). Readers narrow with ``isinstance(line.body, Mark)`` or
 :func:`of_kind`, never indexing a raw dict by string, and treat a parsed line as read-only.
 
-Adding a kind: a :class:`rankscope.record.codec.Codec` dataclass with ``KIND``, ``STREAM``
-(its file), ``WHERE`` (its fields' prefix in ``bad``) and its fields, each declared once
-(``codec.nbytes()``, ``codec.section(MarkDevice)``...), added to :data:`Body` and ``__all__``.
+Adding a kind: a :class:`rankscope.record.codec.Codec` dataclass, ``class X(Codec, kind=...,
+stream=..., where=...)``, with its fields each declared once (``codec.nbytes()``,
+``codec.section(MarkDevice)``...), added to :data:`Body` and ``__all__``.
 A kind this reader does not know (a newer writer of the same schema version) parses into
 :class:`UnknownKind`, keeping its header. Changing what a field means, or removing one,
 moves SCHEMA_VERSION (the old still read)."""

@@ -6,31 +6,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from rankscope.record import codec
 from rankscope.record.codec import Codec
 
 
 @dataclass(frozen=True, slots=True)
-class AdapterFailure(Codec):
+class AdapterFailure(Codec, where="adapter.failed"):
     """The hook point that could not attach, and why."""
 
-    WHERE: ClassVar[str] = "adapter.failed"
     hook: str | None = codec.text()
     why: str | None = codec.text()
 
 
 @dataclass(slots=True, kw_only=True)
-class AdapterStatus(Codec):
+class AdapterStatus(Codec, kind="adapter", stream="marks", where="adapter"):
     """``attached`` (or ``attached_unverified_version``: a release not checked, whose every
     hook point verified at run time) with the methods it wrapped and the modules still to
     come, or ``not_attached`` / ``detached`` with what ``failed``. One line a process and
     adapter; one of no framework or status says nothing (malformed)."""
-
-    KIND: ClassVar[str] = "adapter"
-    STREAM: ClassVar[str] = "marks"
-    WHERE: ClassVar[str] = "adapter"
 
     framework: str = codec.text(required=True)
     version: str | None = codec.text()

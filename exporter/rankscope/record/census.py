@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from rankscope.record import codec
 from rankscope.record.codec import Bad, Codec, Json
@@ -82,21 +82,13 @@ class _Snapshot(Codec):
 
 
 @dataclass(slots=True)
-class Census(_Snapshot):
+class Census(_Snapshot, kind="census", stream="census", where="census"):
     """A snapshot of a rank's counts at a replicated round (docs/census.md)."""
-
-    KIND: ClassVar[str] = "census"
-    STREAM: ClassVar[str] = "census"
-    WHERE: ClassVar[str] = "census"
 
 
 @dataclass(slots=True, kw_only=True)
-class CensusDump(_Snapshot):
+class CensusDump(_Snapshot, kind="census_dump", stream="census", where="census_dump"):
     """A rank's local counts at abort or exit (no collective, not at a common round)."""
-
-    KIND: ClassVar[str] = "census_dump"
-    STREAM: ClassVar[str] = "census"
-    WHERE: ClassVar[str] = "census_dump"
 
     reason: str | None = codec.text(default=MISSING)
 
@@ -122,11 +114,9 @@ def decode_changed(value: Any, bad: Bad, name: str) -> Counts:
 
 
 @dataclass(slots=True)
-class BlockedIn(Codec):
+class BlockedIn(Codec, where="census_live.blocked_in"):
     """The collective a stalled rank counted last, so the one it is in: group instance, op,
     its sequence number (the count of that op on that group) and when progress stopped."""
-
-    WHERE: ClassVar[str] = "census_live.blocked_in"
 
     group: str | None = codec.text()
     op: str | None = codec.text()
@@ -135,15 +125,11 @@ class BlockedIn(Codec):
 
 
 @dataclass(slots=True)
-class CensusLive(Codec):
+class CensusLive(Codec, kind="census_live", stream="census", where="census_live"):
     """The census watcher's line, on time rather than at a round: the counts that changed since
     this process's previous ``census`` or ``census_live`` line (its first carries them all),
     and, on a stall, the collective the rank is blocked in. Each key's highest count over a
     process's lines is its latest (counts only grow)."""
-
-    KIND: ClassVar[str] = "census_live"
-    STREAM: ClassVar[str] = "census"
-    WHERE: ClassVar[str] = "census_live"
 
     changed: Counts = codec.custom(decode_changed, split_by_group, factory=dict)
     blocked_in: BlockedIn | None = codec.section(BlockedIn, optional=True)
@@ -161,13 +147,9 @@ def _count_by_rank(value: Any, bad: Bad, name: str) -> dict[int, int]:
 
 
 @dataclass(slots=True)
-class Divergence(Codec):
+class Divergence(Codec, kind="divergence", stream="census", where="divergence"):
     """The in-process comparison's finding for one (group, op) at one round: each rank's
     count; ``lagging`` empty says they agree again. No (group, op): malformed."""
-
-    KIND: ClassVar[str] = "divergence"
-    STREAM: ClassVar[str] = "census"
-    WHERE: ClassVar[str] = "divergence"
 
     round: int | None = codec.count(default=MISSING)
     group: str = codec.text(required=True)

@@ -226,11 +226,21 @@ def parse_section(cls: type[T], obj: Mapping[str, Any], bad: Bad) -> T:
 
 
 class Codec:
-    """The base of every typed section and kind. A kind sets ``WHERE``, and overrides either
-    method where its wire shape is special (reusing encode_fields / parse_fields)."""
+    """The base of every typed section and kind, named in its class statement:
+    ``class Mark(Codec, kind="mark", stream="marks", where="mark")`` (its ``kind`` string, the
+    file it goes to, its fields' prefix in ``bad``). A kind overrides either method where its
+    wire shape is special (reusing encode_fields / parse_fields)."""
 
     __slots__ = ()
+    KIND: ClassVar[str] = ""
+    STREAM: ClassVar[str] = ""
     WHERE: ClassVar[str] = ""
+
+    def __init_subclass__(cls, kind: str = "", stream: str = "", where: str = "") -> None:
+        # Only those given: dataclass(slots=True) makes the class again, without keywords.
+        for name, value in (("KIND", kind), ("STREAM", stream), ("WHERE", where)):
+            if value:
+                setattr(cls, name, value)
 
     def to_json(self) -> Json:
         return encode_fields(self, type(self))

@@ -6,7 +6,6 @@ back what :func:`header_json` wrote."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from rankscope.record import codec
 from rankscope.record.codec import Codec, Json
@@ -64,10 +63,8 @@ def header_json(
 
 
 @dataclass(frozen=True, kw_only=True)
-class Header(RankIdentity, ProcessIdentity):
+class Header(RankIdentity, ProcessIdentity, where="header"):
     """A parsed line's header. ``file`` is where the reader found it (not on disk)."""
-
-    WHERE: ClassVar[str] = "header"
 
     v: int = codec.whole()
     kind: str = codec.text(required=True)

@@ -6,17 +6,16 @@ at a serving sample, in views shared with ``oom``; and the generic marks' typed 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from rankscope.record import codec
 from rankscope.record.codec import Codec, Json
 
 
 @dataclass(slots=True)
-class MarkDevice(Codec):
+class MarkDevice(Codec, where="mark.device"):
     """The card the process works on: CUDA index, NVML uuid and NVML index."""
 
-    WHERE: ClassVar[str] = "mark.device"
     index: int | None = codec.integer()
     uuid: str | None = codec.text()
     nvml_index: int | None = codec.integer()
@@ -24,10 +23,9 @@ class MarkDevice(Codec):
 
 
 @dataclass(slots=True)
-class MarkTorch(Codec):
+class MarkTorch(Codec, where="mark.torch"):
     """The allocator's view: reserved and allocated bytes, peak, retries, OOMs."""
 
-    WHERE: ClassVar[str] = "mark.torch"
     reserved: int | None = codec.nbytes()
     allocated: int | None = codec.nbytes()
     peak_allocated: int | None = codec.nbytes()
@@ -37,10 +35,9 @@ class MarkTorch(Codec):
 
 
 @dataclass(slots=True)
-class MarkDriver(Codec):
+class MarkDriver(Codec, where="mark.driver"):
     """The card's free and total bytes (NVML memory info)."""
 
-    WHERE: ClassVar[str] = "mark.driver"
     free: int | None = codec.nbytes()
     total: int | None = codec.nbytes()
     why: str | None = codec.text()
@@ -51,21 +48,19 @@ class MarkDriver(Codec):
 
 
 @dataclass(slots=True)
-class MarkNvml(Codec):
+class MarkNvml(Codec, where="mark.nvml"):
     """This process's NVML bytes and the card's host pid -> bytes map (None: not listed
     per process on this card); on the wire the pids are the object's string keys."""
 
-    WHERE: ClassVar[str] = "mark.nvml"
     self_bytes: int | None = codec.nbytes()
     procs: dict[int, int | None] | None = codec.custom(codec.as_count_by_int, codec.str_keys)
     why: str | None = codec.text()
 
 
 @dataclass(slots=True)
-class MarkArena(Codec):
+class MarkArena(Codec, where="mark.arenas"):
     """One registered arena's bytes: reserved address space, backed, retained."""
 
-    WHERE: ClassVar[str] = "mark.arenas"
     reserved: int | None = codec.nbytes()
     backed: int | None = codec.nbytes()
     retained: int | None = codec.nbytes()
@@ -73,10 +68,9 @@ class MarkArena(Codec):
 
 
 @dataclass(slots=True)
-class MarkDerived(Codec):
+class MarkDerived(Codec, where="mark.derived"):
     """Signed residues, null where a side is unmeasured."""
 
-    WHERE: ClassVar[str] = "mark.derived"
     non_torch: int | None = codec.signed_bytes()
     non_torch_measured: bool = codec.flag()
     unbacked_reservation: int | None = codec.signed_bytes()
@@ -88,12 +82,11 @@ class MarkDerived(Codec):
         return derived
 
 
-class MarkFields(Codec):
+class MarkFields(Codec, where="mark.extra"):
     """A generic mark's extra as typed fields (rankscope.rank.auto's hooks); a reader parses
     them from a mark's ``extra`` dict with ``parse(extra, bad)``."""
 
     __slots__ = ()
-    WHERE: ClassVar[str] = "mark.extra"
 
 
 @dataclass(slots=True)
@@ -141,13 +134,9 @@ class PoolFields(MarkFields):
 
 
 @dataclass(slots=True)
-class Mark(Codec):
+class Mark(Codec, kind="mark", stream="marks", where="mark"):
     """A boot-phase mark (docs/probe.md). A per-mark runner goes in the header
     (``Recorder.write_record(mark, runner=...)``). A mark of no phase is malformed."""
-
-    KIND: ClassVar[str] = "mark"
-    STREAM: ClassVar[str] = "marks"
-    WHERE: ClassVar[str] = "mark"
 
     phase: str = codec.text(required=True)
     # a user's fields, or a generic mark's typed ones (written alike; parsed as a dict)
@@ -165,13 +154,9 @@ class Mark(Codec):
 
 
 @dataclass(slots=True)
-class Sample(Codec):
+class Sample(Codec, kind="sample", stream="samples", where="mark"):
     """A serving sample (docs/probe.md, "Serving samples"): a mark's views with no phase,
     written at a bounded rate while serving; bad fields are named mark.* as a mark's."""
-
-    KIND: ClassVar[str] = "sample"
-    STREAM: ClassVar[str] = "samples"
-    WHERE: ClassVar[str] = "mark"
 
     device: MarkDevice = codec.section(MarkDevice)
     torch: MarkTorch = codec.section(MarkTorch)

@@ -6,7 +6,7 @@ allocator and the card held then, and who held the card (rankscope.rank.probe.oo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from rankscope.record import codec
 from rankscope.record.codec import Bad, Codec
@@ -14,10 +14,9 @@ from rankscope.record.mark import MarkDevice, MarkDriver, MarkNvml
 
 
 @dataclass(slots=True)
-class OomAllocator(Codec):
+class OomAllocator(Codec, where="oom.allocator"):
     """The caching allocator's own counters at the OOM."""
 
-    WHERE: ClassVar[str] = "oom.allocator"
     reserved: int | None = codec.nbytes()
     allocated: int | None = codec.nbytes()
     num_ooms: int | None = codec.count()
@@ -26,22 +25,20 @@ class OomAllocator(Codec):
 
 
 @dataclass(slots=True)
-class OomPool(Codec):
+class OomPool(Codec, where="oom.pools"):
     """One allocator pool's segments at the OOM: ``large``, ``small``, or ``private:A,B``
     (a CUDA graph's or MemPool's private pool)."""
 
-    WHERE: ClassVar[str] = "oom.pools"
     segments: int | None = codec.count()
     reserved: int | None = codec.nbytes()
     allocated: int | None = codec.nbytes()
 
 
 @dataclass(slots=True)
-class OomHolder(Codec):
+class OomHolder(Codec, where="oom.holders"):
     """One process on the card at the OOM: NVML's pid and bytes, with the comm and start
     ticks /proc gave right then (null where this process's /proc cannot see the pid)."""
 
-    WHERE: ClassVar[str] = "oom.holders"
     pid: int = codec.whole()
     bytes: int | None = codec.nbytes()
     comm: str | None = codec.text()
@@ -68,14 +65,10 @@ def _holders(value: Any, bad: Bad, name: str) -> list[OomHolder] | None:
 
 
 @dataclass(slots=True)
-class Oom(Codec):
+class Oom(Codec, kind="oom", stream="oom", where="oom"):
     """The OOM instant torch's caching allocator reported (docs/probe.md). ``requested``,
     ``torch_free`` and ``torch_limit`` are what torch handed the observer; every other field
     is a read of the probe's, null with a why where it failed."""
-
-    KIND: ClassVar[str] = "oom"
-    STREAM: ClassVar[str] = "oom"
-    WHERE: ClassVar[str] = "oom"
 
     requested: int | None = codec.nbytes()  # the segment size the allocator failed to get
     torch_free: int | None = codec.nbytes()  # cudaMemGetInfo's free at the instant
