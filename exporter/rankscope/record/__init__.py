@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar, Union, get_args
+from typing import Any, Generic, TypeVar, Union, get_args
 
 from rankscope.record.adapter import AdapterFailure, AdapterStatus
 from rankscope.record.census import (
@@ -28,7 +28,7 @@ from rankscope.record.census import (
     GraphCounts,
     encode_counts,
 )
-from rankscope.record.codec import Bad, parse_fields
+from rankscope.record.codec import Bad, Codec, parse_fields
 from rankscope.record.header import (
     ENV_BOOT_ID,
     ENV_DIR,
@@ -98,11 +98,9 @@ __all__ = [
 
 
 @dataclass(slots=True)
-class UnknownKind:
+class UnknownKind(Codec):
     """A line of a kind this reader does not know; its header still counts."""
 
-    KIND: ClassVar[str] = ""
-    STREAM: ClassVar[str] = ""
     kind: str
 
 
