@@ -49,14 +49,11 @@ def decode_counts(rows: Any, bad: Bad, name: str) -> Counts | None:
 
 
 @dataclass(slots=True)
-class GraphCounts:
+class GraphCounts(Codec):
     """A captured CUDA graph: what one replay issues, and how many replays there were."""
 
-    counts: Counts
-    replays: int | None
-
-    def to_json(self) -> Json:
-        return {"counts": encode_counts(self.counts), "replays": self.replays}
+    counts: Counts = codec.custom(None, encode_counts, default=MISSING)  # parsed by _graphs
+    replays: int | None = codec.count(default=MISSING)
 
 
 def _graphs(value: Any, bad: Bad, name: str) -> dict[str, GraphCounts]:

@@ -3,20 +3,19 @@
 follow, in declaration order. A byte count is a non-negative integer below MAX_BYTES (signed
 for a residual), a count an integer not a bool, a time finite. A bad value becomes None (or
 the field's empty value) and its dotted name, ``WHERE`` and field (``mark.torch.reserved``),
-goes to ``bad``: the line is kept. A ``required`` field missing or wrong: ``parse`` is None.
-"""
+goes to ``bad``: the line is kept. A ``required`` field missing or wrong: ``parse`` is None."""
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, field, fields
-from functools import partial
+from functools import cache, partial
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
-# Far deeper than any record the probe writes, with room for a user's extra; a line nested past it is skipped before the JSON parser recurses into it.
+# Far deeper than any record the probe writes, with room for a user's extra; a line nested
+# past it is skipped before the JSON parser recurses into it.
 MAX_DEPTH = 64
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _OPEN_CLOSE = bytes.maketrans(b"[{]}", b"(())")
@@ -184,7 +183,7 @@ def sections(cls: type[Codec]) -> Any:
     return custom(parse, json_of_each, factory=dict)
 
 
-@functools.cache
+@cache
 def plan(cls: type) -> list[tuple[str, Spec, str]]:
     """``cls``'s fields in declaration order: (name, spec, dotted name)."""
     where = getattr(cls, "WHERE", "")

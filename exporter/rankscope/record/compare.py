@@ -1,7 +1,6 @@
 """Comparing per-rank census counts, one rule for the in-process comparison and the reader.
 An op missing on a member rank counts as zero; a sender's ``send>b`` and the receiver's
-``recv<a`` pair into one channel entry ``p2p a>b``.
-"""
+``recv<a`` pair into one channel entry ``p2p a>b``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""What every line carries: the schema version, the kind, the boot, and the writer's identity,
-declared once. The writer (rankscope.rank.writer) fills a :class:`RankIdentity` and a
-:class:`ProcessIdentity`; a :class:`Header` is both, with the line's own fields, and parses
-back what :func:`header_json` wrote."""
+"""What every line carries: the schema version, the kind, the boot and the writer's identity,
+declared once. The writer fills a :class:`RankIdentity` and a :class:`ProcessIdentity`; a
+:class:`Header` is both and the line's own fields, parsed from what :func:`header_json` wrote."""
 
 from __future__ import annotations
 

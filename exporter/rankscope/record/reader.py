@@ -27,6 +27,7 @@ SKIP_REASONS = ("torn", "malformed", "newer_schema", "oversized", "too_deep")
 FILE_SUFFIX = ".jsonl"
 MAX_LINE_BYTES = 4 << 20  # a mark with a large NVML process map is ~10 KiB
 READ_CHUNK = 1 << 20
+LOG_UNREADABLE_NAMES = 5  # files a poll names as turned unreadable; the rest only counted
 
 log = logging.getLogger("rankscope")
 
@@ -110,18 +111,12 @@ class _Tail:
     oversized: bool = False  # inside a line past MAX_LINE_BYTES: dropped up to its newline
 
 
-# A poll logs this many files that turned unreadable by name, then only how many more.
-LOG_UNREADABLE_NAMES = 5
-
-
 class FlightReader:
-    """Incremental tail of a flight directory; the daemon polls it. A file replaced in place
-    (new inode, or shorter than what was read) is read again from its start and named in
-    ``restarted`` after that poll, so a holder of its earlier records drops them first.
-
-    A poll opens only files whose size or inode moved. Each file fails alone: an error
-    reading one is kept in ``unreadable`` (name -> error), logged when it starts and ends,
-    and neither stops the other files nor moves any read position; the file is tried again
+    """Incremental tail of a flight directory; the daemon polls it. A poll opens only files
+    whose size or inode moved; one replaced in place (new inode, or shorter than what was
+    read) is read again from its start and named in ``restarted``, so a holder of its earlier
+    records drops them first. A file that cannot be read fails alone: kept in ``unreadable``
+    (name -> error), logged when it starts and ends, its read position kept, and tried again
     when it changes or at the next full pass."""
 
     def __init__(self, flight_dir: str | os.PathLike[str]) -> None:
@@ -139,10 +134,9 @@ class FlightReader:
 
     def poll(self, budget: int | None = None, changed: Iterable[str] | None = None) -> list[Record]:
         """The lines appended since the last poll. ``changed`` names the only files that may
-        have changed since (a watcher's word); None lists the directory and checks every
-        file by stat. With ``budget``, at most that many bytes are read and the rest is
-        counted in ``backlog`` for the next poll. OSError only when the directory cannot be
-        listed."""
+        have changed (a watcher's word); None lists the directory and stats every file. At
+        most ``budget`` bytes are read, the rest counted in ``backlog`` for the next poll.
+        OSError only when the directory cannot be listed."""
         records: list[Record] = []
         self.restarted, self.removed = set(), set()
         if changed is None:
