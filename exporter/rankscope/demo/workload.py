@@ -163,7 +163,6 @@ def boot(at: Placement, args: argparse.Namespace) -> tuple[Callable[..., Any], K
     gen = torch.Generator().manual_seed(1000 + at.pp_rank)
     full_weight = torch.randn(args.hidden, args.hidden, generator=gen) / args.hidden**0.5
     weight = full_weight[at.tp_rank * shard : (at.tp_rank + 1) * shard].contiguous().to(device)
-    del full_weight
     probe.mark("weights_loaded", weight_bytes=weight.numel() * weight.element_size())
 
     arena = KVArena(device)

@@ -315,9 +315,8 @@ def _dump_section(ranks: dict[int, _Rank]) -> dict[str, Any]:
 
 def _in_process_section(divergences: list[Line[Divergence]]) -> list[dict[str, Any]]:
     """The in-process comparison's latest line per (group, op)."""
-    latest: dict[tuple[str, str], Line[Divergence]] = {}
-    for line in sorted(divergences, key=lambda d: (d.body.round or 0, d.header.wall)):
-        latest[(line.body.group, line.body.op)] = line
+    in_order = sorted(divergences, key=lambda d: (d.body.round or 0, d.header.wall))
+    latest = {(line.body.group, line.body.op): line for line in in_order}
     return [{**line.body.to_json(), "rank": line.header.rank} for line in latest.values()]
 
 
