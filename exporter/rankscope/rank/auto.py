@@ -98,8 +98,7 @@ def _arm() -> bool:
 
 def _optional(module: str, attr: str) -> None:
     try:
-        install = getattr(importlib.import_module(module), attr)
-        install()
+        getattr(importlib.import_module(module), attr)()
     except ImportError as exc:
         log.debug("rankscope: %s is not available here: %s", module, exc)
     except Exception as exc:
@@ -375,15 +374,13 @@ def pool_segments(
     if form is _UNTRIED:
         if len(pool_id) != 2:  # not torch's (a, b): no form to learn from this one
             return _whole_snapshot(torch), f"pool id {pool_id} is not two numbers: {WHOLE}"
-        snapshot = getattr(torch._C, "_cuda_memorySnapshot", None)
-        if snapshot is not None:
-            for form in POOL_SNAPSHOT_FORMS:
-                try:
-                    segments = snapshot(pool_id + form)["segments"]
-                except (TypeError, RuntimeError, KeyError):
-                    continue
-                _pool_form = form
-                return segments, None
+        for form in POOL_SNAPSHOT_FORMS:
+            try:
+                segments = torch._C._cuda_memorySnapshot(pool_id + form)["segments"]
+            except (AttributeError, TypeError, RuntimeError, KeyError):
+                continue
+            _pool_form = form
+            return segments, None
         _pool_form = None
     return _whole_snapshot(torch), f"this torch takes no snapshot of one pool: {WHOLE}"
 

@@ -197,9 +197,8 @@ class Recorder:
     def __post_init__(self) -> None:
         if not self.boot:
             self.boot = resolve_boot_id()
-        env_dir = os.environ.get(ENV_DIR) or None
-        flight_dir = self.flight_dir if self.flight_dir is not None else env_dir
-        self.flight_dir = None if flight_dir is None else Path(flight_dir)
+        flight_dir = self.flight_dir or os.environ.get(ENV_DIR)
+        self.flight_dir = Path(flight_dir) if flight_dir else None
         self.armed = self.flight_dir is not None
 
     def configure(
@@ -215,7 +214,10 @@ class Recorder:
                 self._close_locked()
             if boot_id is not None:
                 self.boot = boot_id
-            self.rank = replace(self.rank, **rank_fields)  # TypeError on an unknown field
+            # None keeps a field; TypeError on an unknown one
+            self.rank = replace(
+                self.rank, **{k: v for k, v in rank_fields.items() if v is not None}
+            )
             self.armed = self.flight_dir is not None
 
     def header(self, kind: str) -> dict[str, Any]:
@@ -223,15 +225,14 @@ class Recorder:
         return header_json(kind, self.boot, self.rank, self.process, time.monotonic(), time.time())
 
     def _encode(self, kind: str, payload: dict[str, Any]) -> bytes:
-        """header(kind) updated with payload, as one JSON line."""
         line = self.header(kind)
         line.update(payload)
         return (ENCODER.encode(line) + "\n").encode()
 
     def _encode_body(self, body: Body, runner: str | None) -> bytes:
-        """``_encode(body.KIND, body.to_json())`` (``runner`` in the header's) from text: the
-        header's, kept while the identity stands, then the times, then the body's members (no
-        kind names a header field, so none would be merged into the header)."""
+        """``_encode(body.KIND, body.to_json())`` from text: the header's, kept while the
+        identity stands, then the times, then the body's members (no kind names a header
+        field, so none would be merged into the header)."""
         identity = (self.boot, self.rank, self.process)
         head = self._heads.get((body.KIND, runner))
         if head is None or head[0] != identity:
@@ -239,22 +240,43 @@ class Recorder:
             untimed = header_json(body.KIND, self.boot, rank, self.process, None, 0.0)
             del untimed["mono"], untimed["wall"]
             head = self._heads[body.KIND, runner] = (identity, ENCODER.encode(untimed)[:-1])
-        kind: type = type(body)
+        kind: type = type(body)  # a union of kinds is no Hashable to mypy
         members = line_encoder(kind)(body)
         times = f'"mono":{time.monotonic()!r},"wall":{time.time()!r}'  # floats as JSON has them
         return f"{head[1]},{times}{',' * bool(members)}{members}}}\n".encode()
 
     def write(self, stream: str, kind: str, payload: dict[str, Any]) -> bool:
-        """Append one line to this process's file for ``stream``. Never raises; a failure
-        warns once per stream and reason and is counted in ``lines_dropped``."""
+        """Append one line, ``header(kind)`` updated with ``payload``, to this process's file
+        for ``stream``. Never raises; a failure warns once per stream and reason and is
+        counted in ``lines_dropped``."""
+        return self._write(stream, self._append, self._encode, kind, payload)
+
+    def write_record(self, body: Body, *, runner: str | None = None) -> bool:
+        """Append one typed line (rankscope.record) to its kind's stream; ``runner``
+        overrides the configured runner in this line's header. Never raises."""
+        return self._write(body.STREAM, self._append, self._encode_body, body, runner)
+
+    def write_record_detached(self, body: Body) -> bool:
+        """``write_record`` for a signal handler, which may interrupt code holding the
+        writer's lock: the line goes through a descriptor of its own, opened, written once
+        and closed. A leading newline ends whatever partial line the interrupted write left."""
+        return self._write(body.STREAM, self._append_detached, self._encode_body, body, None)
+
+    def _write(
+        self,
+        stream: str,
+        append: Callable[[str, bytes], bool],
+        encode: Callable[..., bytes],
+        *args: Any,
+    ) -> bool:
         if not self._armed:
             return False
         try:
-            data = self._encode(kind, payload)
+            data = encode(*args)
         except Exception as exc:  # an unserialisable extra must not reach the host program
             self._drop(stream, f"encode: {exc!r}")
             return False
-        return self._append(stream, data)
+        return append(stream, data)
 
     def _append(self, stream: str, data: bytes) -> bool:
         with self._lock:
@@ -282,29 +304,6 @@ class Recorder:
                 return False
             self.lines_written += 1
             return True
-
-    def write_record(self, body: Body, *, runner: str | None = None) -> bool:
-        """Append one typed line (rankscope.record) to its kind's stream; ``runner``
-        overrides the configured runner in this line's header. Never raises."""
-        return self._write_body(body, runner, self._append)
-
-    def write_record_detached(self, body: Body) -> bool:
-        """``write_record`` for a signal handler, which may interrupt code holding the
-        writer's lock: the line goes through a descriptor of its own, opened, written once
-        and closed. A leading newline ends whatever partial line the interrupted write left."""
-        return self._write_body(body, None, self._append_detached)
-
-    def _write_body(
-        self, body: Body, runner: str | None, append: Callable[[str, bytes], bool]
-    ) -> bool:
-        if not self._armed:
-            return False
-        try:
-            data = self._encode_body(body, runner)
-        except Exception as exc:  # an unserialisable extra must not reach the host program
-            self._drop(body.STREAM, f"encode: {exc!r}")
-            return False
-        return append(body.STREAM, data)
 
     def _append_detached(self, stream: str, data: bytes) -> bool:
         try:

@@ -66,18 +66,15 @@ def configure(
 ) -> None:
     """Set what the environment cannot tell: the flight directory (arms the probe), the
     boot id, and the rank identity. Arguments left at None keep their current value."""
-    identity = dict(
+    RECORDER.configure(
+        flight_dir=flight_dir,
+        boot_id=boot_id,
         rank=rank,
         local_rank=local_rank,
         world_size=world_size,
         tp_rank=tp_rank,
         pp_rank=pp_rank,
         runner=runner,
-    )
-    RECORDER.configure(
-        flight_dir=flight_dir,
-        boot_id=boot_id,
-        **{k: v for k, v in identity.items() if v is not None},
     )
     if RECORDER.armed:
         oom.install()

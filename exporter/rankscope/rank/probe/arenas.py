@@ -94,9 +94,4 @@ def snapshot() -> dict[str, MarkArena]:
         return {}
     with _lock:
         refs = list(_registry.items())
-    out: dict[str, MarkArena] = {}
-    for name, ref in refs:
-        arena = ref()
-        if arena is not None:
-            out[name] = read_arena(arena)
-    return out
+    return {name: read_arena(arena) for name, ref in refs if (arena := ref()) is not None}

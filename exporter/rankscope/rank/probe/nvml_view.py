@@ -18,6 +18,8 @@ from rankscope.rank.probe.torch_view import Device
 from rankscope.record import MarkDriver, MarkNvml
 
 ProcessList = list[tuple[int, int | None]]
+# A card's process list and its (free, total) bytes, by handle.
+Reads = tuple[Callable[[Any], ProcessList], Callable[[Any], tuple[int, int]]]
 
 
 def own_bytes(procs: ProcessList, pid: int, pidns: int | None) -> tuple[int | None, str | None]:
@@ -51,13 +53,13 @@ def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
     success, too_small = nvml.NVML_SUCCESS, nvml.NVML_ERROR_INSUFFICIENT_SIZE
     count = ctypes.c_uint()
     count_ref = ctypes.byref(count)
-    state = {"buf": (struct * 64)()}
+    buf = (struct * 64)()
     lock = threading.Lock()  # the buffer and count are shared by every thread that marks
 
     def list_processes(handle: Any) -> ProcessList:
+        nonlocal buf
         with lock:
             while True:
-                buf = state["buf"]
                 count.value = len(buf)
                 ret = fn(handle, count_ref, buf)
                 if ret == success:
@@ -68,7 +70,7 @@ def _fast_process_lister(nvml: Any) -> Callable[[Any], ProcessList] | None:
                     ]
                 if ret != too_small:
                     raise nvml.NVMLError(ret)
-                state["buf"] = (struct * (count.value * 2 + 8))()
+                buf = (struct * (count.value * 2 + 8))()
 
     return list_processes
 
@@ -91,37 +93,28 @@ class NvmlView:
     def __init__(self, module: Any = None) -> None:
         self._module = module
         self._lock = threading.Lock()
-        self._ready = False
         self._failure: str | None = None
         self._handles: dict[str, tuple[Any, int]] = {}  # uuid -> (handle, nvml index)
-        self._list_processes: Callable[[Any], ProcessList] | None = None
-        self._read_memory: Callable[[Any], tuple[int, int]] | None = None  # (free, total) bytes
-
-    def _init_locked(self) -> None:
-        if self._ready or self._failure:
-            return
-        try:
-            nvml = self._module or importlib.import_module("pynvml")
-            nvml.nvmlInit()
-        except Exception as exc:
-            self._failure = f"NVML unavailable: {exc}"
-            return
-        self._module = nvml
-        self._list_processes = _fast_process_lister(nvml) or partial(_public_processes, nvml)
-        # releases the GIL, as the process list's
-        self._read_memory = memory_reader(nvml, keep_gil=False) or partial(_public_memory, nvml)
-        self._ready = True
+        self._reads: Reads | None = None  # once NVML is up; both release the GIL
 
     def _handle(self, uuid: str) -> tuple[Any, int]:
-        cached = self._handles.get(uuid)
-        if cached is None:
-            with self._lock:
-                self._init_locked()
-                if self._failure:
-                    raise RuntimeError(self._failure)
-                nvml = self._module
-                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-                cached = self._handles[uuid] = (handle, int(nvml.nvmlDeviceGetIndex(handle)))
+        with self._lock:
+            if self._reads is None and self._failure is None:
+                try:
+                    nvml = self._module or importlib.import_module("pynvml")
+                    nvml.nvmlInit()
+                except Exception as exc:
+                    self._failure = f"NVML unavailable: {exc}"
+                else:
+                    self._module = nvml
+                    self._reads = (
+                        _fast_process_lister(nvml) or partial(_public_processes, nvml),
+                        memory_reader(nvml, keep_gil=False) or partial(_public_memory, nvml),
+                    )
+            if self._failure:
+                raise RuntimeError(self._failure)
+            handle = self._module.nvmlDeviceGetHandleByUUID(uuid)
+            cached = self._handles[uuid] = (handle, int(self._module.nvmlDeviceGetIndex(handle)))
         return cached
 
     def read(
@@ -139,15 +132,14 @@ class NvmlView:
         except Exception as exc:
             why = self._failure or f"NVML has no card {device.uuid}: {exc}"
             return None, MarkDriver(why=why), MarkNvml(why=why)
+        assert self._reads is not None  # set with the handle
+        list_processes, read_memory = self._reads
         try:
-            assert self._read_memory is not None
-            free, total = self._read_memory(handle)
-            driver = MarkDriver(free, total, None)
+            driver = MarkDriver(*read_memory(handle), None)
         except Exception as exc:
             driver = MarkDriver(why=f"NVML memory info failed: {exc}")
         try:
-            assert self._list_processes is not None
-            procs = self._list_processes(handle)
+            procs = list_processes(handle)
         except Exception as exc:
             return nvml_index, driver, MarkNvml(why=f"NVML process list failed: {exc}")
         self_bytes, self_why = own_bytes(procs, pid, pidns)

@@ -9,6 +9,7 @@ initialisation, or, armed before torch, for the import of torch.cuda.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -60,32 +61,25 @@ def install() -> bool:
     if STATE.settled:
         return False
     try:
-        return _install()
+        torch, cuda = sys.modules.get("torch"), sys.modules.get("torch.cuda")
+        if torch is None or cuda is None:
+            STATE.why = NOT_IMPORTED
+            after_import("torch.cuda", _installed)
+            return False
+        c = torch._C  # imported by torch before torch.cuda
+        if not hasattr(c, "_cuda_attach_out_of_memory_observer"):
+            STATE.why, STATE.settled = NO_CUDA_ALLOCATOR, True
+            return False
+        if cuda.is_initialized():
+            _attach(c)
+            return True
+        STATE.queued, STATE.why = True, "queued: attaches when CUDA initialises"
+        cuda._lazy_call(_attach_at_init)
+        return True
     except Exception as exc:  # the probe never raises into its host
         STATE.why = f"attaching the OOM observer failed: {exc!r}"
         STATE.settled = True
         return False
-
-
-def _install() -> bool:
-    torch, cuda = sys.modules.get("torch"), sys.modules.get("torch.cuda")
-    if torch is None or cuda is None:
-        STATE.why = NOT_IMPORTED
-        after_import("torch.cuda", _installed)
-        return False
-    c = getattr(torch, "_C", None)
-    if c is None:  # torch is mid-import: try again later
-        return False
-    if not hasattr(c, "_cuda_attach_out_of_memory_observer"):
-        STATE.why, STATE.settled = NO_CUDA_ALLOCATOR, True
-        return False
-    if cuda.is_initialized():
-        _attach(c)
-        return True
-    STATE.queued = True
-    STATE.why = "queued: attaches when CUDA initialises"
-    cuda._lazy_call(_attach_at_init)
-    return True
 
 
 def _installed(module: Any) -> None:
@@ -113,15 +107,13 @@ def _attach(c: Any) -> None:
 
 def observe(device: int, alloc_size: int, device_total: int, device_free: int) -> None:
     """torch's OOM observer. Writes one ``oom`` line; never raises."""
-    try:
+    with contextlib.suppress(Exception):
         try:
             body = measure(int(device), int(alloc_size), int(device_total), int(device_free))
         except Exception as exc:
             body = bare(device, alloc_size, device_total, device_free)
             body.why = f"measuring the OOM instant failed: {exc!r}"
         RECORDER.write_record(body)
-    except Exception:
-        pass
 
 
 def bare(device: Any, alloc_size: Any, device_total: Any, device_free: Any) -> Oom:
@@ -140,16 +132,13 @@ def bare(device: Any, alloc_size: Any, device_total: Any, device_free: Any) -> O
     )
 
 
-def holders(procs: dict[int, int | None] | None, proc: str = "/proc") -> list[OomHolder] | None:
+def holders(procs: dict[int, int | None] | None) -> list[OomHolder] | None:
     """Every process on the card, as NVML listed it, with its comm and start ticks from
     /proc (null where this process cannot see the pid), so a recycled pid is told apart."""
     if procs is None:
         return None
-    out = []
-    for pid, nbytes in procs.items():
-        start, comm = read_stat(pid, proc)
-        out.append(OomHolder(pid, nbytes, comm, start))
-    return out
+    stats = {pid: read_stat(pid) for pid in procs}
+    return [OomHolder(pid, n, stats[pid][1], stats[pid][0]) for pid, n in procs.items()]
 
 
 def measure(device: int, alloc_size: int, device_total: int, device_free: int) -> Oom:
@@ -161,9 +150,14 @@ def measure(device: int, alloc_size: int, device_total: int, device_free: int) -
     stats: dict[str, Any] | None = None
     try:
         stats = c._cuda_memoryStats(device)  # type: ignore[union-attr]
-        body.allocator = allocator_view(stats, None)
+        body.allocator = OomAllocator(
+            reserved=stat(stats, "reserved_bytes"),
+            allocated=stat(stats, "allocated_bytes"),
+            num_ooms=int_or_none(stats.get("num_ooms")),
+            segments=stat(stats, "segment"),
+        )
     except Exception as exc:
-        body.allocator = allocator_view(None, f"memory stats failed: {exc!r}")
+        body.allocator = OomAllocator(why=f"memory stats failed: {exc!r}")
     body.pools, body.largest_free_block, body.pools_why = _pools(c, device, stats)
     try:
         body.capturing = bool(c._cuda_isCurrentStreamCapturing())  # type: ignore[union-attr]
@@ -183,18 +177,6 @@ def measure(device: int, alloc_size: int, device_total: int, device_free: int) -
     if STATE.last_phase is None:
         body.phase_why = "no mark before the OOM"
     return body
-
-
-def allocator_view(stats: dict[str, Any] | None, why: str | None) -> OomAllocator:
-    """The allocator's own counters at the OOM (a pure function of torch's nested stats)."""
-    if stats is None:
-        return OomAllocator(why=why)
-    return OomAllocator(
-        reserved=stat(stats, "reserved_bytes"),
-        allocated=stat(stats, "allocated_bytes"),
-        num_ooms=int_or_none(stats.get("num_ooms")),
-        segments=stat(stats, "segment"),
-    )
 
 
 def _pools(
@@ -223,25 +205,19 @@ def pool_summary(
     Pools: ``large`` and ``small`` (the default pools), ``private:A,B`` (a graph's or a
     MemPool's); the largest free block is the default pools' (a private pool's serve only
     its own graph)."""
-    pools: dict[str, OomPool] = {}
-    largest: int | None = None
+    sums: dict[str, list[int]] = {}  # name -> [segments, reserved, allocated]
+    free: list[int] = []
     for seg in segments:
         if seg.get("device") != device:
             continue
         pool_id = tuple(seg.get("segment_pool_id") or (0, 0))
         private = pool_id != (0, 0)
-        name = (
-            f"private:{','.join(str(x) for x in pool_id)}"
-            if private
-            else str(seg.get("segment_type"))
-        )
-        p = pools.setdefault(name, OomPool(0, 0, 0))
-        p.segments = (p.segments or 0) + 1
-        p.reserved = (p.reserved or 0) + int(seg.get("total_size") or 0)
-        p.allocated = (p.allocated or 0) + int(seg.get("allocated_size") or 0)
+        name = f"private:{','.join(map(str, pool_id))}" if private else str(seg.get("segment_type"))
+        sums.setdefault(name, [0, 0, 0])
+        sums[name][0] += 1
+        sums[name][1] += int(seg.get("total_size") or 0)
+        sums[name][2] += int(seg.get("allocated_size") or 0)
         if not private:
-            for block in seg.get("blocks") or ():
-                if block.get("state") == "inactive":
-                    size = int(block.get("size") or 0)
-                    largest = size if largest is None else max(largest, size)
-    return pools, largest
+            blocks = seg.get("blocks") or ()
+            free += (int(b.get("size") or 0) for b in blocks if b.get("state") == "inactive")
+    return {name: OomPool(*counts) for name, counts in sums.items()}, max(free, default=None)

@@ -58,16 +58,11 @@ def take() -> Sample | None:
 class ServingSampler(threading.Thread):
     def __init__(self, every_s: float) -> None:
         super().__init__(name="rankscope-samples", daemon=True)
-        self.every_s, self._stopping = every_s, threading.Event()
+        self.every_s, self.stopping = every_s, threading.Event()
 
     def run(self) -> None:
-        while not self._stopping.wait(self.every_s):
+        while not self.stopping.wait(self.every_s):
             take()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
-        if self.is_alive():
-            self.join(timeout)
 
 
 _sampler: ServingSampler | None = None
@@ -76,15 +71,12 @@ _sampler: ServingSampler | None = None
 def start(every_s: float | None = None) -> ServingSampler | None:
     """Start sampling this process (idempotent); None when disarmed or turned off."""
     global _sampler
-    if _sampler is not None:
+    if _sampler is not None or not RECORDER.armed:
         return _sampler
-    if not RECORDER.armed:
-        return None
     every_s = every_from_env() if every_s is None else every_s
-    if every_s <= 0:
+    # no thread once the interpreter is shutting down
+    if every_s <= 0 or not stop_before_teardown(stop):
         return None
-    if not stop_before_teardown(stop):
-        return None  # the interpreter is already shutting down: no thread now
     _sampler = ServingSampler(every_s)
     _sampler.start()
     return _sampler
@@ -94,8 +86,9 @@ def stop() -> None:
     global _sampler
     sampler, _sampler = _sampler, None
     if sampler is not None:
-        with contextlib.suppress(Exception):
-            sampler.stop()
+        sampler.stopping.set()
+        with contextlib.suppress(Exception):  # never started, or stopped from its own thread
+            sampler.join(5.0)
 
 
 def _after_fork_in_child() -> None:
