@@ -42,9 +42,9 @@ _cuda_marked = False
 _internal = threading.local()  # set while rankscope creates its own process group
 
 
-def enabled(environ: Any = None) -> bool:
+def enabled(environ: Any = None, name: str = ENV_AUTO) -> bool:
     env = os.environ if environ is None else environ
-    return str(env.get(ENV_AUTO, "")).strip().lower() not in OFF
+    return str(env.get(name, "")).strip().lower() not in OFF
 
 
 def is_armed() -> bool:
@@ -266,7 +266,7 @@ def _world_end(dist: Any, call: Call, result: Any, seconds: float) -> None:
     census.install_abort_handlers()
     # A hung rank is named from outside it: its counts are written on time, and its stall.
     census.start_watcher()
-    if enabled({ENV_AUTO: os.environ.get(ENV_COMPARE, "")}):
+    if enabled(name=ENV_COMPARE):
         # new_group is a collective: every rank reaches this point right after the world
         # group, before any group of the program's own, so the order agrees on all ranks.
         _internal.creating = True

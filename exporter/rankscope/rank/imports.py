@@ -25,8 +25,7 @@ class _NotifyingLoader(importlib.abc.Loader):
         self._finder = finder
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        create = getattr(self._loader, "create_module", None)
-        return create(spec) if create is not None else None
+        return self._loader.create_module(spec)  # required of a loader with exec_module
 
     def exec_module(self, module: ModuleType) -> None:
         if module.__spec__ is not None:

@@ -46,9 +46,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         "(default: $RANKSCOPE_BOOT_ID, else one new id for this run)",
     )
     parser.add_argument(
-        "--no-census",
-        action="store_true",
-        help="do not count collectives (RANKSCOPE_CENSUS=0)",
+        "--no-census", action="store_true", help="do not count collectives (RANKSCOPE_CENSUS=0)"
     )
     parser.add_argument(
         "--compare",

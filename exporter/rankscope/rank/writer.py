@@ -118,12 +118,11 @@ def rank_from_env() -> RankIdentity:
     )
 
 
-def derived_boot_id(launcher_pid: int, host: str | None = None) -> str:
+def derived_boot_id(launcher_pid: int) -> str:
     """The boot id every child of one launcher derives alike: host, launcher pid and the
     launcher's start time (so a recycled pid never joins an old boot)."""
-    host = host or socket.gethostname()
     start = read_start_ticks(launcher_pid)
-    return f"{host}-{launcher_pid}-{start if start is not None else 'x'}"
+    return f"{socket.gethostname()}-{launcher_pid}-{start if start is not None else 'x'}"
 
 
 def resolve_boot_id(environ: Mapping[str, str] | None = None, launcher: int | None = None) -> str:
@@ -206,18 +205,16 @@ class Recorder:
         *,
         flight_dir: str | os.PathLike[str] | None = None,
         boot_id: str | None = None,
-        **rank_fields: Any,
+        **fields: Any,
     ) -> None:
+        """Arguments left at None keep their value; an unknown rank field is a TypeError."""
         with self._lock:
             if flight_dir is not None:
                 self.flight_dir = Path(flight_dir)
                 self._close_locked()
             if boot_id is not None:
                 self.boot = boot_id
-            # None keeps a field; TypeError on an unknown one
-            self.rank = replace(
-                self.rank, **{k: v for k, v in rank_fields.items() if v is not None}
-            )
+            self.rank = replace(self.rank, **{k: v for k, v in fields.items() if v is not None})
             self.armed = self.flight_dir is not None
 
     def header(self, kind: str) -> dict[str, Any]:
@@ -292,7 +289,8 @@ class Recorder:
             except OSError as exc:
                 self._drop(stream, f"{type(exc).__name__}: {exc.strerror or exc}")
                 if st.fd is not None and exc.errno != errno.ENOSPC:  # ENOSPC: space may come back
-                    _close_quietly(st.fd)
+                    with contextlib.suppress(OSError):
+                        os.close(st.fd)
                     st.fd = None
                 return False
             except Exception as exc:  # never into the host program, whatever went wrong
@@ -350,7 +348,8 @@ class Recorder:
     def _close_locked(self) -> None:
         for st in self._streams.values():
             if st.fd is not None:
-                _close_quietly(st.fd)
+                with contextlib.suppress(OSError):
+                    os.close(st.fd)
         self._streams.clear()
 
     def after_fork_in_child(self) -> None:
@@ -358,11 +357,6 @@ class Recorder:
         self._lock = threading.Lock()
         self._streams = {}
         self.process = current_process()
-
-
-def _close_quietly(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
 
 
 RECORDER = Recorder()

@@ -7,8 +7,7 @@ boundary, durably, as one line of its flight file (docs/probe.md).
 
 Armed by RANKSCOPE_DIR (or ``configure(flight_dir=...)``); disarmed, a mark returns at its
 first line. A mark never imports torch, never initialises CUDA, never raises into its caller
-and never blocks on the disk: a failure costs one warning.
-"""
+and never blocks on the disk: a failure costs one warning."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ def derive(
 ) -> MarkDerived:
     """The derived fields of a mark, signed, null where a side is unmeasured: non_torch,
     NVML's bytes of this process minus the allocator's reserved bytes (context, workspaces,
-    graph pools); unbacked_reservation, reserved minus backed over the arenas reporting both.
-    """
+    graph pools); unbacked_reservation, reserved minus backed over the arenas reporting both."""
     reserved, self_bytes = torch_view.reserved, nvml_view.self_bytes
     unbacked: int | None = None
     for view in arena_views.values():

@@ -3,8 +3,7 @@
 The arena protocol (docs/probe.md): ``reserved_bytes`` (address space reserved),
 ``backed_bytes`` (of it, backed by committed pages) and ``retained_bytes`` (committed, kept
 in parked handles), each an int attribute, property or zero-argument method (None: unknown).
-A missing or failing count is recorded as null with a why, never as 0.
-"""
+A missing or failing count is recorded as null with a why, never as 0."""
 
 from __future__ import annotations
 
@@ -19,22 +18,16 @@ log = logging.getLogger("rankscope")
 
 COUNTS = ("reserved_bytes", "backed_bytes", "retained_bytes")
 
-_registry: dict[str, weakref.ref[Any]] = {}
-_lock = threading.Lock()
+_registry: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_lock = threading.Lock()  # against changes while snapshot() copies the items
 
 
 def register(name: str, arena: Any) -> bool:
     """Observe ``arena`` under ``name`` at every mark (a later registration of the same name
     replaces it). Returns False, with one warning, when the arena cannot be held weakly."""
-    name = str(name)
-
-    def forget(ref: weakref.ref[Any], name: str = name) -> None:
-        with _lock:
-            if _registry.get(name) is ref:
-                del _registry[name]
-
     try:
-        ref = weakref.ref(arena, forget)
+        with _lock:
+            _registry[str(name)] = arena
     except TypeError:
         log.warning(
             "rankscope: arena %r (a %s) cannot be weakly referenced, so it is not observed; "
@@ -43,8 +36,6 @@ def register(name: str, arena: Any) -> bool:
             type(arena).__name__,
         )
         return False
-    with _lock:
-        _registry[name] = ref
     return True
 
 
@@ -56,8 +47,7 @@ def unregister(name: str) -> None:
 def registered() -> list[str]:
     """Names of the arenas still alive."""
     with _lock:
-        refs = list(_registry.items())
-    return [name for name, ref in refs if ref() is not None]
+        return list(_registry)
 
 
 def read_count(arena: Any, attr: str) -> tuple[int | None, str | None]:
@@ -93,5 +83,5 @@ def snapshot() -> dict[str, MarkArena]:
     if not _registry:  # every mark asks; most processes register none
         return {}
     with _lock:
-        refs = list(_registry.items())
-    return {name: read_arena(arena) for name, ref in refs if (arena := ref()) is not None}
+        items = list(_registry.items())
+    return {name: read_arena(arena) for name, arena in items}

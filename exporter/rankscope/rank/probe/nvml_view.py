@@ -1,7 +1,6 @@
 """The NVML view of a mark: the card's free and total memory, this process's bytes and the
 card's pid -> bytes map. NVML is initialised once, at the first mark that knows its card (a
-failure is remembered and said in every record); handles are cached by uuid.
-"""
+failure is remembered and said in every record); handles are cached by uuid."""
 
 from __future__ import annotations
 

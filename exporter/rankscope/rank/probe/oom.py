@@ -4,8 +4,7 @@ before torch raises OutOfMemoryError), naming what held the card right then. The
 allocates nothing on the card, makes a bounded number of reads and never raises (torch would
 turn an exception into a C++ one replacing the rank's OutOfMemoryError): a failed read is a
 null field with a why. Attaching initialises CUDA, so it waits for the host's own CUDA
-initialisation, or, armed before torch, for the import of torch.cuda.
-"""
+initialisation, or, armed before torch, for the import of torch.cuda."""
 
 from __future__ import annotations
 
@@ -18,15 +17,7 @@ from rankscope.procfs import read_stat
 from rankscope.rank.imports import after_import
 from rankscope.rank.probe.torch_view import Device, int_or_none, stat
 from rankscope.rank.writer import RECORDER
-from rankscope.record import (
-    MarkDevice,
-    MarkDriver,
-    MarkNvml,
-    Oom,
-    OomAllocator,
-    OomHolder,
-    OomPool,
-)
+from rankscope.record import MarkDevice, MarkDriver, MarkNvml, Oom, OomAllocator, OomHolder, OomPool
 
 # Above this many allocator blocks the segment summary is skipped: the snapshot walks every
 # block, and the failure path must stay short.

@@ -1,8 +1,7 @@
 """Serving samples: while a rank serves, one ``sample`` line (what a mark measures, without
-a phase) every RANKSCOPE_SAMPLE_EVERY seconds (default 10, at least 0.1; 0: none), so the
-KV arena's backed bytes are a time series and not only a boot value. A daemon thread takes them; it
-is stopped when the main thread finishes, before the interpreter tears torch down.
-"""
+a phase) every RANKSCOPE_SAMPLE_EVERY seconds (default 10, at least 0.1; 0: none), so the KV
+arena's backed bytes are a time series and not only a boot value. A daemon thread takes them,
+stopped when the main thread finishes, before the interpreter tears torch down."""
 
 from __future__ import annotations
 

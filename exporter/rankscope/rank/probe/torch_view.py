@@ -1,6 +1,5 @@
 """The torch allocator view of a mark, read without initialising CUDA: torch only if the
-host imported it, CUDA only once the host initialised it.
-"""
+host imported it, CUDA only once the host initialised it."""
 
 from __future__ import annotations
 
