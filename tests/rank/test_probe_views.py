@@ -87,7 +87,7 @@ def test_the_torch_view_without_cuda_says_why() -> None:
 
 
 def test_own_bytes_in_and_out_of_the_host_pid_namespace() -> None:
-    procs = [(10, 300), (11, None), (12, 50)]
+    procs = {10: 300, 11: None, 12: 50}
     assert own_bytes(procs, 10, HOST_PIDNS_INODE) == (300, None)
     assert own_bytes(procs, 99, HOST_PIDNS_INODE) == (0, None)  # no context on this card
     value, why = own_bytes(procs, 11, HOST_PIDNS_INODE)

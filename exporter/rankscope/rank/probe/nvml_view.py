@@ -21,16 +21,16 @@ ProcessList = list[tuple[int, int | None]]
 Reads = tuple[Callable[[Any], ProcessList], Callable[[Any], tuple[int, int]]]
 
 
-def own_bytes(procs: ProcessList, pid: int, pidns: int | None) -> tuple[int | None, str | None]:
-    """This process's bytes in NVML's list: (bytes, None) or (None, why). NVML lists host
-    pids: outside the host PID namespace the bytes are not attributable here."""
+def own_bytes(
+    procs: dict[int, int | None], pid: int, pidns: int | None
+) -> tuple[int | None, str | None]:
+    """This process's bytes in NVML's pid -> bytes map: (bytes, None) or (None, why). NVML
+    lists host pids: outside the host PID namespace the bytes are not attributable here."""
     if pidns == HOST_PIDNS_INODE:
-        for proc_pid, used in procs:
-            if proc_pid == pid:
-                if used is None:
-                    return None, "NVML does not report per-process memory on this card"
-                return used, None
-        return 0, None
+        used = procs.get(pid, 0)  # not listed: no context on this card
+        if used is None:
+            return None, "NVML does not report per-process memory on this card"
+        return used, None
     if pidns is None:
         return None, "PID namespace unknown (no /proc/self/ns/pid); NVML lists host pids"
     return None, (
@@ -138,11 +138,11 @@ class NvmlView:
         except Exception as exc:
             driver = MarkDriver(why=f"NVML memory info failed: {exc}")
         try:
-            procs = list_processes(handle)
+            procs = dict(list_processes(handle))
         except Exception as exc:
             return nvml_index, driver, MarkNvml(why=f"NVML process list failed: {exc}")
         self_bytes, self_why = own_bytes(procs, pid, pidns)
-        return nvml_index, driver, MarkNvml(self_bytes, dict(procs), self_why)
+        return nvml_index, driver, MarkNvml(self_bytes, procs, self_why)
 
     def after_fork_in_child(self) -> None:
         """NVML state is not fork-safe: a child initialises its own on its first mark."""
