@@ -28,7 +28,7 @@ from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.server import Daemon
 from rankscope.procfs import read_nspid, read_pidns_inode, read_start_ticks
 from rankscope.rank.writer import ProcessIdentity, RankIdentity, Recorder
-from rankscope.record import MarkArena, MarkNvml
+from rankscope.record import Divergence, MarkArena, MarkNvml
 from rankscope.record.reader import read_flight
 from rankscope.reports.census import census_document
 from rankscope.reports.ledger import phases_document
@@ -87,16 +87,8 @@ def _flight(flight_dir: Path) -> None:
     rec.write_record(mark("pre_weight_load", arenas=arenas))
     rec.write_record(mark("weights_loaded", arenas=arenas))
     rec.write_record(census(1, [["tp:0-1", "all_reduce", 3]]))
-    rec.write(
-        "census",
-        "divergence",
-        {
-            "round": 1,
-            "group": "tp:0-1",
-            "op": "all_reduce",
-            "counts": {"0": 3, "1": 2},
-            "lagging": [1],
-        },
+    rec.write_record(
+        Divergence(round=1, group="tp:0-1", op="all_reduce", counts={0: 3, 1: 2}, lagging=(1,))
     )
 
 

@@ -46,6 +46,7 @@ from tests.support import services
 from tests.support.ras_standin import StandInRas
 
 from rankscope.mixin import render
+from rankscope.record import Mark
 
 ROOT = Path(__file__).resolve().parents[2]
 AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
@@ -77,10 +78,10 @@ FAST_ROUTE = {"group_wait": "1s", "group_interval": "1s"}
 # --- the rank processes ---------------------------------------------------------------------
 
 
-def _simulated_mark(phase: str, rank: int, uuid: str, reserved: int, process: int) -> dict:
+def _simulated_mark(phase: str, rank: int, uuid: str, reserved: int, process: int) -> Mark:
     """A mark as rankscope.rank.probe writes it on a GPU; the numbers are SIMULATED (no GPU here)."""
     total = 80 * GiB
-    return {
+    raw = {
         "phase": phase,
         "extra": {"simulated": True},
         "device": {"index": rank % 2, "uuid": uuid, "nvml_index": rank % 2, "why": None},
@@ -103,6 +104,10 @@ def _simulated_mark(phase: str, rank: int, uuid: str, reserved: int, process: in
             "unbacked_reservation": reserved // 4,
         },
     }
+    bad: list[str] = []
+    mark = Mark.parse(raw, bad)
+    assert mark is not None and not bad, bad
+    return mark
 
 
 def rank_main(rank: int, store: Path, control: Path, uuid: str) -> None:
@@ -125,9 +130,7 @@ def rank_main(rank: int, store: Path, control: Path, uuid: str) -> None:
     census.enable_comparison()
     for n, phase in enumerate(("pre_weight_load", "weights_loaded", "kv_pool_sized")):
         reserved = (n * 12 + 1) * GiB
-        RECORDER.write(
-            "marks", "mark", _simulated_mark(phase, rank, uuid, reserved, reserved + GiB)
-        )
+        RECORDER.write_record(_simulated_mark(phase, rank, uuid, reserved, reserved + GiB))
     group = census.group_instance("tp", range(WORLD))
     tensor = torch.ones(1)
     skip = control / f"skip-rank-{rank}"

@@ -17,7 +17,7 @@ from rankscope.cli import build_parser
 from rankscope.cli.census import main as census_main
 from rankscope.cli.census import render_text
 from rankscope.rank.writer import Recorder
-from rankscope.record import SCHEMA_VERSION, Census, Header, Line, Mark
+from rankscope.record import SCHEMA_VERSION, Census, CensusDump, Divergence, Header, Line, Mark
 from rankscope.record.reader import read_flight
 from rankscope.reports.census import build_report, census_document
 
@@ -129,26 +129,11 @@ def test_a_p2p_op_has_one_name_in_the_document_and_the_text(flight_dir: Path) ->
 def test_dumps_in_process_lines_and_torn_lines(flight_dir: Path) -> None:
     recs = [rank_recorder(flight_dir, r) for r in range(2)]
     for rank, rec in enumerate(recs):
-        rec.write(
-            "census",
-            "census",
-            {"round": 10, "every": 10, "counts": [["tp:0-1", "all_reduce", 10]], "graphs": {}},
-        )
-        rec.write(
-            "census",
-            "census_dump",
-            {"reason": "SIGTERM", "round": 12, "counts": [["tp:0-1", "all_reduce", 12 - rank]]},
-        )
-    recs[0].write(
-        "census",
-        "divergence",
-        {
-            "round": 10,
-            "group": "tp:0-1",
-            "op": "all_reduce",
-            "counts": {"0": 10, "1": 9},
-            "lagging": [1],
-        },
+        rec.write_record(Census(round=10, every=10, counts={("tp:0-1", "all_reduce"): 10}))
+        counts = {("tp:0-1", "all_reduce"): 12 - rank}
+        rec.write_record(CensusDump(round=12, every=None, counts=counts, reason="SIGTERM"))
+    recs[0].write_record(
+        Divergence(round=10, group="tp:0-1", op="all_reduce", counts={0: 10, 1: 9}, lagging=(1,))
     )
     path = recs[1].path_for("census")
     assert path is not None

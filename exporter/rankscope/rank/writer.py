@@ -221,15 +221,10 @@ class Recorder:
         """The header of a line of ``kind`` written now (rankscope.record.Header)."""
         return header_json(kind, self.boot, self.rank, self.process, time.monotonic(), time.time())
 
-    def _encode(self, kind: str, payload: dict[str, Any]) -> bytes:
-        line = self.header(kind)
-        line.update(payload)
-        return (ENCODER.encode(line) + "\n").encode()
-
-    def _encode_body(self, body: Body, runner: str | None) -> bytes:
-        """``_encode(body.KIND, body.to_json())`` from text: the header's, kept while the
-        identity stands, then the times, then the body's members (no kind names a header
-        field, so none would be merged into the header)."""
+    def _encode(self, body: Body, runner: str | None) -> bytes:
+        """``header(body.KIND)`` updated with ``body.to_json()``, as one JSON line, from text:
+        the header's, kept while the identity stands, then the times, then the body's members
+        (no kind names a header field)."""
         identity = (self.boot, self.rank, self.process)
         head = self._heads.get((body.KIND, runner))
         if head is None or head[0] != identity:
@@ -242,38 +237,27 @@ class Recorder:
         times = f'"mono":{time.monotonic()!r},"wall":{time.time()!r}'  # floats as JSON has them
         return f"{head[1]},{times}{',' * bool(members)}{members}}}\n".encode()
 
-    def write(self, stream: str, kind: str, payload: dict[str, Any]) -> bool:
-        """Append one line, ``header(kind)`` updated with ``payload``, to this process's file
-        for ``stream``. Never raises; a failure warns once per stream and reason and is
-        counted in ``lines_dropped``."""
-        return self._write(stream, self._append, self._encode, kind, payload)
-
     def write_record(self, body: Body, *, runner: str | None = None) -> bool:
         """Append one typed line (rankscope.record) to its kind's stream; ``runner``
-        overrides the configured runner in this line's header. Never raises."""
-        return self._write(body.STREAM, self._append, self._encode_body, body, runner)
+        overrides the configured runner in this line's header. Never raises; a failure warns
+        once per stream and reason and is counted in ``lines_dropped``."""
+        return self._write(body, runner, self._append)
 
     def write_record_detached(self, body: Body) -> bool:
         """``write_record`` for a signal handler, which may interrupt code holding the
         writer's lock: the line goes through a descriptor of its own, opened, written once
         and closed. A leading newline ends whatever partial line the interrupted write left."""
-        return self._write(body.STREAM, self._append_detached, self._encode_body, body, None)
+        return self._write(body, None, self._append_detached)
 
-    def _write(
-        self,
-        stream: str,
-        append: Callable[[str, bytes], bool],
-        encode: Callable[..., bytes],
-        *args: Any,
-    ) -> bool:
+    def _write(self, body: Body, runner: str | None, append: Callable[[str, bytes], bool]) -> bool:
         if not self._armed:
             return False
         try:
-            data = encode(*args)
+            data = self._encode(body, runner)
         except Exception as exc:  # an unserialisable extra must not reach the host program
-            self._drop(stream, f"encode: {exc!r}")
+            self._drop(body.STREAM, f"encode: {exc!r}")
             return False
-        return append(stream, data)
+        return append(body.STREAM, data)
 
     def _append(self, stream: str, data: bytes) -> bool:
         with self._lock:
