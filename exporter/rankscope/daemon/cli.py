@@ -192,12 +192,17 @@ def main(args: argparse.Namespace) -> int:
     # uvicorn's own lines (its start and stop, each refused request) only at debug: the daemon
     # logs its own, and a flood of bad requests must not flood the log.
     logging.getLogger("uvicorn").setLevel("DEBUG" if args.log_level == "debug" else "ERROR")
-    from rankscope.daemon.server import TLSError, listen
+    import ssl
+
+    from rankscope.daemon.server import listen
 
     try:
         daemon = build(args)  # a certificate that cannot serve fails here
         sock = listen(daemon.host, daemon.port)  # and a taken port here, before "serving on"
-    except (ValueError, OSError) as exc:  # a TLSError is a ValueError
+    except ssl.SSLError as exc:
+        print(f"rankscope serve: TLS: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:
         print(f"rankscope serve: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, TLSError) else 2
+        return 2
     return daemon.run(sock)

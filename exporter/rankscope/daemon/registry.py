@@ -9,7 +9,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
 from prometheus_client.metrics_core import (
@@ -89,37 +88,31 @@ class TimedCollectors:
             if any(c.name == other.name for other in self.collectors):
                 raise ValueError(f"two collectors named {c.name!r}")
             self.collectors.append(c)
-        # A step before every scrape (the daemon's: tail the flight directory), timed as
-        # the collector "refresh".
-        self._refresh = refresh
-        self._lock = threading.Lock()
-        self._running: _Collection | None = None
+        self._refresh = refresh  # before each collection (the daemon's tails the flight dir)
         self._warned: set[str] = set()
+        self._lock = threading.Lock()  # held by the collection in progress
+        self._collections = 0  # finished
+        self._started: float | None = None  # of the collection in progress
+        self._families: list[Metric] = []  # of the latest collection
 
     def collect(self) -> Iterator[Metric]:
         # A scrape that arrives while a collection runs serves that one's families (begun
         # at most one collection ago) instead of queueing for a collection of its own.
+        seen = self._collections
         with self._lock:
-            leader = self._running is None
-            if self._running is None:
-                self._running = _Collection(time.monotonic())
-            shared = self._running
-        if leader:
-            try:
-                shared.families = self._collect_once()
-            finally:
-                with self._lock:
-                    self._running = None
-                shared.done.set()
-        else:
-            shared.done.wait()
-        return iter(shared.families)
+            if self._collections == seen:
+                self._families, self._started = [], time.monotonic()
+                try:
+                    self._families = self._collect_once()
+                finally:
+                    self._collections += 1
+                    self._started = None
+            return iter(self._families)
 
     def running_for(self) -> float | None:
         """Seconds the collection in progress has run; None when none runs."""
-        with self._lock:
-            running = self._running
-        return None if running is None else time.monotonic() - running.started
+        started = self._started
+        return None if started is None else time.monotonic() - started
 
     def _collect_once(self) -> list[Metric]:
         success = gauge("rankscope_collector_success")
@@ -150,12 +143,3 @@ class TimedCollectors:
         reg = CollectorRegistry(auto_describe=False)
         reg.register(self)
         return reg
-
-
-@dataclass
-class _Collection:
-    """One collection in progress, shared by every scrape that arrives during it."""
-
-    started: float
-    done: threading.Event = field(default_factory=threading.Event)
-    families: list[Metric] = field(default_factory=list)

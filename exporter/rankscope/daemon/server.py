@@ -31,12 +31,8 @@ from rankscope.reports.ledger import phases_document
 log = logging.getLogger("rankscope.daemon")
 
 
-class TLSError(ValueError):
-    """A certificate and key that cannot serve together."""
-
-
 def build(config: DaemonConfig) -> Daemon:
-    """ValueError/OSError for a config that cannot work."""
+    """ValueError/OSError for a config that cannot work (ssl.SSLError for TLS files)."""
     sources = Sources(config)
     enabled = [m for m in collectors.COLLECTORS if config.enabled(m.NAME, m.DEFAULT)]
     timed = TimedCollectors([m.build(config, sources) for m in enabled], sources.flight.refresh)
@@ -54,10 +50,7 @@ def build(config: DaemonConfig) -> Daemon:
     if config.web.config_file is not None:  # the web config, and with it yaml, only when given
         from rankscope.daemon.webauth import WebAuth
 
-        try:
-            app = WebAuth(app, config.web.config_file)
-        except ssl.SSLError as exc:
-            raise TLSError(f"TLS: {exc}") from None
+        app = WebAuth(app, config.web.config_file)
         tls = app.tls_context()
     if otlp_configured(config.otlp.endpoint):
         interval = config.otlp.interval or default_interval()

@@ -74,7 +74,16 @@ def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> W
     reader = Reader(source)
     top = reader.mapping(reader.document(text), "the top level", _TOP_KEYS)
     tls = parse_tls(reader, top.get("tls_server_config"), base_dir)
-    _check_rate_limit(reader, top.get("rate_limit"))
+    # rate_limit is read as Go reads it, and a limit that is on refused: the daemon has no
+    # rate limiter, and serving without the limit the file asks for would protect less.
+    rate = reader.mapping(top.get("rate_limit"), "rate_limit", ("burst", "interval"))
+    interval = reader.duration(rate.get("interval"), "rate_limit.interval")
+    reader.integer(rate.get("burst"), "rate_limit.burst")
+    if interval > 0:  # Go: 0 turns the limiter off, a negative interval limits nothing
+        raise reader.error(
+            "rate_limit is not supported: rankscope serve has no rate limiter (set interval "
+            "to 0, or limit at a proxy in front of it)"
+        )
     http_node = top.get("http_server_config")
     http = reader.mapping(http_node, "http_server_config", ("http2", "headers"))
     # A null section is Go's zero value, http2 false; an absent one keeps the default.
@@ -159,20 +168,6 @@ def _headers(reader: Reader, node: yaml.Node | None) -> dict[str, str]:
             )
         headers[name] = value
     return headers
-
-
-def _check_rate_limit(reader: Reader, node: yaml.Node | None) -> None:
-    """Read as Go reads it; a limit that is on is refused, since the daemon has no rate
-    limiter and serving without the limit the file asks for would protect less."""
-    raw = reader.mapping(node, "rate_limit", ("burst", "interval"))
-    interval = reader.duration(raw.get("interval"), "rate_limit.interval")
-    reader.integer(raw.get("burst"), "rate_limit.burst")
-    # Go: an interval of 0 turns the limiter off; a negative one limits nothing.
-    if interval > 0:
-        raise reader.error(
-            "rate_limit is not supported: rankscope serve has no rate limiter (set interval "
-            "to 0, or limit at a proxy in front of it)"
-        )
 
 
 def parse_tls(reader: Reader, node: yaml.Node | None, base_dir: Path) -> TLSConfig | None:

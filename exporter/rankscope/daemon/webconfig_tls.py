@@ -92,12 +92,6 @@ class TLSConfig:
         keys = ("cert_file", "key_file", "client_ca_file")
         return {key: path for key in keys if (path := getattr(self, key)) is not None}
 
-    def describe(self) -> str:
-        """Where the certificate and key come from, for messages (never the inline PEM)."""
-        cert = str(self.cert_file) if self.cert_file else "the inline cert"
-        key = str(self.key_file) if self.key_file else "the inline key"
-        return f"certificate {cert} with key {key}"
-
     def expired(self, now: float) -> str | None:
         """When the certificate's validity ended, if it has (served all the same, with a
         warning: refusing would turn an expiry into an outage of the metrics)."""
@@ -118,8 +112,12 @@ class TLSConfig:
                 _pem_path(self.key_file, self.key) as key,
             ):
                 context.load_cert_chain(cert, key)
-        except ssl.SSLError as exc:
-            raise ssl.SSLError(f"cannot use {self.describe()}: {exc.reason or exc}") from exc
+        except ssl.SSLError as exc:  # named by file, never by the inline PEM
+            cert_at = self.cert_file or "the inline cert"
+            key_at = self.key_file or "the inline key"
+            raise ssl.SSLError(
+                f"cannot use certificate {cert_at} with key {key_at}: {exc.reason or exc}"
+            ) from exc
         if expired := self.expired(time.time()):
             log.warning(
                 "TLS certificate %s expired on %s; serving it anyway, clients will refuse it",
