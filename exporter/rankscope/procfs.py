@@ -104,12 +104,10 @@ class ProcCache:
         for pid in pids:
             cached = self._infos.get(pid)
             start, comm = read_stat(pid, self.proc) if cached is not None else (None, None)
-            if cached is not None and start is not None and cached.start_ticks == start:
-                # A process may rename itself (prctl PR_SET_NAME).
-                info = cached if comm == cached.comm else dataclasses.replace(cached, comm=comm)
-            else:
-                info = read_proc_info(pid, self.proc)
-            fresh[pid] = info
+            if cached is None or start is None or cached.start_ticks != start:
+                fresh[pid] = read_proc_info(pid, self.proc)
+            else:  # the same process, which may have renamed itself (prctl PR_SET_NAME)
+                fresh[pid] = dataclasses.replace(cached, comm=comm)
         self._infos = fresh  # exited pids drop out here
         return fresh
 

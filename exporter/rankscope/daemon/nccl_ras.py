@@ -54,17 +54,12 @@ def _recv_line(sock: socket.socket, buf: bytearray, seconds: float) -> str:
 
 
 def _recv(sock: socket.socket, end: float) -> bytes:
-    """What the socket has by monotonic time ``end``."""
+    """What the socket has by monotonic time ``end`` (query maps its OSErrors to reasons)."""
     left = end - time.monotonic()
     if left <= 0:
         raise ReportError("timeout", "deadline passed")
     sock.settimeout(left)
-    try:
-        return sock.recv(65536)
-    except TimeoutError:
-        raise ReportError("timeout", "no answer within the deadline") from None
-    except ConnectionResetError:
-        raise ReportError("truncated", "connection reset") from None
+    return sock.recv(65536)
 
 
 def query(
@@ -96,15 +91,12 @@ def query(
             _recv_line(sock, buf, LINE_TIMEOUT_S)
             sock.sendall(b"STATUS\n")
             end = time.monotonic() + report_timeout
-            while True:
-                chunk = _recv(sock, end)
-                if not chunk:
-                    break
+            while chunk := _recv(sock, end):
                 buf += chunk
                 if len(buf) > max_bytes:
                     raise ReportError("too_large", f"report over {max_bytes} bytes")
         except TimeoutError:
-            raise ReportError("timeout", "send timed out") from None
+            raise ReportError("timeout", "no answer within the deadline") from None
         except OSError as exc:  # reset or broken pipe mid-exchange
             raise ReportError("truncated", f"connection lost: {exc}") from None
         if not buf:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
@@ -18,7 +17,7 @@ from rankscope.daemon.registry import add, counter, gauge
 from rankscope.daemon.sources import Sources
 from rankscope.record import Census, Divergence
 from rankscope.record.compare import Entry, digest
-from rankscope.reports.census import STATES, States, states_of
+from rankscope.reports.census import STATES, states_of
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
 
 NAME = "census"
@@ -116,10 +115,11 @@ class CensusCollector:
         group_digest = gauge("rankscope_census_group_digest")
         deficit = gauge("rankscope_census_rank_deficit")
         streams = [st for st in view.streams if st.boot == boot]
-        totals: dict[tuple[Any, ...], int] = {}
-        for st, line in newest(streams, lambda st: st.census):
-            for (group, op), n in (line.body.counts or {}).items():
-                totals[(boot, st.process.rank, group, op)] = n
+        totals = {
+            (boot, st.process.rank, group, op): n
+            for st, line in newest(streams, lambda st: st.census)
+            for (group, op), n in (line.body.counts or {}).items()
+        }
         for key, n in totals.items():
             add(total, key, n)
         held = {st.process.rank: st for st, _ in newest(streams, lambda st: st.snapshot)}
@@ -150,7 +150,19 @@ class CensusCollector:
         since = gauge("rankscope_census_since_progress_seconds")
         blocked = gauge("rankscope_census_blocked_collective")
         latest = gauge("rankscope_census_latest_deficit")
-        found = boot_states(self.state, streams)
+        # Per stream its newest snapshot, its newest census or dump line and its folded live
+        # lines hold every latest count and the state (counts only grow): three lines a rank.
+        records = [
+            line for st in streams for line in (st.snapshot, st.census, st.live) if line is not None
+        ]
+        alive = self.state.alive()
+
+        def judged(
+            host: str | None, pid: int | None, start: int | None, ns: int | None
+        ) -> bool | None:
+            return alive.get((host, pid, start)) if host is not None and pid is not None else None
+
+        found = states_of(records, judged)
         now = time.time()
         for rank in found.ranks:
             labels = (boot, rank["rank"])
@@ -164,18 +176,3 @@ class CensusCollector:
         for lagging, entry, n in behind(found.latest):
             add(latest, (boot, lagging, entry["group"], entry["op"]), n)
         yield from (state, since, blocked, latest)
-
-
-def boot_states(state: FlightState, streams: Iterable[StreamState]) -> States:
-    """The census states of the ranks of ``streams`` (one boot's): per stream its newest
-    snapshot, its newest census or dump line and its folded live lines hold every latest
-    count and the state (counts only grow), so a scrape reads three lines a rank."""
-    alive = state.alive()
-    records = [
-        line for st in streams for line in (st.snapshot, st.census, st.live) if line is not None
-    ]
-
-    def judged(host: str | None, pid: int | None, start: int | None, ns: int | None) -> bool | None:
-        return alive.get((host, pid, start)) if host is not None and pid is not None else None
-
-    return states_of(records, judged)

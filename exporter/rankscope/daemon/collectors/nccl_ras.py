@@ -101,8 +101,7 @@ def pid_identities(view: FlightView) -> dict[int, Identity | None]:
             if st.boot == boot:
                 found.setdefault(st.process.pid, set()).add((boot, st.process.rank))
         for pid, ids in found.items():
-            if pid not in out:
-                out[pid] = next(iter(ids)) if len(ids) == 1 else None
+            out.setdefault(pid, next(iter(ids)) if len(ids) == 1 else None)
     return out
 
 
@@ -121,11 +120,6 @@ def map_ranks(
         if ident is not None and len(hosts) == 1 and pid >= 0:
             out[(next(iter(hosts)), pid)] = ident
     return out
-
-
-def comm_boot(comm: Communicator, mapped: dict[tuple[str, int], Identity]) -> str | None:
-    boots = {mapped[(r.host, r.pid)][0] for r in comm.ranks if (r.host, r.pid) in mapped}
-    return next(iter(boots)) if len(boots) == 1 else None
 
 
 @dataclass
@@ -174,10 +168,10 @@ class NcclRasCollector:
         comms = [s.comm for s in ep.comms]
         mapped = map_ranks(comms, identities)
         add(fams["communicators"], (a,), len(comms))
-        dead: set[tuple[str, int]] = set()
         for comm in comms:
-            boot = comm_boot(comm, mapped)
-            key = (a, comm.hash, comm.secondary_hash, boot)
+            # The comm's boot: the one boot its mapped ranks have, if one.
+            boots = {mapped[(r.host, r.pid)][0] for r in comm.ranks if (r.host, r.pid) in mapped}
+            key = (a, comm.hash, comm.secondary_hash, boots.pop() if len(boots) == 1 else None)
             add(fams["communicator_size"], key, comm.size)
             add(fams["communicator_ranks_reporting"], key, comm.ranks_count)
             add(fams["communicator_ranks_missing"], key, comm.missing_ranks_count)
@@ -192,12 +186,10 @@ class NcclRasCollector:
                 for op, n in sorted(r.counts.items()):
                     add(collectives, (*_rank_key(key, r, mapped), op), n)
             for m in comm.missing:
-                rank_key = _rank_key(key, m, mapped)
-                if m.considered_dead:
-                    dead.add((m.host, m.pid))
-                    add(fams["rank_missing"], (*rank_key, "dead"), 1.0)
-                elif m.unresponsive:
-                    add(fams["rank_missing"], (*rank_key, "unresponsive"), 1.0)
+                state = "dead" if m.considered_dead else "unresponsive" if m.unresponsive else None
+                if state is not None:
+                    add(fams["rank_missing"], (*_rank_key(key, m, mapped), state), 1.0)
+        dead = {(m.host, m.pid) for comm in comms for m in comm.missing if m.considered_dead}
         dead_count = report.dead_count if report.format == "text" else len(dead)
         add(fams["dead_processes"], (a,), dead_count)
 

@@ -3,6 +3,7 @@ or per card alone (sampler exhaustions), and the holders of each card at its lat
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -32,18 +33,16 @@ class OomCollector:
     def collect(self) -> Iterator[Metric]:
         book = self.book
         # (gpu, uuid, boot, rank, pid): None is an empty label (no boot, rank or pid).
-        Key = tuple[int | None, str | None, str | None, int | None, int | None]
-        counts: dict[Key, int] = {}
+        counts: Counter[tuple[int | None, str | None, str | None, int | None, int | None]]
+        counts = Counter()
         for st in book.state.view().streams:
             p = st.process
             pid = book.state.process_host_pid(p)
             for (gpu, uuid), n in st.oom_counts.items():
-                key: Key = (gpu, uuid, st.boot, p.rank, pid if pid is not None else p.pid)
-                counts[key] = counts.get(key, 0) + n
+                counts[gpu, uuid, st.boot, p.rank, p.pid if pid is None else pid] += n
         if book.watch is not None:
             for (gpu, uuid), n in book.watch.counts().items():
-                exhausted: Key = (gpu, uuid, None, None, None)
-                counts[exhausted] = counts.get(exhausted, 0) + n
+                counts[gpu, uuid, None, None, None] += n
         events = counter("rankscope_oom_events_total")
         for labels, n in sorted(counts.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
             add(events, labels, n)

@@ -12,7 +12,6 @@ from prometheus_client.metrics_core import Metric
 from rankscope.catalog import POST_LABELS
 from rankscope.daemon.flightstate import FlightState, StreamState
 from rankscope.daemon.registry import add, gauge
-from rankscope.record import Mark
 from rankscope.reports.ledger import MarkLine, posts
 
 if TYPE_CHECKING:
@@ -50,20 +49,18 @@ def build(config: DaemonConfig, sources: Sources) -> PhasesCollector:
     return PhasesCollector(sources.flight, config.options_of(Options).phase_boots)
 
 
-# catalog name -> how to read the value from a mark
-PHASE_VALUES: dict[str, Callable[[Mark], int | None]] = {
-    "rankscope_phase_reserved_bytes": lambda m: m.torch.reserved,
-    "rankscope_phase_allocated_bytes": lambda m: m.torch.allocated,
-    "rankscope_phase_process_bytes": lambda m: m.nvml.self_bytes,
-    "rankscope_phase_device_free_bytes": lambda m: m.driver.free,
+# catalog name -> how to read the value from a mark line
+PHASE_VALUES: dict[str, Callable[[MarkLine], float | None]] = {
+    "rankscope_phase_reserved_bytes": lambda line: line.body.torch.reserved,
+    "rankscope_phase_allocated_bytes": lambda line: line.body.torch.allocated,
+    "rankscope_phase_process_bytes": lambda line: line.body.nvml.self_bytes,
+    "rankscope_phase_device_free_bytes": lambda line: line.body.driver.free,
     # A subtraction with an unmeasured side is no measurement.
-    "rankscope_phase_non_torch_bytes": lambda m: (
-        m.derived.non_torch if m.derived.non_torch_measured else None
+    "rankscope_phase_non_torch_bytes": lambda line: (
+        line.body.derived.non_torch if line.body.derived.non_torch_measured else None
     ),
+    "rankscope_phase_timestamp_seconds": lambda line: line.header.wall,
 }
-
-
-TIMESTAMP = "rankscope_phase_timestamp_seconds"
 
 
 def phase_labels(st: StreamState, line: MarkLine) -> tuple[Any, ...]:
@@ -92,25 +89,19 @@ class PhasesCollector:
     def collect(self) -> Iterator[Metric]:
         view = self.state.view()
         wanted = view.recent_boots(self.boots)
-        families = {name: gauge(name) for name in (*PHASE_VALUES, TIMESTAMP)}
-        # The latest mark of each phase wins when a process marks a phase twice.
-        latest: dict[tuple[Any, ...], MarkLine] = {}
-        for st in view.streams:
-            if st.boot not in wanted:
-                continue
-            for line in st.marks:
-                latest[phase_labels(st, line)] = line
-        for labels, line in latest.items():
+        marks = [(st, line) for st in view.streams if st.boot in wanted for line in st.marks]
+        families = {name: gauge(name) for name in PHASE_VALUES}
+        # The latest mark of each phase wins when a process marks a phase twice; likewise
+        # the latest post of each view.
+        for labels, line in {phase_labels(st, line): line for st, line in marks}.items():
             for name, read in PHASE_VALUES.items():
-                add(families[name], labels, read(line.body))
-            add(families[TIMESTAMP], labels, line.header.wall)
+                add(families[name], labels, read(line))
         post_bytes = gauge("rankscope_post_bytes")
-        latest_posts: dict[tuple[Any, ...], float | None] = {}
-        for row in posts(rec for st in view.streams if st.boot in wanted for rec in st.marks):
-            for view_name, value in row["views"].items():
-                labels = tuple(view_name if k == "view" else row[k] for k in POST_LABELS)
-                latest_posts[labels] = value
+        latest_posts = {
+            tuple(view_name if k == "view" else row[k] for k in POST_LABELS): value
+            for row in posts(line for _, line in marks)
+            for view_name, value in row["views"].items()
+        }
         for labels, value in latest_posts.items():
             add(post_bytes, labels, value)
-        yield from families.values()
-        yield post_bytes
+        yield from (*families.values(), post_bytes)
