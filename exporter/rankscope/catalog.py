@@ -42,11 +42,7 @@ class Metric:
     @property
     def family(self) -> str:
         """The family name prometheus_client wants (counters and info without suffix)."""
-        if self.type == "counter" and self.name.endswith("_total"):
-            return self.name[: -len("_total")]
-        if self.type == "info" and self.name.endswith("_info"):
-            return self.name[: -len("_info")]
-        return self.name
+        return self.name.removesuffix({"counter": "_total", "info": "_info"}.get(self.type, ""))
 
 
 # The one summary; every other type follows from the name (see _collector).
@@ -313,12 +309,8 @@ def exposed_names(metric: Metric) -> tuple[str, ...]:
     return (metric.name,)
 
 
-def lookup(sample_name: str) -> Metric | None:
-    """The catalog entry a sample or PromQL metric name belongs to, or None."""
-    for metric in CATALOG:
-        if sample_name in exposed_names(metric):
-            return metric
-    return None
+# Every sample (or PromQL metric) name -> the catalog entry it belongs to.
+BY_SAMPLE: dict[str, Metric] = {name: m for m in CATALOG for name in exposed_names(m)}
 
 
 # --- the docs table (docs/metrics.md is this function's output) ------------------------------

@@ -40,12 +40,9 @@ def hold_gil(fn: Any) -> Any:
 
 def c_function(nvml: Any, name: str, *, keep_gil: bool) -> Any | None:
     """NVML's C function ``name`` from the binding's own lookup, or None."""
-    lookup = getattr(nvml, "_nvmlGetFunctionPointer", None)
-    if lookup is None:
-        return None
     try:
-        fn = lookup(name)
-    except Exception:
+        fn = nvml._nvmlGetFunctionPointer(name)
+    except Exception:  # a binding without the lookup, or a library without ``name``
         return None
     return hold_gil(fn) if keep_gil and fn is not None else fn
 

@@ -39,7 +39,7 @@ def poll(address: str, times: int = 1, **kw: float) -> Endpoint:
 
 def test_the_real_json_reply_is_polled_through_the_protocol() -> None:
     with StandInRas(REAL_JSON) as ras:
-        view = poll(ras.address).view()
+        view = poll(ras.address).view
     assert (view.last_success, view.last_error) == (True, None)
     assert view.report is not None and view.report.format == "json"
     assert len(view.comms) == 2
@@ -47,14 +47,14 @@ def test_the_real_json_reply_is_polled_through_the_protocol() -> None:
 
 def test_a_server_before_2_28_7_answers_text_and_is_parsed_as_text() -> None:
     with StandInRas(REAL_TEXT, mode="pre2287") as ras:
-        view = poll(ras.address).view()
+        view = poll(ras.address).view
     assert view.last_success and view.report is not None and view.report.format == "text"
 
 
 def test_no_endpoint_is_refused() -> None:
     with socket.socket() as s:  # a port nobody listens on: bound, never listening
         s.bind(("127.0.0.1", 0))
-        view = poll(f"127.0.0.1:{s.getsockname()[1]}").view()
+        view = poll(f"127.0.0.1:{s.getsockname()[1]}").view
     assert (view.last_success, view.last_error, view.errors["refused"]) == (False, "refused", 1)
 
 
@@ -76,7 +76,7 @@ def test_a_broken_endpoint_is_a_failed_poll_with_its_reason(
     mode: str, report: bytes, reason: str
 ) -> None:
     with StandInRas(report, mode=mode) as ras:
-        view = poll(ras.address, report_timeout=1.0, max_bytes=1 << 20).view()
+        view = poll(ras.address, report_timeout=1.0, max_bytes=1 << 20).view
     assert (view.last_success, view.last_error, view.errors[reason]) == (False, reason, 1)
     assert view.report is None
 
@@ -84,7 +84,7 @@ def test_a_broken_endpoint_is_a_failed_poll_with_its_reason(
 def test_a_failed_poll_keeps_the_last_good_report_and_says_why() -> None:
     with StandInRas(REAL_JSON, REAL_JSON[:100]) as ras:
         endpoint = poll(ras.address, times=2)
-    view = endpoint.view()
+    view = endpoint.view
     assert (view.polls, view.last_success, view.last_error) == (2, False, "truncated")
     assert view.report is not None and len(view.comms) == 2
 
@@ -96,16 +96,16 @@ def test_a_count_mismatch_is_reported_only_once_it_persists_with_stuck_laggards(
         endpoint = Endpoint(ras.address, persist_polls=3)
         endpoint.poll_once()
         endpoint.poll_once()
-        assert endpoint.view().persisting[(shapes.REAL_HASH, SECONDARY)] == ()
+        assert endpoint.view.persisting[(shapes.REAL_HASH, SECONDARY)] == ()
         endpoint.poll_once()
-        assert endpoint.view().persisting[(shapes.REAL_HASH, SECONDARY)] == ("AllReduce",)
+        assert endpoint.view.persisting[(shapes.REAL_HASH, SECONDARY)] == ("AllReduce",)
     # In flight: the counts differ at every poll but the laggard keeps launching.
     moving = [shapes.two_rank_json((10 + i, 9 + i)) for i in range(4)]
     with StandInRas(*moving) as ras:
         assert (
-            poll(ras.address, times=4, persist_polls=3)
-            .view()
-            .persisting[(shapes.REAL_HASH, SECONDARY)]
+            poll(ras.address, times=4, persist_polls=3).view.persisting[
+                (shapes.REAL_HASH, SECONDARY)
+            ]
             == ()
         )
 
@@ -116,7 +116,7 @@ SECONDARY = "0xf0f5947519ffabd8:0x40802503e7d6e292"
 def test_a_status_mismatch_persists_like_a_count_mismatch() -> None:
     """Shape edited from the real one-GPU JSON: the second rank aborted."""
     with StandInRas(shapes.two_rank_json((5, 5), peer_abort=True)) as ras:
-        view = poll(ras.address, times=2, persist_polls=2).view()
+        view = poll(ras.address, times=2, persist_polls=2).view
     assert view.persisting[(shapes.REAL_HASH, SECONDARY)] == ("status",)
 
 
@@ -127,10 +127,10 @@ def test_communicators_of_a_job_sharing_the_port_survive_the_other_jobs_replies(
     job_b = (shapes.FIXTURES / "ras-2.28.9-jobC-status.json").read_bytes()
     with StandInRas(job_a, job_b) as ras:
         endpoint = poll(ras.address, times=2)
-        assert len(endpoint.view().comms) == 3
+        assert len(endpoint.view.comms) == 3
         for _ in range(endpoint.forget_after):
             endpoint.poll_once()
-    assert len(endpoint.view().comms) == 1
+    assert len(endpoint.view.comms) == 1
 
 
 def samples(collector: NcclRasCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

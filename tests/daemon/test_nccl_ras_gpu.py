@@ -95,7 +95,7 @@ def test_a_real_nccl_jobs_ranks_map_to_its_flight_records(
     state.refresh()
     endpoint = Endpoint(address)
     endpoint.poll_once()
-    view = endpoint.view()
+    view = endpoint.view
     assert view.last_success, view.last_error
     text = [
         (s.name, s.labels, s.value)

@@ -1,7 +1,6 @@
 """The NCCL RAS source: polls each endpoint (untrusted: every step has a deadline, the report
 a byte cap; docs/nccl-ras-notes.md) and keeps the last parsed report for the scrape. Jobs
-may share the default port, so a communicator is kept until absent ``forget_after`` polls.
-"""
+may share the default port, so a communicator is kept until absent ``forget_after`` polls."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rankscope.daemon.flags import parse_host_port
 from rankscope.daemon.nccl_ras_report import (
@@ -109,7 +108,7 @@ class CommState:
     comm: Communicator
     last_seen_poll: int
     # op (or "status") -> (successive polls the op disagreed, lowest count at the first)
-    streaks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    streaks: dict[str, tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ class EndpointView:
 
 class Endpoint:
     """Poll state of one address; ``poll_once`` is the whole cycle (tests drive it). Only its
-    poller thread polls; a scrape reads the view it last published."""
+    poller thread polls; a scrape reads the ``view`` it last published."""
 
     def __init__(
         self,
@@ -147,7 +146,7 @@ class Endpoint:
         self.forget_after = max(10, 4 * persist_polls)
         self._comms: dict[tuple[str, str], CommState] = {}
         errors = dict.fromkeys(ERROR_REASONS, 0)
-        self._view = EndpointView(address, 0, None, None, None, errors, None, (), {})
+        self.view = EndpointView(address, 0, None, None, None, errors, None, (), {})
 
     def poll_once(self) -> None:
         start = time.perf_counter()
@@ -162,10 +161,8 @@ class Endpoint:
             error = "malformed"
             log.warning("nccl-ras %s: unexpected %r", self.address, exc)
         elapsed = time.perf_counter() - start
-        old = self._view
-        errors = dict(old.errors)
-        if error is not None:
-            errors[error] += 1
+        old = self.view
+        errors = {reason: n + (reason == error) for reason, n in old.errors.items()}
         if report is not None:
             self._merge(report, old.polls + 1)
         comms = tuple(self._comms.values())
@@ -173,7 +170,7 @@ class Endpoint:
             s.comm.key: tuple(op for op, (n, _) in s.streaks.items() if n >= self.persist_polls)
             for s in comms
         }
-        self._view = EndpointView(
+        self.view = EndpointView(
             self.address, old.polls + 1, error is None, elapsed, error, errors,
             report or old.report, comms, persisting,
         )  # fmt: skip
@@ -196,9 +193,6 @@ class Endpoint:
             self._comms[comm.key] = CommState(comm, n, streaks)
         for key in [k for k, s in self._comms.items() if n - s.last_seen_poll >= self.forget_after]:
             del self._comms[key]
-
-    def view(self) -> EndpointView:
-        return self._view
 
 
 def pollers(endpoints: list[Endpoint], interval: float) -> list[Periodic]:

@@ -242,9 +242,8 @@ def parse_text_report(text: str) -> RasReport:
 def _sections(lines: list[str]) -> Iterator[tuple[str, str]]:
     """(section, line) for each line under a title (a line underlined with '=')."""
     section = ""
-    for i, line in enumerate(lines):
-        nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
-        if nxt and set(nxt) == {"="} and line.strip():
+    for line, nxt in zip(lines, [*lines[1:], ""], strict=True):
+        if line.strip() and set(nxt.strip()) == {"="}:
             section = line.strip().split("...")[0].strip()
         else:
             yield section, line

@@ -38,12 +38,13 @@ class ArenasCollector:
     def collect(self) -> Iterator[Metric]:
         view = self.state.view()
         families = {name: gauge(name) for name in ARENA_VALUES}
-        # Each process's latest mark carries its arenas; the later line wins.
-        latest: dict[tuple[str, int | None, int, str], MarkArena] = {}
         streams = (st for st in view.streams if st.boot == view.latest_boot)
-        for st, mark in newest(streams, lambda st: st.arenas):
-            for arena, figures in mark.body.arenas.items():
-                latest[(st.boot, st.process.rank, st.process.pid, arena)] = figures
+        # Each process's latest mark carries its arenas; the later line wins.
+        latest = {
+            (st.boot, st.process.rank, st.process.pid, arena): figures
+            for st, mark in newest(streams, lambda st: st.arenas)
+            for arena, figures in mark.body.arenas.items()
+        }
         for labels, figures in latest.items():
             for name, read in ARENA_VALUES.items():
                 add(families[name], labels, read(figures))

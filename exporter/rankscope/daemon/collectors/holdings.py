@@ -37,15 +37,13 @@ class HoldingsCollector:
         for v in self.sampler.views():
             if v.holdings is None:
                 continue
+            card = (v.identity.index, v.identity.uuid)
             for h in cap(list(v.holdings.processes), self.max_per_card):
-                labels = (v.identity.index, v.identity.uuid, h.pid, h.comm, h.role, h.boot, h.rank)
-                add(fam, labels, h.bytes)
-            foreign = [
-                h for h in v.holdings.processes if h.role == ROLE_FOREIGN and h.bytes is not None
-            ]
+                add(fam, (*card, h.pid, h.comm, h.role, h.boot, h.rank), h.bytes)
+            held = v.holdings.processes
+            foreign = [h for h in held if h.role == ROLE_FOREIGN and h.bytes is not None]
             if foreign:
                 # The most bytes; among equals, the lowest pid, so the series stays put.
                 top = max(foreign, key=lambda h: (h.bytes, -(h.pid or 0)))
-                add(largest, (v.identity.index, v.identity.uuid, top.pid, top.comm), top.bytes)
-        yield fam
-        yield largest
+                add(largest, (*card, top.pid, top.comm), top.bytes)
+        yield from (fam, largest)

@@ -1,7 +1,6 @@
 """NCCL RAS: what the endpoints last reported (the poller's state, never a connection in
 the scrape path), mapped to rankscope boots and ranks where unambiguous (docs/census.md,
-"NCCL RAS"): a (host, pid) to the one (boot, rank) with that pid, newest boot first.
-"""
+"NCCL RAS"): a (host, pid) to the one (boot, rank) with that pid, newest boot first."""
 
 from __future__ import annotations
 
@@ -9,18 +8,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
+from prometheus_client.metrics_core import Metric
 
 from rankscope.catalog import CATALOG
 from rankscope.daemon import nccl_ras
 from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.daemon.flightstate import FlightState, FlightView
-from rankscope.daemon.nccl_ras import Endpoint, EndpointView, pollers
+from rankscope.daemon.nccl_ras import Endpoint, pollers
 from rankscope.daemon.nccl_ras_report import ERROR_REASONS, Communicator, MissingRank, RasRank
 from rankscope.daemon.registry import add, counter, gauge, info, label_values
 
@@ -139,59 +133,51 @@ class NcclRasCollector:
         errors = counter("rankscope_nccl_ras_poll_errors_total")
         polls = counter("rankscope_nccl_ras_polls_total")
         nccl = info("rankscope_nccl_info")
-        for ep in (e.view() for e in self.endpoints):
-            self._endpoint(ep, identities, fams, collectives, nccl)
-            add(polls, (ep.address,), ep.polls)
+        for ep in (e.view for e in self.endpoints):
+            a = ep.address
+            add(polls, (a,), ep.polls)
             for reason in ERROR_REASONS:
-                add(errors, (ep.address, reason), ep.errors[reason])
+                add(errors, (a, reason), ep.errors[reason])
+            if ep.last_success is not None:
+                add(fams["ras_up"], (a,), 1.0 if ep.last_success else 0.0)
+                for reason in ERROR_REASONS:
+                    add(fams["ras_last_error"], (a, reason), float(ep.last_error == reason))
+            add(fams["ras_poll_duration_seconds"], (a,), ep.last_duration)
+            report = ep.report
+            if report is None:
+                continue
+            cuda = (report.cuda_runtime_version, report.cuda_driver_version)
+            nccl.add_metric(label_values(a, report.nccl_version, *cuda, report.format), {})
+            comms = [s.comm for s in ep.comms]
+            mapped = map_ranks(comms, identities)
+            add(fams["communicators"], (a,), len(comms))
+            for comm in comms:
+                # The comm's boot: the one boot its mapped ranks have, if one.
+                boots = {mapped[r.host, r.pid][0] for r in comm.ranks if (r.host, r.pid) in mapped}
+                key = (a, comm.hash, comm.secondary_hash, boots.pop() if len(boots) == 1 else None)
+                add(fams["communicator_size"], key, comm.size)
+                add(fams["communicator_ranks_reporting"], key, comm.ranks_count)
+                add(fams["communicator_ranks_missing"], key, comm.missing_ranks_count)
+                persisting = ep.persisting.get(comm.key, ())
+                ops = {op for r in comm.ranks for op in r.counts}
+                ops |= {op for op in comm.reported_mismatches if op != "status"}
+                for op in sorted(ops):
+                    add(fams["count_mismatch"], (*key, op), float(op in persisting))
+                if comm.ranks or "status" in comm.reported_mismatches:
+                    add(fams["status_mismatch"], key, float("status" in persisting))
+                for r in comm.ranks:
+                    for op, n in sorted(r.counts.items()):
+                        add(collectives, (*_rank_key(key, r, mapped), op), n)
+                for m in comm.missing:
+                    state = (
+                        "dead" if m.considered_dead else "unresponsive" if m.unresponsive else None
+                    )
+                    if state is not None:
+                        add(fams["rank_missing"], (*_rank_key(key, m, mapped), state), 1.0)
+            dead = {(m.host, m.pid) for comm in comms for m in comm.missing if m.considered_dead}
+            dead_count = report.dead_count if report.format == "text" else len(dead)
+            add(fams["dead_processes"], (a,), dead_count)
         yield from (*fams.values(), collectives, errors, polls, nccl)
-
-    def _endpoint(
-        self,
-        ep: EndpointView,
-        identities: dict[int, Identity | None],
-        fams: dict[str, GaugeMetricFamily],
-        collectives: CounterMetricFamily,
-        nccl: InfoMetricFamily,
-    ) -> None:
-        a = ep.address
-        if ep.last_success is not None:
-            add(fams["ras_up"], (a,), 1.0 if ep.last_success else 0.0)
-            for reason in ERROR_REASONS:
-                add(fams["ras_last_error"], (a, reason), float(ep.last_error == reason))
-        add(fams["ras_poll_duration_seconds"], (a,), ep.last_duration)
-        report = ep.report
-        if report is None:
-            return
-        cuda = (report.cuda_runtime_version, report.cuda_driver_version)
-        nccl.add_metric(label_values(a, report.nccl_version, *cuda, report.format), {})
-        comms = [s.comm for s in ep.comms]
-        mapped = map_ranks(comms, identities)
-        add(fams["communicators"], (a,), len(comms))
-        for comm in comms:
-            # The comm's boot: the one boot its mapped ranks have, if one.
-            boots = {mapped[(r.host, r.pid)][0] for r in comm.ranks if (r.host, r.pid) in mapped}
-            key = (a, comm.hash, comm.secondary_hash, boots.pop() if len(boots) == 1 else None)
-            add(fams["communicator_size"], key, comm.size)
-            add(fams["communicator_ranks_reporting"], key, comm.ranks_count)
-            add(fams["communicator_ranks_missing"], key, comm.missing_ranks_count)
-            persisting = ep.persisting.get(comm.key, ())
-            ops = {op for r in comm.ranks for op in r.counts}
-            ops |= {op for op in comm.reported_mismatches if op != "status"}
-            for op in sorted(ops):
-                add(fams["count_mismatch"], (*key, op), float(op in persisting))
-            if comm.ranks or "status" in comm.reported_mismatches:
-                add(fams["status_mismatch"], key, float("status" in persisting))
-            for r in comm.ranks:
-                for op, n in sorted(r.counts.items()):
-                    add(collectives, (*_rank_key(key, r, mapped), op), n)
-            for m in comm.missing:
-                state = "dead" if m.considered_dead else "unresponsive" if m.unresponsive else None
-                if state is not None:
-                    add(fams["rank_missing"], (*_rank_key(key, m, mapped), state), 1.0)
-        dead = {(m.host, m.pid) for comm in comms for m in comm.missing if m.considered_dead}
-        dead_count = report.dead_count if report.format == "text" else len(dead)
-        add(fams["dead_processes"], (a,), dead_count)
 
 
 def _rank_key(

@@ -67,17 +67,8 @@ def phase_labels(st: StreamState, line: MarkLine) -> tuple[Any, ...]:
     """The labels of a mark's series. gpu is the card's NVML index, the host-wide index the
     card series use, not the process's CUDA ordinal (which CUDA_VISIBLE_DEVICES renumbers)."""
     h, mark = line.header, line.body
-    return (
-        st.boot,
-        h.rank,
-        h.tp_rank,
-        h.pp_rank,
-        h.runner,
-        st.process.pid,
-        mark.phase,
-        mark.device.nvml_index,
-        mark.device.uuid,
-    )
+    process = (st.boot, h.rank, h.tp_rank, h.pp_rank, h.runner, st.process.pid)
+    return (*process, mark.phase, mark.device.nvml_index, mark.device.uuid)
 
 
 @dataclass
