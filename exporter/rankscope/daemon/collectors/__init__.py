@@ -22,13 +22,10 @@ if TYPE_CHECKING:
 
 
 class CollectorModule(Protocol):
-    @property
-    def NAME(self) -> str: ...
+    NAME: str
+    HELP: str
 
-    @property
-    def HELP(self) -> str: ...
-
-    @property
+    @property  # read-only, so that a module's ``DEFAULT = True`` (a bool) fits
     def DEFAULT(self) -> bool | None: ...
 
     def build(self, config: DaemonConfig, sources: Sources) -> Collector: ...

@@ -89,10 +89,8 @@ def host_summaries(found: Iterable[GroupRound]) -> dict[str, GroupSummary]:
     for group in found:
         if group.round is None:
             continue
-        top: dict[str, int] = {}
-        for ops in group.ops.values():
-            for op, n in ops.items():
-                top[op] = max(top.get(op, 0), n)
+        ops = {op for counts in group.ops.values() for op in counts}
+        top = {op: max(counts.get(op, 0) for counts in group.ops.values()) for op in ops}
         deficits = {(rank, entry["op"]): n for rank, entry, n in behind(group.entries)}
         out[group.group] = GroupSummary(group.round, digest(top), deficits)
     return out
