@@ -63,6 +63,20 @@ def test_a_divergence_that_heals_stays_in_the_history(flight_dir: Path) -> None:
     ]
 
 
+def test_a_divergence_whose_lagging_rank_changes_is_two_in_the_history(flight_dir: Path) -> None:
+    def counts_at(rank: int, r: int) -> dict[tuple[str, str], int]:
+        behind = (rank == 2 and 40 <= r < 60) or (rank == 1 and 60 <= r < 80)
+        return {("world:0-2", "all_reduce"): r - behind}
+
+    for rank in range(3):
+        write_rounds(rank_recorder(flight_dir, rank), rank, range(10, 101, 10), counts_at)
+    history = report_of(flight_dir)["history"]
+    assert [(e["lagging"], e["rounds"], e["resolved"]) for e in history] == [
+        ([2], [40, 50], True),
+        ([1], [60, 70], True),
+    ]
+
+
 def test_a_sigkilled_rank_counts_with_its_last_snapshot(flight_dir: Path) -> None:
     def counts_at(rank: int, r: int) -> dict[tuple[str, str], int]:
         lag = 1 if rank == 1 and r >= 50 else 0

@@ -160,6 +160,15 @@ def test_a_skew_made_up_stays_named_in_the_skews(flight_dir: Path) -> None:
     assert "made up at" in render_text(doc)
 
 
+def test_a_skew_whose_lagging_ranks_change_is_two_skews(flight_dir: Path) -> None:
+    recs = [recorder(flight_dir, r) for r in range(3)]
+    for rank, n in enumerate((6, 6, 5)):
+        live(recs[rank], {AR: n}, (W, "all_reduce", n, 10.0))
+    live(recs[2], {AR: 7}, (W, "all_reduce", 7, 11.0))  # past its peers, still standing
+    doc = report(flight_dir, unknown)
+    assert [(s["lagging"], s["resolved"]) for s in doc["skews"]] == [([2], True), ([0, 1], False)]
+
+
 def test_live_lines_carry_only_changes_and_a_snapshot_counts_too(flight_dir: Path) -> None:
     rec = recorder(flight_dir, 0)
     live(rec, {AR: 5, AG: 2})
