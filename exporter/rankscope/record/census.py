@@ -19,13 +19,11 @@ Counts = dict[tuple[str, str], int]  # (group instance, op) -> collectives issue
 def encode_counts(counts: Mapping[tuple[str, str], int] | None) -> list[list[Any]]:
     """Counts as the record stores them: sorted [group, op, n] rows. Keys that are not two
     strings (a caller's mistake) are left out here, off the hot path."""
-    rows = [
+    return sorted(  # by (group, op): each pair is one key, so n is never compared
         [g, op, n]
         for (g, op), n in (counts or {}).items()
         if isinstance(g, str) and isinstance(op, str) and isinstance(n, int)
-    ]
-    rows.sort(key=lambda row: (row[0], row[1]))
-    return rows
+    )
 
 
 def _is_row(row: Any) -> bool:
