@@ -71,7 +71,7 @@ from rankscope.daemon.flightstate import RankProcess
 from rankscope.daemon.holdings import HoldingsReader
 from rankscope.daemon.sampler import Periodic, Sampler, parse_floors
 from rankscope.nvml_calls import hold_gil
-from rankscope.procfs import read_nspid, read_pidns_inode, read_proc_info, read_start_ticks
+from rankscope.procfs import read_pidns_inode, read_proc_info, read_start_ticks
 
 GiB = 1 << 30
 
@@ -172,8 +172,8 @@ def holdings(cards: int, per_card: int, rounds: int) -> None:
     try:
         pids = [p.pid for p in sleepers]
         ranks = [
-            RankProcess("bench", pid, read_start_ticks(pid), read_nspid(pid),
-                        read_pidns_inode(pid), "bench-boot", i, i)
+            RankProcess("bench", pid, read_start_ticks(pid), read_pidns_inode(pid),
+                        "bench-boot", i)
             for i, pid in enumerate(pids[::per_card])
         ]  # fmt: skip
         with tempfile.TemporaryDirectory() as tmp:

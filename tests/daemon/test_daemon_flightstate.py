@@ -188,9 +188,8 @@ def test_rank_processes_carry_the_identity_the_holdings_match_on(flight_dir: Pat
     state = FlightState(flight_dir)
     procs = state.rank_processes()
     me = RankProcess(
-        host="node-a", pid=4242, start_ticks=777, nspid=(4242,), pidns=HOST_PIDNS,
-        boot="boot-1", rank=3, local_rank=3,
-    )  # fmt: skip
+        host="node-a", pid=4242, start_ticks=777, pidns=HOST_PIDNS, boot="boot-1", rank=3
+    )
     # One entry per process (two streams, one process), the newest boot first.
     assert procs[0].boot == "boot-0" and procs[1] == me
     assert len(procs) == 2

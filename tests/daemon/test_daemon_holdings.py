@@ -45,7 +45,7 @@ def fake_proc(root: Path, pid: int, *, comm: str, start: int, nspid: list[int], 
 def rank(
     pid: int, start: int | None, pidns: int | None, boot: str = "b1", r: int = 0
 ) -> RankProcess:
-    return RankProcess("h", pid, start, (pid,), pidns, boot, r, r)
+    return RankProcess("h", pid, start, pidns, boot, r)
 
 
 def test_read_proc_info_from_a_fixture_tree(tmp_path: Path) -> None:

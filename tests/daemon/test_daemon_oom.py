@@ -56,7 +56,7 @@ def test_one_process_list_read_per_onset_and_the_worst_minimum_followed(
 ) -> None:
     script = tmp_path / "cards.json"
     me = os.getpid()
-    ranks = [RankProcess("h", me, read_start_ticks(), (me,), None, "b1", 2, 2)]
+    ranks = [RankProcess("h", me, read_start_ticks(), None, "b1", 2)]
     procs = {holder.pid: 70 * GiB, me: 9 * GiB}
     write_script(script, [card(1 * GiB, procs)])
     sampler = Sampler(ScriptedSource(script), interval=0.1)

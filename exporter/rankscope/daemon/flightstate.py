@@ -53,11 +53,9 @@ class RankProcess:
     host: str
     pid: int
     start_ticks: int | None
-    nspid: tuple[int, ...] | None
     pidns: int | None
     boot: str
     rank: int | None
-    local_rank: int | None
 
     @property
     def key(self) -> tuple[str, int, int | None]:
@@ -66,7 +64,7 @@ class RankProcess:
 
 def rank_process(rec: Record) -> RankProcess:
     h = rec.header
-    return RankProcess(h.host, h.pid, h.start_ticks, h.nspid, h.pidns, h.boot, h.rank, h.local_rank)
+    return RankProcess(h.host, h.pid, h.start_ticks, h.pidns, h.boot, h.rank)
 
 
 @dataclass
@@ -234,15 +232,13 @@ class FlightState:
         self.backlog = backlog
 
     def _note_exits(self) -> None:
-        """When each process of this host's PID namespace was found gone (under ``_polling``,
-        which every writer of ``_living`` holds). One found gone stays gone (its pid and start
-        time never come back), so only the living are looked at again. One already gone in the
-        directory the daemon started on is taken as gone since its last record: a directory of
-        old restarts publishes nothing past the grace."""
+        """When each process of this host's PID namespace was found gone (under ``_polling``).
+        One found gone stays gone, so only the living are looked at again; one already gone in
+        the directory at start is gone since its last record (old restarts publish nothing)."""
         now, wall_now = time.monotonic(), time.time()
         exited: dict[RankProcess, float] = {}
         for p, last_wall in list(self._living.items()):
-            pid = self._host_pid_locked(p)
+            pid = self.process_host_pid(p)
             if pid is None:  # another PID namespace's, not found in /proc: never judged
                 del self._living[p]
             elif read_start_ticks(pid, self._proc) == p.start_ticks:
@@ -355,7 +351,7 @@ class FlightState:
             for st in self._streams.values():
                 p = st.process
                 known = p.host == self._host and p.start_ticks is not None
-                if known and self._host_pid_locked(p) is not None:
+                if known and self.process_host_pid(p) is not None:
                     out[p.key] = p not in self._exited_at
             self._running = out
         return self._running
@@ -364,10 +360,7 @@ class FlightState:
         return self.process_host_pid(rank_process(rec))
 
     def process_host_pid(self, p: RankProcess) -> int | None:
-        with self._lock:
-            return self._host_pid_locked(p)
-
-    def _host_pid_locked(self, p: RankProcess) -> int | None:
+        # One read of a map a refresh only extends or replaces whole: no lock needed.
         return p.pid if p.pidns == HOST_PIDNS_INODE else self._host_pids.get(p.key)
 
     def latest_boot(self) -> str | None:

@@ -9,7 +9,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 from rankscope.daemon.flightstate import FlightState, RankProcess
@@ -25,30 +25,25 @@ DEFAULT_EXHAUSTED_BELOW = "256MiB"
 MAX_EXHAUSTIONS_PER_CARD = 64  # the newest are kept; the count goes on
 
 
+@dataclass(eq=False)
 class ExhaustionWatch:
     """The sampler's hook: a card at or below ``threshold`` free is exhausted; its process
     list is read once at the onset, then only the worst minimum is followed."""
 
-    def __init__(
-        self,
-        sampler: Sampler,
-        rank_processes: Callable[[], list[RankProcess]],
-        threshold: FloorValue,
-        *,
-        proc: str = "/proc",
-        wall: Callable[[], float] = time.time,
-    ) -> None:
-        self.sampler = sampler
-        self.rank_processes = rank_processes
-        self.threshold = threshold
-        self.proc = proc
-        self.wall = wall
-        self.process_list_reads = 0
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}  # by uuid
-        self._events: dict[str, list[SamplerOom]] = {}  # by uuid, the newest kept
-        self._exhausted: set[str] = set()  # the uuids exhausted at their last read
-        sampler.on_read = self.read
+    sampler: Sampler
+    rank_processes: Callable[[], list[RankProcess]]
+    threshold: FloorValue
+    _: KW_ONLY
+    proc: str = "/proc"
+    wall: Callable[[], float] = time.time
+    process_list_reads: int = field(default=0, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _counts: dict[str, int] = field(default_factory=dict, init=False)  # by uuid
+    _events: dict[str, list[SamplerOom]] = field(default_factory=dict, init=False)  # the newest
+    _exhausted: set[str] = field(default_factory=set, init=False)  # uuids, as of the last read
+
+    def __post_init__(self) -> None:
+        self.sampler.on_read = self.read
 
     def read(self, card: CardState, free: int) -> None:
         """Called by the sampler with each card read. Never raises."""

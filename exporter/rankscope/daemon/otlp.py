@@ -108,13 +108,10 @@ class OtlpPusher:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
-        if self.endpoint is None:
-            exporter = OTLPMetricExporter()  # OTEL_EXPORTER_OTLP_* from the environment
-        else:
-            exporter = OTLPMetricExporter(endpoint=self.endpoint.rstrip("/") + "/v1/metrics")
-        reader = PeriodicExportingMetricReader(
-            exporter, export_interval_millis=self.interval * 1000.0
-        )
+        # No --otlp.endpoint: the exporter reads OTEL_EXPORTER_OTLP_* from the environment.
+        endpoint = None if self.endpoint is None else self.endpoint.rstrip("/") + "/v1/metrics"
+        exporter = OTLPMetricExporter(endpoint=endpoint)
+        reader = PeriodicExportingMetricReader(exporter, export_interval_millis=self.interval * 1e3)
         # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME.
         attributes = {
             "service.name": "rankscope",

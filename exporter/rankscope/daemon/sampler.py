@@ -131,8 +131,6 @@ class Sampler:
         interval: float = 0.1,
         window: float = 15.0,
     ) -> None:
-        if interval <= 0 or window <= 0:
-            raise ValueError("the sampler interval and window must be positive")
         self.source = source
         self.floors = floors or Floors()
         self.interval = interval
