@@ -219,7 +219,7 @@ def holdings(cards: int, per_card: int, rounds: int) -> None:
 class CallSource:
     """A STAND-IN device source of one card whose free-memory read is ``read()``."""
 
-    name = label = "standin"
+    name = "standin"
     incomplete: str | None = None
 
     def __init__(self, read: Callable[[], object]) -> None:
@@ -292,7 +292,7 @@ class TimedReads:
 
     def __init__(self, inner: DeviceSource) -> None:
         self.inner = inner
-        self.name, self.label = inner.name, inner.label
+        self.name = inner.name
         self.incomplete: str | None = None
         self.spent_ns = 0
 

@@ -34,10 +34,9 @@ class CardIdentity:
 
 
 class DeviceSource(Protocol):
-    """``name`` is the ``rankscope_up`` source; ``label`` rankscope_gpu_info's source."""
+    """``name`` is the source label of rankscope_up and rankscope_gpu_info."""
 
     name: str
-    label: str
     incomplete: str | None  # why cards the source counts were left unread at the last open
 
     def open(self) -> list[CardIdentity]: ...
@@ -63,7 +62,6 @@ class NvmlSource:
     """Real cards through NVML; handles are resolved once per :meth:`open`."""
 
     name = "nvml"
-    label = "nvml"
 
     def __init__(self) -> None:
         self._nvml: Any = None
@@ -238,7 +236,6 @@ class ScriptedSource:
     stat per sample): a writer scripts a trough by replacing the file."""
 
     name = "simulated"
-    label = "simulated"
     incomplete: str | None = None  # a script lists every card it has, or fails as a whole
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -280,11 +280,18 @@ class FlightState:
         """Every boot, oldest first; only the boots whose streams changed are summed again."""
         if self._boots is None:
             for boot in self._touched_boots:
-                streams = self._boot_streams.get(boot)
-                if streams:
-                    self._boot_summaries[boot] = _summary(boot, streams.values())
-                else:
+                sts = list(self._boot_streams.get(boot, {}).values())
+                if not sts:
                     self._boot_summaries.pop(boot, None)
+                    continue
+                self._boot_summaries[boot] = BootSummary(
+                    boot=boot,
+                    first_wall=min(st.first_wall for st in sts),
+                    last_wall=max(st.last_wall for st in sts),
+                    processes=len({st.process.key for st in sts}),
+                    ranks=sorted({r for st in sts if (r := st.process.rank) is not None}),
+                    latest=False,
+                )
             self._touched_boots.clear()
             order = sorted(self._boot_summaries.values(), key=lambda b: (b.first_wall, b.boot))
             self._boots = order[:-1] + [replace(b, latest=True) for b in order[-1:]]
@@ -406,7 +413,10 @@ class FlightState:
             card = (body.device.nvml_index, body.device.uuid)
             st.oom_counts[card] = st.oom_counts.get(card, 0) + 1
         elif isinstance(body, CensusLive):
-            st.live = _fold_live(st.live, Line(h, body))
+            counts = dict(st.live.body.changed) if st.live is not None else {}
+            for name, n in body.changed.items():
+                counts[name] = max(n, counts.get(name, n))
+            st.live = Line(h, CensusLive(counts, body.blocked_in))
         elif isinstance(body, (Census, CensusDump)):
             st.census = Line(h, body)
             # A snapshot whose round or counts do not read compares nothing (the census
@@ -444,13 +454,6 @@ class FlightState:
                 del self._divergences[boot]
 
 
-def _fold_live(folded: Line[CensusLive] | None, line: Line[CensusLive]) -> Line[CensusLive]:
-    counts = dict(folded.body.changed) if folded is not None else {}
-    for key, n in line.body.changed.items():
-        counts[key] = max(n, counts.get(key, n))
-    return Line(line.header, CensusLive(counts, line.body.blocked_in))
-
-
 def newest(
     streams: Iterable[StreamState], line: Callable[[StreamState], Line[B] | None]
 ) -> list[tuple[StreamState, Line[B]]]:
@@ -466,18 +469,6 @@ def _copy(st: StreamState) -> StreamState:
         census_lines=list(st.census_lines),
         ooms=list(st.ooms),
         oom_counts=dict(st.oom_counts),
-    )
-
-
-def _summary(boot: str, streams: Iterable[StreamState]) -> BootSummary:
-    sts = list(streams)
-    return BootSummary(
-        boot=boot,
-        first_wall=min(st.first_wall for st in sts),
-        last_wall=max(st.last_wall for st in sts),
-        processes=len({st.process.key for st in sts}),
-        ranks=sorted({r for st in sts if (r := st.process.rank) is not None}),
-        latest=False,
     )
 
 

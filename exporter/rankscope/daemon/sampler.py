@@ -266,7 +266,7 @@ class Sampler:
     def _adopt(self, identities: list[CardIdentity]) -> None:
         """State is kept per uuid (counters never go backwards across a reopen); a card no
         longer listed stays, marked absent."""
-        if self.source.label == "simulated":
+        if self.source.name == "simulated":
             log.warning(
                 "device source: %d SIMULATED card(s) from a script, not real GPUs "
                 "(rankscope_gpu_info source=simulated)",
@@ -342,7 +342,7 @@ class Sampler:
                 out.append(
                     CardView(
                         identity=card.identity,
-                        source=self.source.label,
+                        source=self.source.name,
                         up=up,
                         floor=card.floor,
                         free=card.latest if up else None,  # a stale value is no sample
