@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rankscope.cli import main
-from rankscope.procfs import HOST_PIDNS_INODE, read_start_ticks
+from rankscope.procfs import read_pidns_inode, read_start_ticks
 
 DAY = 86400.0
 NOW = time.time()
@@ -86,7 +86,7 @@ def test_what_stays_a_shared_file_a_running_writer_and_unread_files(
 ) -> None:
     shared = write(flight_dir, "boot-old", 200, 30)
     write(flight_dir, "boot-new", 200, 0)  # the same file, a newer boot appended
-    me = {"host": socket.gethostname(), "pidns": HOST_PIDNS_INODE,
+    me = {"host": socket.gethostname(), "pidns": read_pidns_inode(),
           "start_ticks": read_start_ticks()}  # fmt: skip
     running = write(flight_dir, "boot-old", os.getpid(), 30, **me)
     (flight_dir / "notes.txt").write_text("mine")

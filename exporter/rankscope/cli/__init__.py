@@ -95,7 +95,3 @@ def output_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[No
     from rankscope.cli.common import printable_output
 
     return printable_output()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

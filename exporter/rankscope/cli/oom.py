@@ -63,8 +63,13 @@ def main(args: argparse.Namespace) -> int:
         if sampled is not None:
             doc["sampler"] = [o.as_json() for o in sampled]
         print_json(doc)
+    elif not events and not sampled:
+        print(f"no OOM recorded for boot {chosen.boot}" if chosen.boot else "no OOM recorded")
     else:
-        print_events(events, sampled or [], chosen.boot)
+        lines = [(e.wall, line(e)) for e in events]
+        lines += [(o.wall, sampler_line(o)) for o in sampled or []]
+        for _, text in sorted(lines, key=lambda wl: wl[0]):
+            print(text)
     return 1 if args.daemon and sampled is None else 0
 
 
@@ -165,11 +170,3 @@ def sampler_line(o: SamplerOom) -> str:
     if o.holders is None:
         return head + "  holders: unknown (" + "; ".join(o.why or ("not read",)) + ")"
     return head + "  holders: " + ("; ".join(held(h) for h in o.holders) or "none")
-
-
-def print_events(events: list[OomEvent], sampled: list[SamplerOom], boot: str | None) -> None:
-    if not events and not sampled:
-        print(f"no OOM recorded for boot {boot}" if boot else "no OOM recorded")
-    lines = [(e.wall, line(e)) for e in events] + [(o.wall, sampler_line(o)) for o in sampled]
-    for _, text in sorted(lines, key=lambda wl: wl[0]):
-        print(text)

@@ -9,16 +9,8 @@ from typing import Any
 from rankscope.cli import common
 from rankscope.reports.ledger import VIEWS, phases_document
 
-POST_HEADER = (
-    "post (MiB)",
-    "runner",
-    "s",
-    "reserved",
-    "allocated",
-    "driver",
-    "process",
-    "non-torch",
-)
+POST_HEADER = ("post (MiB)", "runner", "s")
+VIEW_HEADER = ("reserved", "allocated", "driver", "process", "non-torch")  # VIEWS, in order
 CARD_HEADER = ("at mark (MiB)", "pid", "total", "rank-resident", "foreign", "free")
 CARD_SIGNED = ("unattributed", "drift")
 
@@ -35,14 +27,10 @@ def main(args: argparse.Namespace) -> int:
     document = phases_document(flight)
     if args.json:
         common.print_json(document)
-    elif document["boot"] is None:
+        return 0
+    if document["boot"] is None:
         print(common.no_boots_hint(args.flight_dir), end="")
-    else:
-        print_phases(document)
-    return 0
-
-
-def print_phases(document: dict[str, Any]) -> None:
+        return 0
     n = len(document["processes"])
     print(f"boot {document['boot']}: {n} process{'es' if n != 1 else ''}")
     for process in document["processes"]:
@@ -52,6 +40,7 @@ def print_phases(document: dict[str, Any]) -> None:
     note = common.skipped_note(document["skipped"])
     if note:
         print("\n" + note)
+    return 0
 
 
 def _who(process: dict[str, Any]) -> str:
@@ -75,7 +64,7 @@ def _print_process(process: dict[str, Any]) -> None:
             + [common.mib(p["views"][view], signed=True) for view in VIEWS]
             for p in process["posts"]
         ]
-        print(*common.table([POST_HEADER, *rows], indent="  "), sep="\n")
+        print(*common.table([POST_HEADER + VIEW_HEADER, *rows], indent="  "), sep="\n")
     unmeasured: dict[str, list[str]] = {}
     for m in process["marks"]:
         for why in dict.fromkeys(m["why"].values()):

@@ -6,7 +6,6 @@ runs on this host, or when it holds no record this rankscope can read."""
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -14,8 +13,8 @@ from pathlib import Path
 
 from rankscope.cli import common
 from rankscope.daemon.flags import argtype, parse_duration, positive_int
-from rankscope.procfs import HOST_PIDNS_INODE, read_start_ticks
 from rankscope.record.reader import BootSummary, Flight
+from rankscope.reports.census import local_alive
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
@@ -93,14 +92,10 @@ def flight_files(flight: Flight) -> list[FlightFile]:
     """Each file that holds records, with the boots they name and its writer if it runs."""
     boots: dict[str, set[str]] = {}
     writers: dict[str, int | None] = {}
-    host = socket.gethostname()
     for rec in flight.records:
         h = rec.header
         boots.setdefault(h.file, set()).add(h.boot)
         if h.file not in writers:
-            # Only a writer in this host's PID namespace can be checked; pid and start time
-            # together name one process.
-            here = h.host == host and h.pidns == HOST_PIDNS_INODE and h.start_ticks is not None
-            running = here and read_start_ticks(h.pid) == h.start_ticks
+            running = local_alive(h.host, h.pid, h.start_ticks, h.pidns)
             writers[h.file] = h.pid if running else None
     return [FlightFile(name, frozenset(b), writers[name]) for name, b in sorted(boots.items())]

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+# A mixin config: DEFAULTS with a caller's overrides applied (what merged() returns).
+Config = Mapping[str, Any]
+
 DEFAULTS: dict[str, Any] = {
     # Label matchers that select rankscope's own series (the daemon's scrape job).
     "selector": 'job="rankscope"',

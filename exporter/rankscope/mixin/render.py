@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from rankscope.mixin import rules
-from rankscope.mixin.config import merged
+from rankscope.mixin.config import Config, merged
 from rankscope.mixin.dashboards import boot_ledger, cards, census, instrument
 
 RULES_FILE = Path("alerts") / "rankscope.rules.yml"
@@ -41,14 +41,14 @@ class BlockDumper(yaml.SafeDumper):
 BlockDumper.add_representer(str, BlockDumper.represent_text)
 
 
-def dashboards(config: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+def dashboards(config: Config | None = None) -> dict[str, dict[str, Any]]:
     """File name (UID.json) -> dashboard JSON, for config.DEFAULTS with ``config`` applied."""
     c = merged(config)
     boards = [area.build(c) for area in (cards, boot_ledger, census, instrument)]
     return {f"{board['uid']}.json": board for board in boards}
 
 
-def rules_yaml(config: Mapping[str, Any] | None = None) -> str:
+def rules_yaml(config: Config | None = None) -> str:
     document = rules.build(config)
     return HEADER + yaml.dump(document, Dumper=BlockDumper, sort_keys=False, width=100)
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rankscope.mixin.alerts import census, corridor, exporter, nccl, oom, promql
-from rankscope.mixin.config import merged
+from rankscope.mixin.config import Config, merged
 
 AREAS = (corridor, census, nccl, oom, exporter)
 ALERTING_GROUP = "rankscope.alerts"
@@ -16,11 +16,11 @@ ALERTING_GROUP = "rankscope.alerts"
 SLOW_ALERTING_GROUP = "rankscope.alerts.slow"
 
 
-def _recording(rules: Mapping[str, str], c: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _recording(rules: Mapping[str, str], c: Config) -> list[dict[str, Any]]:
     return [{"record": name, "expr": promql(expr, c)} for name, expr in rules.items()]
 
 
-def build(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def build(config: Config | None = None) -> dict[str, Any]:
     """The rule-file document for ``config`` (overrides of config.DEFAULTS)."""
     c = merged(config)
     alerts = [alert for area in AREAS for alert in area.ALERTS]

@@ -9,15 +9,16 @@ values, so they survive any renderer unchanged.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from rankscope.mixin.config import Config
 
 # How a description names a card (written `<card>`): index, uuid and the daemon watching it.
 CARD = "{{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 
 
-def promql(template: str, c: Mapping[str, Any]) -> str:
+def promql(template: str, c: Config) -> str:
     """Dedent a PromQL template and fill in config values by key as text."""
     return textwrap.dedent(template).strip().format(**{k: str(v) for k, v in c.items()})
 
@@ -36,7 +37,7 @@ class Alert:
     description: str
     slow: bool = False
 
-    def rule(self, c: Mapping[str, Any]) -> dict[str, Any]:
+    def rule(self, c: Config) -> dict[str, Any]:
         return {
             "alert": self.name,
             "expr": promql(self.expr, c),

@@ -134,18 +134,14 @@ _DATASOURCE_VARIABLE = {
 
 def _layout(panels: list[dict]) -> list[dict]:
     """Place panels left to right in rows of 24 columns, 8 rows high; number them."""
-    placed = []
     x = y = 0
     for n, panel in enumerate(panels, start=1):
-        panel = dict(panel)
         width = panel.pop("_width")
         if x + width > 24:
             x, y = 0, y + 8
-        panel["id"] = n
-        panel["gridPos"] = {"h": 8, "w": width, "x": x, "y": y}
-        placed.append(panel)
+        panel.update(id=n, gridPos={"h": 8, "w": width, "x": x, "y": y})
         x += width
-    return placed
+    return panels
 
 
 def dashboard(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from rankscope.mixin.config import Config
 from rankscope.mixin.dashboards import dashboard, table, variable
 
 
@@ -18,7 +16,7 @@ def _posts(mark: str, view: str, what: str) -> dict:
     )
 
 
-def build(c: Mapping[str, Any]) -> dict:
+def build(c: Config) -> dict:
     s = c["selector"]
     arena = f'{s}, instance=~"$instance", boot=~"$boot"'
     mark = f'{arena}, gpu=~"$gpu"'

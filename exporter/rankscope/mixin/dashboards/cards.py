@@ -3,9 +3,7 @@ and its out-of-memory instants."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from rankscope.mixin.config import Config
 from rankscope.mixin.dashboards import dashboard, increase, table, timeseries, variable
 
 # The legend that names a card.
@@ -28,7 +26,7 @@ FOREIGN_IN_RED = [
 _PROCESS = "instance, gpu, uuid, pid, comm, role, boot, rank"
 
 
-def build(c: Mapping[str, Any]) -> dict:
+def build(c: Config) -> dict:
     s = c["selector"]
     card = f'{s}, instance=~"$instance", gpu=~"$gpu"'
     host = f'{s}, instance=~"$instance"'

@@ -3,13 +3,11 @@ between ranks at the same census round; and NCCL's own view through its RAS endp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from rankscope.mixin.config import Config
 from rankscope.mixin.dashboards import dashboard, rate, table, timeseries, variable
 
 
-def build(c: Mapping[str, Any]) -> dict:
+def build(c: Config) -> dict:
     s = c["selector"]
     host = f'{s}, instance=~"$instance"'
     rank = f'{host}, boot=~"$boot"'

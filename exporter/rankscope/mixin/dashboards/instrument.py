@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from rankscope.mixin.config import Config
 from rankscope.mixin.dashboards import dashboard, increase, rate, table, timeseries, variable
 
 
-def build(c: Mapping[str, Any]) -> dict:
+def build(c: Config) -> dict:
     s = c["selector"]
     daemon = f'{s}, instance=~"$instance"'
     samples = "rankscope_sampler_duration_seconds_count"
