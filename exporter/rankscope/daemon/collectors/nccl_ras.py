@@ -44,9 +44,8 @@ class Options:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument_group(
-        "nccl-ras (NCCL's RAS status reports, docs/census.md)"
-    ).add_argument
+    group = parser.add_argument_group("nccl-ras (NCCL's RAS status reports, docs/census.md)")
+    add = group.add_argument
     add("--collector.nccl-ras.address", dest="nccl_ras_address", action="append",
         metavar="HOST:PORT",
         help=f"RAS endpoint (NCCL_RAS_ADDR of a job); repeatable, one per job: jobs that "

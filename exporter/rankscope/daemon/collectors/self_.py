@@ -58,8 +58,5 @@ class SelfCollector:
 def process_start_time() -> float | None:
     """This process's start time as client_python's process collector computes it (from
     /proc), None where it cannot tell."""
-    for fam in ProcessCollector(registry=None).collect():
-        for sample in fam.samples:
-            if sample.name == "process_start_time_seconds":
-                return float(sample.value)
-    return None
+    samples = (s for fam in ProcessCollector(registry=None).collect() for s in fam.samples)
+    return next((float(s.value) for s in samples if s.name == "process_start_time_seconds"), None)
