@@ -31,7 +31,6 @@ def argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    convert.__name__ = parse.__name__.replace("parse_", "")
     return convert
 
 

@@ -64,8 +64,7 @@ class BasicAuth:
         self._lock = threading.Lock()
 
     def _credentials(self, authorization: bytes | None) -> tuple[bytes, bytes | None, bytes]:
-        """(a digest of the user, their hash and the password; the hash, None for no such
-        user; the password)."""
+        """(A digest of user, hash and password; the user's hash, None if none; the password)."""
         user, password = parse_basic(authorization)
         hashed = self.users.get(user) if user is not None else None
         pw = (password or "").encode()
@@ -126,8 +125,7 @@ class WebAuth:
     changes."""
 
     def __init__(self, app: Any, path: Path) -> None:
-        """WebConfigError for a file that cannot be used, ssl.SSLError for TLS files that
-        cannot serve."""
+        """WebConfigError for a file that cannot be used, ssl.SSLError for TLS that cannot serve."""
         self.app = app
         self.path = path
         self._served = Served.of(load_web_config(path))

@@ -72,7 +72,11 @@ def parse_web_config(text: str, base_dir: Path, source: str = "web config") -> W
     """Parse the YAML of a web config; paths resolve against ``base_dir``. Files are not
     read here (load_web_config checks them)."""
     reader = Reader(source)
-    top = reader.mapping(reader.document(text), "the top level", _TOP_KEYS)
+    try:
+        document = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise reader.error(f"not valid YAML: {exc}") from exc
+    top = reader.mapping(document, "the top level", _TOP_KEYS)
     tls = parse_tls(reader, top.get("tls_server_config"), base_dir)
     # rate_limit is read as Go reads it, and a limit that is on refused: the daemon has no
     # rate limiter, and serving without the limit the file asks for would protect less.
@@ -273,12 +277,6 @@ class Reader:
 
     def error(self, message: str) -> WebConfigError:
         return WebConfigError(f"{self.source}: {message}")
-
-    def document(self, text: str) -> yaml.Node | None:
-        try:
-            return yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError as exc:
-            raise self.error(f"not valid YAML: {exc}") from exc
 
     def mapping(
         self, node: yaml.Node | None, where: str, allowed: tuple[str, ...] | None = None

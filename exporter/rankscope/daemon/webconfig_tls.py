@@ -88,7 +88,6 @@ class TLSConfig:
 
     @property
     def files(self) -> dict[str, Path]:
-        """The files this config reads, by key."""
         keys = ("cert_file", "key_file", "client_ca_file")
         return {key: path for key in keys if (path := getattr(self, key)) is not None}
 
