@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tests.rank.test_adapters_manifest import MANIFEST, check
 
-from rankscope.rank.adapters import manifest, sglang, vllm
+from rankscope.rank.adapters import sglang, vllm
 from rankscope.rank.probe.arenas import read_arena
 from rankscope.record import MarkArena
 
@@ -190,4 +191,4 @@ READS = {
 def test_the_members_these_stand_ins_carry_are_hook_points_of_the_real_classes(adapter):
     points = {tuple(p.qualname.split(".", 1)) for p in adapter.points if p.use == "read"}
     assert READS[adapter.framework] <= points
-    assert manifest.check(adapter, manifest.load()) == []
+    assert check(adapter, MANIFEST) == []

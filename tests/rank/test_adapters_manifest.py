@@ -7,15 +7,37 @@ from __future__ import annotations
 import copy
 import json
 import re
+from typing import Any
 
 import pytest
 
 from rankscope.rank.adapters import ADAPTERS
-from rankscope.rank.adapters.manifest import check, extract, load
-from rankscope.rank.adapters.points import HookPoint
+from rankscope.rank.adapters.manifest import MANIFEST_PATH, check_point, extract
+from rankscope.rank.adapters.points import Adapter, HookPoint
 
-MANIFEST = load()
+MANIFEST = json.loads(MANIFEST_PATH.read_text(encoding="utf-8"))
 BY_NAME = {a.framework: a for a in ADAPTERS}
+
+
+def check(adapter: Adapter, manifest: dict[str, Any]) -> list[str]:
+    """Every hook point of ``adapter`` against every version it declares checked; each
+    problem names the version and the point. [] when all are present and compatible."""
+    versions = manifest.get("frameworks", {}).get(adapter.framework, {})
+    problems = []
+    present: set[HookPoint] = set()
+    for version in adapter.checked_versions:
+        entry = versions.get(version)
+        if entry is None:
+            problems.append(f"{adapter.framework} {version}: not in the manifest")
+            continue
+        for point in adapter.points:
+            found = check_point(point, entry["modules"].get(point.module))
+            if not found:
+                present.add(point)
+            elif not point.optional:  # an optional one is read with a fallback where absent
+                problems.extend(f"{adapter.framework} {version}: {p}" for p in found)
+    missing = [p for p in adapter.points if p.optional and p not in present]
+    return problems + [f"{adapter.framework}: {p.name} is in no checked version" for p in missing]
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.framework)
@@ -38,7 +60,7 @@ def _mutated(tmp_path, edit):
     edit(data)
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps(data))
-    return load(path)
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def test_a_renamed_hook_target_fails_the_check(tmp_path):
@@ -150,8 +172,6 @@ def test_extract_reads_parameters_decorators_and_attributes_without_importing():
 
 def test_a_wrapped_static_method_fails_the_check():
     module = extract(SOURCE, {"Runner": {"helper"}}, set())
-    from rankscope.rank.adapters.manifest import check_point
-
     problems = check_point(HookPoint("m", "Runner.helper", "wrap"), module)
     assert problems and "not a plain method" in problems[0]
 

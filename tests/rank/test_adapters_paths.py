@@ -7,6 +7,7 @@ under the op and group the adapter says; a group of one rank counts nothing.
 
 from __future__ import annotations
 
+import json
 import types
 from typing import Any
 
@@ -16,7 +17,7 @@ from rankscope.rank.adapters import common, manifest, sglang, vllm
 from rankscope.rank.census import counts
 from rankscope.record.naming import p2p_name
 
-MANIFEST = manifest.load()
+MANIFEST = json.loads(manifest.MANIFEST_PATH.read_text(encoding="utf-8"))
 RANKS = (4, 5, 6, 7)
 GROUP = "tp:4-7"
 

@@ -81,9 +81,8 @@ def coordinator_points(parallel_state: str, ops: Mapping[str, Op]) -> tuple[Hook
 def counting(
     adapter: Adapter, table: Mapping[str, Op], eager_only: Iterable[str] = ()
 ) -> Installer:
-    """The installer of a module whose count points are on one class (a parallel-state
-    module, a device communicator): resolve the functions the adapter calls there (a missing
-    one fails the attach here, not mid-boot), then count the class's methods under ``table``."""
+    """The installer of a module whose count points are on one class: resolve the functions the
+    adapter calls there (a missing one fails the attach, not the boot), then count the methods."""
 
     def install(module: ModuleType) -> list[Undo]:
         for point in points_of(adapter, module.__name__, ("call",)):

@@ -1,8 +1,9 @@
 """The adapters' hook points against the frameworks' real source, read with ``ast`` (nothing
 of it imported). scripts/adapter-manifest.py runs :func:`extract` on the released wheels of
 each checked version to write ``manifest.json`` (beside this file), which
-tests/rank/test_adapters_manifest.py checks with :func:`check`. At run time, a version that is
-not a checked one is checked the same way against its installed source: :func:`first_problem`.
+tests/rank/test_adapters_manifest.py checks each hook point against with :func:`check_point`.
+At run time, a version that is not a checked one is checked against its installed source:
+:func:`first_problem`.
 Manifest shape::
 
     {"frameworks": {"sglang": {"0.5.23": {
@@ -22,7 +23,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib.metadata
-import json
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -137,8 +137,7 @@ def _check_params(point: HookPoint, params: Params) -> list[str]:
 
 
 def check_point(point: HookPoint, module: dict[str, Any] | None) -> list[str]:
-    """What is wrong with one hook point against one version's module entry ([] when
-    nothing is)."""
+    """What is wrong with one hook point against one version's module entry ([]: nothing)."""
     if module is None:
         return [f"{point.name}: module {point.module} is not in the source"]
     if "." not in point.qualname:
@@ -163,31 +162,6 @@ def check_point(point: HookPoint, module: dict[str, Any] | None) -> list[str]:
     return _check_params(point, method["params"])
 
 
-def check(adapter: Adapter, manifest: dict[str, Any]) -> list[str]:
-    """Every hook point of ``adapter`` against every version it declares checked; each
-    problem names the version and the point. [] when all are present and compatible."""
-    versions = manifest.get("frameworks", {}).get(adapter.framework, {})
-    problems = []
-    present: set[HookPoint] = set()
-    for version in adapter.checked_versions:
-        entry = versions.get(version)
-        if entry is None:
-            problems.append(f"{adapter.framework} {version}: not in the manifest")
-            continue
-        for point in adapter.points:
-            found = check_point(point, entry["modules"].get(point.module))
-            if not found:
-                present.add(point)
-            elif not point.optional:  # an optional one is read with a fallback where absent
-                problems.extend(f"{adapter.framework} {version}: {p}" for p in found)
-    missing = [p for p in adapter.points if p.optional and p not in present]
-    return problems + [f"{adapter.framework}: {p.name} is in no checked version" for p in missing]
-
-
-def load(path: Path = MANIFEST_PATH) -> dict[str, Any]:
-    return dict(json.loads(path.read_text(encoding="utf-8")))
-
-
 def unchecked_failure(adapter: Adapter, module: str) -> tuple[str, str] | None:
     """Why a version that is not a checked one cannot attach, or None: every hook point
     verified in its installed source. RANKSCOPE_ADAPTERS=checked-only: never attach."""
@@ -200,8 +174,7 @@ def unchecked_failure(adapter: Adapter, module: str) -> tuple[str, str] | None:
 
 
 def _source_of(distribution: str, module: str) -> str | None:
-    """The installed source of ``module``: where the distribution's files are, else the first
-    entry of sys.path that has it. None when there is none."""
+    """The installed source of ``module``: in the distribution's files, else on sys.path."""
     relative = module_path(module)
     candidates: list[Path] = []
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
@@ -218,8 +191,7 @@ def _source_of(distribution: str, module: str) -> str | None:
 
 def first_problem(adapter: Adapter) -> tuple[str, str] | None:
     """(hook point, why) of the first hook point the installed source does not offer as the
-    adapter uses it; None when every one does. An optional point may be missing (it is read
-    with a fallback)."""
+    adapter uses it; None when every one does (an optional one, read with a fallback, may not)."""
     for module, (members, functions) in sorted(wanted(adapter).items()):
         source = _source_of(adapter.distribution, module)
         try:

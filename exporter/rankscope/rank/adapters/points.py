@@ -68,19 +68,16 @@ class AttachError(Exception):
 
 def resolve(module: ModuleType, point: HookPoint) -> tuple[Any, str]:
     """(owner, member) of a wrap/count/call point in an imported module, or AttachError."""
-    parts = point.qualname.split(".")
-    owner: Any = module
-    for part in parts[:-1]:
-        owner = getattr(owner, part, None)
-        if owner is None:
-            raise AttachError(point.name, f"{point.module} has no {part}")
-    member = parts[-1]
+    cls_name, _, member = point.qualname.rpartition(".")
+    owner: Any = getattr(module, cls_name, None) if cls_name else module
+    if owner is None:
+        raise AttachError(point.name, f"{point.module} has no {cls_name}")
     current = getattr(owner, member, None)
     if current is None or not callable(current):
-        raise AttachError(point.name, f"{'.'.join(parts[:-1]) or point.module} has no {member}")
+        raise AttachError(point.name, f"{cls_name or point.module} has no {member}")
     if isinstance(owner, type) and point.use in ("wrap", "count"):
         if member not in owner.__dict__:
-            raise AttachError(point.name, f"{member} is inherited, not defined on {parts[-2]}")
+            raise AttachError(point.name, f"{member} is inherited, not defined on {cls_name}")
         if isinstance(owner.__dict__[member], (staticmethod, classmethod)):
             raise AttachError(point.name, f"{member} is not an instance method")
     return owner, member
@@ -156,8 +153,7 @@ class Adapter:
         self.hooks: list[str] = []
         self.booted = False  # first_forward marked
         self.unverified = False  # attached to a version verified at run time, not checked
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork_in_child)
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
 
     def _after_fork_in_child(self) -> None:
         # A forked child (vLLM's default worker start) inherits the hooks, and gets its line.

@@ -50,15 +50,16 @@ class Comparator:
         self._queue: queue.Queue[tuple[int, dict[Key, int]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="rankscope-census", daemon=True)
         self._thread.start()
+        if not stop_before_teardown(self._stop_at_exit):
+            atexit.register(self._stop_at_exit)
 
     def submit(self, round_: int, counts: dict[Key, int]) -> None:
         if self.failed is None:
             self._queue.put_nowait((round_, counts))
 
     def close(self, timeout: float) -> bool:
-        """Stop after the rounds already submitted; True when the thread has ended, and the
-        group this comparator created is destroyed (freed at the interpreter's teardown, it
-        aborts)."""
+        """Stop after the rounds already submitted; True when the thread has ended and the group
+        this comparator created is destroyed (freed at the interpreter's teardown, it aborts)."""
         self._queue.put_nowait(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -70,6 +71,17 @@ class Comparator:
                 log.info("rankscope census: the comparison group was not destroyed: %r", exc)
             self.group = None
         return True
+
+    def _stop_at_exit(self) -> None:
+        """Before torch tears down (a thread left in a gloo call then aborts the process), wait
+        for the submitted rounds as long as one gather may take (the group's timeout at worst)."""
+        wait = self.timeout_s + 5.0
+        if not self.close(wait):
+            log.warning(
+                "rankscope census: the comparison thread is still in a gather after %.0f s; "
+                "a peer is probably gone",
+                wait,
+            )
 
     def _run(self) -> None:
         GUARD.depth = 1  # this thread's own gathers are not the job's collectives
@@ -192,26 +204,5 @@ def disable_comparison(timeout: float = 5.0) -> None:
     global _active
     comparator, _active = _active, None
     snapshots.STATE.on_snapshot = None
-    if comparator is not None and not comparator.close(timeout):
-        _unfinished.append(comparator)
-
-
-_unfinished: list[Comparator] = []  # closed, but their thread was still in a gather
-
-
-def _stop_at_exit() -> None:
-    """Before torch tears down (a thread left in a gloo call then aborts the process), wait
-    for the submitted rounds as long as one gather may take (the group's timeout at worst)."""
-    disable_comparison(timeout=0.0)  # the active comparator joins the unfinished
-    for comparator in _unfinished:
-        wait = comparator.timeout_s + 5.0
-        if not comparator.close(wait):
-            log.warning(
-                "rankscope census: the comparison thread is still in a gather after %.0f s; "
-                "a peer is probably gone",
-                wait,
-            )
-
-
-if not stop_before_teardown(_stop_at_exit):
-    atexit.register(_stop_at_exit)
+    if comparator is not None:
+        comparator.close(timeout)
