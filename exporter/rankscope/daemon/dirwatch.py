@@ -21,22 +21,15 @@ log = logging.getLogger("rankscope.daemon")
 # files on the dev VM, so rare enough to keep an idle daemon under 1% of a core.
 FULL_PASS_S = 300.0
 
-_IN_MODIFY = 0x2
-_IN_ATTRIB = 0x4
-_IN_CLOSE_WRITE = 0x8
-_IN_MOVED_FROM = 0x40
-_IN_MOVED_TO = 0x80
-_IN_CREATE = 0x100
-_IN_DELETE = 0x200
+# inotify(7)'s bits. Every event but a read is watched: the reader's own reads would wake it.
+_IN_ALL_EVENTS = 0xFFF
+_IN_READS = 0x1 | 0x10 | 0x20  # ACCESS, CLOSE_NOWRITE, OPEN
 _IN_DELETE_SELF = 0x400
 _IN_MOVE_SELF = 0x800
 _IN_Q_OVERFLOW = 0x4000
 _IN_IGNORED = 0x8000
 _IN_ONLYDIR = 0x1000000
-_WATCHED = (
-    _IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE
-    | _IN_DELETE | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
-)  # fmt: skip
+_WATCHED = (_IN_ALL_EVENTS & ~_IN_READS) | _IN_ONLYDIR
 _LOST = _IN_Q_OVERFLOW | _IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF  # rescan, re-watch
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 

@@ -142,7 +142,6 @@ class FlightState:
     ) -> None:
         self.flight_dir = Path(flight_dir)
         self.read_budget = read_budget
-        self.backlog = 0  # bytes the last refresh left unread: > 0 while catching up
         self._catch_up_since: float | None = None
         self.exited_grace = exited_grace
         self._proc = proc
@@ -213,7 +212,7 @@ class FlightState:
             missing = None if self._dir_seen else "no such directory"
             error = self.error if self.up is False else missing
             reader = self._reader
-            return FlightHealth(len(reader.present), len(reader.unreadable), error, self.backlog)
+            return FlightHealth(len(reader.present), len(reader.unreadable), error, reader.backlog)
 
     def _note_backlog(self, backlog: int) -> None:
         """Logs a backlog (a large directory at start-up) when it appears and when read."""
@@ -229,7 +228,6 @@ class FlightState:
         elif not backlog and self._catch_up_since is not None:
             log.info("caught up on %s in %.1fs", self.flight_dir, now - self._catch_up_since)
             self._catch_up_since = None
-        self.backlog = backlog
 
     def _note_exits(self) -> None:
         """When each process of this host's PID namespace was found gone (under ``_polling``).

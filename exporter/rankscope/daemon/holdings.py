@@ -63,15 +63,9 @@ def cap(holdings: list[Holding], max_series: int) -> list[Holding]:
 def summarize(holdings: list[Holding], total: int, free: int) -> CardHoldings:
     """The per-card identity: total = free + rank-resident + foreign + unattributed, the
     last signed (driver context, memory outside any process, sampling skew)."""
-    rank_resident = sum(h.bytes or 0 for h in holdings if h.role == ROLE_RANK)
+    rank = sum(h.bytes or 0 for h in holdings if h.role == ROLE_RANK)
     foreign = sum(h.bytes or 0 for h in holdings if h.role == ROLE_FOREIGN)
-    return CardHoldings(
-        processes=tuple(holdings),
-        free=free,
-        rank_resident=rank_resident,
-        foreign=foreign,
-        unattributed=total - free - rank_resident - foreign,
-    )
+    return CardHoldings(tuple(holdings), free, rank, foreign, total - free - rank - foreign)
 
 
 class HoldingsReader:
