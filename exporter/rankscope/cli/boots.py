@@ -28,9 +28,8 @@ def main(args: argparse.Namespace) -> int:
         for b in flight.boots:
             first, last = common.when(b.first_wall), common.when(b.last_wall)
             ranks = ",".join(str(r) for r in b.ranks) or "-"
-            rows.append(
-                (b.boot, first, last, str(b.processes), ranks, "latest" if b.latest else "")
-            )
+            latest = "latest" if b.latest else ""
+            rows.append((b.boot, first, last, str(b.processes), ranks, latest))
         print(*common.table(rows), sep="\n")
     note = common.skipped_note(dict(flight.skipped))
     if note:

@@ -108,7 +108,20 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append("no group instance has two ranks with a snapshot at a common round")
     else:
         lines += ["", *_entry_table(report["entries"], "COUNTS (rank:n)", ("round",))]
-    lines += ["", *_history_text(report)]
+    first = report["first_divergent_round"]
+    if first is None:  # no divergence, so no history
+        lines += ["", "no divergence at any compared round"]
+    else:
+        lines += ["", f"first divergence at round {first}"]
+        lines.append("divergences by the rounds they spanned:")
+    for e in report["history"]:
+        span = e["rounds"]
+        rounds = f"round {span[0]}" if span[0] == span[1] else f"rounds {span[0]}-{span[1]}"
+        state = "resolved since" if e["resolved"] else "still at the latest common round"
+        lines.append(
+            f"  {e['group']} {e['op']}: {rounds}, first counts {_counts_text(e['counts'])}, "
+            f"lagging {_ranks(e['lagging'])} ({state})"
+        )
     if report["in_process"]:
         n = report["in_process_lines"]
         lines += ["", f"in-process comparison ({n} divergence line(s)), latest per op:"]
@@ -144,19 +157,3 @@ def render_text(report: Mapping[str, Any]) -> str:
     if report["skipped"]:
         lines += ["", "skipped: " + ", ".join(f"{k} {v}" for k, v in report["skipped"].items())]
     return "\n".join(lines) + "\n"
-
-
-def _history_text(report: Mapping[str, Any]) -> list[str]:
-    first = report["first_divergent_round"]
-    if first is None:
-        return ["no divergence at any compared round"]
-    lines = [f"first divergence at round {first}", "divergences by the rounds they spanned:"]
-    for e in report["history"]:
-        span = e["rounds"]
-        rounds = f"round {span[0]}" if span[0] == span[1] else f"rounds {span[0]}-{span[1]}"
-        state = "resolved since" if e["resolved"] else "still at the latest common round"
-        lines.append(
-            f"  {e['group']} {e['op']}: {rounds}, first counts {_counts_text(e['counts'])}, "
-            f"lagging {_ranks(e['lagging'])} ({state})"
-        )
-    return lines

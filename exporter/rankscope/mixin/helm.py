@@ -76,11 +76,10 @@ def escape_prometheus_templates(text: str) -> str:
             raise ValueError(f"a backtick cannot be escaped for Helm: {template!r}")
         return "{{`" + template + "`}}"
 
-    escaped = _PROMETHEUS_TEMPLATE.sub(wrap, text)
     leftover = _PROMETHEUS_TEMPLATE.sub("", text)
     if "{{" in leftover or "}}" in leftover:
         raise ValueError(f"unbalanced template braces in {text!r}")
-    return escaped
+    return _PROMETHEUS_TEMPLATE.sub(wrap, text)
 
 
 class _RuleDumper(render.BlockDumper):
@@ -215,16 +214,8 @@ def outputs(root: Path) -> dict[Path, str]:
 
 
 def write(root: Path, *, check: bool = False) -> list[Path]:
-    """Write the chart's generated files under ``root`` and remove dashboards the mixin no
-    longer makes; return the files that differed (with ``check``, only return them)."""
-    files = outputs(root)
-    changed = render.write_files(root, files, check=check)
-    for path in sorted((root / CHART_DASHBOARDS).glob("*.json")):
-        if path.relative_to(root) not in files:
-            changed.append(path)
-            if not check:
-                path.unlink()
-    return changed
+    """Write the chart's generated files under ``root``; return those that differed."""
+    return render.write_files(root, outputs(root), CHART_DASHBOARDS, check=check)
 
 
 if __name__ == "__main__":

@@ -63,12 +63,13 @@ def outputs() -> dict[Path, str]:
 
 
 def write(root: Path, *, check: bool = False) -> list[Path]:
-    return write_files(root, outputs(), check=check)
+    return write_files(root, outputs(), DASHBOARD_DIR, check=check)
 
 
-def write_files(root: Path, files: Mapping[Path, str], *, check: bool) -> list[Path]:
-    """Write ``files`` (relative path -> text) under ``root`` where they differ; return the
-    paths that differed. With ``check`` nothing is written."""
+def write_files(root: Path, files: Mapping[Path, str], boards: Path, *, check: bool) -> list[Path]:
+    """Write ``files`` (relative path -> text) under ``root`` where they differ and remove the
+    dashboards in ``boards`` the mixin no longer makes; return the paths that differed. With
+    ``check`` nothing is written."""
     changed = []
     for relative, text in files.items():
         path = root / relative
@@ -78,6 +79,11 @@ def write_files(root: Path, files: Mapping[Path, str], *, check: bool) -> list[P
         if not check:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
+    for path in sorted((root / boards).glob("*.json")):
+        if path.relative_to(root) not in files:
+            changed.append(path)
+            if not check:
+                path.unlink()
     return changed
 
 
