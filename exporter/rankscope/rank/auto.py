@@ -78,9 +78,7 @@ def _arm() -> bool:
         return False
     # Without the wrapper (a pod spec, Slurm), the first armed process fixes the boot id for
     # every process it starts, and records under it itself.
-    boot = publish_boot_id()
-    if RECORDER.boot != boot:
-        RECORDER.configure(boot_id=boot)
+    RECORDER.configure(boot_id=publish_boot_id())
     _mark_process_start()
     atexit.register(_process_exit)
     if hasattr(os, "register_at_fork"):

@@ -86,9 +86,6 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
 
 
 FINDER = PostImportFinder()
-
-
-def after_import(name: str, callback: Callback) -> None:
-    """Call ``callback(module)`` once after module ``name`` is imported (a failure is logged);
-    a module imported already is the caller's to handle."""
-    FINDER.add(name, callback)
+# Call ``callback(module)`` once after module ``name`` is imported (a failure is logged); a
+# module imported already is the caller's to handle.
+after_import = FINDER.add

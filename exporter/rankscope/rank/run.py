@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rankscope.rank.writer import ENV_BOOT_ID, ENV_DIR, derived_boot_id
+from rankscope.rank.writer import ENV_BOOT_ID, ENV_DIR, resolve_boot_id
 
 PTH_NAME = "rankscope-auto.pth"
 NOT_FOUND = 127
@@ -42,8 +42,8 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--boot-id",
         metavar="ID",
-        help="the boot id every process records under "
-        "(default: $RANKSCOPE_BOOT_ID, else one new id for this run)",
+        help="the boot id every process records under (default: $RANKSCOPE_BOOT_ID or "
+        "$TORCHELASTIC_RUN_ID, else one new id for this run)",
     )
     parser.add_argument(
         "--no-census", action="store_true", help="do not count collectives (RANKSCOPE_CENSUS=0)"
@@ -85,7 +85,7 @@ def child_environment(
     env = dict(environ)
     env["RANKSCOPE_AUTO"] = "1"
     env[ENV_DIR] = str(Path(flight_dir).resolve())
-    env[ENV_BOOT_ID] = boot_id or environ.get(ENV_BOOT_ID) or derived_boot_id(os.getpid())
+    env[ENV_BOOT_ID] = boot_id or resolve_boot_id(environ, os.getpid())
     if not census:
         env["RANKSCOPE_CENSUS"] = "0"
     if compare:
@@ -122,9 +122,8 @@ def main(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     # Python ignores SIGPIPE and SIGXFSZ for itself, and an ignored signal survives exec:
     # give COMMAND the default actions, as subprocess's restore_signals does.
-    for name in ("SIGPIPE", "SIGXFSZ"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    for ignored in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(ignored, signal.SIG_DFL)
     try:
         os.execve(program, command, env)
     except OSError as exc:
@@ -135,7 +134,6 @@ def main(args: argparse.Namespace) -> int:
         os.execve(SHELL, [SHELL, program, *command[1:]], env)
     except OSError as exc:
         return fail(f"{command[0]}: {exc.strerror or exc}", NOT_EXECUTABLE)
-    return NOT_EXECUTABLE  # not reached: execve returns only by raising
 
 
 def is_text(program: str) -> bool:

@@ -118,22 +118,18 @@ def rank_from_env() -> RankIdentity:
     )
 
 
-def derived_boot_id(launcher_pid: int) -> str:
-    """The boot id every child of one launcher derives alike: host, launcher pid and the
-    launcher's start time (so a recycled pid never joins an old boot)."""
-    start = read_start_ticks(launcher_pid)
-    return f"{socket.gethostname()}-{launcher_pid}-{start if start is not None else 'x'}"
-
-
 def resolve_boot_id(environ: Mapping[str, str] | None = None, launcher: int | None = None) -> str:
     """RANKSCOPE_BOOT_ID, else TORCHELASTIC_RUN_ID, else derived from the ``launcher`` (by
-    default the parent process, which all ranks of one launch share)."""
+    default the parent process, which all ranks of one launch share) as every child of it
+    derives it: host, pid and start time (so a recycled pid never joins an old boot)."""
     env = os.environ if environ is None else environ
     for name in (ENV_BOOT_ID, ENV_TORCHELASTIC_RUN_ID):
         value = env.get(name)
         if value and value != "none":
             return value
-    return derived_boot_id(os.getppid() if launcher is None else launcher)
+    launcher = os.getppid() if launcher is None else launcher
+    start = read_start_ticks(launcher)
+    return f"{socket.gethostname()}-{launcher}-{start if start is not None else 'x'}"
 
 
 def publish_boot_id(environ: dict[str, str] | None = None) -> str:

@@ -152,8 +152,9 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def _after_fork_in_child() -> None:
-    TORCH.after_fork_in_child()
-    NVML.after_fork_in_child()
+    # Neither NVML's state nor a CUDA context survives a fork: the child reads afresh.
+    global TORCH, NVML
+    TORCH, NVML = TorchView(), NvmlView(NVML._module)
 
 
 if hasattr(os, "register_at_fork"):

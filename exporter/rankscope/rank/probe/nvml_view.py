@@ -143,7 +143,3 @@ class NvmlView:
             return nvml_index, driver, MarkNvml(why=f"NVML process list failed: {exc}")
         self_bytes, self_why = own_bytes(procs, pid, pidns)
         return nvml_index, driver, MarkNvml(self_bytes, procs, self_why)
-
-    def after_fork_in_child(self) -> None:
-        """NVML state is not fork-safe: a child initialises its own on its first mark."""
-        self.__init__(self._module)  # type: ignore[misc]

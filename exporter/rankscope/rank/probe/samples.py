@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from typing import Any
 
@@ -70,8 +69,10 @@ _sampler: ServingSampler | None = None
 def start(every_s: float | None = None) -> ServingSampler | None:
     """Start sampling this process (idempotent); None when disarmed or turned off."""
     global _sampler
-    if _sampler is not None or not RECORDER.armed:
+    if _sampler is not None and _sampler.is_alive():  # a forked child's copy is not
         return _sampler
+    if not RECORDER.armed:
+        return None
     every_s = every_from_env() if every_s is None else every_s
     # no thread once the interpreter is shutting down
     if every_s <= 0 or not stop_before_teardown(stop):
@@ -88,13 +89,3 @@ def stop() -> None:
         sampler.stopping.set()
         with contextlib.suppress(Exception):  # never started, or stopped from its own thread
             sampler.join(5.0)
-
-
-def _after_fork_in_child() -> None:
-    # The thread did not survive the fork; the child starts its own if it is armed again.
-    global _sampler
-    _sampler = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -63,7 +63,7 @@ def initialising(cuda: Any) -> bool:
 
 class TorchView:
     """Reads the allocator of the current device; caches each device and, once CUDA is
-    initialised, the accessors (a forked child starts over)."""
+    initialised, the accessors (a forked child makes a new view)."""
 
     def __init__(self) -> None:
         self._devices: dict[int, Device] = {}
@@ -100,7 +100,3 @@ class TorchView:
             uuid = nvml_uuid(raw) if raw is not None else None
             device = self._devices[index] = Device(index, uuid)
         return device
-
-    def after_fork_in_child(self) -> None:
-        self._devices.clear()
-        self._live = None
