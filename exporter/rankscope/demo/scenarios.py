@@ -32,29 +32,21 @@ class Scenario:
 
 
 SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        Scenario("healthy", "every rank issues every collective; nothing pages", frozenset()),
-        Scenario(
+    name: Scenario(name, title, frozenset(expected))
+    for name, title, expected in (
+        ("healthy", "every rank issues every collective; nothing pages", ()),
+        (
             "skip",
             "the last rank skips one all_reduce of its tensor-parallel group",
-            frozenset({alerting.CENSUS_SKEW}),
+            [alerting.CENSUS_SKEW],
         ),
-        Scenario(
-            "foreign",
-            "a process that is no rank takes memory on card 0",
-            frozenset({alerting.FOREIGN_HOLDER}),
-        ),
-        Scenario(
-            "trough",
-            "a process takes card 0 below its floor for 400 ms",
-            frozenset({alerting.CORRIDOR_BREACH}),
-        ),
-        Scenario(
+        ("foreign", "a process that is no rank takes memory on card 0", [alerting.FOREIGN_HOLDER]),
+        ("trough", "a process takes card 0 below its floor for 400 ms", [alerting.CORRIDOR_BREACH]),
+        (
             "oom",
             "a process takes all of card 0's free memory; the OOM page names it (and holds "
             "back the breach that comes with it)",
-            frozenset({alerting.OUT_OF_MEMORY}),
+            [alerting.OUT_OF_MEMORY],
         ),
     )
 }
@@ -173,61 +165,48 @@ class ScenarioRun:
         if self.acted or self.serving_since is None:
             return
         name = self.scenario.name
-        due = now - self.serving_since > SQUEEZE_AFTER * self.stack.duration
         if name == "foreign":
-            self.start_foreign()
-        elif name == "trough" and due:
-            self.squeeze(max(self.stack.floor - TROUGH_BELOW_FLOOR, 256 * 1024**2), TROUGH_SECONDS)
-        elif name == "oom" and due:
+            self.hold(None, 0.0)
+        elif now - self.serving_since <= SQUEEZE_AFTER * self.stack.duration:
+            return
+        elif name == "trough":
+            self.hold(max(self.stack.floor - TROUGH_BELOW_FLOOR, 256 * 1024**2), TROUGH_SECONDS)
+        elif name == "oom":
             # The sampler sees the card exhausted and counts an OOM no allocator reported.
-            self.squeeze(EXHAUST_LEAVE_FREE, EXHAUST_SECONDS)
+            self.hold(EXHAUST_LEAVE_FREE, EXHAUST_SECONDS)
         else:
             return
         self.acted = True
 
-    def start_foreign(self) -> None:
-        proc = self._holder(FOREIGN_BYTES, "--bytes", "2GiB")
-        if self.stack.cards is None:
-            self.view.line(
-                f"foreign holder: pid {proc.pid} takes 2 GiB on GPU 0 (a real allocation)"
-            )
+    def hold(self, leave: int | None, seconds: float) -> None:
+        """A process on card 0: the foreign holder (``leave`` None) for good, else one taking
+        all but ``leave`` bytes for ``seconds``. On a GPU the hog allocates them; else a real
+        `sleep` is scripted to hold them on the simulated card."""
+        cards, floor = self.stack.cards, f"floor {gib(self.stack.floor)}"
+        if leave is None:
+            what, take, hog = "foreign holder", FOREIGN_BYTES, ["--bytes", "2GiB"]
+            on_gpu = "2 GiB on GPU 0 (a real allocation)"
         else:
-            self.view.line(
-                f"foreign holder: pid {proc.pid} (a real `sleep`) is scripted to hold "
-                f"{gib(FOREIGN_BYTES)} on simulated card 0"
-            )
-
-    def squeeze(self, leave: int, seconds: float) -> None:
-        """A process takes all but ``leave`` bytes of card 0 for ``seconds``."""
-        what, cards, floor = self.scenario.name, self.stack.cards, gib(self.stack.floor)
-        take = cards.bytes_to_leave(0, leave) if cards else 0
-        proc = self._holder(take, "--leave-free", str(leave), "--hold", str(seconds))
-        if cards is None:
-            self.view.line(
-                f"{what}: pid {proc.pid} takes all but {gib(leave)} of GPU 0 for {seconds:g} s "
-                f"(real allocations; floor {floor})"
-            )
-            return
-        self.view.line(
-            f"{what}: pid {proc.pid} (a real `sleep`) is scripted to take {gib(take)} on "
-            f"simulated card 0 for {seconds:g} s, leaving {gib(cards.free(0))} free "
-            f"(floor {floor})"
-        )
-        time.sleep(seconds)
-        cards.drop_holder(proc.pid)
-        stop(proc)
-
-    def _holder(self, held: int, *hog_args: str) -> subprocess.Popen[bytes]:
-        """A process holding memory on card 0: on a GPU the hog, given ``hog_args``; else a
-        real `sleep` scripted to hold ``held`` bytes on the simulated card."""
-        cards = self.stack.cards
-        hog = [sys.executable, "-m", "rankscope.demo.hog", "--gpu", "0", *hog_args]
+            what, take = self.scenario.name, cards.bytes_to_leave(0, leave) if cards else 0
+            hog = ["--leave-free", str(leave), "--hold", str(seconds)]
+            on_gpu = f"all but {gib(leave)} of GPU 0 for {seconds:g} s (real allocations; {floor})"
+        argv = [sys.executable, "-m", "rankscope.demo.hog", "--gpu", "0", *hog]
         log = self.stack.workdir / f"{self.scenario.name}-holder.log"
-        proc = start(hog if cards is None else ["sleep", "600"], log)
+        proc = start(argv if cards is None else ["sleep", "600"], log)
         self.helpers.append(proc)
-        if cards is not None:
-            cards.set_holder(0, proc.pid, held)
-        return proc
+        if cards is None:
+            self.view.line(f"{what}: pid {proc.pid} takes {on_gpu}")
+            return
+        cards.set_holder(0, proc.pid, take)
+        lasting = f" for {seconds:g} s, leaving {gib(cards.free(0))} free ({floor})"
+        self.view.line(
+            f"{what}: pid {proc.pid} (a real `sleep`) is scripted to hold {gib(take)} on "
+            f"simulated card 0{'' if leave is None else lasting}"
+        )
+        if leave is not None:
+            time.sleep(seconds)
+            cards.drop_holder(proc.pid)
+            stop(proc)
 
     def follow(self, reader: FlightReader) -> None:
         cards = self.stack.cards

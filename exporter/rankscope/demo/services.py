@@ -196,23 +196,21 @@ class Page:
 
     @classmethod
     def from_notification(cls, body: dict[str, Any]) -> list[Page]:
-        pages = []
-        for alert in body.get("alerts", []):
-            labels = {str(k): str(v) for k, v in (alert.get("labels") or {}).items()}
-            pages.append(
-                cls(
-                    receiver=str(body.get("receiver", "")),
-                    status=str(alert.get("status", body.get("status", ""))),
-                    alertname=labels.get("alertname", "?"),
-                    labels=labels,
-                    annotations={
-                        str(k): str(v) for k, v in (alert.get("annotations") or {}).items()
-                    },
-                    starts_at=str(alert.get("startsAt", "")),
-                    fingerprint=str(alert.get("fingerprint", "")),
-                )
+        def strings(obj: Any) -> dict[str, str]:
+            return {str(k): str(v) for k, v in (obj or {}).items()}
+
+        return [
+            cls(
+                receiver=str(body.get("receiver", "")),
+                status=str(alert.get("status", body.get("status", ""))),
+                alertname=strings(alert.get("labels")).get("alertname", "?"),
+                labels=strings(alert.get("labels")),
+                annotations=strings(alert.get("annotations")),
+                starts_at=str(alert.get("startsAt", "")),
+                fingerprint=str(alert.get("fingerprint", "")),
             )
-        return pages
+            for alert in body.get("alerts", [])
+        ]
 
 
 class WebhookReceiver(ThreadingHTTPServer):

@@ -90,15 +90,8 @@ def rank_namer(records: Iterable[Record], resolve: HostPid = host_pid) -> RankNa
 def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> OomEvent:
     """An ``oom`` line -> the event, holders named by ``name``."""
     h, body = line.header, line.body
-    parts = {
-        "device": body.device.why,
-        "allocator": body.allocator.why,
-        "driver": body.driver.why,
-        "nvml": body.nvml.why,
-        "pools": body.pools_why,
-        "phase": body.phase_why,
-        "measure": body.why,
-    }
+    parts = {name: getattr(body, name).why for name in ("device", "allocator", "driver", "nvml")}
+    parts.update(pools=body.pools_why, phase=body.phase_why, measure=body.why)
     holders = []
     for held in body.holders or ():
         named = name(held.pid, held.start_ticks)
@@ -171,11 +164,7 @@ class SamplerOom:
         raw = obj.get("holders")
         return cls(
             wall=_of(obj.get("wall"), float, "wall"),
-            gpu=_opt(obj.get("gpu"), int, "gpu"),
-            uuid=_opt(obj.get("uuid"), str, "uuid"),
-            free=_opt(obj.get("free"), int, "free"),
-            onset_wall=_opt(obj.get("onset_wall"), float, "onset_wall"),
-            onset_free=_opt(obj.get("onset_free"), int, "onset_free"),
+            **_optional(obj, "", gpu=int, uuid=str, free=int, onset_wall=float, onset_free=int),
             holders=None if raw is None else tuple(_holder(h) for h in _of(raw, list, "holders")),
             why=tuple(_of(w, str, "why") for w in _of(obj.get("why") or [], list, "why")),
         )
@@ -186,14 +175,15 @@ def _holder(obj: Any) -> Holding:
     role = _of(h.get("role"), str, "holders.role")
     if role not in (ROLE_RANK, ROLE_FOREIGN):
         raise ValueError(f"holders.role: {role!r}")
+    pid = _of(h.get("pid"), int, "holders.pid")
     return Holding(
-        pid=_of(h.get("pid"), int, "holders.pid"),
-        comm=_opt(h.get("comm"), str, "holders.comm"),
-        bytes=_opt(h.get("bytes"), int, "holders.bytes"),
-        role=role,
-        boot=_opt(h.get("boot"), str, "holders.boot"),
-        rank=_opt(h.get("rank"), int, "holders.rank"),
+        pid=pid, role=role, **_optional(h, "holders.", comm=str, bytes=int, boot=str, rank=int)
     )
+
+
+def _optional(obj: Mapping[str, Any], where: str, **kinds: type) -> dict[str, Any]:
+    """Each field of ``kinds`` in ``obj``: null, or of its kind."""
+    return {name: _opt(obj.get(name), kind, where + name) for name, kind in kinds.items()}
 
 
 def _of(value: Any, kind: type[T], name: str) -> T:
