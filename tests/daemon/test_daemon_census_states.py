@@ -10,7 +10,7 @@ from tests.daemon.test_daemon_flightstate import rank_recorder
 from tests.support.pid_namespace import in_pid_namespace
 from tests.support.waiting import wait_for
 
-from rankscope.daemon.collectors.census import CensusCollector
+from rankscope.daemon.collectors import census
 from rankscope.daemon.flightstate import FlightState
 from rankscope.record import BlockedIn, CensusLive, of_kind
 from rankscope.record.reader import read_flight
@@ -35,7 +35,7 @@ def test_live_lines_fold_into_one_with_every_count_and_the_newest_stall(flight_d
 def samples(state: FlightState) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in CensusCollector(state).collect()
+        for fam in census.collect(state)
         for s in fam.samples
     }
 

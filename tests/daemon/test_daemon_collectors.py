@@ -3,17 +3,17 @@ probe's own writer: values, labels, boot scoping, and unmeasured values left out
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prometheus_client import generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from tests.daemon.test_daemon_flightstate import GiB, MiB, census, mark, rank_recorder
 
-from rankscope.daemon.collectors.arenas import ArenasCollector
-from rankscope.daemon.collectors.census import CensusCollector, host_summaries
-from rankscope.daemon.collectors.phases import PhasesCollector
-from rankscope.daemon.collectors.self_ import SelfCollector
+from rankscope.daemon.collectors import arenas, phases, self_
+from rankscope.daemon.collectors import census as census_collector
+from rankscope.daemon.collectors.census import host_summaries
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import Collector, TimedCollectors
 from rankscope.record import Census, CensusDump, Divergence, MarkArena
@@ -23,8 +23,11 @@ from rankscope.reports.rounds import SnapshotsByRank, group_rounds
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
-def scrape(*collectors: Collector, refresh: Callable[[], object] | None = None) -> Samples:
-    text = generate_latest(TimedCollectors(collectors, refresh=refresh).registry()).decode()
+def scrape(
+    collect: Callable[[], Iterable[Metric]], refresh: Callable[[], object] | None = None
+) -> Samples:
+    timed = TimedCollectors([Collector("tested", collect)], refresh=refresh)
+    text = generate_latest(timed.registry()).decode()
     out: Samples = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -59,7 +62,7 @@ def test_phase_series_carry_the_mark_values_and_signed_posts(flight_dir: Path) -
     )
     state = FlightState(flight_dir)
     state.refresh()
-    s = scrape(PhasesCollector(state))
+    s = scrape(lambda: phases.collect(state))
     labels = dict(
         boot="boot-1",
         rank="2",
@@ -104,7 +107,7 @@ def test_unmeasured_values_are_absent_never_zero(flight_dir: Path) -> None:
     rec.write_record(mark("weights_loaded", reserved=None, allocated=None, self_bytes=None))
     state = FlightState(flight_dir)
     state.refresh()
-    s = scrape(PhasesCollector(state))
+    s = scrape(lambda: phases.collect(state))
     for name in (
         "rankscope_phase_reserved_bytes",
         "rankscope_phase_allocated_bytes",
@@ -124,16 +127,16 @@ def test_phase_series_are_of_the_newest_boot_unless_widened(flight_dir: Path) ->
     rank_recorder(flight_dir, "boot-new", 0, pid=20).write_record(mark("pre_weight_load"))
     state = FlightState(flight_dir)
     state.refresh()
-    latest = scrape(PhasesCollector(state))
+    latest = scrape(lambda: phases.collect(state))
     assert {labels["boot"] for labels, _ in latest["rankscope_phase_reserved_bytes"]} == {
         "boot-new"
     }
-    both = scrape(PhasesCollector(state, boots=2))
+    both = scrape(lambda: phases.collect(state, boots=2))
     assert {labels["boot"] for labels, _ in both["rankscope_phase_reserved_bytes"]} == {
         "boot-old",
         "boot-new",
     }
-    every = scrape(PhasesCollector(state, boots=0))
+    every = scrape(lambda: phases.collect(state, boots=0))
     assert len(every["rankscope_phase_reserved_bytes"]) == 2
 
 
@@ -143,7 +146,9 @@ def test_a_repeated_phase_shows_its_latest_mark(flight_dir: Path) -> None:
     rec.write_record(mark("checkpoint", reserved=3 * GiB))
     state = FlightState(flight_dir)
     state.refresh()
-    assert values(scrape(PhasesCollector(state)), "rankscope_phase_reserved_bytes") == [3 * GiB]
+    assert values(scrape(lambda: phases.collect(state)), "rankscope_phase_reserved_bytes") == [
+        3 * GiB
+    ]
 
 
 def test_arenas_come_from_the_latest_line_that_carried_them(flight_dir: Path) -> None:
@@ -155,7 +160,7 @@ def test_arenas_come_from_the_latest_line_that_carried_them(flight_dir: Path) ->
     rec.write_record(mark("kv_pool_grown", arenas={"kv": kv2}))
     state = FlightState(flight_dir)
     state.refresh()
-    s = scrape(ArenasCollector(state))
+    s = scrape(lambda: arenas.collect(state))
     labels = dict(boot="boot-1", rank="1", pid="7001", arena="kv")
     assert values(s, "rankscope_arena_reserved_bytes", **labels) == [40 * GiB]
     assert values(s, "rankscope_arena_backed_bytes", **labels) == [30 * GiB]
@@ -183,7 +188,7 @@ def test_census_counts_rounds_and_divergence_of_the_newest_boot(flight_dir: Path
     r0.write_record(Divergence(5, "pp:0,1", "send", {0: 5, 1: 5}, lagging=()))
     state = FlightState(flight_dir)
     state.refresh()
-    s = scrape(CensusCollector(state))
+    s = scrape(lambda: census_collector.collect(state))
     assert values(s, "rankscope_collectives_total", boot="boot-old") == []
     assert values(s, "rankscope_collectives_total", rank="0", group="tp:0-1", op="all_reduce") == [
         50
@@ -227,7 +232,7 @@ def test_census_host_summary_compares_the_ranks_of_a_group_at_their_common_round
     )
     state = FlightState(flight_dir)
     state.refresh()
-    s = scrape(CensusCollector(state))
+    s = scrape(lambda: census_collector.collect(state))
     assert values(s, "rankscope_census_group_round", boot="boot-1", group="tp:0-2") == [5]
     assert values(s, "rankscope_census_group_digest", boot="boot-1", group="tp:0-2") == [
         digest({"all_reduce": 50, "broadcast": 5})
@@ -248,7 +253,7 @@ def test_census_host_summary_compares_the_ranks_of_a_group_at_their_common_round
     )
     r2.write_record(census(10, [["tp:0-2", "all_reduce", 99], ["tp:0-2", "broadcast", 10]]))
     state.refresh()
-    s = scrape(CensusCollector(state))
+    s = scrape(lambda: census_collector.collect(state))
     assert values(s, "rankscope_census_group_round", group="tp:0-2") == [10]
     assert values(s, "rankscope_census_group_digest", group="tp:0-2") == [
         digest({"all_reduce": 100, "broadcast": 10})
@@ -284,7 +289,7 @@ def test_self_reports_the_flight_source_and_skipped_lines(flight_dir: Path, tmp_
     with open(path, "ab") as f:
         f.write(b"garbage\n")
     state = FlightState(flight_dir)
-    s = scrape(SelfCollector(state, lambda: {"nvml": False}), refresh=state.refresh)
+    s = scrape(lambda: self_.collect(state, {"nvml": False}, None), refresh=state.refresh)
     # The refresh is an explicit step of the scrape, timed apart from the collectors.
     assert values(s, "rankscope_collector_success", collector="refresh") == [1]
     # Each impossible value is nulled and counted by field; the line itself is kept.
@@ -302,7 +307,7 @@ def test_self_reports_the_flight_source_and_skipped_lines(flight_dir: Path, tmp_
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     down_state = FlightState(not_a_dir)
-    down = scrape(SelfCollector(down_state), refresh=down_state.refresh)
+    down = scrape(lambda: self_.collect(down_state, {}, None), refresh=down_state.refresh)
     assert values(down, "rankscope_collector_success", collector="refresh") == [0]
     assert values(down, "rankscope_up", source="flight") == [0]
     assert values(down, "rankscope_up", source="nvml") == []  # no card monitor: not measured

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.cli.test_oom_cli import header, oom_line, rank_3_of_b1, run, write
 from tests.daemon.test_daemon_serve import get, serve
 
-from rankscope.daemon.collectors.oom import OomCollector
+from rankscope.daemon.collectors import oom
 from rankscope.daemon.devices import ScriptedSource, write_script
 from rankscope.daemon.flightstate import FlightState, RankProcess
 from rankscope.daemon.oom import ExhaustionWatch, OomBook
@@ -108,7 +108,9 @@ def test_a_failing_process_list_keeps_the_event_with_a_why(tmp_path: Path) -> No
 
 def held_series(book: OomBook) -> list[tuple[str, ...]]:
     """The rankscope_oom_holder_bytes samples one collection of the OOM collector yields."""
-    (fam,) = [f for f in OomCollector(book).collect() if f.name == "rankscope_oom_holder_bytes"]
+    (fam,) = [
+        f for f in oom.collect(book, max_per_card=32) if f.name == "rankscope_oom_holder_bytes"
+    ]
     return [(s.labels["pid"], s.labels["role"], s.labels["rank"]) for s in fam.samples]
 
 

@@ -51,23 +51,18 @@ def test_add_leaves_an_unmeasured_value_out_and_empties_unknown_labels() -> None
     assert label_values(None, 3, "x") == ["", "3", "x"]
 
 
-class _Fixed:
-    def __init__(self, name: str, value: float) -> None:
-        self.name = name
-        self.value = value
-
-    def collect(self) -> Iterator[Metric]:
+def _fixed(name: str, value: float) -> Collector:
+    def collect() -> Iterator[Metric]:
         fam = gauge("rankscope_gpu_free_bytes")
-        fam.add_metric(["0", "GPU-a"], self.value)
+        fam.add_metric(["0", "GPU-a"], value)
         yield fam
 
+    return Collector(name, collect)
 
-class _Broken:
-    name = "broken"
 
-    def collect(self) -> Iterator[Metric]:
-        yield gauge("rankscope_gpu_total_bytes")
-        raise RuntimeError("NVML fell off the bus")
+def _broken() -> Iterator[Metric]:
+    yield gauge("rankscope_gpu_total_bytes")
+    raise RuntimeError("NVML fell off the bus")
 
 
 def _scrape(timed: TimedCollectors) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -80,8 +75,7 @@ def _scrape(timed: TimedCollectors) -> dict[str, list[tuple[dict[str, str], floa
 
 
 def test_a_failing_collector_costs_its_own_families_and_is_reported() -> None:
-    timed = TimedCollectors([_Broken(), _Fixed("cards", 7.0)])
-    assert isinstance(_Fixed("x", 1), Collector)
+    timed = TimedCollectors([Collector("broken", _broken), _fixed("cards", 7.0)])
     samples = _scrape(timed)
     assert samples["rankscope_gpu_free_bytes"] == [({"gpu": "0", "uuid": "GPU-a"}, 7.0)]
     # The half-built family of the broken collector is not exposed.
@@ -97,4 +91,4 @@ def test_a_failing_collector_costs_its_own_families_and_is_reported() -> None:
 
 def test_collector_names_are_unique() -> None:
     with pytest.raises(ValueError, match="two collectors named 'cards'"):
-        TimedCollectors([_Fixed("cards", 1), _Fixed("cards", 2)])
+        TimedCollectors([_fixed("cards", 1), _fixed("cards", 2)])

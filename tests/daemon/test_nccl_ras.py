@@ -18,10 +18,10 @@ from tests.daemon.test_daemon_serve import scrape, serve
 
 import nccl_ras_shapes as shapes
 from rankscope import catalog
-from rankscope.daemon.collectors.nccl_ras import NcclRasCollector
+from rankscope.daemon.collectors import nccl_ras
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.nccl_ras import Endpoint, pollers
-from rankscope.daemon.registry import TimedCollectors
+from rankscope.daemon.registry import Collector, TimedCollectors
 from support.ras_standin import StandInRas
 from support.services import binary
 
@@ -133,8 +133,11 @@ def test_communicators_of_a_job_sharing_the_port_survive_the_other_jobs_replies(
     assert len(endpoint.view.comms) == 1
 
 
-def samples(collector: NcclRasCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def samples(
+    *endpoints: Endpoint, state: FlightState
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     out = {}
+    collector = Collector("nccl-ras", lambda: nccl_ras.collect(list(endpoints), state))
     for fam in TimedCollectors([collector]).collect():
         for s in fam.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
@@ -154,7 +157,7 @@ def test_ranks_map_to_the_flight_records_boot_and_rank_by_pid(tmp_path: Path) ->
     state.refresh()
     with StandInRas(shapes.two_rank_json((3, 3))) as ras:
         endpoint = poll(ras.address)
-    got = samples(NcclRasCollector([endpoint], state))
+    got = samples(endpoint, state=state)
     mine = find(got, "rankscope_nccl_collectives_total", pid="668", op="AllReduce")
     assert mine == [3.0]
     assert find(got, "rankscope_nccl_collectives_total", pid="668", rank="0", boot="b1")
@@ -173,7 +176,7 @@ def test_a_pid_on_two_hosts_is_not_mapped(tmp_path: Path) -> None:
         b'"host": "192.0.2.3",\n          "pid": 668,\n          "cuda_dev": 1',
     )
     with StandInRas(report) as ras:
-        got = samples(NcclRasCollector([poll(ras.address)], state))
+        got = samples(poll(ras.address), state=state)
     assert find(got, "rankscope_nccl_collectives_total", host="192.0.2.3", op="AllReduce")
     assert find(got, "rankscope_nccl_collectives_total", rank="0") == []
     assert find(got, "rankscope_nccl_communicator_size", boot="") == [2.0]
@@ -183,13 +186,13 @@ def test_a_dead_peer_is_exported_from_json_and_text(tmp_path: Path) -> None:
     """Shapes edited from the real one-GPU reports (JSON missing_ranks; text DEAD section)."""
     state = FlightState(tmp_path)
     with StandInRas(shapes.dead_peer_json()) as ras, StandInRas(shapes.dead_text()) as text:
-        got = samples(NcclRasCollector([poll(ras.address), poll(text.address)], state))
+        got = samples(poll(ras.address), poll(text.address), state=state)
     assert find(got, "rankscope_nccl_dead_processes", endpoint=ras.address) == [1.0]
     assert find(got, "rankscope_nccl_dead_processes", endpoint=text.address) == [1.0]
     assert find(got, "rankscope_nccl_rank_missing", state="dead", pid="669") == [1.0]
     assert find(got, "rankscope_nccl_communicator_ranks_missing") == [1.0]
     with StandInRas(shapes.dead_peer_json(considered_dead=False)) as ras:
-        got = samples(NcclRasCollector([poll(ras.address)], state))
+        got = samples(poll(ras.address), state=state)
     assert find(got, "rankscope_nccl_dead_processes") == [0.0]
     assert find(got, "rankscope_nccl_rank_missing", state="unresponsive") == [1.0]
 
@@ -198,7 +201,7 @@ def test_the_self_metrics_name_the_last_failure_and_count_them(tmp_path: Path) -
     state = FlightState(tmp_path)
     with StandInRas(REAL_JSON, b"junk\n") as ras:
         endpoint = poll(ras.address, times=2)
-    got = samples(NcclRasCollector([endpoint], state))
+    got = samples(endpoint, state=state)
     assert find(got, "rankscope_nccl_ras_up") == [0.0]
     assert find(got, "rankscope_nccl_ras_last_error", reason="malformed") == [1.0]
     assert sum(find(got, "rankscope_nccl_ras_last_error")) == 1.0

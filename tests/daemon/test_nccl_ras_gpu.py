@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 from tests.daemon.test_daemon_flightstate import census, rank_recorder
 
-from rankscope.daemon.collectors.nccl_ras import NcclRasCollector
+from rankscope.daemon.collectors import nccl_ras
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.nccl_ras import Endpoint, parse_address, query
 from rankscope.daemon.nccl_ras_report import parse_report
-from rankscope.daemon.registry import TimedCollectors
 from support.services import free_port
 
 JOB = textwrap.dedent(
@@ -99,7 +98,7 @@ def test_a_real_nccl_jobs_ranks_map_to_its_flight_records(
     assert view.last_success, view.last_error
     text = [
         (s.name, s.labels, s.value)
-        for fam in TimedCollectors([NcclRasCollector([endpoint], state)]).collect()
+        for fam in nccl_ras.collect([endpoint], state)
         for s in fam.samples
     ]
     sizes = [(labels, v) for n, labels, v in text if n == "rankscope_nccl_communicator_size"]

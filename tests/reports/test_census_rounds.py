@@ -13,7 +13,7 @@ import pytest
 from tests.daemon.test_daemon_collectors import scrape
 from tests.daemon.test_daemon_flightstate import rank_recorder
 
-from rankscope.daemon.collectors.census import CensusCollector
+from rankscope.daemon.collectors import census as census_collector
 from rankscope.daemon.flightstate import FlightState
 from rankscope.rank import census
 from rankscope.rank.census import counts, graphs, snapshots
@@ -92,7 +92,7 @@ def daemon_view(flight_dir: Path) -> tuple[dict[str, int], dict[tuple[str, str],
     """The collector's {group: latest common round} and {(group, op): {rank: deficit}}."""
     state = FlightState(flight_dir)
     state.refresh()
-    s = scrape(CensusCollector(state))
+    s = scrape(lambda: census_collector.collect(state))
     rounds = {lb["group"]: int(v) for lb, v in s.get("rankscope_census_group_round", [])}
     lagging: dict[tuple[str, str], dict[int, int]] = {}
     for lb, v in s.get("rankscope_census_rank_deficit", []):

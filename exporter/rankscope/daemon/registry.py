@@ -9,7 +9,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -33,13 +34,12 @@ _FAMILIES = {
 }
 
 
-@runtime_checkable
-class Collector(Protocol):
-    """client_python's custom collector; ``name`` is its ``collector`` label."""
+@dataclass(frozen=True)
+class Collector:
+    """What a collector module's ``build`` returns; ``name`` is its ``collector`` label."""
 
     name: str
-
-    def collect(self) -> Iterable[Metric]: ...
+    collect: Callable[[], Iterable[Metric]]
 
 
 def family(catalog_name: str) -> Metric:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.flightstate import FlightState, StreamState, newest
-from rankscope.daemon.registry import add, counter, gauge
+from rankscope.daemon.registry import Collector, add, counter, gauge
 from rankscope.daemon.sources import Sources
 from rankscope.record import Census, Divergence
 from rankscope.record.compare import Entry, digest
@@ -25,8 +25,8 @@ HELP = "collective counts, rounds, divergences"
 DEFAULT = True
 
 
-def build(config: DaemonConfig, sources: Sources) -> CensusCollector:
-    return CensusCollector(sources.flight)
+def build(config: DaemonConfig, sources: Sources) -> Collector:
+    return Collector(NAME, lambda: collect(sources.flight))
 
 
 def diverges(body: Divergence) -> bool:
@@ -96,81 +96,75 @@ def host_summaries(found: Iterable[GroupRound]) -> dict[str, GroupSummary]:
     return out
 
 
-@dataclass
-class CensusCollector:
-    state: FlightState
-    name: str = field(default=NAME, init=False)
+def collect(state: FlightState) -> Iterator[Metric]:
+    view = state.view()
+    boot = view.latest_boot
+    total = counter("rankscope_collectives_total")
+    round_ = gauge("rankscope_census_round")
+    round_counts = gauge("rankscope_census_round_collectives")
+    stamp = gauge("rankscope_census_snapshot_timestamp_seconds")
+    divergence = gauge("rankscope_census_divergence")
+    group_round = gauge("rankscope_census_group_round")
+    group_digest = gauge("rankscope_census_group_digest")
+    deficit = gauge("rankscope_census_rank_deficit")
+    streams = [st for st in view.streams if st.boot == boot]
+    totals = {
+        (boot, st.process.rank, group, op): n
+        for st, line in newest(streams, lambda st: st.census)
+        for (group, op), n in (line.body.counts or {}).items()
+    }
+    for key, n in totals.items():
+        add(total, key, n)
+    held = {st.process.rank: st for st, _ in newest(streams, lambda st: st.snapshot)}
+    for rank, st in held.items():
+        snap = st.snapshot
+        assert snap is not None
+        add(round_, (boot, rank), snap.body.round)
+        add(stamp, (boot, rank), snap.header.wall)
+        for (group, op), n in (snap.body.counts or {}).items():
+            add(round_counts, (boot, rank, group, op), n)
+    for group, summary in host_summaries(host_groups(held)).items():
+        add(group_round, (boot, group), summary.round)
+        add(group_digest, (boot, group), summary.digest)
+        for (rank, op), n in summary.deficits.items():
+            add(deficit, (boot, rank, group, op), n)
+    if boot is not None:
+        for (group, op), div in view.divergences.get(boot, {}).items():
+            add(divergence, (boot, group, op), 1.0 if diverges(div.body) else 0.0)
+    yield from (total, round_, round_counts, stamp, divergence)
+    yield from (group_round, group_digest, deficit)
+    if boot is not None:
+        yield from rank_states(state, streams, boot)
 
-    def collect(self) -> Iterator[Metric]:
-        view = self.state.view()
-        boot = view.latest_boot
-        total = counter("rankscope_collectives_total")
-        round_ = gauge("rankscope_census_round")
-        round_counts = gauge("rankscope_census_round_collectives")
-        stamp = gauge("rankscope_census_snapshot_timestamp_seconds")
-        divergence = gauge("rankscope_census_divergence")
-        group_round = gauge("rankscope_census_group_round")
-        group_digest = gauge("rankscope_census_group_digest")
-        deficit = gauge("rankscope_census_rank_deficit")
-        streams = [st for st in view.streams if st.boot == boot]
-        totals = {
-            (boot, st.process.rank, group, op): n
-            for st, line in newest(streams, lambda st: st.census)
-            for (group, op), n in (line.body.counts or {}).items()
-        }
-        for key, n in totals.items():
-            add(total, key, n)
-        held = {st.process.rank: st for st, _ in newest(streams, lambda st: st.snapshot)}
-        for rank, st in held.items():
-            snap = st.snapshot
-            assert snap is not None
-            add(round_, (boot, rank), snap.body.round)
-            add(stamp, (boot, rank), snap.header.wall)
-            for (group, op), n in (snap.body.counts or {}).items():
-                add(round_counts, (boot, rank, group, op), n)
-        for group, summary in host_summaries(host_groups(held)).items():
-            add(group_round, (boot, group), summary.round)
-            add(group_digest, (boot, group), summary.digest)
-            for (rank, op), n in summary.deficits.items():
-                add(deficit, (boot, rank, group, op), n)
-        if boot is not None:
-            for (group, op), div in view.divergences.get(boot, {}).items():
-                add(divergence, (boot, group, op), 1.0 if diverges(div.body) else 0.0)
-        yield from (total, round_, round_counts, stamp, divergence)
-        yield from (group_round, group_digest, deficit)
-        if boot is not None:
-            yield from self.states(streams, boot)
 
-    def states(self, streams: list[StreamState], boot: str) -> Iterator[Metric]:
-        """Each rank's state, its time since progress, the collective it is blocked in and
-        its deficit at the latest counts."""
-        state = gauge("rankscope_census_rank_state")
-        since = gauge("rankscope_census_since_progress_seconds")
-        blocked = gauge("rankscope_census_blocked_collective")
-        latest = gauge("rankscope_census_latest_deficit")
-        # Per stream its newest snapshot, its newest census or dump line and its folded live
-        # lines hold every latest count and the state (counts only grow): three lines a rank.
-        records = [
-            line for st in streams for line in (st.snapshot, st.census, st.live) if line is not None
-        ]
-        alive = self.state.alive()
+def rank_states(state: FlightState, streams: list[StreamState], boot: str) -> Iterator[Metric]:
+    """Each rank's state, its time since progress, the collective it is blocked in and
+    its deficit at the latest counts."""
+    in_state = gauge("rankscope_census_rank_state")
+    since = gauge("rankscope_census_since_progress_seconds")
+    blocked = gauge("rankscope_census_blocked_collective")
+    latest = gauge("rankscope_census_latest_deficit")
+    # Per stream its newest snapshot, its newest census or dump line and its folded live
+    # lines hold every latest count and the state (counts only grow): three lines a rank.
+    records = [
+        line for st in streams for line in (st.snapshot, st.census, st.live) if line is not None
+    ]
+    alive = state.alive()
 
-        def judged(
-            host: str | None, pid: int | None, start: int | None, ns: int | None
-        ) -> bool | None:
-            return alive.get((host, pid, start)) if host is not None and pid is not None else None
+    def judged(host: str | None, pid: int | None, start: int | None, ns: int | None) -> bool | None:
+        return alive.get((host, pid, start)) if host is not None and pid is not None else None
 
-        found = states_of(records, judged)
-        now = time.time()
-        for rank in found.ranks:
-            labels = (boot, rank["rank"])
-            for name in STATES:
-                add(state, (*labels, name), 1.0 if rank["state"] == name else 0.0)
-            progress = rank["last_progress_wall"]
-            add(since, labels, None if progress is None else max(0.0, now - progress))
-            where = rank["blocked_in"]
-            if where is not None and where["group"] is not None:
-                add(blocked, (*labels, where["group"], where["op"]), where["seq"])
-        for lagging, entry, n in behind(found.latest):
-            add(latest, (boot, lagging, entry["group"], entry["op"]), n)
-        yield from (state, since, blocked, latest)
+    found = states_of(records, judged)
+    now = time.time()
+    for rank in found.ranks:
+        labels = (boot, rank["rank"])
+        for name in STATES:
+            add(in_state, (*labels, name), 1.0 if rank["state"] == name else 0.0)
+        progress = rank["last_progress_wall"]
+        add(since, labels, None if progress is None else max(0.0, now - progress))
+        where = rank["blocked_in"]
+        if where is not None and where["group"] is not None:
+            add(blocked, (*labels, where["group"], where["op"]), where["seq"])
+    for lagging, entry, n in behind(found.latest):
+        add(latest, (boot, lagging, entry["group"], entry["op"]), n)
+    yield from (in_state, since, blocked, latest)

@@ -4,13 +4,12 @@ card's largest foreign holder (one series per card for the alert)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.holdings import cap
-from rankscope.daemon.registry import add, gauge
+from rankscope.daemon.registry import Collector, add, gauge
 from rankscope.daemon.sampler import Sampler
 from rankscope.daemon.sources import Sources
 from rankscope.reports.oom import ROLE_FOREIGN
@@ -20,30 +19,25 @@ HELP = "per-process bytes on each card"
 DEFAULT = True
 
 
-def build(config: DaemonConfig, sources: Sources) -> HoldingsCollector:
+def build(config: DaemonConfig, sources: Sources) -> Collector:
     sources.holdings()  # the reader that fills the sampler's holdings
-    return HoldingsCollector(sources.sampler(), config.cards.max_per_card)
+    sampler = sources.sampler()
+    return Collector(NAME, lambda: collect(sampler, config.cards.max_per_card))
 
 
-@dataclass
-class HoldingsCollector:
-    sampler: Sampler
-    max_per_card: int = 32
-    name: str = field(default=NAME, init=False)
-
-    def collect(self) -> Iterator[Metric]:
-        fam = gauge("rankscope_gpu_process_bytes")
-        largest = gauge("rankscope_gpu_largest_foreign_bytes")
-        for v in self.sampler.views():
-            if v.holdings is None:
-                continue
-            card = (v.identity.index, v.identity.uuid)
-            for h in cap(list(v.holdings.processes), self.max_per_card):
-                add(fam, (*card, h.pid, h.comm, h.role, h.boot, h.rank), h.bytes)
-            held = v.holdings.processes
-            foreign = [h for h in held if h.role == ROLE_FOREIGN and h.bytes is not None]
-            if foreign:
-                # The most bytes; among equals, the lowest pid, so the series stays put.
-                top = max(foreign, key=lambda h: (h.bytes, -(h.pid or 0)))
-                add(largest, (*card, top.pid, top.comm), top.bytes)
-        yield from (fam, largest)
+def collect(sampler: Sampler, max_per_card: int) -> Iterator[Metric]:
+    fam = gauge("rankscope_gpu_process_bytes")
+    largest = gauge("rankscope_gpu_largest_foreign_bytes")
+    for v in sampler.views():
+        if v.holdings is None:
+            continue
+        card = (v.identity.index, v.identity.uuid)
+        for h in cap(list(v.holdings.processes), max_per_card):
+            add(fam, (*card, h.pid, h.comm, h.role, h.boot, h.rank), h.bytes)
+        held = v.holdings.processes
+        foreign = [h for h in held if h.role == ROLE_FOREIGN and h.bytes is not None]
+        if foreign:
+            # The most bytes; among equals, the lowest pid, so the series stays put.
+            top = max(foreign, key=lambda h: (h.bytes, -(h.pid or 0)))
+            add(largest, (*card, top.pid, top.comm), top.bytes)
+    yield from (fam, largest)

@@ -5,7 +5,7 @@ the scrape path), mapped to rankscope boots and ranks where unambiguous (docs/ce
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
@@ -16,7 +16,7 @@ from rankscope.daemon.flags import argtype, parse_duration
 from rankscope.daemon.flightstate import FlightState, FlightView
 from rankscope.daemon.nccl_ras import Endpoint, pollers
 from rankscope.daemon.nccl_ras_report import ERROR_REASONS, Communicator, MissingRank, RasRank
-from rankscope.daemon.registry import add, counter, gauge, info, label_values
+from rankscope.daemon.registry import Collector, add, counter, gauge, info, label_values
 
 if TYPE_CHECKING:
     import argparse
@@ -65,7 +65,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help=f"largest report read (default {nccl_ras.DEFAULT_MAX_BYTES})")  # fmt: skip
 
 
-def build(config: DaemonConfig, sources: Sources) -> NcclRasCollector:
+def build(config: DaemonConfig, sources: Sources) -> Collector:
     """One endpoint per distinct address, polled by a poller the daemon runs."""
     o = config.options_of(Options)
     if o.nccl_ras_persist_polls < 1:
@@ -81,7 +81,7 @@ def build(config: DaemonConfig, sources: Sources) -> NcclRasCollector:
     ]
     for poller in pollers(endpoints, o.nccl_ras_interval):
         sources.run(poller)
-    return NcclRasCollector(endpoints, sources.flight)
+    return Collector(NAME, lambda: collect(endpoints, sources.flight))
 
 
 def pid_identities(view: FlightView) -> dict[int, Identity | None]:
@@ -115,68 +115,60 @@ def map_ranks(
     return out
 
 
-@dataclass
-class NcclRasCollector:
-    endpoints: list[Endpoint]
-    state: FlightState
-    name: str = field(default=NAME, init=False)
-
-    def collect(self) -> Iterator[Metric]:
-        identities = pid_identities(self.state.view())
-        fams = {
-            m.name.removeprefix("rankscope_nccl_"): gauge(m.name)
-            for m in CATALOG
-            if m.collector == NAME and m.type == "gauge"
-        }
-        collectives = counter("rankscope_nccl_collectives_total")
-        errors = counter("rankscope_nccl_ras_poll_errors_total")
-        polls = counter("rankscope_nccl_ras_polls_total")
-        nccl = info("rankscope_nccl_info")
-        for ep in (e.view for e in self.endpoints):
-            a = ep.address
-            add(polls, (a,), ep.polls)
+def collect(endpoints: list[Endpoint], state: FlightState) -> Iterator[Metric]:
+    identities = pid_identities(state.view())
+    fams = {
+        m.name.removeprefix("rankscope_nccl_"): gauge(m.name)
+        for m in CATALOG
+        if m.collector == NAME and m.type == "gauge"
+    }
+    collectives = counter("rankscope_nccl_collectives_total")
+    errors = counter("rankscope_nccl_ras_poll_errors_total")
+    polls = counter("rankscope_nccl_ras_polls_total")
+    nccl = info("rankscope_nccl_info")
+    for ep in (e.view for e in endpoints):
+        a = ep.address
+        add(polls, (a,), ep.polls)
+        for reason in ERROR_REASONS:
+            add(errors, (a, reason), ep.errors[reason])
+        if ep.last_success is not None:
+            add(fams["ras_up"], (a,), 1.0 if ep.last_success else 0.0)
             for reason in ERROR_REASONS:
-                add(errors, (a, reason), ep.errors[reason])
-            if ep.last_success is not None:
-                add(fams["ras_up"], (a,), 1.0 if ep.last_success else 0.0)
-                for reason in ERROR_REASONS:
-                    add(fams["ras_last_error"], (a, reason), float(ep.last_error == reason))
-            add(fams["ras_poll_duration_seconds"], (a,), ep.last_duration)
-            report = ep.report
-            if report is None:
-                continue
-            cuda = (report.cuda_runtime_version, report.cuda_driver_version)
-            nccl.add_metric(label_values(a, report.nccl_version, *cuda, report.format), {})
-            comms = [s.comm for s in ep.comms]
-            mapped = map_ranks(comms, identities)
-            add(fams["communicators"], (a,), len(comms))
-            for comm in comms:
-                # The comm's boot: the one boot its mapped ranks have, if one.
-                boots = {mapped[r.host, r.pid][0] for r in comm.ranks if (r.host, r.pid) in mapped}
-                key = (a, comm.hash, comm.secondary_hash, boots.pop() if len(boots) == 1 else None)
-                add(fams["communicator_size"], key, comm.size)
-                add(fams["communicator_ranks_reporting"], key, comm.ranks_count)
-                add(fams["communicator_ranks_missing"], key, comm.missing_ranks_count)
-                persisting = ep.persisting.get(comm.key, ())
-                ops = {op for r in comm.ranks for op in r.counts}
-                ops |= {op for op in comm.reported_mismatches if op != "status"}
-                for op in sorted(ops):
-                    add(fams["count_mismatch"], (*key, op), float(op in persisting))
-                if comm.ranks or "status" in comm.reported_mismatches:
-                    add(fams["status_mismatch"], key, float("status" in persisting))
-                for r in comm.ranks:
-                    for op, n in sorted(r.counts.items()):
-                        add(collectives, (*_rank_key(key, r, mapped), op), n)
-                for m in comm.missing:
-                    state = (
-                        "dead" if m.considered_dead else "unresponsive" if m.unresponsive else None
-                    )
-                    if state is not None:
-                        add(fams["rank_missing"], (*_rank_key(key, m, mapped), state), 1.0)
-            dead = {(m.host, m.pid) for comm in comms for m in comm.missing if m.considered_dead}
-            dead_count = report.dead_count if report.format == "text" else len(dead)
-            add(fams["dead_processes"], (a,), dead_count)
-        yield from (*fams.values(), collectives, errors, polls, nccl)
+                add(fams["ras_last_error"], (a, reason), float(ep.last_error == reason))
+        add(fams["ras_poll_duration_seconds"], (a,), ep.last_duration)
+        report = ep.report
+        if report is None:
+            continue
+        cuda = (report.cuda_runtime_version, report.cuda_driver_version)
+        nccl.add_metric(label_values(a, report.nccl_version, *cuda, report.format), {})
+        comms = [s.comm for s in ep.comms]
+        mapped = map_ranks(comms, identities)
+        add(fams["communicators"], (a,), len(comms))
+        for comm in comms:
+            # The comm's boot: the one boot its mapped ranks have, if one.
+            boots = {mapped[r.host, r.pid][0] for r in comm.ranks if (r.host, r.pid) in mapped}
+            key = (a, comm.hash, comm.secondary_hash, boots.pop() if len(boots) == 1 else None)
+            add(fams["communicator_size"], key, comm.size)
+            add(fams["communicator_ranks_reporting"], key, comm.ranks_count)
+            add(fams["communicator_ranks_missing"], key, comm.missing_ranks_count)
+            persisting = ep.persisting.get(comm.key, ())
+            ops = {op for r in comm.ranks for op in r.counts}
+            ops |= {op for op in comm.reported_mismatches if op != "status"}
+            for op in sorted(ops):
+                add(fams["count_mismatch"], (*key, op), float(op in persisting))
+            if comm.ranks or "status" in comm.reported_mismatches:
+                add(fams["status_mismatch"], key, float("status" in persisting))
+            for r in comm.ranks:
+                for op, n in sorted(r.counts.items()):
+                    add(collectives, (*_rank_key(key, r, mapped), op), n)
+            for m in comm.missing:
+                how = "dead" if m.considered_dead else "unresponsive" if m.unresponsive else None
+                if how is not None:
+                    add(fams["rank_missing"], (*_rank_key(key, m, mapped), how), 1.0)
+        dead = {(m.host, m.pid) for comm in comms for m in comm.missing if m.considered_dead}
+        dead_count = report.dead_count if report.format == "text" else len(dead)
+        add(fams["dead_processes"], (a,), dead_count)
+    yield from (*fams.values(), collectives, errors, polls, nccl)
 
 
 def _rank_key(

@@ -4,14 +4,14 @@ posts between them (as rankscope.reports.ledger computes them)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import Metric
 
 from rankscope.catalog import POST_LABELS
 from rankscope.daemon.flightstate import FlightState, StreamState
-from rankscope.daemon.registry import add, gauge
+from rankscope.daemon.registry import Collector, add, gauge
 from rankscope.reports.ledger import MarkLine, posts
 
 if TYPE_CHECKING:
@@ -45,8 +45,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build(config: DaemonConfig, sources: Sources) -> PhasesCollector:
-    return PhasesCollector(sources.flight, config.options_of(Options).phase_boots)
+def build(config: DaemonConfig, sources: Sources) -> Collector:
+    boots = config.options_of(Options).phase_boots
+    return Collector(NAME, lambda: collect(sources.flight, boots))
 
 
 # catalog name -> how to read the value from a mark line
@@ -71,28 +72,22 @@ def phase_labels(st: StreamState, line: MarkLine) -> tuple[Any, ...]:
     return (*process, mark.phase, mark.device.nvml_index, mark.device.uuid)
 
 
-@dataclass
-class PhasesCollector:
-    state: FlightState
-    boots: int = 1
-    name: str = field(default=NAME, init=False)
-
-    def collect(self) -> Iterator[Metric]:
-        view = self.state.view()
-        wanted = view.recent_boots(self.boots)
-        marks = [(st, line) for st in view.streams if st.boot in wanted for line in st.marks]
-        families = {name: gauge(name) for name in PHASE_VALUES}
-        # The latest mark of each phase wins when a process marks a phase twice; likewise
-        # the latest post of each view.
-        for labels, line in {phase_labels(st, line): line for st, line in marks}.items():
-            for name, read in PHASE_VALUES.items():
-                add(families[name], labels, read(line))
-        post_bytes = gauge("rankscope_post_bytes")
-        latest_posts = {
-            tuple(view_name if k == "view" else row[k] for k in POST_LABELS): value
-            for row in posts(line for _, line in marks)
-            for view_name, value in row["views"].items()
-        }
-        for labels, value in latest_posts.items():
-            add(post_bytes, labels, value)
-        yield from (*families.values(), post_bytes)
+def collect(state: FlightState, boots: int = 1) -> Iterator[Metric]:
+    view = state.view()
+    wanted = view.recent_boots(boots)
+    marks = [(st, line) for st in view.streams if st.boot in wanted for line in st.marks]
+    families = {name: gauge(name) for name in PHASE_VALUES}
+    # The latest mark of each phase wins when a process marks a phase twice; likewise
+    # the latest post of each view.
+    for labels, line in {phase_labels(st, line): line for st, line in marks}.items():
+        for name, read in PHASE_VALUES.items():
+            add(families[name], labels, read(line))
+    post_bytes = gauge("rankscope_post_bytes")
+    latest_posts = {
+        tuple(view_name if k == "view" else row[k] for k in POST_LABELS): value
+        for row in posts(line for _, line in marks)
+        for view_name, value in row["views"].items()
+    }
+    for labels, value in latest_posts.items():
+        add(post_bytes, labels, value)
+    yield from (*families.values(), post_bytes)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
@@ -11,7 +10,7 @@ from prometheus_client.process_collector import ProcessCollector
 from rankscope import __version__
 from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.flightstate import FlightState
-from rankscope.daemon.registry import add, counter, gauge, info
+from rankscope.daemon.registry import Collector, add, counter, gauge, info
 from rankscope.daemon.sources import Sources
 
 NAME = "self"
@@ -19,40 +18,35 @@ HELP = "build info, source health, skipped flight lines"
 DEFAULT = None  # always on
 
 
-def build(config: DaemonConfig, sources: Sources) -> SelfCollector:
-    return SelfCollector(sources.flight, sources.up)
+def build(config: DaemonConfig, sources: Sources) -> Collector:
+    started = process_start_time()
+    return Collector(NAME, lambda: collect(sources.flight, sources.up(), started))
 
 
-@dataclass
-class SelfCollector:
-    state: FlightState
-    sources_up: Callable[[], dict[str, bool]] | None = None
-    name: str = field(default=NAME, init=False)
-    start_time: float | None = field(default_factory=lambda: process_start_time(), init=False)
-
-    def collect(self) -> Iterator[Metric]:
-        build_info = info("rankscope_build_info")
-        build_info.add_metric([__version__], {})
-        started = gauge("process_start_time_seconds")
-        add(started, (), self.start_time)
-        up = gauge("rankscope_up")
-        add(up, ("flight",), 1.0 if self.state.up else 0.0)
-        if self.sources_up is not None:
-            for source, ok in sorted(self.sources_up().items()):
-                add(up, (source,), 1.0 if ok else 0.0)
-        skipped = counter("rankscope_flight_lines_skipped_total")
-        view = self.state.view()
-        for reason, n in view.skipped.items():
-            add(skipped, (reason,), n)
-        invalid = counter("rankscope_flight_fields_invalid_total")
-        for name, n in sorted(view.invalid.items()):
-            add(invalid, (name,), n)
-        health = self.state.health()
-        files = gauge("rankscope_flight_files")
-        add(files, (), health.files)
-        unreadable = gauge("rankscope_flight_files_unreadable")
-        add(unreadable, (), health.unreadable)
-        yield from (build_info, started, up, skipped, invalid, files, unreadable)
+def collect(
+    state: FlightState, sources_up: dict[str, bool], start_time: float | None
+) -> Iterator[Metric]:
+    build_info = info("rankscope_build_info")
+    build_info.add_metric([__version__], {})
+    started = gauge("process_start_time_seconds")
+    add(started, (), start_time)
+    up = gauge("rankscope_up")
+    add(up, ("flight",), 1.0 if state.up else 0.0)
+    for source, ok in sorted(sources_up.items()):
+        add(up, (source,), 1.0 if ok else 0.0)
+    skipped = counter("rankscope_flight_lines_skipped_total")
+    view = state.view()
+    for reason, n in view.skipped.items():
+        add(skipped, (reason,), n)
+    invalid = counter("rankscope_flight_fields_invalid_total")
+    for name, n in sorted(view.invalid.items()):
+        add(invalid, (name,), n)
+    health = state.health()
+    files = gauge("rankscope_flight_files")
+    add(files, (), health.files)
+    unreadable = gauge("rankscope_flight_files_unreadable")
+    add(unreadable, (), health.unreadable)
+    yield from (build_info, started, up, skipped, invalid, files, unreadable)
 
 
 def process_start_time() -> float | None:
