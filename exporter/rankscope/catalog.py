@@ -194,44 +194,16 @@ CATALOG: tuple[Metric, ...] = (
             "communicator that answered RAS (JSON report only).",
             ("rankscope_nccl_communicator_ranks_missing", NCCL_COMM_LABELS): "Ranks of the "
             "communicator that did not answer RAS (JSON report only).",
-            (
-                "rankscope_nccl_collectives_total",
-                (
-                    "endpoint",
-                    "comm",
-                    "comm_secondary",
-                    "boot",
-                    "nccl_rank",
-                    "rank",
-                    "host",
-                    "pid",
-                    "op",
-                ),
-            ): "Collectives "
+            ("rankscope_nccl_collectives_total", (*NCCL_RANK_LABELS, "op")): "Collectives "
             "a rank launched on the communicator, per op, as NCCL counts them (JSON report only; "
             "no Send/Recv; a one-rank communicator counts none).",
-            (
-                "rankscope_nccl_count_mismatch",
-                ("endpoint", "comm", "comm_secondary", "boot", "op"),
-            ): "1 "
+            ("rankscope_nccl_count_mismatch", (*NCCL_COMM_LABELS, "op")): "1 "
             "where the ranks of a communicator disagreed on an op's count with the lowest count "
             "unchanged over the persistence polls (or NCCL's text report flagged it).",
             ("rankscope_nccl_status_mismatch", NCCL_COMM_LABELS): "1 where the ranks of a "
             "communicator reported different status over the persistence polls.",
-            (
-                "rankscope_nccl_rank_missing",
-                (
-                    "endpoint",
-                    "comm",
-                    "comm_secondary",
-                    "boot",
-                    "nccl_rank",
-                    "rank",
-                    "host",
-                    "pid",
-                    "state",
-                ),
-            ): "1 for a rank RAS could not reach, by state (unresponsive, dead).",
+            ("rankscope_nccl_rank_missing", (*NCCL_RANK_LABELS, "state")): "1 for a rank RAS "
+            "could not reach, by state (unresponsive, dead).",
             ("rankscope_nccl_dead_processes", ("endpoint",)): "Job processes RAS considers dead "
             "(the text report's DEAD count; in JSON the distinct missing ranks marked "
             "considered_dead).",
