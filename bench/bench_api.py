@@ -93,8 +93,6 @@ def measure(flight: Path, requests: int) -> dict[str, float]:
     app = create_app(
         registry=CollectorRegistry(),
         state=state,
-        phases_report=lambda f: phases_document(f, state.host_pid),
-        census_report=census_document,
     )
     stack = contextlib.ExitStack()
     server = stack.enter_context(serving(app))

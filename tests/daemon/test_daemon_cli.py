@@ -191,8 +191,6 @@ def test_the_landing_page_links_every_endpoint(
         create_app(
             registry=registry,
             state=state,
-            phases_report=phases_document,
-            census_report=census_document,
             static_dir=tmp_path / "none",
         )
     )
@@ -213,8 +211,6 @@ def test_the_landing_page_links_every_endpoint(
         create_app(
             registry=registry,
             state=state,
-            phases_report=phases_document,
-            census_report=census_document,
             static_dir=static,
         )
     )
@@ -232,8 +228,6 @@ def test_readiness_says_why_it_is_not_ready(tmp_path: Path, serve_app: ServeApp)
     app = create_app(
         registry=TimedCollectors().registry(),
         state=FlightState(not_a_dir),
-        phases_report=phases_document,
-        census_report=census_document,
     )
     client = serve_app(app)
     response = client.get("/readyz")
@@ -245,8 +239,6 @@ def test_readiness_says_why_it_is_not_ready(tmp_path: Path, serve_app: ServeApp)
         create_app(
             registry=TimedCollectors().registry(),
             state=later,
-            phases_report=phases_document,
-            census_report=census_document,
         )
     )
     # A directory no job has made yet: not ready (a mistyped path shows), the API answers.
@@ -312,8 +304,6 @@ def app_as_served(state: FlightState) -> FastAPI:
     return create_app(
         registry=TimedCollectors().registry(),
         state=state,
-        phases_report=lambda flight: phases_document(flight, state.host_pid),
-        census_report=census_document,
     )
 
 

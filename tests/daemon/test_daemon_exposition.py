@@ -33,8 +33,6 @@ from rankscope.daemon import cli
 from rankscope.daemon.app import create_app
 from rankscope.daemon.flightstate import FlightState
 from rankscope.record import MarkArena
-from rankscope.reports.census import census_document
-from rankscope.reports.ledger import phases_document
 
 ServeApp = Callable[[Any], Any]  # the conftest fixture serve_app
 TEXT_TYPE = client.choose_encoder("")[1]  # the text format, with no Accept header
@@ -88,8 +86,6 @@ def metrics_client(registry: CollectorRegistry, flight_dir: Path, serve_app: Ser
     app = create_app(
         registry=registry,
         state=state,
-        phases_report=lambda flight: phases_document(flight, state.host_pid),
-        census_report=census_document,
     )
     return serve_app(app)
 

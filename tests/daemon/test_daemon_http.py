@@ -32,8 +32,6 @@ from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.server import serving
 from rankscope.daemon.webauth import WebAuth
-from rankscope.reports.census import census_document
-from rankscope.reports.ledger import phases_document
 
 ServeApp = Callable[[Any], httpx.Client]  # the conftest fixture serve_app
 
@@ -44,8 +42,6 @@ def daemon_app(flight_dir: Path, static_dir: Path | None = None) -> Any:
     return create_app(
         registry=TimedCollectors().registry(),
         state=state,
-        phases_report=lambda flight: phases_document(flight, state.host_pid),
-        census_report=census_document,
         **extra,
     )
 

@@ -16,8 +16,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from rankscope.daemon.app import STUCK_SCRAPE_SECONDS, create_app
 from rankscope.daemon.flightstate import FlightState
 from rankscope.daemon.registry import TimedCollectors
-from rankscope.reports.census import census_document
-from rankscope.reports.ledger import phases_document
 
 
 class Gate:
@@ -73,8 +71,6 @@ def test_readyz_reports_a_stuck_collection(
     app = create_app(
         registry=TimedCollectors().registry(),
         state=FlightState(flight_dir),
-        phases_report=phases_document,
-        census_report=census_document,
         collecting=lambda: running[0],
     )
     client = serve_app(app)

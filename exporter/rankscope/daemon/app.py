@@ -24,6 +24,8 @@ from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, paginate
 from rankscope.daemon.sampler import CardView, Sampler
 from rankscope.daemon.sources import FLIGHT_REFRESH_S
 from rankscope.record.reader import BootNotFoundError, Flight
+from rankscope.reports.census import census_document
+from rankscope.reports.ledger import phases_document
 
 # Prometheus's default scrape timeout: a collection running longer is stuck, not slow.
 STUCK_SCRAPE_SECONDS = 10.0
@@ -45,8 +47,6 @@ LINKS = (
     ("/api/v1/oom", "OOM instants and who held the card"),
 )
 
-# A report function turns the records of one boot into what the CLI's --json prints.
-Report = Callable[[Flight], dict[str, Any]]
 Offset = Annotated[int, Query(ge=0)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 
@@ -55,8 +55,6 @@ def create_app(
     *,
     registry: CollectorRegistry,
     state: FlightState,
-    phases_report: Report,
-    census_report: Report,
     cards: Sampler | None = None,
     ooms: OomBook | None = None,
     static_dir: Path = STATIC_DIR,
@@ -91,14 +89,14 @@ def create_app(
     def phases(
         request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
     ) -> Response:
-        doc = phases_report(_flight(state, boot))
+        doc = phases_document(_flight(state, boot), state.host_pid)
         return _paged(request, doc, ("processes",), offset, limit)
 
     @get("/api/v1/census")
     def census(
         request: Request, boot: str | None = None, offset: Offset = 0, limit: Limit = DEFAULT_LIMIT
     ) -> Response:
-        doc = census_report(_flight(state, boot))
+        doc = census_document(_flight(state, boot))
         return _paged(request, doc, ("ranks", "entries", "history", "in_process"), offset, limit)
 
     @get("/api/v1/cards")

@@ -25,8 +25,6 @@ from rankscope.daemon.guard import HEAD_DEADLINE_S, RequestGuard, StrictH11Proto
 from rankscope.daemon.otlp import OtlpPusher, default_interval, otlp_configured
 from rankscope.daemon.registry import TimedCollectors
 from rankscope.daemon.sources import Sources
-from rankscope.reports.census import census_document
-from rankscope.reports.ledger import phases_document
 
 log = logging.getLogger("rankscope.daemon")
 
@@ -41,8 +39,6 @@ def build(config: DaemonConfig) -> Daemon:
         registry=timed.registry(),
         state=state,
         cards=sources.card_sampler,
-        phases_report=lambda flight: phases_document(flight, state.host_pid),
-        census_report=census_document,
         ooms=sources.oom_book,
         collecting=timed.running_for,
     )
