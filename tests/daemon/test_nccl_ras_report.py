@@ -87,7 +87,6 @@ def test_the_text_reports_dead_section_and_mismatch_entries() -> None:
     """Text built from NCCL's format strings around the real report's head."""
     dead = parse_report(shapes.dead_text())
     assert dead.dead_count == 1
-    assert [(p.pid, p.host) for p in dead.dead] == [(shapes.PEER_PID, "192.0.2.2")]
     # The INCOMPLETE entry names the hash of group 0's first communicator.
     assert [c.hash for c in dead.communicators] == [shapes.REAL_HASH]
     (comm,) = parse_report(shapes.mismatch_text()).communicators

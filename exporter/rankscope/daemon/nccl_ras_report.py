@@ -104,21 +104,13 @@ _COMMUNICATORS = TypeAdapter(tuple[Communicator, ...])
 
 
 @dataclass(frozen=True)
-class DeadProcess:
-    pid: int
-    host: str
-
-
-@dataclass(frozen=True)
 class RasReport:
     format: str  # "json" or "text"
     nccl_version: str
     cuda_runtime_version: int | None
     cuda_driver_version: int | None
     communicators: tuple[Communicator, ...]
-    # Text only: NCCL lists the dead only when they are few, so the count can exceed the list.
-    dead_count: int = 0
-    dead: tuple[DeadProcess, ...] = ()
+    dead_count: int = 0  # text only (JSON marks each missing rank)
 
 
 def parse_report(data: bytes) -> RasReport:
@@ -170,7 +162,6 @@ _GROUP_ROW = re.compile(
     r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+([\d-]+)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$"
 )
 _DEAD_COUNT = re.compile(r"^\s*(\d+) job process(?:es are| is) considered dead")
-_PROCESS_LINE = re.compile(r"^\s*Process (-?\d+) on node (\S+) managing GPU")
 _COMM_ENTRY = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) ([A-Z,]+)\s*$")
 # 2.24 and 2.25 name no op: "different collective operation counts".
 _MISMATCH_OP = re.compile(r"Communicator ranks have different (\w+) operation counts")
@@ -192,7 +183,7 @@ def parse_text_report(text: str) -> RasReport:
         raise ReportError("truncated", "no Warnings section")
     cuda = _CUDA_LINE.match(lines[1]) if len(lines) > 1 else None
     rows: list[tuple[int, int, int]] = []  # group, comms, ranks per comm
-    dead_count, dead = 0, []
+    dead_count = 0
     hashes: dict[str, str] = {}  # "#group-index" -> NCCL's hash
     mismatches: dict[str, list[str]] = {}  # "#group-index" -> ops, or "status"
     block, entry = "", None  # the unindented line an indented one belongs to (DEAD, a comm)
@@ -206,11 +197,8 @@ def parse_text_report(text: str) -> RasReport:
             if found := _COMM_ENTRY.match(block):
                 entry = f"#{found[1]}-{found[2]}"
                 hashes[entry] = "0x" + found[3].lower()
-        elif block == "DEAD":
-            if count := _DEAD_COUNT.match(line):
-                dead_count = int(count[1])
-            if process := _PROCESS_LINE.match(line):
-                dead.append(DeadProcess(pid=int(process[1]), host=process[2]))
+        elif block == "DEAD" and (count := _DEAD_COUNT.match(line)):
+            dead_count = int(count[1])
         elif entry is not None and section == "Warnings":
             op = _MISMATCH_OP.search(line)
             what = op[1] if op else "status" if _MISMATCH_STATUS in line else None
@@ -235,7 +223,6 @@ def parse_text_report(text: str) -> RasReport:
             for id_, size in ids
         ),
         dead_count=dead_count,
-        dead=tuple(dead),
     )
 
 
