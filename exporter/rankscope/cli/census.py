@@ -40,7 +40,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def healthy(report: Mapping[str, Any]) -> bool:
-    """No divergence, no stalled rank, no dead rank."""
     states = report["states"]
     return not (report["divergent"] or states["stalled"] or states["dead"])
 

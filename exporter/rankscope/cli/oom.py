@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import urllib.parse
 
 from rankscope.cli.common import NA, add_flight_dir, open_flight, print_json, when
 from rankscope.daemon.paging import MAX_LIMIT
@@ -75,8 +76,6 @@ def main(args: argparse.Namespace) -> int:
 
 def daemon_url(text: str) -> str:
     """The daemon's base URL: http:// or https://, or a bare HOST:PORT taken as http://."""
-    import urllib.parse
-
     url = text if "://" in text else "http://" + text
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -126,7 +125,6 @@ def fetch_failure(exc: Exception) -> str:
 def on_loopback(url: str) -> bool:
     """Whether ``url``'s host is this host's loopback (localhost, 127.0.0.0/8, ::1)."""
     import ipaddress
-    import urllib.parse
 
     host = urllib.parse.urlsplit(url).hostname or ""
     try:

@@ -43,19 +43,15 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _who(process: dict[str, Any]) -> str:
-    parts = [f"pid {process['pid']}", f"start {process['start_ticks']}"]
+def _print_process(process: dict[str, Any]) -> None:
+    who = [f"pid {process['pid']}", f"start {process['start_ticks']}"]
     for name in ("rank", "tp_rank", "pp_rank"):
         if process.get(name) is not None:
-            parts.append(f"{name.replace('_rank', '')} {process[name]}")
+            who.append(f"{name.replace('_rank', '')} {process[name]}")
     cards = {(m["gpu"], m["uuid"]) for m in process["marks"] if m["uuid"]}
     for gpu, uuid in sorted(cards, key=lambda c: (c[0] is None, c[0] or 0)):
-        parts.append(f"gpu {gpu if gpu is not None else '?'} {uuid}")
-    return "  ".join(parts)
-
-
-def _print_process(process: dict[str, Any]) -> None:
-    print(f"\nprocess {_who(process)}")
+        who.append(f"gpu {gpu if gpu is not None else '?'} {uuid}")
+    print("\nprocess " + "  ".join(who))
     if not process["posts"]:
         print("  no posts (fewer than two marks per runner)")
     else:

@@ -1,7 +1,6 @@
 """``python3 -m rankscope.mixin [--check] [ROOT]``: (re)write alerts/, dashboards/ and the Helm
 chart's copies under ROOT (default: the source tree this package lives in). With --check
-nothing is written; the exit status is 1 when any file differs.
-"""
+nothing is written; the exit status is 1 when any file differs."""
 
 from __future__ import annotations
 

@@ -49,8 +49,7 @@ def dashboards(config: Config | None = None) -> dict[str, dict[str, Any]]:
 
 
 def rules_yaml(config: Config | None = None) -> str:
-    document = rules.build(config)
-    return HEADER + yaml.dump(document, Dumper=BlockDumper, sort_keys=False, width=100)
+    return HEADER + yaml.dump(rules.build(config), Dumper=BlockDumper, sort_keys=False, width=100)
 
 
 def outputs() -> dict[Path, str]:

@@ -26,44 +26,6 @@ RECORDING = {
 }
 
 
-# Across hosts the skew alert names the group only; the query naming each rank behind and its
-# op reads the group's count series, and runs only while the alert is active.
-_SKEW = """{{ if $labels.rank }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} is
-{{ $value }} {{ $labels.op }} collective(s) behind the most advanced rank of group
-{{ $labels.group }} on {{ $labels.instance }}{{ with printf
-"rankscope_census_group_round{instance=%q,boot=%q,group=%q}" $labels.instance
-$labels.boot $labels.group | query }} at census round {{ . | first | value }}{{ else }}
-at their latest counts{{ end }}.{{ else if
-$labels.op }}The in-process comparison of boot {{ $labels.boot }} found the ranks
-of group {{ $labels.group }} disagreeing on {{ $labels.op }}.{{ else }}The hosts
-of group {{ $labels.group }} of boot {{ $labels.boot }} disagree on its collective
-counts at census round {{ with printf
-"rankscope:census_group_round{boot=%q,group=%q}" $labels.boot $labels.group |
-query }}{{ . | first | value }}{{ end }}.{{ range printf
-"max by (op) (rankscope_census_round_collectives{boot=%[1]q,group=%[2]q} and
-on(job, instance, boot, rank) (rankscope_census_round{boot=%[1]q} ==
-scalar(rankscope:census_group_round{boot=%[1]q,group=%[2]q}))) - on(op)
-group_right() (rankscope_census_round_collectives{boot=%[1]q,group=%[2]q} and
-on(job, instance, boot, rank) (rankscope_census_round{boot=%[1]q} ==
-scalar(rankscope:census_group_round{boot=%[1]q,group=%[2]q}))) > 0" $labels.boot
-$labels.group | query }} Rank {{ .Labels.rank }} is {{ .Value }} {{
-.Labels.op }} collective(s) behind the most advanced rank.{{ else }} The ranks
-have moved on since; rankscope census names them.{{ end }}{{ end }} A rank skipped
-or added a collective; the group will hang in its next mismatched collective."""
-
-
-_HANG = """{{ if $labels.op }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} stands
-{{ $value }} {{ $labels.op }} collective(s) behind the most advanced rank of group
-{{ $labels.group }} on {{ $labels.instance }}, and no rank of the group is moving: the job
-is hung in a mismatched collective.{{ range printf
-"rankscope_census_blocked_collective{instance=%q,boot=%q}" $labels.instance $labels.boot |
-query }} Rank {{ .Labels.rank }} is in {{ .Labels.group }} {{ .Labels.op }} #{{ .Value
-}}.{{ end }}{{ else }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} on {{
-$labels.instance }} is dead: its process is gone without its exit line, and its peers
-will hang in their next collective with it.{{ end }} rankscope census names every rank's
-state."""
-
-
 ALERTS = (
     Alert(
         "RankscopeCensusHang",
@@ -77,8 +39,19 @@ ALERTS = (
         """,
         for_="censusHangFor",
         summary="A group's ranks stand still at different collective counts, or a rank is dead.",
-        description=_HANG,
+        description="""{{ if $labels.op }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} stands
+        {{ $value }} {{ $labels.op }} collective(s) behind the most advanced rank of group
+        {{ $labels.group }} on {{ $labels.instance }}, and no rank of the group is moving: the job
+        is hung in a mismatched collective.{{ range printf
+        "rankscope_census_blocked_collective{instance=%q,boot=%q}" $labels.instance $labels.boot |
+        query }} Rank {{ .Labels.rank }} is in {{ .Labels.group }} {{ .Labels.op }} #{{ .Value
+        }}.{{ end }}{{ else }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} on {{
+        $labels.instance }} is dead: its process is gone without its exit line, and its peers
+        will hang in their next collective with it.{{ end }} rankscope census names every rank's
+        state.""",
     ),
+    # Across hosts the skew alert names the group only; the query naming each rank behind and
+    # its op reads the group's count series, and runs only while the alert is active.
     Alert(
         "RankscopeCensusSkew",
         "critical",
@@ -93,7 +66,28 @@ ALERTS = (
         """,
         for_="censusSkewFor",
         summary="Ranks of one group instance disagree on a collective count at the same round.",
-        description=_SKEW,
+        description="""{{ if $labels.rank }}Rank {{ $labels.rank }} of boot {{ $labels.boot }} is
+        {{ $value }} {{ $labels.op }} collective(s) behind the most advanced rank of group
+        {{ $labels.group }} on {{ $labels.instance }}{{ with printf
+        "rankscope_census_group_round{instance=%q,boot=%q,group=%q}" $labels.instance
+        $labels.boot $labels.group | query }} at census round {{ . | first | value }}{{ else }}
+        at their latest counts{{ end }}.{{ else if
+        $labels.op }}The in-process comparison of boot {{ $labels.boot }} found the ranks
+        of group {{ $labels.group }} disagreeing on {{ $labels.op }}.{{ else }}The hosts
+        of group {{ $labels.group }} of boot {{ $labels.boot }} disagree on its collective
+        counts at census round {{ with printf
+        "rankscope:census_group_round{boot=%q,group=%q}" $labels.boot $labels.group |
+        query }}{{ . | first | value }}{{ end }}.{{ range printf
+        "max by (op) (rankscope_census_round_collectives{boot=%[1]q,group=%[2]q} and
+        on(job, instance, boot, rank) (rankscope_census_round{boot=%[1]q} ==
+        scalar(rankscope:census_group_round{boot=%[1]q,group=%[2]q}))) - on(op)
+        group_right() (rankscope_census_round_collectives{boot=%[1]q,group=%[2]q} and
+        on(job, instance, boot, rank) (rankscope_census_round{boot=%[1]q} ==
+        scalar(rankscope:census_group_round{boot=%[1]q,group=%[2]q}))) > 0" $labels.boot
+        $labels.group | query }} Rank {{ .Labels.rank }} is {{ .Value }} {{
+        .Labels.op }} collective(s) behind the most advanced rank.{{ else }} The ranks
+        have moved on since; rankscope census names them.{{ end }}{{ end }} A rank skipped
+        or added a collective; the group will hang in its next mismatched collective.""",
     ),
     Alert(
         "RankscopeCensusStalled",

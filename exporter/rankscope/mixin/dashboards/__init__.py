@@ -1,8 +1,7 @@
 """The Grafana dashboards, one module each, built from the panel helpers here: each module's
 ``build(c)`` returns its dashboard for the merged config ``c``, provisioned by its uid, reading
 Prometheus through a ``datasource`` variable and filtered by label_values variables (host,
-boot, card). Schema version 39 is what Grafana 10.4 and 11 write.
-"""
+boot, card). Schema version 39 is what Grafana 10.4 and 11 write."""
 
 from __future__ import annotations
 
