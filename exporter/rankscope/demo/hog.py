@@ -22,9 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--bytes", type=parse_bytes, help="bytes to take")
     size.add_argument("--leave-free", type=parse_bytes, help="take all but this much free")
-    p.add_argument(
-        "--hold", type=float, default=None, help="seconds to hold (default: until killed)"
-    )
+    p.add_argument("--hold", type=float, help="seconds to hold (default: until killed)")
     args = p.parse_args(argv)
 
     import torch
@@ -35,11 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", args.gpu)
     torch.cuda.set_device(device)
     torch.cuda.init()
-    if args.bytes is not None:
-        take = int(args.bytes)
-    else:
+    take = args.bytes
+    if take is None:
         free, _total = torch.cuda.mem_get_info(device)
-        take = max(int(free) - int(args.leave_free), 0)
+        take = max(free - args.leave_free, 0)
     block = torch.empty(take, dtype=torch.uint8, device=device)
     block.fill_(1)  # commit the pages, so the driver counts them
     torch.cuda.synchronize()

@@ -27,14 +27,8 @@ def encode_counts(counts: Mapping[tuple[str, str], int] | None) -> list[list[Any
 
 
 def _is_row(row: Any) -> bool:
-    return (
-        isinstance(row, list)
-        and len(row) == 3
-        and isinstance(row[0], str)
-        and isinstance(row[1], str)
-        and type(row[2]) is int  # JSON's integers, never a bool
-        and row[2] >= 0
-    )
+    # JSON's types exactly: a bool is no count
+    return isinstance(row, list) and list(map(type, row)) == [str, str, int] and row[2] >= 0
 
 
 def decode_counts(rows: Any, bad: Bad, name: str) -> Counts | None:

@@ -332,15 +332,14 @@ def read_flight(
     # One full pass of the tail: a file failing partway keeps the lines read before it.
     reader = FlightReader(root)
     records = reader.poll()
-    skipped, invalid, unreadable = reader.skipped, reader.invalid, reader.unreadable
     # A last line with no newline: the append never finished, whatever its bytes parse as.
-    skipped.update("torn" for tail in reader._tails.values() if tail.pending.strip())
+    reader.skipped.update("torn" for tail in reader._tails.values() if tail.pending.strip())
     boots = summarize_boots(records)
-    if all_boots:
-        return Flight(records, boots, None, skipped, invalid, unreadable)
-    known = [b.boot for b in boots]
-    if boot is not None and boot not in known:
-        raise BootNotFoundError(boot, known)
-    selected = boot if boot is not None else (known[-1] if known else None)
-    chosen = [r for r in records if r.header.boot == selected]
-    return Flight(chosen, boots, selected, skipped, invalid, unreadable)
+    selected = None
+    if not all_boots:
+        known = [b.boot for b in boots]
+        if boot is not None and boot not in known:
+            raise BootNotFoundError(boot, known)
+        selected = boot if boot is not None else (known[-1] if known else None)
+        records = [r for r in records if r.header.boot == selected]
+    return Flight(records, boots, selected, reader.skipped, reader.invalid, reader.unreadable)

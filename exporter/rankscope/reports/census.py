@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from rankscope.procfs import read_pidns_inode, read_start_ticks
 from rankscope.record import AnyLine, BlockedIn, Census, CensusDump, CensusLive, Divergence, Line
-from rankscope.record.compare import Entry, compare_group, compare_split, members_of, split_by_group
+from rankscope.record.compare import Entry, compare_group, compare_split, instances, split_by_group
 from rankscope.record.naming import Key, parse_p2p, report_op_name
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
 
 if TYPE_CHECKING:
+    from rankscope.record import Header
     from rankscope.record.reader import Flight
 
 RUNNING, STALLED, EXITED, DEAD = "running", "stalled", "exited", "dead"
@@ -59,8 +60,7 @@ class _Rank:
     """What one rank's newest process recorded."""
 
     rank: int
-    process: tuple[Any, ...] | None = None  # host, pid, start ticks
-    pidns: int | None = None
+    header: Header  # of its newest line: the process's identity
     snapshots: dict[int, Census] = field(default_factory=dict)  # by round
     snapshot_wall: dict[int, float] = field(default_factory=dict)
     every: int | None = None
@@ -110,10 +110,9 @@ def _load(
     ranks: dict[int, _Rank] = {}
     divergences: list[Line[Divergence]] = []
     for rank, recs in per_rank_records.items():
-        state = ranks[rank] = _Rank(rank)
+        state = ranks[rank] = _Rank(rank, recs[-1].header)
         for rec in recs:
             h, body = rec.header, rec.body
-            state.process, state.pidns = (h.host, h.pid, h.start_ticks), h.pidns
             if isinstance(body, Divergence):
                 divergences.append(Line(h, body))
                 continue
@@ -254,12 +253,8 @@ def build_report(
 def _dead_in_group(ranks: dict[int, _Rank], states: dict[int, str]) -> list[int]:
     """The dead ranks that share a group instance with another rank of the record."""
     split = {r: split_by_group(s.latest) for r, s in ranks.items()}
-
-    def shared(group: str) -> bool:
-        return len(members_of(group, split, [r for r in split if group in split[r]])) > 1
-
-    dead = sorted(r for r, state in states.items() if state == DEAD)
-    return [rank for rank in dead if any(map(shared, split[rank]))]
+    shared = {group for group, members in instances(split) if len(members) > 1}
+    return sorted(r for r, state in states.items() if state == DEAD and shared & split[r].keys())
 
 
 def _snapshot_sections(
@@ -344,8 +339,8 @@ def rank_state(state: _Rank, alive: bool | None) -> str:
 
 def _rank_summary(state: _Rank, alive_of: Alive) -> dict[str, Any]:
     last_round = max(state.snapshots) if state.snapshots else None
-    host, pid, start_ticks = state.process or (None, None, None)
-    alive = alive_of(host, pid, start_ticks, state.pidns)
+    h = state.header
+    alive = alive_of(h.host, h.pid, h.start_ticks, h.pidns)
     status = rank_state(state, alive)
     latest = state.snapshots[last_round].counts if last_round is not None else None
     blocked_in: dict[str, Any] | None = None
@@ -354,9 +349,9 @@ def _rank_summary(state: _Rank, alive_of: Alive) -> dict[str, Any]:
         blocked_in = {"group": blocked.group, "op": op, "seq": blocked.seq, "since": blocked.since}
     return {
         "rank": state.rank,
-        "host": host,
-        "pid": pid,
-        "start_ticks": start_ticks,
+        "host": h.host,
+        "pid": h.pid,
+        "start_ticks": h.start_ticks,
         "state": status,
         "alive": alive,
         "blocked_in": blocked_in,
