@@ -4,7 +4,7 @@ An op missing on a member rank counts as zero; a sender's ``send>b`` and the rec
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from rankscope.record.census import split_by_group
@@ -17,15 +17,6 @@ except ImportError:  # an interpreter built without it
     from hashlib import blake2b
 
 Entry = dict[str, Any]  # {group, op, counts: {"<rank>": n}, divergent, lagging: [rank]}
-
-
-def members_of(group: str, present: Iterable[int], reporters: Iterable[int]) -> list[int]:
-    """The ranks to compare for ``group``: its named members ``present``, else its reporters."""
-    parsed = parse_instance(group)
-    if parsed is None:
-        return sorted(set(reporters))
-    have = set(present)
-    return [r for r in parsed[1] if r in have]
 
 
 def make_entry(group: str, op: str, counts: Mapping[int, int]) -> Entry:
@@ -75,10 +66,13 @@ def compare_ranks(per_rank: Mapping[int, Mapping[Key, int]]) -> list[Entry]:
 
 def instances(split: Mapping[int, Mapping[str, Any]]) -> Iterator[tuple[str, list[int]]]:
     """Every group instance among ``split`` (rank -> {group: ...}), by name, with the ranks
-    to compare for it."""
+    to compare for it: its named members present, else its reporters."""
     for group in sorted({g for by_group in split.values() for g in by_group}):
-        reporters = [r for r, by_group in split.items() if group in by_group]
-        yield group, members_of(group, split, reporters)
+        parsed = parse_instance(group)
+        if parsed is None:
+            yield group, sorted(r for r, by_group in split.items() if group in by_group)
+        else:
+            yield group, [r for r in parsed[1] if r in split]
 
 
 def compare_split(
