@@ -53,9 +53,8 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
         if fullname not in self.watch:
             return None
         try:
-            finders = [f for f in sys.meta_path if f is not self and getattr(f, "find_spec", None)]
-            found = (f.find_spec(fullname, path, target) for f in finders)
-            spec = next((spec for spec in found if spec is not None), None)
+            finders = (f for f in sys.meta_path if f is not self and hasattr(f, "find_spec"))
+            spec = next(filter(None, (f.find_spec(fullname, path, target) for f in finders)), None)
             if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
                 return None  # not found, a namespace package or a legacy loader: leave it alone
             spec.loader = _NotifyingLoader(spec.loader, self)

@@ -38,15 +38,15 @@ log = logging.getLogger("rankscope")
 
 
 def json_default(obj: Any) -> Any:
-    """What an unencodable value records as: numpy and torch scalars their item, sets and
-    tuples a list, anything else its text; never a failed line."""
+    """What an unencodable value records as: numpy and torch scalars their item, sets a
+    list, anything else its text; never a failed line."""
     item = getattr(obj, "item", None)
     if callable(item):
         try:
             return item()
         except Exception:  # a tensor of many elements has no single item
             return str(obj)
-    if isinstance(obj, (set, frozenset, tuple)):
+    if isinstance(obj, (set, frozenset)):
         return list(obj)
     return str(obj)
 

@@ -128,7 +128,7 @@ def holders(procs: dict[int, int | None] | None) -> list[OomHolder] | None:
     /proc (null where this process cannot see the pid), so a recycled pid is told apart."""
     if procs is None:
         return None
-    stats = {pid: read_stat(pid) for pid in procs}
+    stats = {pid: read_stat(pid) for pid in procs}  # pid -> (start ticks, comm)
     return [OomHolder(pid, n, stats[pid][1], stats[pid][0]) for pid, n in procs.items()]
 
 
