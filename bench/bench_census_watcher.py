@@ -65,7 +65,7 @@ def bench_watcher(calls: int, blocks: int) -> None:
     import torch.distributed as dist
 
     from rankscope.rank import census
-    from rankscope.rank.census import watcher
+    from rankscope.rank.census import snapshots
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     port = _free_port()
@@ -84,9 +84,9 @@ def bench_watcher(calls: int, blocks: int) -> None:
     with_watcher: list[float] = []
     for _ in range(blocks):
         without.append(block())
-        watcher.start_watcher(stall_s=1.0)
+        snapshots.start_watcher(stall_s=1.0)
         with_watcher.append(block())
-        watcher.stop_watcher()
+        snapshots.stop_watcher()
     ratios = [w / o for w, o in zip(with_watcher, without, strict=True)]
     print(
         f"counted all_reduce, world 1, {blocks} alternating block pairs of {calls} calls: "
@@ -99,7 +99,7 @@ def bench_watcher(calls: int, blocks: int) -> None:
 
 def bench_growth(minutes: float) -> None:
     """Drive count(), auto_tick() and the watcher's poll on a simulated clock."""
-    from rankscope.rank.census import counts, snapshots, watcher
+    from rankscope.rank.census import counts, snapshots
     from rankscope.rank.writer import RECORDER
 
     with tempfile.TemporaryDirectory() as where:
@@ -107,21 +107,21 @@ def bench_growth(minutes: float) -> None:
         counts.reset()
         snapshots.reset()
         snapshots.configure(auto_every=500)
-        step = watcher.Watcher(stall_s=watcher.DEFAULT_STALL_S)
+        step = snapshots.Watcher(stall_s=snapshots.DEFAULT_STALL_S)
         clock = types.SimpleNamespace(monotonic=lambda: mono + now)
         snapshots.time = clock  # type: ignore[assignment]  # the snapshots' clock simulated too
-        per_poll = int(RATE * watcher.POLL_S)
-        polls = int(minutes * 60 / watcher.POLL_S)
+        per_poll = int(RATE * snapshots.POLL_S)
+        polls = int(minutes * 60 / snapshots.POLL_S)
         mono, wall, now = time.monotonic(), time.time(), 0.0
         lines = 0
         for i in range(polls):
-            now = (i + 0.5) * watcher.POLL_S  # the collectives fall between two polls
+            now = (i + 0.5) * snapshots.POLL_S  # the collectives fall between two polls
             for j in range(per_poll):
                 group, op = SERIES[j % len(SERIES)]
                 counts.count(group, op)
                 if (group, op) == ("world:0-7", "all_reduce"):
                     snapshots.auto_tick()
-            now = (i + 1) * watcher.POLL_S
+            now = (i + 1) * snapshots.POLL_S
             line = step.poll(mono + now, wall + now)
             if line is not None and RECORDER.write_record(line):
                 lines += 1

@@ -115,7 +115,7 @@ def test_the_watcher_names_the_stall_with_graph_replays_counted(nccl: Any, fligh
 
     from tests.support.waiting import wait_for
 
-    from rankscope.rank.census import watcher
+    from rankscope.rank.census import snapshots
     from rankscope.rank.writer import RECORDER
     from rankscope.record import CensusLive, of_kind
     from rankscope.record.reader import read_flight
@@ -123,7 +123,7 @@ def test_the_watcher_names_the_stall_with_graph_replays_counted(nccl: Any, fligh
     RECORDER.configure(flight_dir=flight_dir, boot_id="b-gpu-watch", rank=0, world_size=1)
     undo_graphs = census.instrument_cuda_graphs()
     try:
-        assert watcher.start_watcher(stall_s=0.5)
+        assert snapshots.start_watcher(stall_s=0.5)
         _capture_and_replay(nccl, explicit=False)
         time.sleep(0.1)
 
@@ -140,6 +140,6 @@ def test_the_watcher_names_the_stall_with_graph_replays_counted(nccl: Any, fligh
                 latest[key] = max(n, latest.get(key, 0))
         assert latest[("world:0", "all_reduce")] == counts.COUNTS[("world:0", "all_reduce")]
     finally:
-        watcher.stop_watcher()
+        snapshots.stop_watcher()
         undo_graphs()
         RECORDER.configure(flight_dir=None)

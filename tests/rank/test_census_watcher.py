@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tests.support.waiting import wait_for
 
-from rankscope.rank.census import counts, snapshots, watcher
+from rankscope.rank.census import counts, snapshots
 from rankscope.rank.writer import RECORDER
 from rankscope.record import CensusLive, of_kind
 from rankscope.record.reader import read_flight
@@ -24,13 +24,13 @@ def clean() -> Iterator[None]:
     counts.reset()
     snapshots.reset()
     yield
-    watcher.stop_watcher()
+    snapshots.stop_watcher()
     counts.reset()
     snapshots.reset()
 
 
 def test_lines_on_time_carry_what_changed_and_one_stall_line_names_the_collective() -> None:
-    step = watcher.Watcher(stall_s=1.0, period_s=1.0)
+    step = snapshots.Watcher(stall_s=1.0, period_s=1.0)
     assert step.poll(0.0, 100.0) is None  # nothing counted yet: nothing to say, no stall
     assert step.poll(5.0, 105.0) is None
     counts.count(*AR)
@@ -64,7 +64,7 @@ def test_lines_on_time_carry_what_changed_and_one_stall_line_names_the_collectiv
 def test_a_snapshot_line_counts_as_written(flight_dir: Path) -> None:
     RECORDER.configure(flight_dir=flight_dir, boot_id="b-watch", rank=0)
     try:
-        step = watcher.Watcher(stall_s=1.0, period_s=1.0)
+        step = snapshots.Watcher(stall_s=1.0, period_s=1.0)
         counts.count(*AR)
         counts.count(*AG)
         assert step.poll(0.0, 100.0) is not None
@@ -84,8 +84,8 @@ def test_the_thread_writes_a_stall_line_and_stops(flight_dir: Path) -> None:
     RECORDER.configure(flight_dir=flight_dir, boot_id="b-thread", rank=0)
     try:
         counts.count(*AR)
-        assert watcher.start_watcher(stall_s=0.3)
-        assert watcher.start_watcher(stall_s=0.3)  # idempotent: one thread
+        assert snapshots.start_watcher(stall_s=0.3)
+        assert snapshots.start_watcher(stall_s=0.3)  # idempotent: one thread
         names = [t.name for t in threading.enumerate()]
         assert names.count("rankscope-census-watcher") == 1
 
@@ -95,7 +95,7 @@ def test_the_thread_writes_a_stall_line_and_stops(flight_dir: Path) -> None:
 
         (line,) = wait_for(stalled, timeout=30, what="a stall line")
         assert line.blocked_in is not None and line.blocked_in.op == "all_reduce"
-        watcher.stop_watcher()
+        snapshots.stop_watcher()
         assert "rankscope-census-watcher" not in [t.name for t in threading.enumerate()]
     finally:
         RECORDER.configure(flight_dir=None)
@@ -103,10 +103,10 @@ def test_the_thread_writes_a_stall_line_and_stops(flight_dir: Path) -> None:
 
 def test_disarmed_the_watcher_does_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(counts, "ARMED", False)
-    assert watcher.start_watcher() is False
+    assert snapshots.start_watcher() is False
 
 
 def test_the_stall_time_reads_from_the_environment() -> None:
-    assert watcher.stall_from_env({}) == 1.0
-    assert watcher.stall_from_env({watcher.ENV_STALL: "2.5"}) == 2.5
-    assert watcher.stall_from_env({watcher.ENV_STALL: "0"}) == 1.0  # below 0.1 s: the default
+    assert snapshots.stall_from_env({}) == 1.0
+    assert snapshots.stall_from_env({snapshots.ENV_STALL: "2.5"}) == 2.5
+    assert snapshots.stall_from_env({snapshots.ENV_STALL: "0"}) == 1.0  # below 0.1 s: the default

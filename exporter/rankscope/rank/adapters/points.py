@@ -62,8 +62,7 @@ class AttachError(Exception):
 
     def __init__(self, point: str, why: str) -> None:
         super().__init__(f"{point}: {why}")
-        self.point = point
-        self.why = why
+        self.point, self.why = point, why
 
 
 def resolve(module: ModuleType, point: HookPoint) -> tuple[Any, str]:

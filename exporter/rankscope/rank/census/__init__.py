@@ -12,9 +12,9 @@ _MODULES = {
     ".counts": "ARMED count snapshot",
     ".gloo": "Comparator disable_comparison enable_comparison",
     ".graphs": "begin_capture capture end_capture forget instrument_cuda_graphs replay",
-    ".snapshots": "configure current_round dump_local install_abort_handlers tick",
+    ".snapshots": "configure current_round dump_local install_abort_handlers tick"
+    " start_watcher stop_watcher",
     ".torch_patch": "instrument_torch_distributed name_group uninstrument_torch_distributed",
-    ".watcher": "start_watcher stop_watcher",
     ".wrap": "coordinator_group coordinator_p2p instrument_methods",
     "rankscope.record.naming": "compact_ranks group_instance p2p_name parse_instance",
 }

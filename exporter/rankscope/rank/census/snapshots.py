@@ -1,8 +1,9 @@
-"""Rounds, snapshots and local dumps. ``tick()`` runs once per scheduler iteration, a replicated
+"""The census lines a rank writes. ``tick()`` runs once per scheduler iteration, a replicated
 point, so its round agrees across ranks; every N rounds (RANKSCOPE_CENSUS_EVERY) the rank
-appends a ``census`` line and hands the counts to the in-process comparison. ``dump_local()``
-and the SIGTERM / SIGABRT / exit handlers write the local counts with no collective (a peer is
-probably dead by then)."""
+appends a ``census`` line and hands the counts to the in-process comparison. The watcher thread
+writes them on time too, so a hung rank is named from its record while it hangs (docs/census.md,
+"Live lines and stalls"). ``dump_local()`` and the SIGTERM / SIGABRT / exit handlers write the
+local counts with no collective (a peer is probably dead by then)."""
 
 from __future__ import annotations
 
@@ -16,21 +17,29 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from rankscope.rank import env_number
+from rankscope.rank import env_number, stop_before_teardown
 from rankscope.rank.census import counts as _counts
 from rankscope.rank.census import graphs as _graphs
 from rankscope.rank.writer import RECORDER
-from rankscope.record import Census, CensusDump
+from rankscope.record import BlockedIn, Census, CensusDump, CensusLive
 from rankscope.record.naming import Key
 
 log = logging.getLogger("rankscope.census")
 
 ENV_EVERY = "RANKSCOPE_CENSUS_EVERY"
 DEFAULT_EVERY = 50
+ENV_STALL = "RANKSCOPE_CENSUS_STALL_S"
+DEFAULT_STALL_S = 1.0
+POLL_S = 0.2
+PERIOD_S = 1.0
 
 
 def every_from_env(environ: dict[str, str] | None = None) -> int:
     return env_number(ENV_EVERY, DEFAULT_EVERY, int, 1, environ)
+
+
+def stall_from_env(environ: dict[str, str] | None = None) -> float:
+    return env_number(ENV_STALL, DEFAULT_STALL_S, float, 0.1, environ)
 
 
 class _State:
@@ -138,6 +147,97 @@ def dump_local(reason: str = "manual", write: Callable[[CensusDump], bool] | Non
     except Exception as exc:
         _failed("dump", exc)
         return False
+
+
+# --- the watcher: the counts on time, and the collective a stalled rank is in ---------------
+
+
+class Watcher:
+    """What the watcher knows between polls; ``poll`` is one step (tests drive it directly)."""
+
+    def __init__(self, stall_s: float, period_s: float = PERIOD_S) -> None:
+        self.stall_s = stall_s
+        self.period_s = period_s
+        self.written: dict[Key, int] = {}  # the counts as this process's live lines left them
+        self.seen: dict[Key, int] = {}  # the counts at the previous poll
+        self.progress_mono = time.monotonic()
+        self.progress_wall = time.time()
+        self.written_mono = float("-inf")
+        self.stalled = False  # the stall line of the current stall is written
+
+    def poll(self, mono: float, wall: float) -> CensusLive | None:
+        """The line to write now, if any, given the counts now."""
+        counts = _counts.snapshot()
+        # A census line newer than this watcher's last line holds every count: the next live
+        # line carries only what changed after it, a period after it.
+        full = STATE.full_written
+        if full is not None and full[0] > self.written_mono:
+            self.written_mono, self.written = full
+        if counts != self.seen:
+            resumed, self.stalled = self.stalled, False
+            self.seen, self.progress_mono, self.progress_wall = counts, mono, wall
+            if resumed:  # the stall is over: say so at once
+                return self._line(counts, mono, None)
+        elif not self.stalled and counts and mono - self.progress_mono >= self.stall_s:
+            self.stalled = True
+            return self._line(counts, mono, self._blocked(counts))
+        if counts != self.written and mono - self.written_mono >= self.period_s:
+            return self._line(counts, mono, None)
+        return None
+
+    def _blocked(self, counts: dict[Key, int]) -> BlockedIn:
+        """The collective counted last: the one a rank that stopped counting is in."""
+        key = _counts.last_key
+        if key is None or key not in counts:
+            return BlockedIn(None, None, None, self.progress_wall)
+        return BlockedIn(key[0], key[1], counts[key], self.progress_wall)
+
+    def _line(self, counts: dict[Key, int], mono: float, blocked: BlockedIn | None) -> CensusLive:
+        changed = {k: n for k, n in counts.items() if self.written.get(k) != n}
+        self.written, self.written_mono = counts, mono
+        return CensusLive(changed, blocked)
+
+
+_thread: threading.Thread | None = None
+_stop = threading.Event()
+
+
+def _run(watcher: Watcher, stop: threading.Event) -> None:
+    while not stop.wait(POLL_S):
+        try:
+            line = watcher.poll(time.monotonic(), time.time())
+            if line is not None:
+                RECORDER.write_record(line)
+        except Exception as exc:  # the host program never sees it; the thread carries on
+            _failed("the watcher", exc)
+
+
+def start_watcher(stall_s: float | None = None) -> bool:
+    """Start the watcher (idempotent); False when disarmed or shutting down."""
+    global _thread, _stop
+    if not _counts.ARMED:
+        return False
+    if _thread is not None and _thread.is_alive():
+        return True
+    watcher = Watcher(stall_from_env() if stall_s is None else stall_s)
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=_run, args=(watcher, stop), name="rankscope-census-watcher", daemon=True
+    )
+    if not stop_before_teardown(stop_watcher):
+        return False
+    _thread, _stop = thread, stop
+    thread.start()
+    return True
+
+
+def stop_watcher() -> None:
+    """Stop the watcher and wait for it (ahead of the interpreter's teardown)."""
+    global _thread
+    thread, _thread = _thread, None
+    _stop.set()
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=2.0)
 
 
 # --- abort handlers --------------------------------------------------------------------------
