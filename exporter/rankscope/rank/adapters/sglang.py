@@ -1,7 +1,6 @@
 """The SGLang adapter: marks on ``ModelRunner`` (target and draft runners) and ``Scheduler``,
 ranks from parallel_state, the KV pool as arena ``kv`` (``kv_draft``), the census at
-``GroupCoordinator``, a tick per scheduler iteration; docs/integrations.md has each.
-"""
+``GroupCoordinator``, a tick per scheduler iteration; docs/integrations.md has each."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The vLLM adapter, V1 engine: marks on the GPU ``Worker`` (all the ``target`` runner's: a
 drafter runs inside the same model runner), ranks from parallel_state, the KV cache as arena
 ``kv``, the census at ``GroupCoordinator`` and at the device communicator for calls that
-bypass it, a tick per engine step; docs/integrations.md has each.
-"""
+bypass it, a tick per engine step; docs/integrations.md has each."""
 
 from __future__ import annotations
 

@@ -43,7 +43,6 @@ class Comparator:
         self.own_group = own_group  # enable_comparison's: destroyed with the comparator
         self.rank = rank
         self.compared = 0
-        self.skipped = 0  # rounds the ranks did not agree on: counted, not compared
         self.divergences: list[tuple[int, Entry]] = []
         self.failed: BaseException | None = None
         self._signatures: dict[tuple[str, str], tuple[Any, ...]] = {}
@@ -85,10 +84,7 @@ class Comparator:
 
     def _run(self) -> None:
         GUARD.depth = 1  # this thread's own gathers are not the job's collectives
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
+        for item in iter(self._queue.get, None):
             try:
                 self.compare_round(*item)
             except Exception as exc:
@@ -109,7 +105,6 @@ class Comparator:
         ]
         rounds = {g["round"] for g in gathered}
         if len(rounds) != 1:
-            self.skipped += 1
             log.warning(
                 "rankscope census: ranks reported different rounds %s; not compared", sorted(rounds)
             )

@@ -180,17 +180,13 @@ class Watcher:
                 return self._line(counts, mono, None)
         elif not self.stalled and counts and mono - self.progress_mono >= self.stall_s:
             self.stalled = True
-            return self._line(counts, mono, self._blocked(counts))
+            key = _counts.last_key  # the collective counted last: the one a blocked rank is in
+            if key is None or key not in counts:
+                return self._line(counts, mono, BlockedIn(None, None, None, self.progress_wall))
+            return self._line(counts, mono, BlockedIn(*key, counts[key], self.progress_wall))
         if counts != self.written and mono - self.written_mono >= self.period_s:
             return self._line(counts, mono, None)
         return None
-
-    def _blocked(self, counts: dict[Key, int]) -> BlockedIn:
-        """The collective counted last: the one a rank that stopped counting is in."""
-        key = _counts.last_key
-        if key is None or key not in counts:
-            return BlockedIn(None, None, None, self.progress_wall)
-        return BlockedIn(key[0], key[1], counts[key], self.progress_wall)
 
     def _line(self, counts: dict[Key, int], mono: float, blocked: BlockedIn | None) -> CensusLive:
         changed = {k: n for k, n in counts.items() if self.written.get(k) != n}

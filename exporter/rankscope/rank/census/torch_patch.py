@@ -233,10 +233,9 @@ def _batch_wrapper(
 
 
 def instrument_torch_distributed(on_world: Callable[[], None] | None = None) -> Callable[[], None]:
-    """Count every call of torch.distributed's collectives and p2p ops, once however they
-    nest. Idempotent; returns the undo. Patches nothing, with a log line, where torch is absent
-    or the census disarmed. ``on_world`` (``rankscope run``'s ``census.auto_tick``) runs after
-    each collective of the default group."""
+    """Count every call of torch.distributed's collectives and p2p ops; idempotent, returns the
+    undo (nothing patched, with a log line, without torch or disarmed). ``on_world`` (``rankscope
+    run``'s ``census.auto_tick``) runs after each collective of the default group."""
     global _undo
     with _lock:
         if _undo is not None:

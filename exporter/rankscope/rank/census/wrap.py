@@ -165,8 +165,7 @@ def _traced_counter(
 ) -> Callable[[Any], None] | None:
     """What a wrapper does under tracing: emit the count op for ``self``'s group. None: pass
     through uncounted (a method whose compiled path reaches a counted method through the
-    framework's opaque custom op, counted there when it runs; or a p2p op, whose peer is an
-    argument)."""
+    framework's opaque custom op, counted there; a p2p op, whose peer is an argument)."""
     if not traced or not isinstance(op, str) or compiling_check() is _not_compiling:
         return None
     if "torch._dynamo" in sys.modules:
