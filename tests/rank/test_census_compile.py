@@ -220,10 +220,10 @@ def test_a_coordinator_whose_group_cannot_be_named_compiles_uncounted():
     try:
         counter = dynamo_testing.CompileCounterWithBackend("aot_eager")
         compiled = torch.compile(model, fullgraph=True, backend=counter)
-        failed = counts.failed_counts
+        failed = counts.failures
         for _ in range(N):
             out = compiled(torch.ones(4))
-        traced_failures = counts.failed_counts - failed  # before an eager call can fail too
+        traced_failures = counts.failures - failed  # before an eager call can fail too
         assert torch.equal(out, model(torch.ones(4)))
     finally:
         undo()

@@ -61,10 +61,10 @@ def test_count_keys_by_group_instance_and_op() -> None:
 
 
 def test_count_never_raises_and_counts_the_failure() -> None:
-    before = counts.failed_counts
+    before = counts.failures
     census.count(["unhashable"], "all_reduce")  # type: ignore[arg-type]
     census.count("tp:0-1", "all_reduce", "x")  # type: ignore[arg-type]
-    assert counts.failed_counts == before + 2
+    assert counts.failures == before + 2
     assert not any(census.snapshot().values())
 
 

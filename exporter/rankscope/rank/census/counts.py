@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-from typing import Any
 
 from rankscope.record.naming import Key
 
@@ -22,19 +21,18 @@ COUNTS: collections.defaultdict[Key, int] = collections.defaultdict(int)
 # The key counted last, the collective a blocked rank is in (the census watcher reads it).
 last_key: Key | None = None
 
-# Calls that could not be counted (an unhashable group, a non-numeric n): counted, not raised.
-failed_counts = 0
+# What failed in the census (a count of an unhashable group, a snapshot, a dump, a watcher
+# poll): counted, never raised into the host program.
+failures = 0
 
 
-def _count_failed(group: Any, op: Any, exc: BaseException) -> None:
-    global failed_counts
-    failed_counts += 1
-    if failed_counts == 1:
+def failed(what: str, exc: BaseException) -> None:
+    """Count a failure of ``what``; the first is logged, the rest are counted silently."""
+    global failures
+    failures += 1
+    if failures == 1:
         log.warning(
-            "rankscope census: could not count (%r, %r): %r; further failures are counted silently",
-            group,
-            op,
-            exc,
+            "rankscope census: %s failed: %r; further failures are counted silently", what, exc
         )
 
 
@@ -48,7 +46,7 @@ if ARMED:
             COUNTS[key] += n
             last_key = key
         except Exception as exc:  # an unhashable group must not reach the host program
-            _count_failed(group, op, exc)
+            failed(f"counting ({group!r}, {op!r})", exc)
 
 else:
 

@@ -8,7 +8,6 @@ local counts with no collective (a peer is probably dead by then)."""
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import signal
 import threading
@@ -23,8 +22,6 @@ from rankscope.rank.census import graphs as _graphs
 from rankscope.rank.writer import RECORDER
 from rankscope.record import BlockedIn, Census, CensusDump, CensusLive
 from rankscope.record.naming import Key
-
-log = logging.getLogger("rankscope.census")
 
 ENV_EVERY = "RANKSCOPE_CENSUS_EVERY"
 DEFAULT_EVERY = 50
@@ -55,7 +52,6 @@ class _State:
     full_written: tuple[float, dict[Key, int]] | None = None
     handlers_installed = False
     signal_dumped = False
-    failures = 0
 
 
 STATE = _State()
@@ -105,7 +101,7 @@ def _advance() -> None:
             install_abort_handlers()
         take_snapshot()
     except Exception as exc:
-        _failed("snapshot", exc)
+        _counts.failed("a snapshot", exc)
 
 
 def take_snapshot() -> dict[Key, int]:
@@ -119,16 +115,6 @@ def take_snapshot() -> dict[Key, int]:
     if hook is not None:
         hook(STATE.round, counts)
     return counts
-
-
-def _failed(what: str, exc: BaseException) -> None:
-    STATE.failures += 1
-    if STATE.failures == 1:
-        log.warning(
-            "rankscope census: %s failed (%r); carrying on, further failures are counted silently",
-            what,
-            exc,
-        )
 
 
 def dump_local(reason: str = "manual", write: Callable[[CensusDump], bool] | None = None) -> bool:
@@ -145,7 +131,7 @@ def dump_local(reason: str = "manual", write: Callable[[CensusDump], bool] | Non
         )
         return (write or RECORDER.write_record)(dump)
     except Exception as exc:
-        _failed("dump", exc)
+        _counts.failed("a dump", exc)
         return False
 
 
@@ -205,7 +191,7 @@ def _run(watcher: Watcher, stop: threading.Event) -> None:
             if line is not None:
                 RECORDER.write_record(line)
         except Exception as exc:  # the host program never sees it; the thread carries on
-            _failed("the watcher", exc)
+            _counts.failed("the watcher", exc)
 
 
 def start_watcher(stall_s: float | None = None) -> bool:
@@ -282,6 +268,5 @@ def reset() -> None:
     """Back to round 0 (tests)."""
     STATE.round = 0
     STATE.explicit = False
-    STATE.failures = 0
     STATE.signal_dumped = False
     STATE.full_written = None

@@ -131,7 +131,7 @@ def _group_of_id(slot: int, op: str, ident: int) -> str | None:
     try:
         return _group_ofs[slot](obj)
     except Exception as exc:
-        _counts._count_failed("traced", op, exc)
+        _counts.failed(f"naming the group of a traced {op!r}", exc)
         return None
 
 
@@ -210,7 +210,7 @@ def _method_wrapper(
                     key = (group, name)
                     _counts.count(group, name)
             except Exception as exc:  # a naming failure costs a count, never the call
-                _counts._count_failed(original.__name__, op, exc)
+                _counts.failed(f"counting {original.__name__} as {op!r}", exc)
             return original(self, *args, **kwargs)
         except BaseException:
             if key is not None:  # a call that raised did not happen: take it back
