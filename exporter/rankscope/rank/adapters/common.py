@@ -4,7 +4,7 @@ ranks from the framework's parallel_state, mark the end of the boot, hold KV are
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -29,7 +29,7 @@ def group_of(coordinator: Any) -> str | None:
 
 
 def count_methods(
-    module: Any, points: list[HookPoint], table: Mapping[str, Op], eager_only: Iterable[str] = ()
+    module: Any, points: list[HookPoint], table: Mapping[str, Op], eager_only: Collection[str] = ()
 ) -> list[Undo]:
     """Count the methods of ``points`` (all of one class) under the ops of ``table``;
     ``eager_only`` as census.instrument_methods takes it."""
@@ -42,9 +42,8 @@ def count_methods(
     methods = {
         m: op if isinstance(op, str) else census.coordinator_p2p(*op) for m, op in ops.items()
     }
-    return [
-        census.instrument_methods(owners.pop(), methods, group_of=group_of, eager_only=eager_only)
-    ]
+    cls = owners.pop()
+    return [census.instrument_methods(cls, methods, group_of=group_of, eager_only=eager_only)]
 
 
 # A counted method's op: a collective's name, or a p2p op's (send or recv, the peer's
@@ -77,7 +76,7 @@ def coordinator_points(parallel_state: str, ops: Mapping[str, Op]) -> tuple[Hook
 
 
 def counting(
-    adapter: Adapter, table: Mapping[str, Op], eager_only: Iterable[str] = ()
+    adapter: Adapter, table: Mapping[str, Op], eager_only: Collection[str] = ()
 ) -> Installer:
     """The installer of a module whose count points are on one class: resolve the functions the
     adapter calls there (a missing one fails the attach, not the boot), then count the methods."""

@@ -1,10 +1,9 @@
 """The adapters' hook points against the frameworks' real source, read with ``ast`` (nothing
-of it imported). scripts/adapter-manifest.py runs :func:`extract` on the released wheels of
-each checked version to write ``manifest.json`` (beside this file), which
-tests/rank/test_adapters_manifest.py checks each hook point against with :func:`check_point`.
-At run time, a version that is not a checked one is checked against its installed source:
-:func:`first_problem`.
-Manifest shape::
+of it imported). scripts/adapter-manifest.py runs :func:`extract` on each checked version's
+released wheel to write ``manifest.json`` (beside this file), which
+tests/rank/test_adapters_manifest.py checks each hook point against (:func:`check_point`); at
+run time, a version that is not a checked one is checked against its installed source
+(:func:`first_problem`). Manifest shape::
 
     {"frameworks": {"sglang": {"0.5.23": {
         "wheel": {"file": ..., "sha256": ...},

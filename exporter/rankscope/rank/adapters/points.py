@@ -1,10 +1,9 @@
-"""Hook points and the attach machinery shared by the framework adapters.
-
-An adapter declares every place it touches in a framework as a :class:`HookPoint`, checked
-against the framework's source (rankscope.rank.adapters.manifest). It attaches module by module
-as each is imported, every hook point resolved before any is installed; on any failure
-everything installed is undone, so the job runs untouched. Either way the process's record
-gets one ``adapter`` line saying what attached, or which hook could not and why."""
+"""Hook points and the attach machinery shared by the framework adapters. An adapter declares
+every place it touches in a framework as a :class:`HookPoint`, checked against the framework's
+source (rankscope.rank.adapters.manifest). It attaches module by module as each is imported,
+every hook point resolved before any is installed; on any failure everything installed is
+undone, so the job runs untouched. Either way the process's record gets one ``adapter`` line
+saying what attached, or which hook could not and why."""
 
 from __future__ import annotations
 
@@ -32,10 +31,9 @@ Use = Literal["wrap", "count", "call", "read"]
 
 @dataclass(frozen=True)
 class HookPoint:
-    """One place in the framework an adapter relies on. ``qualname`` is ``Class.member`` or a
-    module-level ``function``; ``params``: the parameters the adapter reads, as (name,
-    position after self). ``optional``: a read with a fallback, which a checked version may
-    lack (at least one must have it)."""
+    """One place in the framework an adapter relies on: ``qualname`` is ``Class.member`` or a
+    module-level ``function``; ``params`` the parameters it reads, as (name, position after
+    self); ``optional`` a read with a fallback, which some checked versions may lack."""
 
     module: str
     qualname: str
@@ -48,8 +46,7 @@ class HookPoint:
         return f"{self.module}:{self.qualname}"
 
 
-# The status of an attach to a version that is not a checked one, each hook point verified
-# in its installed source at run time.
+# An attach to an unchecked version, each hook point verified in its installed source.
 ATTACHED_UNVERIFIED = "attached_unverified_version"
 
 Undo = Callable[[], None]
@@ -158,10 +155,7 @@ class Adapter:
         # A forked child (vLLM's default worker start) inherits the hooks, and gets its line.
         self._lock = threading.RLock()
         if self.state == "attached":
-            try:
-                self._write()
-            except Exception as exc:
-                log.warning("rankscope adapter %s: %r", self.framework, exc)
+            self._write()
 
     def installers(self) -> dict[str, Installer]:
         raise NotImplementedError

@@ -119,17 +119,16 @@ class KvCacheArena:
         self._reserved = reserved
         self._runner = weakref.ref(model_runner) if model_runner is not None else None
 
-    def _extensible(self) -> Any:
+    def _read(self, attr: str) -> int:
         runner = self._runner() if self._runner is not None else None
-        return getattr(runner, "extensible_kv_cache", None)
+        extensible = getattr(runner, "extensible_kv_cache", None)
+        return self._reserved if extensible is None else int(getattr(extensible, attr))
 
     def reserved_bytes(self) -> int:
-        extensible = self._extensible()
-        return int(extensible.size) if extensible is not None else self._reserved
+        return self._read("size")
 
     def backed_bytes(self) -> int:
-        extensible = self._extensible()
-        return int(extensible.physical_bytes) if extensible is not None else self._reserved
+        return self._read("physical_bytes")
 
 
 def device_kv_bytes(kv_cache_config: Any) -> int:

@@ -21,8 +21,7 @@ COUNTS: collections.defaultdict[Key, int] = collections.defaultdict(int)
 # The key counted last, the collective a blocked rank is in (the census watcher reads it).
 last_key: Key | None = None
 
-# What failed in the census (a count of an unhashable group, a snapshot, a dump, a watcher
-# poll): counted, never raised into the host program.
+# Census failures (a count, a snapshot, a dump, a watcher poll): counted, never raised.
 failures = 0
 
 

@@ -83,18 +83,15 @@ def _resolve(dist: Any, group: Any) -> str:
     name = ""
     if ranks is not None:
         base = _given.get(id(group))
-        if base is None:
-            if group is dist.GroupMember.WORLD:
-                base = "world"
-            else:
-                desc = getattr(group, "group_desc", None)
-                base = desc if desc and desc != "undefined" else f"pg{group.group_name}"
+        if base is None and group is dist.GroupMember.WORLD:
+            base = "world"
+        elif base is None:
+            desc = getattr(group, "group_desc", None)
+            base = desc if desc and desc != "undefined" else f"pg{group.group_name}"
         name = group_instance(base, ranks)
-    try:
+    with contextlib.suppress(TypeError):  # no weak reference: not cached under a reusable id
         weakref.finalize(group, _forget, id(group))
-    except TypeError:
-        return name  # cannot know when it dies: do not cache under a reusable id
-    _names[id(group)] = name
+        _names[id(group)] = name
     return name
 
 

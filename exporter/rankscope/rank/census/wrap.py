@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from rankscope.rank.census import counts as _counts
@@ -228,17 +228,15 @@ def instrument_methods(
     methods: Mapping[str, str | OpNamer] | Iterable[str],
     group_of: GroupOf = coordinator_group,
     *,
-    eager_only: Iterable[str] = (),
+    eager_only: Collection[str] = (),
 ) -> Callable[[], None]:
-    """Count each call of the named methods of ``cls``: ``methods`` maps a method name to
-    its op name (or an op namer, for p2p), or lists names counted under their own name;
-    ``group_of(self)`` gives the group instance (None: not counted). ``eager_only``: methods
-    that torch.compile traces into a call of the framework's opaque custom op, which reaches
-    another counted method when it runs: traced, they count nothing (else twice). A method
-    missing or already wrapped is skipped with a log line. Returns the undo."""
+    """Count each call of the named methods of ``cls``: ``methods`` maps a method name to its op
+    name (or an op namer, for p2p), or lists names counted as themselves; ``group_of(self)``
+    gives the group instance (None: not counted). ``eager_only`` methods, traced by torch.compile
+    into the framework's opaque custom op that reaches another counted method, count nothing
+    traced (else twice). A method missing or already wrapped is skipped with a log line."""
     table = dict(methods) if isinstance(methods, Mapping) else {m: m for m in methods}
     cached = _cached(group_of)
-    untraced = frozenset(eager_only)
     undos: list[Callable[[], None]] = []
     for name, op in table.items():
         current = getattr(cls, name, None)
@@ -249,7 +247,7 @@ def instrument_methods(
         elif isinstance(cls.__dict__.get(name), (staticmethod, classmethod)):
             why = "is not an instance method"
         else:
-            traced = _traced_counter(cached, op, name not in untraced)
+            traced = _traced_counter(cached, op, name not in eager_only)
             undos.append(patch(cls, name, _method_wrapper(current, op, cached, traced)))
             continue
         log.warning("rankscope census: %s.%s %s; not counted", cls.__name__, name, why)
