@@ -3,13 +3,13 @@ device errors, and the sampler's own cost."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.metrics_core import Metric
 
 from rankscope.daemon.config import DaemonConfig
 from rankscope.daemon.registry import Collector, add, counter, gauge, info, label_values, summary
-from rankscope.daemon.sampler import Sampler
+from rankscope.daemon.sampler import CardView, Sampler
 from rankscope.daemon.sources import Sources
 
 NAME = "cards"
@@ -22,39 +22,34 @@ def build(config: DaemonConfig, sources: Sources) -> Collector:
     return Collector(NAME, lambda: collect(sampler))
 
 
+# catalog name -> a card's value in it (None: unmeasured, left out)
+CARD_VALUES: dict[str, Callable[[CardView], float | None]] = {
+    "rankscope_gpu_total_bytes": lambda v: v.identity.total,
+    "rankscope_gpu_free_bytes": lambda v: v.free,
+    "rankscope_gpu_free_min_bytes": lambda v: v.free_min,
+    "rankscope_corridor_floor_bytes": lambda v: v.floor,
+    "rankscope_corridor_breach_seconds_total": lambda v: v.breach_seconds,
+    "rankscope_corridor_breaches_total": lambda v: v.breaches,
+    # The holdings' figures are unmeasured until the first read of the card's processes.
+    "rankscope_gpu_rank_resident_bytes": lambda v: v.holdings.rank_resident if v.holdings else None,
+    "rankscope_gpu_foreign_bytes": lambda v: v.holdings.foreign if v.holdings else None,
+    "rankscope_gpu_unattributed_bytes": lambda v: v.holdings.unattributed if v.holdings else None,
+}
+
+
 def collect(sampler: Sampler) -> Iterator[Metric]:
-    views = sampler.views()
     gpu_info = info("rankscope_gpu_info")
-    total = gauge("rankscope_gpu_total_bytes")
-    free = gauge("rankscope_gpu_free_bytes")
-    free_min = gauge("rankscope_gpu_free_min_bytes")
-    floor = gauge("rankscope_corridor_floor_bytes")
-    breach_seconds = counter("rankscope_corridor_breach_seconds_total")
-    breaches = counter("rankscope_corridor_breaches_total")
+    fams = {name: counter(name) if name.endswith("_total") else gauge(name) for name in CARD_VALUES}
     errors = counter("rankscope_device_errors_total")
-    rank_resident = gauge("rankscope_gpu_rank_resident_bytes")
-    foreign = gauge("rankscope_gpu_foreign_bytes")
-    unattributed = gauge("rankscope_gpu_unattributed_bytes")
-    for v in views:
+    for v in sampler.views():
         card = label_values(v.identity.index, v.identity.uuid)
-        gpu_info.add_metric(
-            label_values(v.identity.index, v.identity.uuid, v.identity.model, v.source), {}
-        )
-        add(total, card, v.identity.total)
-        add(free, card, v.free)
-        add(free_min, card, v.free_min)
-        add(floor, card, v.floor)
-        add(breach_seconds, card, v.breach_seconds)
-        add(breaches, card, v.breaches)
+        gpu_info.add_metric([*card, *label_values(v.identity.model, v.source)], {})
+        for name, read in CARD_VALUES.items():
+            add(fams[name], card, read(v))
         add(errors, [sampler.source.name, *card], v.errors)
-        held = v.holdings
-        add(rank_resident, card, held.rank_resident if held else None)
-        add(foreign, card, held.foreign if held else None)
-        add(unattributed, card, held.unattributed if held else None)
     add(errors, [sampler.source.name, "", ""], sampler.source_errors)
     duration = summary("rankscope_sampler_duration_seconds")
     duration.add_metric([], count_value=sampler.samples, sum_value=sampler.duration_sum)
     overruns = counter("rankscope_sampler_overruns_total")
     overruns.add_metric([], sampler.overrun_count)
-    yield from (gpu_info, total, free, free_min, floor, breach_seconds, breaches, errors)
-    yield from (rank_resident, foreign, unattributed, duration, overruns)
+    yield from (gpu_info, *fams.values(), errors, duration, overruns)
