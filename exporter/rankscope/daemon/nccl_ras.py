@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from rankscope.daemon.flags import parse_host_port
@@ -135,13 +134,10 @@ class Endpoint:
         persist_polls: int = DEFAULT_PERSIST_POLLS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         report_timeout: float = REPORT_TIMEOUT_S,
-        fetch: Callable[[], bytes] | None = None,
     ) -> None:
         self.address = address
         target = parse_address(address)
-        self._fetch = fetch or (
-            lambda: query(target, max_bytes=max_bytes, report_timeout=report_timeout)
-        )
+        self._fetch = lambda: query(target, max_bytes=max_bytes, report_timeout=report_timeout)
         self.persist_polls = persist_polls
         self.forget_after = max(10, 4 * persist_polls)
         self._comms: dict[tuple[str, str], CommState] = {}
