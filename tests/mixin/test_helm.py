@@ -40,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import rankscope
 from rankscope.cli import build_parser
 from rankscope.daemon import cli as daemon_cli
+from rankscope.daemon import collectors
 from rankscope.daemon.webconfig import parse_web_config
 from rankscope.mixin import config as mixin_config
 from rankscope.mixin import render as mixin_render
@@ -545,7 +546,7 @@ def test_all_on_args_parse_as_set(chart: helm.Chart) -> None:
     # section of its own, ncclRas, with its addresses).
     schema = json.loads((CHART / "values.schema.json").read_text())
     switches = set(schema["properties"]["collectors"]["properties"])
-    switchable = set(daemon_cli.SWITCHES) - {"nccl-ras"}
+    switchable = {m.NAME for m in collectors.COLLECTORS if m.DEFAULT is not None} - {"nccl-ras"}
     assert switches == switchable
 
 

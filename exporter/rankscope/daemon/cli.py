@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from rankscope.daemon.server import Daemon
 
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
-# Every --collector.NAME switch (tests/mixin/test_helm.py reads the two old names).
-SWITCHES = tuple(m.NAME for m in collectors.COLLECTORS if m.DEFAULT is not None)
 # Flags other exporters and servers spell differently: what a wrong one most likely meant.
 SYNONYMS = {
     **dict.fromkeys(

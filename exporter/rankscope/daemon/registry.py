@@ -83,11 +83,10 @@ class TimedCollectors:
     def __init__(
         self, collectors: Iterable[Collector] = (), refresh: Callable[[], object] | None = None
     ) -> None:
-        self.collectors: list[Collector] = []
-        for c in collectors:
-            if any(c.name == other.name for other in self.collectors):
-                raise ValueError(f"two collectors named {c.name!r}")
-            self.collectors.append(c)
+        self.collectors = list(collectors)
+        names = [c.name for c in self.collectors]
+        if len(set(names)) < len(names):
+            raise ValueError(f"two collectors named {max(names, key=names.count)!r}")
         self._refresh = refresh  # before each collection (the daemon's tails the flight dir)
         self._warned: set[str] = set()
         self._lock = threading.Lock()  # held by the collection in progress
