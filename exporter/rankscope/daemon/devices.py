@@ -117,9 +117,8 @@ class NvmlSource:
 
     def read_free(self, slot: int) -> int:
         assert self._meminfo is not None, "read_free before open"
-        handle = self._handle(slot)
         try:
-            return self._meminfo(handle)
+            return self._meminfo(self._handle(slot))
         except self._nvml.NVMLError as exc:
             raise DeviceError(f"NVML memory info of card slot {slot}: {exc}") from exc
 
@@ -153,8 +152,7 @@ class NvmlSource:
     def close(self) -> None:
         if self._nvml is None:
             return
-        self._handles = []
-        self._meminfo = None
+        self._handles, self._meminfo = [], None
         try:
             self._nvml.nvmlShutdown()
         except Exception as exc:  # already shut down, driver gone: nothing left to free
@@ -246,7 +244,6 @@ class ScriptedSource:
         self._error: str | None = None
 
     def open(self) -> list[CardIdentity]:
-        self._stamp = None
         identities = self._load()
         self._uuids = tuple(i.uuid for i in identities)
         return identities
@@ -287,7 +284,7 @@ class ScriptedSource:
         return dict(self._card(slot).processes)
 
     def close(self) -> None:
-        self._stamp = None
+        self._stamp = None  # the next open reads the file again
 
 
 def make_source(kind: str, script: str | None) -> DeviceSource:
