@@ -1,13 +1,23 @@
 """The tree's promise: the daemon and the readers never load code that runs inside a rank
-(rankscope/rank/), checked in a fresh interpreter; and the public faces stay importable."""
+(rankscope/rank/), checked in a fresh interpreter; the public faces stay importable; and the
+package stays in proportion (its Python in lines, its modules and functions in size)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "exporter" / "rankscope"
+PACKAGE_LINES = 15_500  # counted as `find exporter/rankscope -name '*.py' | xargs cat | wc -l`
+MODULE_LINES = 600
+FUNCTION_LINES = 80
+# A dashboard's build lists its panels: data, however long.
+LONG_AS_DATA = "mixin/dashboards/"
 
 # What a reader or the host daemon imports: nothing of these may pull in rankscope.rank.
 READERS = [
@@ -51,3 +61,26 @@ def test_the_public_faces_are_the_rank_code() -> None:
     assert census.tick is rank_census.tick
     assert adapters.install_import_hooks is rank_adapters.install_import_hooks
     assert sorted(census.__all__) == sorted(rank_census.__all__)
+
+
+def _modules() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE)): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_the_package_stays_within_its_line_budget() -> None:
+    lines = sum(text.count("\n") for text in _modules().values())
+    assert lines <= PACKAGE_LINES, f"{lines} lines of Python in exporter/rankscope"
+
+
+def test_no_module_or_function_outgrows_its_size() -> None:
+    too_long = []
+    for name, text in _modules().items():
+        if len(text.splitlines()) > MODULE_LINES:
+            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > FUNCTION_LINES and not name.startswith(LONG_AS_DATA):
+                too_long.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    assert too_long == []
