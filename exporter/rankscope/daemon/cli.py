@@ -1,6 +1,5 @@
 """`rankscope serve`: the daemon's flags, parsed once into a DaemonConfig. The default port
-19400 is outside the exporters' range on the Prometheus wiki (9100-9999, full since 2023).
-"""
+19400 is outside the exporters' range on the Prometheus wiki (9100-9999, full since 2023)."""
 
 from __future__ import annotations
 

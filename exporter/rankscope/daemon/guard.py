@@ -1,8 +1,7 @@
 """The HTTP server's limits toward the network, on uvicorn's h11 protocol: a deadline for
 each request head (slowloris), bounds on a head's size and field count, no duplicate or
 ambiguous body length (request smuggling), no control character in a path or query, escaped
-log lines, and a cap on open connections that sheds the one waiting longest for a head.
-"""
+log lines, and a cap on open connections that sheds the one waiting longest for a head."""
 
 from __future__ import annotations
 

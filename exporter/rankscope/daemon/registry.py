@@ -1,6 +1,5 @@
 """The collector protocol, metric families made from the catalog (help, type and label names
-never typed twice; label values in catalog order), and the registry timing every collector.
-"""
+never typed twice; label values in catalog order), and the registry timing every collector."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The web config at run time (--web.config.file, docs/daemon.md): basic auth with bcrypt and
 the configured response headers as an ASGI layer, and the TLS context. The file is read again
 when it or a TLS file it names changes; one that cannot be used keeps the last good config.
-Users added turn auth on, and once it is on no route is served without it.
-"""
+Users added turn auth on, and once it is on no route is served without it."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 with bcrypt hashes and response headers, parsed as exporter-toolkit's Go code (yaml.v2's
 UnmarshalStrict) parses them; its web/testdata is the oracle of test_fault_webconfig_oracle.py.
 An unknown or repeated key is an error, so a typo or a second, empty `basic_auth_users:` never
-leaves the daemon open; each scalar converts as a Go field of its type takes it.
-"""
+leaves the daemon open; each scalar converts as a Go field of its type takes it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The web config's `tls_server_config` and the server's TLS context made from it. Go's
 names map onto OpenSSL's; where Python's ssl module cannot do what Go does, the config is
 refused with the reason (webconfig.py), never served with less protection (docs/daemon.md
-lists each difference).
-"""
+lists each difference)."""
 
 from __future__ import annotations
 
