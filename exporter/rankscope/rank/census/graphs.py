@@ -17,7 +17,6 @@ from rankscope.record.naming import Key
 
 log = logging.getLogger("rankscope.census")
 
-
 # Per captured graph: its name, and what one replay counts with the replays so far.
 Captured = tuple[str, GraphCounts]
 _weak: weakref.WeakKeyDictionary[Any, Captured] = weakref.WeakKeyDictionary()

@@ -1,9 +1,8 @@
 """The census lines a rank writes. ``tick()`` runs once per scheduler iteration, a replicated
-point, so its round agrees across ranks; every N rounds (RANKSCOPE_CENSUS_EVERY) the rank
-appends a ``census`` line and hands the counts to the in-process comparison. The watcher thread
-writes them on time too, so a hung rank is named from its record while it hangs (docs/census.md,
-"Live lines and stalls"). ``dump_local()`` and the SIGTERM / SIGABRT / exit handlers write the
-local counts with no collective (a peer is probably dead by then)."""
+point, so its round agrees across ranks: every N rounds the rank appends a ``census`` line and
+hands the counts to the in-process comparison. The watcher thread writes them on time too, so a
+hung rank is named from its record while it hangs (docs/census.md). ``dump_local()`` and the
+abort handlers write the local counts with no collective (a peer is probably dead by then)."""
 
 from __future__ import annotations
 

@@ -149,10 +149,8 @@ def _register_count_op(_dynamo: Any = None) -> None:
 
         # custom_op reads the annotations; this module's are strings (future annotations)
         census_count.__annotations__ = {"group": str, "op": str, "return": None}
-        registered = torch.library.custom_op("rankscope::census_count", mutates_args=())(
-            census_count
-        )
-        registered.register_fake(lambda group, op: None)
+        defined = torch.library.custom_op("rankscope::census_count", census_count, mutates_args=())
+        defined.register_fake(lambda group, op: None)
         torch.fx.node.has_side_effect(torch.ops.rankscope.census_count.default)
         _traced_group = torch.compiler.assume_constant_result(_group_of_id)
         _count_op = torch.ops.rankscope.census_count
