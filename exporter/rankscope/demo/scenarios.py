@@ -134,11 +134,12 @@ class ScenarioRun:
     def launch(self) -> None:
         world = self.stack.ranks
         port = free_port()
-        workload = ["--tp", str(self.tp), "--steps", str(self.steps)]
-        workload += ["--step-interval", str(STEP_INTERVAL)]
+        # Under `rankscope run`, as an operator starts a job: marks and census come free.
+        argv = [sys.executable, "-m", "rankscope", "run", "--", sys.executable, "-m"]
+        argv += ["rankscope.demo.workload", "--tp", str(self.tp), "--steps", str(self.steps)]
+        argv += ["--step-interval", str(STEP_INTERVAL)]
         if self.scenario.name == "skip":
-            skip_step = max(self.steps // 4, 2)
-            workload += ["--skip-rank", str(world - 1), "--skip-step", str(skip_step)]
+            argv += ["--skip-rank", str(world - 1), "--skip-step", str(max(self.steps // 4, 2))]
         for rank in range(world):
             env = dict(
                 os.environ,
@@ -154,9 +155,6 @@ class ScenarioRun:
                 # A census snapshot about once a second, so a skew shows within seconds.
                 RANKSCOPE_CENSUS_EVERY=str(max(round(1.0 / STEP_INTERVAL), 1)),
             )
-            # Under `rankscope run`, as an operator starts a job: marks and census come free.
-            argv = [sys.executable, "-m", "rankscope", "run", "--", sys.executable, "-m"]
-            argv += ["rankscope.demo.workload", *workload]
             log = self.stack.workdir / f"{self.scenario.name}-rank{rank}.log"
             self.ranks[rank] = start(argv, log, env=env)
 
@@ -180,8 +178,7 @@ class ScenarioRun:
 
     def hold(self, leave: int | None, seconds: float) -> None:
         """A process on card 0: the foreign holder (``leave`` None) for good, else one taking
-        all but ``leave`` bytes for ``seconds``. On a GPU the hog allocates them; else a real
-        `sleep` is scripted to hold them on the simulated card."""
+        all but ``leave`` bytes for ``seconds``; the hog on a GPU, else a scripted `sleep`."""
         cards, floor = self.stack.cards, f"floor {gib(self.stack.floor)}"
         if leave is None:
             what, take, hog = "foreign holder", FOREIGN_BYTES, ["--bytes", "2GiB"]

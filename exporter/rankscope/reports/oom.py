@@ -145,18 +145,9 @@ class SamplerOom:
 
     def as_json(self) -> dict[str, Any]:
         """An /api/v1/oom entry; a rank's OOM fields the sampler cannot know are null."""
-        return {
-            "source": "sampler",
-            "wall": self.wall,
-            "gpu": self.gpu,
-            "uuid": self.uuid,
-            **dict.fromkeys(("boot", "rank", "pid", "requested")),
-            "free": self.free,
-            "onset_wall": self.onset_wall,
-            "onset_free": self.onset_free,
-            "holders": None if self.holders is None else [h.as_json() for h in self.holders],
-            "why": list(self.why),
-        }
+        doc: dict[str, Any] = {"source": "sampler", **asdict(self), "why": list(self.why)}
+        doc["holders"] = None if self.holders is None else [h.as_json() for h in self.holders]
+        return doc | dict.fromkeys(("boot", "rank", "pid", "requested"))
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> SamplerOom:
