@@ -41,23 +41,13 @@ def decode_counts(rows: Any, bad: Bad, name: str) -> Counts | None:
 
 
 @dataclass(slots=True)
-class GraphCounts(Codec):
+class GraphCounts(Codec, where="census.graphs"):
     """A captured CUDA graph: what one replay issues, and how many replays there were."""
 
-    counts: Counts = codec.custom(None, encode_counts, default=MISSING)  # parsed by _graphs
+    counts: Counts = codec.custom(
+        lambda v, bad, name: decode_counts(v, bad, name) or {}, encode_counts, default=MISSING
+    )
     replays: int | None = codec.count(default=MISSING)
-
-
-def _graphs(value: Any, bad: Bad, name: str) -> dict[str, GraphCounts]:
-    out: dict[str, GraphCounts] = {}
-    for graph, raw in codec.as_object(value, bad, name).items():
-        if isinstance(raw, dict):
-            counts = decode_counts(raw.get("counts"), bad, f"{name}.counts") or {}
-            replays = codec.as_count(raw.get("replays"), bad, f"{name}.replays")
-            out[graph] = GraphCounts(counts, replays)
-        else:
-            bad.append(name)
-    return out
 
 
 @dataclass(slots=True)
@@ -67,7 +57,7 @@ class _Snapshot(Codec):
     round: int | None = codec.count(default=MISSING)
     every: int | None = codec.count(default=MISSING)
     counts: Counts | None = codec.custom(decode_counts, encode_counts, default=MISSING)
-    graphs: dict[str, GraphCounts] = codec.custom(_graphs, codec.json_of_each, factory=dict)
+    graphs: dict[str, GraphCounts] = codec.sections(GraphCounts)
 
 
 @dataclass(slots=True)

@@ -209,8 +209,7 @@ class FlightReader:
         self.present.discard(name)
         self._tails.pop(name, None)
         self.unreadable.pop(name, None)
-        if name not in self.restarted:
-            self.removed.add(name)
+        self.removed.add(name)
 
     def _current(self, name: str, st: os.stat_result) -> _Tail | None:
         """The tail of file ``name`` unless the file was replaced since (or is new)."""

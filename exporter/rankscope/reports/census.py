@@ -115,28 +115,24 @@ def _load(
             h, body = rec.header, rec.body
             if isinstance(body, Divergence):
                 divergences.append(Line(h, body))
-                continue
-            if isinstance(body, CensusLive):
+            elif isinstance(body, CensusLive):
                 state.absorb(body.changed)
                 state.live_wall, state.blocked_in = h.wall, body.blocked_in
                 settled = body.blocked_in is not None
                 state.moments.append(RankMoment(h.wall, dict(body.changed), settled))
-                continue
-            if not isinstance(body, (Census, CensusDump)):
-                continue
-            if body.counts is not None:
-                state.absorb(body.counts)
-            if body.counts is None or body.round is None:
-                skipped["bad_census_line"] += 1
-            elif isinstance(body, Census):
-                state.snapshots[body.round] = body
-                state.snapshot_wall[body.round] = h.wall
-                state.every = body.every if body.every is not None else state.every
-            elif state.dump is None or h.wall >= state.dump["wall"]:
-                state.dump = {"reason": str(body.reason), "round": body.round, "wall": h.wall}
-                state.dump_counts = split_by_group(body.counts)
-                if state.exited:
-                    state.moments.append(RankMoment(h.wall, dict(body.counts), True))
+            elif isinstance(body, (Census, CensusDump)):
+                state.absorb(body.counts or {})
+                if body.counts is None or body.round is None:
+                    skipped["bad_census_line"] += 1
+                elif isinstance(body, Census):
+                    state.snapshots[body.round] = body
+                    state.snapshot_wall[body.round] = h.wall
+                    state.every = body.every if body.every is not None else state.every
+                elif state.dump is None or h.wall >= state.dump["wall"]:
+                    state.dump = {"reason": str(body.reason), "round": body.round, "wall": h.wall}
+                    state.dump_counts = split_by_group(body.counts)
+                    if state.exited:
+                        state.moments.append(RankMoment(h.wall, dict(body.counts), True))
     return ranks, divergences
 
 
