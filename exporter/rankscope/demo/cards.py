@@ -4,7 +4,7 @@ only their byte counts are made up, a rank's following its latest boot phase."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rankscope.daemon.devices import write_script
@@ -44,10 +44,9 @@ class SimulatedCards:
 
     path: Path
     count: int = 2
-    holders: list[dict[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.holders = [{} for _ in range(self.count)]
+        self.holders: list[dict[int, int]] = [{} for _ in range(self.count)]
 
     @classmethod
     def for_ranks(cls, path: Path, ranks: int) -> SimulatedCards:

@@ -67,8 +67,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    problem = check_args(args)
-    if problem:
+    if problem := check_args(args):
         print(f"rankscope demo: {problem}", file=sys.stderr)
         return 2
     requested = args.scenario or ["all"]

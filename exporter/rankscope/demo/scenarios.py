@@ -294,10 +294,9 @@ class ScenarioRun:
             return
         # Judged anew at each summary, as the alert's `for:` would: a rank that waits a
         # moment for a slow peer is stalled in disagreement until the peer catches up.
+        self.shown.discard(alerting.CENSUS_SKEW)
         if census.get("divergent"):
             self.shown.add(alerting.CENSUS_SKEW)
-        else:
-            self.shown.discard(alerting.CENSUS_SKEW)
         self.view.line(*census_summary(census))
 
     def run(self) -> None:
@@ -356,8 +355,7 @@ class ScenarioRun:
     def report_exits(self, stragglers: list[int]) -> None:
         """Say how each rank ended; an unclean end fails the run unless the skip caused it."""
         for rank, proc in sorted(self.ranks.items()):
-            code = proc.returncode
-            if code == 0:
+            if (code := proc.returncode) == 0:
                 continue
             expected = self.scenario.name == "skip"
             if rank in stragglers:

@@ -34,9 +34,8 @@ def free_port() -> int:
 
 
 def port_free(port: int) -> bool:
-    """Whether the daemon could listen on ``port``: with SO_REUSEADDR, as it binds, a port
-    whose only users are closed connections in TIME-WAIT (a demo that just ended) is free,
-    while one a process listens on is still taken."""
+    """Whether the daemon could listen on ``port``, binding with SO_REUSEADDR as it does: free
+    when only a demo that just ended holds it (in TIME-WAIT), taken while a process listens."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -63,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-step", type=int, default=-1)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="rank %(process)d: %(message)s")
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world % args.tp:
         print(f"world size {world} is not a multiple of tp {args.tp}", file=sys.stderr)
         return 2

@@ -225,6 +225,10 @@ def build_report(
     groups, entries, history = _snapshot_sections(ranks)
     everies = sorted({s.every for s in ranks.values() if s.every is not None})
     states = rank_states(ranks, alive)
+    dumped = {r: s for r, s in ranks.items() if s.dump is not None}
+    # The in-process comparison's latest line per (group, op).
+    in_order = sorted(divergences, key=lambda d: (d.body.round or 0, d.header.wall))
+    in_process = {(d.body.group, d.body.op): d for d in in_order}
     return {
         "boot": boot,
         "ranks": states.ranks,
@@ -239,8 +243,11 @@ def build_report(
         "first_divergent_round": min((e["rounds"][0] for e in history), default=None),
         "history": history,
         "skews": _skew_spans({r: s.moments for r, s in ranks.items()}),
-        "dumps": _dump_section(ranks),
-        "in_process": _in_process_section(divergences),
+        "dumps": {
+            "ranks": [{"rank": r, **(dumped[r].dump or {})} for r in sorted(dumped)],
+            "entries": compare_split({r: s.dump_counts for r, s in dumped.items()}),
+        },
+        "in_process": [{**d.body.to_json(), "rank": d.header.rank} for d in in_process.values()],
         "in_process_lines": len(divergences),
         "skipped": dict(sorted(skips.items())),
     }
@@ -294,21 +301,6 @@ def _entries_by_round(
         else:
             yield r, compare_group(found.group, dict(zip(found.members, at, strict=True)))
     yield found.rounds[-1], found.entries
-
-
-def _dump_section(ranks: dict[int, _Rank]) -> dict[str, Any]:
-    dumped = {r: s for r, s in ranks.items() if s.dump is not None}
-    return {
-        "ranks": [{"rank": r, **(dumped[r].dump or {})} for r in sorted(dumped)],
-        "entries": compare_split({r: s.dump_counts for r, s in dumped.items()}),
-    }
-
-
-def _in_process_section(divergences: list[Line[Divergence]]) -> list[dict[str, Any]]:
-    """The in-process comparison's latest line per (group, op)."""
-    in_order = sorted(divergences, key=lambda d: (d.body.round or 0, d.header.wall))
-    latest = {(line.body.group, line.body.op): line for line in in_order}
-    return [{**line.body.to_json(), "rank": line.header.rank} for line in latest.values()]
 
 
 def census_document(flight: Flight) -> dict[str, Any]:

@@ -18,6 +18,7 @@ T = TypeVar("T")
 RankNamer = Callable[[int, int | None], tuple[str, int | None] | None]
 
 
+API_KEYS = ("pid", "comm", "bytes", "role", "boot", "rank")  # /api/v1/cards, the sampler's OOMs
 # A probe's holders keep the order and the start ticks it recorded.
 RECORDED_KEYS = ("pid", "bytes", "comm", "start_ticks", "role", "boot", "rank")
 
@@ -34,10 +35,7 @@ class Holding:
     rank: int | None
     start_ticks: int | None = None  # the probe's; the daemon matches ranks through /proc
 
-    def as_json(
-        self, keys: Sequence[str] = ("pid", "comm", "bytes", "role", "boot", "rank")
-    ) -> dict[str, Any]:
-        """The API's form (/api/v1/cards, the sampler's /api/v1/oom entries)."""
+    def as_json(self, keys: Sequence[str] = API_KEYS) -> dict[str, Any]:
         return {key: getattr(self, key) for key in keys}
 
 
@@ -71,10 +69,8 @@ class OomEvent:
     why: tuple[str, ...]  # every read that failed, and why
 
     def as_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["holders"] = [h.as_json(RECORDED_KEYS) for h in self.holders]
-        doc["why"] = list(self.why)
-        return doc
+        holders = [h.as_json(RECORDED_KEYS) for h in self.holders]
+        return asdict(self) | {"holders": holders, "why": list(self.why)}
 
 
 def rank_namer(records: Iterable[Record], resolve: HostPid = host_pid) -> RankNamer:
