@@ -22,9 +22,7 @@ RANKS_PER_CARD = 2
 
 # What a rank holds once it reached a phase: CUDA context, weights, KV pool.
 RANK_BYTES_BY_PHASE: dict[str, int] = {
-    "process_start": 0,
-    "nccl_init_begin": 0,
-    "nccl_init_end": 0,
+    **dict.fromkeys(("process_start", "nccl_init_begin", "nccl_init_end"), 0),
     "pre_weight_load": 512 * MiB,
     "weights_loaded": 512 * MiB + 12 * GiB,
     "kv_pool_sized": 512 * MiB + 12 * GiB + 20 * GiB,
