@@ -191,15 +191,13 @@ class FlightReader:
         unread = st.st_size - (tail.offset if tail else 0)
         if unread <= 0 and tail is not None:
             return 0  # unchanged: not even opened
-        if left == 0:
-            self.backlog += unread
-            self._unfinished.add(name)
-            return 0
-        self.version += 1
-        read = self._poll_file(path, records, left)
-        if self.unreadable.pop(name, None) is not None:
-            log.warning("flight file %s is readable again", path)
-        if read < unread:
+        read = 0
+        if left > 0:
+            self.version += 1
+            read = self._poll_file(path, records, left)
+            if self.unreadable.pop(name, None) is not None:
+                log.warning("flight file %s is readable again", path)
+        if read < unread or left == 0:  # the rest waits for the next poll
             self.backlog += unread - read
             self._unfinished.add(name)
         return read

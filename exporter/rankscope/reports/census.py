@@ -326,7 +326,7 @@ def rank_state(state: _Rank, alive: bool | None) -> str:
 
 
 def _rank_summary(state: _Rank, alive_of: Alive) -> dict[str, Any]:
-    last_round = max(state.snapshots) if state.snapshots else None
+    last_round = max(state.snapshots, default=None)
     h = state.header
     alive = alive_of(h.host, h.pid, h.start_ticks, h.pidns)
     status = rank_state(state, alive)
