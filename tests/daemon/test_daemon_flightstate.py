@@ -223,3 +223,24 @@ def test_a_process_marking_in_a_loop_keeps_the_daemon_bounded(
     (st,) = state.view().streams
     assert [m.body.phase for m in st.marks] == ["step2", "step3", "step4"]
     assert st.marks_forgotten == 2
+
+
+def test_readiness_mid_refresh_reports_the_last_finished_polls_backlog(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for rank in (0, 1):
+        rank_recorder(flight_dir, "boot-1", rank).write_record(mark("pre_weight_load"))
+    state = FlightState(flight_dir, read_budget=1, use_inotify=False)
+    state.refresh()
+    backlog = state.health().backlog
+    assert backlog > 0
+    seen: list[int] = []
+    poll_name = state._reader._poll_name  # the reader resets its count as a poll starts
+
+    def watched(*args: Any) -> int:
+        seen.append(state.health().backlog)
+        return poll_name(*args)
+
+    monkeypatch.setattr(state._reader, "_poll_name", watched)
+    state.refresh()
+    assert seen and set(seen) == {backlog}

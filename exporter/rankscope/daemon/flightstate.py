@@ -143,6 +143,7 @@ class FlightState:
         self.flight_dir = Path(flight_dir)
         self.read_budget = read_budget
         self._catch_up_since: float | None = None
+        self._backlog = 0  # the last finished poll's (the reader's moves while it reads)
         self.exited_grace = exited_grace
         self._proc = proc
         self._host = socket.gethostname()
@@ -201,6 +202,7 @@ class FlightState:
                 }
                 if new:
                     self._host_pids.update(host_pids(list(new.values()), self._proc))
+                self._backlog = reader.backlog
                 self._caught_up = self._caught_up or not reader.backlog
                 self.up, self.error = True, None
                 self.refreshed_at = time.monotonic()
@@ -212,7 +214,7 @@ class FlightState:
             missing = None if self._dir_seen else "no such directory"
             error = self.error if self.up is False else missing
             reader = self._reader
-            return FlightHealth(len(reader.present), len(reader.unreadable), error, reader.backlog)
+            return FlightHealth(len(reader.present), len(reader.unreadable), error, self._backlog)
 
     def _note_backlog(self, backlog: int) -> None:
         """Logs a backlog (a large directory at start-up) when it appears and when read."""
