@@ -64,6 +64,12 @@ def test_bad_listen_addresses_are_named(text: str, message: str) -> None:
         cli.parse_listen_address(text)
 
 
+def test_a_read_budget_of_nothing_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("--flight.read-budget=0")
+    assert "must be a positive number of bytes" in capsys.readouterr().err
+
+
 def test_defaults_are_loopback_on_the_documented_port(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RANKSCOPE_DIR", raising=False)
     args = parse()

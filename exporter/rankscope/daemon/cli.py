@@ -24,9 +24,9 @@ from rankscope.daemon.config import (
 )
 from rankscope.daemon.flags import (
     argtype,
-    parse_bytes,
     parse_duration,
     parse_host_port,
+    positive_bytes,
     positive_int,
 )
 from rankscope.daemon.oom import DEFAULT_EXHAUSTED_BELOW
@@ -63,7 +63,7 @@ def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
         default=FlightSection.exited_grace, metavar="DURATION",
         help="how long the series of a process that exited stay published (default 5m; "
         "its record file stays, and the API and CLI still show it)")  # fmt: skip
-    add("--flight.read-budget", dest="read_budget", type=argtype(parse_bytes),
+    add("--flight.read-budget", dest="read_budget", type=argtype(positive_bytes),
         default=FlightSection.read_budget, metavar="BYTES",
         help="read at most this much of the flight directory per refresh (default 4MiB): "
         "a large directory is read over several refreshes, /readyz says 503 until then")  # fmt: skip

@@ -84,3 +84,9 @@ def parse_bytes(text: str | int) -> int:
     if value < 0 or value != value or value == float("inf"):
         raise ValueError(f"{text!r}: a byte size must be a finite, non-negative number")
     return round(value)
+
+
+def positive_bytes(text: str) -> int:
+    if (value := parse_bytes(text)) < 1:
+        raise ValueError(f"{text!r}: must be a positive number of bytes")
+    return value
