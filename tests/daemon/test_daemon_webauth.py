@@ -10,7 +10,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 from tests.daemon.test_daemon_http import ServeApp, daemon_app
-from tests.daemon.test_daemon_webconfig import ALICE_HASH, basic
+from tests.daemon.test_daemon_webconfig import ALICE_HASH, basic, make_self_signed
 
 from rankscope.daemon import webauth
 from rankscope.daemon.webauth import BasicAuth, WebAuth
@@ -91,3 +91,17 @@ def test_the_web_config_is_reloaded_in_both_directions_and_fails_closed(
         bob_auth = {"Authorization": basic("bob", "builder").decode()}
         assert client.get("/healthz", headers=bob_auth).status_code == 200
     assert "2 user(s)" not in caplog.text and "1 user(s), 0 header(s)" in caplog.text
+
+
+def test_a_tls_file_that_cannot_be_read_keeps_the_last_good_config(
+    flight_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cert, key = make_self_signed(tmp_path)
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    app = WebAuth(daemon_app(flight_dir), cfg)
+    served = app.current()
+    # A regular file whose read fails (EIO): an OSError, as a file gone after the check is.
+    rewrite(cfg, f"tls_server_config:\n  cert_file: /proc/self/mem\n  key_file: {key}\n")
+    assert app.current() is served
+    assert "cannot be used, keeping the last good one" in caplog.text

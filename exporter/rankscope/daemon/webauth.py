@@ -183,7 +183,7 @@ def _reloaded(path: Path, last: Served) -> Served:
             log.warning("web config %s turns TLS %s: that takes effect at restart", path, turned)
             config = dataclasses.replace(config, tls=last.config.tls)
         served = Served.of(config)
-    except (WebConfigError, ssl.SSLError) as exc:
+    except (WebConfigError, OSError) as exc:  # ssl.SSLError, or a TLS file gone since the check
         log.error(
             "web config %s changed but cannot be used, keeping the last good one: %s", path, exc
         )
