@@ -20,7 +20,7 @@ import nccl_ras_shapes as shapes
 from rankscope import catalog
 from rankscope.daemon.collectors import nccl_ras
 from rankscope.daemon.flightstate import FlightState
-from rankscope.daemon.nccl_ras import Endpoint, pollers
+from rankscope.daemon.nccl_ras import Endpoint, parse_address, pollers
 from rankscope.daemon.registry import Collector, TimedCollectors
 from support.ras_standin import StandInRas
 from support.services import binary
@@ -49,6 +49,13 @@ def test_a_server_before_2_28_7_answers_text_and_is_parsed_as_text() -> None:
     with StandInRas(REAL_TEXT, mode="pre2287") as ras:
         view = poll(ras.address).view
     assert view.last_success and view.report is not None and view.report.format == "text"
+
+
+@pytest.mark.parametrize("text", ["h:0", "h:+80", "h: 80", "h:80 ", "h:65536", ":80", "h"])
+def test_a_ras_address_needs_a_host_and_a_port_in_digits(text: str) -> None:
+    with pytest.raises(ValueError, match=r"nccl-ras\.address"):
+        parse_address(text)
+    assert parse_address("[::1]:28028") == ("::1", 28028)
 
 
 def test_no_endpoint_is_refused() -> None:

@@ -34,7 +34,11 @@ DEFAULT_PERSIST_POLLS = 3
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    return parse_host_port(text, "--collector.nccl-ras.address")
+    """A RAS server's address: its port in digits, 1..65535 (no ':0' to listen on)."""
+    host, port = parse_host_port(text, "--collector.nccl-ras.address")
+    if not text.rpartition(":")[2].isdigit() or port == 0:
+        raise ValueError(f"--collector.nccl-ras.address {text!r}: port must be 1..65535")
+    return host, port
 
 
 def _recv_line(sock: socket.socket, buf: bytearray, seconds: float) -> str:
