@@ -108,6 +108,20 @@ def test_the_text_reports_dead_section_and_mismatch_entries() -> None:
             "malformed",
             id="json-pid-string",
         ),
+        *(
+            pytest.param(
+                (FIX / "ras-2.28.9-status.json").read_bytes().replace(before, after, 1),
+                "malformed",
+                id=f"json-{name}",
+            )
+            for name, before, after in [
+                ("size-null", b'"size": 1', b'"size": null'),
+                ("ranks-count-null", b'"ranks_count": 1', b'"ranks_count": null'),
+                ("missing-count-null", b'"missing_ranks_count": 0', b'"missing_ranks_count": null'),
+                ("status-pairs", b'"status": {\n', b'"status": [["init_state", 0]], "x": {\n'),
+                ("internal-name", b'"collective_counts"', b'"counts"'),
+            ]
+        ),
         pytest.param(b"{ nonsense ] }\n", "malformed", id="json-garbage"),
         pytest.param(b"\xff\xfe garbage", "malformed", id="not-utf8"),
         pytest.param(b"HTTP/1.1 400 Bad Request\r\n\r\n", "malformed", id="not-ras"),

@@ -46,7 +46,7 @@ OptInt = Annotated[int | None, BeforeValidator(_int_or_none)]  # anything else: 
 
 
 class _Parsed(BaseModel):
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
+    model_config = ConfigDict(frozen=True)
 
 
 class RasRank(_Parsed):
@@ -62,7 +62,9 @@ class RasRank(_Parsed):
     @field_validator("status", mode="before")
     @classmethod
     def _flatten(cls, status: object) -> object:
-        return tuple(sorted(status.items())) if isinstance(status, dict) else status
+        if not isinstance(status, dict):
+            raise ValueError("is not an object")
+        return tuple(sorted(status.items()))
 
 
 class MissingRank(_Parsed):
@@ -94,6 +96,13 @@ class Communicator(_Parsed):
     missing: tuple[MissingRank, ...] = Field(default=(), validation_alias="missing_ranks")
     # Mismatches NCCL itself reported (text Warnings section): op names, or "status".
     reported_mismatches: tuple[str, ...] = ()
+
+    @field_validator("size", "ranks_count", "missing_ranks_count", mode="before")
+    @classmethod
+    def _given(cls, value: object) -> object:
+        if value is None:  # None only from a text report, built unvalidated
+            raise ValueError("is not an integer")
+        return value
 
     @property
     def key(self) -> tuple[str, str]:
@@ -212,7 +221,7 @@ def parse_text_report(text: str) -> RasReport:
         cuda_runtime_version=int(cuda[1]) if cuda else None,
         cuda_driver_version=int(cuda[2]) if cuda else None,
         communicators=tuple(
-            Communicator(
+            Communicator.model_construct(
                 hash=hashes.get(id_, id_),
                 secondary_hash="",
                 size=size,
