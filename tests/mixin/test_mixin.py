@@ -78,11 +78,11 @@ def test_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
     assert render.write(tmp_path, check=True) == []
     (tmp_path / render.RULES_FILE).write_text("groups: []\n")
     assert render.write(tmp_path, check=True) == [tmp_path / render.RULES_FILE]
-    orphan = tmp_path / render.DASHBOARD_DIR / "gone.json"  # a dashboard no longer made
-    orphan.write_text("{}\n")
-    assert render.write(tmp_path, check=True) == [tmp_path / render.RULES_FILE, orphan]
+    own = tmp_path / render.DASHBOARD_DIR / "mine.json"  # a user's own dashboard stays
+    own.write_text("{}\n")
+    assert render.write(tmp_path, check=True) == [tmp_path / render.RULES_FILE]
     render.write(tmp_path)
-    assert not orphan.exists()
+    assert own.exists()
 
 
 def test_config_values_are_pasted_as_text_for_the_helm_sync() -> None:

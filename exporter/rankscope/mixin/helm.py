@@ -215,7 +215,7 @@ def outputs(root: Path) -> dict[Path, str]:
 
 def write(root: Path, *, check: bool = False) -> list[Path]:
     """Write the chart's generated files under ``root``; return those that differed."""
-    return render.write_files(root, outputs(root), CHART_DASHBOARDS, check=check)
+    return render.write_files(root, outputs(root), check=check, prune=CHART_DASHBOARDS)
 
 
 if __name__ == "__main__":

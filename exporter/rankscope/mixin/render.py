@@ -62,13 +62,15 @@ def outputs() -> dict[Path, str]:
 
 
 def write(root: Path, *, check: bool = False) -> list[Path]:
-    return write_files(root, outputs(), DASHBOARD_DIR, check=check)
+    return write_files(root, outputs(), check=check)
 
 
-def write_files(root: Path, files: Mapping[Path, str], boards: Path, *, check: bool) -> list[Path]:
+def write_files(
+    root: Path, files: Mapping[Path, str], *, check: bool, prune: Path | None = None
+) -> list[Path]:
     """Write ``files`` (relative path -> text) under ``root`` where they differ and remove the
-    dashboards in ``boards`` the mixin no longer makes; return the paths that differed. With
-    ``check`` nothing is written."""
+    dashboards in ``prune`` (a folder the generator owns) it no longer makes; return the paths
+    that differed. With ``check`` nothing is written."""
     changed = []
     for relative, text in files.items():
         path = root / relative
@@ -78,7 +80,7 @@ def write_files(root: Path, files: Mapping[Path, str], boards: Path, *, check: b
         if not check:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-    for path in sorted((root / boards).glob("*.json")):
+    for path in sorted((root / prune).glob("*.json")) if prune else []:
         if path.relative_to(root) not in files:
             changed.append(path)
             if not check:
