@@ -36,10 +36,11 @@ from rankscope.demo.cards import (
     SimulatedCards,
     rank_bytes,
 )
-from rankscope.demo.cli import MAX_RANKS, verdict
+from rankscope.demo.cli import JUDGED_BY_API, MAX_RANKS, start_alerting, verdict
 from rankscope.demo.scenarios import SCENARIOS, Result
 from rankscope.demo.services import Page, port_free
 from rankscope.demo.view import View, card_lines
+from rankscope.mixin import render
 from support.services import binary
 
 GiB = 1024**3
@@ -226,6 +227,21 @@ def test_demo_routing_points_every_integration_at_the_receiver(tmp_path: Path) -
     assert doc["route"]["group_wait"] == "1s"
     assert doc["route"]["routes"][0]["group_wait"] == "1s"
     assert doc["route"]["routes"][0]["matchers"] == ['severity="critical"']
+
+
+def test_a_routing_without_a_route_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="no route"):
+        alerting.demo_routing("receivers: []\n", "http://127.0.0.1:9/hook")
+
+
+def test_without_the_shipped_routing_the_scenarios_are_judged_by_the_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(render, "EXAMPLE_ROUTING", "missing.yml")
+    out = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        assert start_alerting(stack, tmp_path, 9, View(out)) is None
+    assert "missing.yml" in out.getvalue() and JUDGED_BY_API in out.getvalue()
 
 
 def test_the_shipped_routing_and_rules_serve_the_scenarios(tmp_path: Path) -> None:

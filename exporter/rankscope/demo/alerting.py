@@ -48,6 +48,8 @@ def example_routing() -> str:
 def demo_routing(example_text: str, webhook_url: str) -> str:
     """The example routing, every integration a webhook to ``webhook_url``, timings cut."""
     doc = yaml.safe_load(example_text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("route"), dict):
+        raise ValueError("the example Alertmanager configuration has no route")
     for receiver in doc.get("receivers") or []:
         for key in [k for k in receiver if k.endswith("_configs")]:
             configs = receiver.pop(key) or []

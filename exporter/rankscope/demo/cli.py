@@ -27,6 +27,7 @@ from rankscope.demo.view import View, gib
 GPU_FLOOR = 8 * GiB
 DEFAULT_PORT = 19400  # the daemon's own default, so the status page is where a user expects
 MAX_RANKS = 8  # one host's cards
+JUDGED_BY_API = "The scenarios run, and each is judged by what the daemon's API shows instead"
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:
@@ -172,16 +173,18 @@ def start_alerting(
     # Debian's name first
     alertmanager_bin = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
     if not (prometheus_bin and alertmanager_bin):
-        view.line(
-            "no pages: prometheus and prometheus-alertmanager are not both installed "
-            "(scripts/demo.sh installs them). The scenarios run, and each is judged by what "
-            "the daemon's API shows instead"
-        )
+        installed = "are not both installed (scripts/demo.sh installs them)"
+        view.line(f"no pages: prometheus and prometheus-alertmanager {installed}. {JUDGED_BY_API}")
+        return None
+    try:
+        example = alerting.example_routing()
+    except FileNotFoundError as exc:
+        view.line(f"no pages: {exc}. {JUDGED_BY_API}")
         return None
     rule_file = workdir / "rankscope.rules.yml"
     rule_file.write_text(alerting.rules_text())
     receiver = stack.enter_context(services.WebhookReceiver())
-    routing = alerting.demo_routing(alerting.example_routing(), receiver.url)
+    routing = alerting.demo_routing(example, receiver.url)
     am = stack.enter_context(
         services.alertmanager(alertmanager_bin, workdir / "alertmanager", routing)
     )
