@@ -86,7 +86,7 @@ def rank_namer(records: Iterable[Record], resolve: HostPid = host_pid) -> RankNa
 def parse_oom(line: Line[Oom], name: RankNamer, resolve: HostPid = host_pid) -> OomEvent:
     """An ``oom`` line -> the event, holders named by ``name``."""
     h, body = line.header, line.body
-    parts = {name: getattr(body, name).why for name in ("device", "allocator", "driver", "nvml")}
+    parts = {part: getattr(body, part).why for part in ("device", "allocator", "driver", "nvml")}
     parts.update(pools=body.pools_why, phase=body.phase_why, measure=body.why)
     holders = []
     for held in body.holders or ():
