@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable
+import socket
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -44,6 +45,20 @@ def read_pidns_inode(pid: int | str = "self", proc: str = DEFAULT_ROOT) -> int |
         return int(link[link.index("[") + 1 : link.index("]")])
     except (OSError, ValueError):
         return None
+
+
+# (host, pid, start ticks, pid namespace inode) -> running, gone, or None: cannot tell here
+Alive = Callable[[str | None, int | None, int | None, int | None], "bool | None"]
+
+
+def local_alive(
+    host: str | None, pid: int | None, start_ticks: int | None, pidns: int | None
+) -> bool | None:
+    """From /proc, on the host that wrote the record and in its PID namespace; elsewhere None.
+    A pid reused by another process (other start ticks) is gone."""
+    if host != socket.gethostname() or pid is None or start_ticks is None or pidns is None:
+        return None
+    return read_start_ticks(pid) == start_ticks if pidns == read_pidns_inode("self") else None
 
 
 def list_pids(proc: str = DEFAULT_ROOT) -> list[int]:

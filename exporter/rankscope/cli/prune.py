@@ -13,8 +13,8 @@ from pathlib import Path
 
 from rankscope.cli import common
 from rankscope.daemon.flags import argtype, parse_duration, positive_int
+from rankscope.procfs import local_alive
 from rankscope.record.reader import BootSummary, Flight
-from rankscope.reports.census import local_alive
 
 
 def configure_parser(parser: argparse.ArgumentParser, name: str) -> None:

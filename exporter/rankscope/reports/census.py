@@ -10,12 +10,11 @@ differ then; replaying the ranks' live lines in time gives the skews that came a
 from __future__ import annotations
 
 import collections
-import socket
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rankscope.procfs import read_pidns_inode, read_start_ticks
+from rankscope.procfs import Alive, local_alive
 from rankscope.record import AnyLine, BlockedIn, Census, CensusDump, CensusLive, Divergence, Line
 from rankscope.record.compare import Entry, compare_group, compare_split, instances, split_by_group
 from rankscope.record.naming import Key, parse_p2p, report_op_name
@@ -31,19 +30,6 @@ STATES = (RUNNING, STALLED, EXITED, DEAD)
 CENSUS_KINDS = (Census, CensusDump, CensusLive, Divergence)
 # A census_dump of these reasons is the rank's exit line: the process ended on its own terms.
 EXIT_REASONS = frozenset({"exit", "SIGTERM", "SIGABRT"})
-
-# (host, pid, start ticks, pid namespace inode) -> running, gone, or None: cannot tell here
-Alive = Callable[[str | None, int | None, int | None, int | None], "bool | None"]
-
-
-def local_alive(
-    host: str | None, pid: int | None, start_ticks: int | None, pidns: int | None
-) -> bool | None:
-    """From /proc, on the host that wrote the record and in its PID namespace; elsewhere None.
-    A pid reused by another process (other start ticks) is gone."""
-    if host != socket.gethostname() or pid is None or start_ticks is None or pidns is None:
-        return None
-    return read_start_ticks(pid) == start_ticks if pidns == read_pidns_inode("self") else None
 
 
 @dataclass(frozen=True)
