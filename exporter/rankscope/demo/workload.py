@@ -4,6 +4,7 @@ over its TP group) feeding the next stage, plus what a framework adapter adds: b
 a KV arena, census group names, a tick per step. ``--skip-rank R --skip-step K``: rank R
 really skips its TP all_reduce at step K, and at the end its peers wait in the all_reduce R
 never issued until R exits. The incident the census exists for, small.
+Its census and capture marks come from `rankscope run`'s arming; run alone, it has neither.
 """
 
 from __future__ import annotations
