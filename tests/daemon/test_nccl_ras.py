@@ -220,6 +220,7 @@ def test_the_self_metrics_name_the_last_failure_and_count_them(tmp_path: Path) -
 def test_the_poller_thread_keeps_polling_and_stops(tmp_path: Path) -> None:
     with StandInRas(REAL_JSON) as ras:
         [poller] = pollers([Endpoint(ras.address)], interval=0.05)
+        assert poller.after_each  # never back to back: the RAS server is inside the ranks
         poller.start()
         deadline = time.monotonic() + 10
         while ras.connections < 3 and time.monotonic() < deadline:

@@ -4,6 +4,7 @@ floors by index/uuid/percentage, failing cards, a missing source, and overruns."
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -257,6 +258,22 @@ def test_periodic_counts_overruns() -> None:
     time.sleep(0.5)
     q.stop()
     assert q.overruns == 0
+
+
+def test_periodic_after_each_waits_the_interval_after_a_run_ends() -> None:
+    runs: list[tuple[float, float]] = []
+
+    def slow() -> None:
+        start = time.monotonic()
+        time.sleep(0.03)
+        runs.append((start, time.monotonic()))
+
+    p = Periodic("test-after-each", 0.02, slow, after_each=True)
+    p.start()
+    time.sleep(0.3)
+    p.stop()
+    assert len(runs) >= 3 and p.overruns == 0
+    assert all(nxt[0] - end >= 0.02 for (_, end), nxt in itertools.pairwise(runs))
 
 
 def test_the_window_stays_bounded_without_scrapes(tmp_path: Path) -> None:

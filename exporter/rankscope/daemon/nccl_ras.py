@@ -197,5 +197,9 @@ class Endpoint:
 
 def pollers(endpoints: list[Endpoint], interval: float) -> list[Periodic]:
     """A thread per endpoint: one that hangs until its deadline delays no other. A poll in
-    progress ends at its own deadline at worst: a stop waits for it briefly."""
-    return [Periodic("rankscope-nccl-ras", interval, e.poll_once, stop_wait=1.0) for e in endpoints]
+    progress ends at its own deadline at worst: a stop waits for it briefly. Each waits the
+    interval after its poll: the RAS server runs inside the training ranks."""
+    return [
+        Periodic("rankscope-nccl-ras", interval, e.poll_once, stop_wait=1.0, after_each=True)
+        for e in endpoints
+    ]

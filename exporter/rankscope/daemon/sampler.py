@@ -370,6 +370,7 @@ class Periodic:
     interval: float
     fn: Callable[[], object]
     stop_wait: float = 10.0
+    after_each: bool = False  # wait ``interval`` after each run ends instead (no overruns)
     overruns: int = field(default=0, init=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
@@ -396,7 +397,9 @@ class Periodic:
                 log.exception("%s: a run failed", self.name)
             next_at += self.interval
             now = time.monotonic()
-            if now > next_at:
+            if self.after_each:
+                next_at = now + self.interval
+            elif now > next_at:
                 self.overruns += 1
                 next_at = now
             self._stop.wait(next_at - now)
