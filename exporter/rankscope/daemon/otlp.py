@@ -70,7 +70,7 @@ class OtlpPusher:
         self.host = socket.gethostname()
         self._provider: MeterProvider | None = None
         self._boot: str | None = None
-        self._watcher = Periodic("rankscope-otlp", interval, self._watch)
+        self._watcher = Periodic("rankscope-otlp", interval, self._watch, stop_wait=5.0)
         self._lock = threading.Lock()
         self._taken = -math.inf
         self._samples: dict[str, list[Observation]] = {}
