@@ -121,8 +121,10 @@ class ProcCache:
             start, comm = read_stat(pid, self.proc) if cached is not None else (None, None)
             if cached is None or start is None or cached.start_ticks != start:
                 fresh[pid] = read_proc_info(pid, self.proc)
-            else:  # the same process, which may have renamed itself (prctl PR_SET_NAME)
+            elif cached.comm != comm:  # the same process, renamed (prctl PR_SET_NAME)
                 fresh[pid] = dataclasses.replace(cached, comm=comm)
+            else:
+                fresh[pid] = cached
         self._infos = fresh  # exited pids drop out here
         return fresh
 

@@ -123,7 +123,8 @@ def test_parse_stat_comm() -> None:
 def test_proc_cache_follows_a_rename_and_rereads_a_recycled_pid(tmp_path: Path) -> None:
     fake_proc(tmp_path, 20, comm="old", start=1, nspid=[20], pidns=1)
     cache = ProcCache(str(tmp_path))
-    assert cache.lookup([20])[20].comm == "old"
+    first = cache.lookup([20])[20]
+    assert first.comm == "old" and cache.lookup([20])[20] is first  # unchanged: kept as is
     stat = tmp_path / "20" / "stat"
     stat.write_text(stat.read_text().replace("(old)", "(renamed)"))  # prctl(PR_SET_NAME)
     assert cache.lookup([20])[20] == ProcInfo(20, "renamed", 1, (20,), 1)
