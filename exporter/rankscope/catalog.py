@@ -210,9 +210,8 @@ CATALOG: tuple[Metric, ...] = (
             (
                 "rankscope_nccl_info",
                 ("endpoint", "version", "cuda_runtime", "cuda_driver", "format"),
-            ): "NCCL "
-            "version and CUDA versions of the job behind a RAS endpoint, and the report format it "
-            "answered in.",
+            ): "NCCL version and CUDA versions of the job behind a RAS endpoint, and the report "
+            "format it answered in.",
             ("rankscope_nccl_ras_up", ("endpoint",)): "1 when the last poll of the RAS endpoint "
             "returned a report that parsed.",
             ("rankscope_nccl_ras_poll_duration_seconds", ("endpoint",)): "Time the last poll of "
