@@ -387,3 +387,15 @@ def test_previous_sigterm_handler_still_runs(flight_dir: Path) -> None:
             child.wait()
     reasons = [x["reason"] for x in lines(flight_dir) if x["kind"] == "census_dump"]
     assert reasons == ["SIGTERM"]  # and no second dump at exit
+
+
+def test_each_failure_category_logs_its_first(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(counts, "_warned", set())
+    for category in ("count", "count", "dump"):
+        counts.failed(category, ValueError("boom"), "tp:0-1")
+    assert [r.getMessage().split(" failed")[0] for r in caplog.records] == [
+        "rankscope census: a count",
+        "rankscope census: a dump",
+    ]

@@ -23,15 +23,21 @@ last_key: Key | None = None
 
 # Census failures (a count, a snapshot, a dump, a watcher poll): counted, never raised.
 failures = 0
+_warned: set[str] = set()  # the categories whose first failure was logged
 
 
-def failed(what: str, exc: BaseException) -> None:
-    """Count a failure of ``what``; the first is logged, the rest are counted silently."""
+def failed(category: str, exc: BaseException, *detail: object) -> None:
+    """Count a failure of ``category`` ("count", "dump"...); the first of each is logged with
+    ``detail`` (formatted only then, off the hot path), the rest are counted silently."""
     global failures
     failures += 1
-    if failures == 1:
+    if category not in _warned:
+        _warned.add(category)
         log.warning(
-            "rankscope census: %s failed: %r; further failures are counted silently", what, exc
+            "rankscope census: a %s failed %s: %r; further ones are counted silently",
+            category,
+            detail,
+            exc,
         )
 
 
@@ -45,7 +51,7 @@ if ARMED:
             COUNTS[key] += n
             last_key = key
         except Exception as exc:  # an unhashable group must not reach the host program
-            failed(f"counting ({group!r}, {op!r})", exc)
+            failed("count", exc, group, op)
 
 else:
 

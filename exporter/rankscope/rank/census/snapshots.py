@@ -100,7 +100,7 @@ def _advance() -> None:
             install_abort_handlers()
         take_snapshot()
     except Exception as exc:
-        _counts.failed("a snapshot", exc)
+        _counts.failed("snapshot", exc)
 
 
 def take_snapshot() -> dict[Key, int]:
@@ -130,7 +130,7 @@ def dump_local(reason: str = "manual", write: Callable[[CensusDump], bool] | Non
         )
         return (write or RECORDER.write_record)(dump)
     except Exception as exc:
-        _counts.failed("a dump", exc)
+        _counts.failed("dump", exc)
         return False
 
 
@@ -190,7 +190,7 @@ def _run(watcher: Watcher, stop: threading.Event) -> None:
             if line is not None:
                 RECORDER.write_record(line)
         except Exception as exc:  # the host program never sees it; the thread carries on
-            _counts.failed("the watcher", exc)
+            _counts.failed("watcher", exc)
 
 
 def start_watcher(stall_s: float | None = None) -> bool:

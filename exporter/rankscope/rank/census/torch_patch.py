@@ -133,7 +133,7 @@ def _counting(
         try:
             count(args, kwargs)
         except Exception as exc:
-            _counts.failed(f"counting {name}", exc)
+            _counts.failed("count", exc, name)
         if not nests:
             return original(*args, **kwargs)
         GUARD.depth = 1
@@ -218,7 +218,7 @@ def _batch_wrapper(
                         swapped.append((p2p, p2p.op))
                         p2p.op = current
             except Exception as exc:
-                _counts.failed(f"counting {BATCH}", exc)
+                _counts.failed("count", exc, BATCH)
             return original(p2p_op_list, *args, **kwargs)
         finally:
             for p2p, op in swapped:

@@ -131,7 +131,7 @@ def _group_of_id(slot: int, op: str, ident: int) -> str | None:
     try:
         return _group_ofs[slot](obj)
     except Exception as exc:
-        _counts.failed(f"naming the group of a traced {op!r}", exc)
+        _counts.failed("traced group name", exc, op)
         return None
 
 
@@ -208,7 +208,7 @@ def _method_wrapper(
                     key = (group, name)
                     _counts.count(group, name)
             except Exception as exc:  # a naming failure costs a count, never the call
-                _counts.failed(f"counting {original.__name__} as {op!r}", exc)
+                _counts.failed("count", exc, original, op)
             return original(self, *args, **kwargs)
         except BaseException:
             if key is not None:  # a call that raised did not happen: take it back
