@@ -170,6 +170,12 @@ def test_extract_reads_parameters_decorators_and_attributes_without_importing():
     assert "Other" not in got["classes"]
 
 
+def test_a_subscript_or_nested_store_on_self_defines_the_attribute():
+    source = "class C:\n    def f(self):\n        self.table[0] = 1\n        self.n.k += 1\n"
+    got = extract(source, {"C": {"table", "n"}}, set())
+    assert got["classes"]["C"]["attributes"] == ["n", "table"]
+
+
 def test_a_wrapped_static_method_fails_the_check():
     module = extract(SOURCE, {"Runner": {"helper"}}, set())
     problems = check_point(HookPoint("m", "Runner.helper", "wrap"), module)

@@ -54,12 +54,19 @@ def _params(args: ast.arguments, *, method: bool) -> Params:
 
 
 def _self_attributes(cls: ast.ClassDef) -> set[str]:
-    """What the class assigns: ``self.x`` anywhere in it, and names in its own body."""
+    """What the class assigns: ``x`` of any ``self.x`` in an assignment's target anywhere in
+    it (``self.x[k] = v`` and ``self.x.y += v`` define x too), and names in its own body."""
+    targets = [
+        target
+        for node in ast.walk(cls)
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+    ]
     names = {
         node.attr
-        for node in ast.walk(cls)
+        for target in targets
+        for node in ast.walk(target)
         if isinstance(node, ast.Attribute)
-        and isinstance(node.ctx, ast.Store)
         and isinstance(node.value, ast.Name)
         and node.value.id == "self"
     }
