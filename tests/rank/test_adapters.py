@@ -13,12 +13,14 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 from tests.support.services import free_port
 
 from rankscope.rank.adapters import ADAPTERS
+from rankscope.rank.adapters.common import group_of
 from rankscope.rank.adapters.manifest import check_point, extract, module_path, wanted
 from rankscope.record import AdapterFailure, AdapterStatus, of_kind
 from rankscope.record.reader import read_flight
@@ -404,3 +406,8 @@ def test_a_forked_child_of_an_attached_process_gets_its_own_line(tmp_path):
     lines = _adapter_lines(read_flight(flight).records)
     assert len({line.header.pid for line in lines}) == 2
     assert [line.body.status for line in lines] == ["attached", "attached"]
+
+
+def test_a_coordinator_without_world_size_is_counted() -> None:
+    communicator = types.SimpleNamespace(unique_name="tp:0", ranks=[0, 1])
+    assert group_of(communicator) is not None

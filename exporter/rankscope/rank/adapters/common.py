@@ -25,7 +25,9 @@ from rankscope.rank.adapters.points import (
 def group_of(coordinator: Any) -> str | None:
     """The group instance of a coordinator or device communicator; None (not counted) for a
     group of one rank, where the framework returns before any collective."""
-    return None if coordinator.world_size == 1 else census.coordinator_group(coordinator)
+    if getattr(coordinator, "world_size", 2) == 1:  # one without world_size is counted
+        return None
+    return census.coordinator_group(coordinator)
 
 
 def count_methods(
