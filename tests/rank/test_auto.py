@@ -361,3 +361,36 @@ def test_one_graph_instrumentation_marks_captures_and_counts_replays(
     finally:
         counts.reset()
         graphs.reset()
+
+
+def test_without_the_census_graphs_keep_their_capture_marks_and_an_unwrapped_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from rankscope.rank.census import counts
+
+    class Graph:  # a STAND-IN of its own (the instrumentation stays on it), no GPU here
+        def capture_begin(self) -> None:
+            pass
+
+        def capture_end(self) -> None:
+            pass
+
+        def replay(self) -> None:
+            pass
+
+        def pool(self) -> tuple[int, int]:
+            return (1, 3)
+
+    replay = Graph.replay
+
+    phases: list[str] = []
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(counts, "ARMED", False)
+    monkeypatch.setattr(auto, "_mark", lambda phase, fields=None: phases.append(phase))
+    auto._hook_graphs(torch)
+    Graph().capture_begin()
+    Graph().capture_end()
+    assert phases == ["capture_begin", "capture_end"]
+    assert Graph.replay is replay

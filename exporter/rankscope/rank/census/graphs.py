@@ -165,7 +165,8 @@ def instrument_cuda_graphs(
         replay(self)
         return result
 
-    wrappers = (capture_begin, capture_end, replay_method)
+    # Disarmed (rankscope run --no-census), the capture marks alone: replays stay unwrapped.
+    wrappers = (capture_begin, capture_end, *([replay_method] if _counts.ARMED else []))
     for wrapper in wrappers:
         setattr(wrapper, MARK, True)
     return undo_all([patch(cls, w.__name__, w) for w in wrappers])
