@@ -427,3 +427,10 @@ def test_a_census_live_line_keeps_its_readable_counts_and_names_the_rest() -> No
     assert live.blocked_in == BlockedIn(None, "ok", None, None)
     assert bad == ["census_live.changed", "census_live.changed", "census_live.blocked_in.seq"]
     assert "blocked_in" not in CensusLive({("g", "ok"): 3}).to_json()  # absent reads as null
+
+
+def test_an_optional_section_that_is_no_object_is_a_counted_null() -> None:
+    bad: list[str] = []
+    live = CensusLive.parse({"changed": {}, "blocked_in": 5}, bad)
+    assert live is not None and live.blocked_in is None
+    assert bad == ["census_live.blocked_in"]

@@ -156,8 +156,8 @@ def section(cls: type[Codec], *, optional: bool = False) -> Any:
     """A nested object of kind ``cls``; absent, it reads as ``cls()``, or None if ``optional``."""
 
     def parse(value: Any, bad: Bad, name: str) -> Any:
-        if value is None and optional:
-            return None
+        if optional and not isinstance(value, dict):  # null, or a counted bad field
+            return reject(value, bad, name)
         return parse_section(cls, as_object(value, bad, name), bad)
 
     return custom(
