@@ -166,6 +166,13 @@ def test_nvml_view_initialises_once_and_caches_handles() -> None:
     assert nvml == MarkNvml(self_bytes=900 * MiB, procs={10: 900 * MiB, 77: 4400 * MiB}, why=None)
 
 
+def test_a_pid_nvml_lists_twice_keeps_its_first_entry() -> None:
+    _, _, nvml = NvmlView(FakeNvml([(10, 900), (10, 5)])).read(
+        Device(0, UUID), None, 10, HOST_PIDNS_INODE
+    )
+    assert nvml == MarkNvml(self_bytes=900, procs={10: 900}, why=None)
+
+
 def test_nvml_view_failures_are_fields_not_exceptions() -> None:
     fake = FakeNvml([(10, 1)])
     view = NvmlView(fake)

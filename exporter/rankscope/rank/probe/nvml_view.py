@@ -138,7 +138,7 @@ class NvmlView:
         except Exception as exc:
             driver = MarkDriver(why=f"NVML memory info failed: {exc}")
         try:
-            procs = dict(list_processes(handle))
+            procs = dict(reversed(list_processes(handle)))  # a pid listed twice: the first
         except Exception as exc:
             return nvml_index, driver, MarkNvml(why=f"NVML process list failed: {exc}")
         self_bytes, self_why = own_bytes(procs, pid, pidns)
