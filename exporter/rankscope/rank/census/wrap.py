@@ -190,6 +190,7 @@ def _method_wrapper(
     count_traced: Callable[[Any], None] | None,
 ) -> Callable[..., Any]:
     compiling = compiling_check()
+    fixed, namer = (op, None) if isinstance(op, str) else (None, op)  # chosen once, here
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -203,7 +204,7 @@ def _method_wrapper(
         try:
             try:
                 group = group_of(self)
-                name = op if isinstance(op, str) else op(self, args, kwargs)
+                name = fixed if namer is None else namer(self, args, kwargs)
                 if group is not None and name is not None:
                     key = (group, name)
                     _counts.count(group, name)
