@@ -156,7 +156,7 @@ class StandInTorchView(TorchView):
 
     DEVICE = Device(0, STAND_IN_UUID)  # one per card, as TorchView caches it
 
-    def read(self) -> TorchReading:
+    def read(self, index: int | None = None) -> TorchReading:
         return self.DEVICE, view_from_stats(self.STATS), None
 
 

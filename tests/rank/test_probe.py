@@ -396,7 +396,7 @@ def test_a_failing_view_costs_one_warning_never_an_exception(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def broken() -> None:
+    def broken(index: int | None = None) -> None:
         raise RuntimeError("driver went away")
 
     monkeypatch.setattr(probe.TORCH, "read", broken)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import sys
+import threading
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +19,7 @@ from tests.spinner import stamps_around
 from rankscope.nvml_calls import memory_reader
 from rankscope.procfs import HOST_PIDNS_INODE
 from rankscope.rank import probe
-from rankscope.rank.probe import arenas
+from rankscope.rank.probe import arenas, oom, samples
 from rankscope.rank.probe.nvml_view import NvmlView, _fast_process_lister, own_bytes
 from rankscope.rank.probe.torch_view import (
     Device,
@@ -373,7 +375,7 @@ class FakeCudaTorchView(TorchView):
         super().__init__()
         self.stats = stats
 
-    def read(self) -> TorchReading:
+    def read(self, index: int | None = None) -> TorchReading:
         return Device(0, UUID), view_from_stats(self.stats), None
 
 
@@ -424,3 +426,45 @@ def test_a_marks_nvml_calls_let_the_hosts_other_threads_run(
     assert rec is not None and rec.driver.why is None  # the stalled read came back
     assert end - start >= 0.2
     assert [t for t in stamps if start + 0.05 < t < end - 0.05], "the mark held the GIL"
+
+
+class PerThreadCuda:
+    """STAND-IN for torch with CUDA initialised on cards this machine lacks. As CUDA's, the
+    current device is per thread: a thread that never set one is on device 0."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.cuda = SimpleNamespace(
+            is_initialized=lambda: True,
+            get_device_properties=lambda index: SimpleNamespace(uuid=f"card-{index}"),
+        )
+        self._C = SimpleNamespace(
+            _cuda_getDevice=lambda: getattr(self.local, "device", 0),
+            _cuda_memoryStats=lambda index: {"reserved_bytes": {"all": {"current": index + 1}}},
+        )
+
+
+def test_a_serving_sample_reads_the_card_of_the_last_mark_not_its_own_threads(
+    flight_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sampler's thread never set a CUDA device: on a rank of card 1 it reads card 1,
+    the card the rank's last mark read, not card 0."""
+    torch = PerThreadCuda()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    recorder = Recorder(flight_dir=flight_dir, boot="b")
+    monkeypatch.setattr(probe, "RECORDER", recorder)
+    monkeypatch.setattr(samples, "RECORDER", recorder)
+    monkeypatch.setattr(probe, "ARMED", True)
+    monkeypatch.setattr(oom, "STATE", oom.OomState(settled=True))  # no observer to attach
+    monkeypatch.setattr(probe, "TORCH", TorchView())
+    monkeypatch.setattr(probe, "NVML", NvmlView(FakeNvml([])))
+    torch.local.device = 1  # the rank's torch.cuda.set_device(1)
+    rec = probe.mark("weights_loaded")
+    assert rec is not None and rec.device.index == 1
+    taken: list[Any] = []
+    sampler = threading.Thread(target=lambda: taken.append(samples.take()))
+    sampler.start()
+    sampler.join()
+    (sample,) = taken
+    assert sample.device.index == 1 and sample.device.uuid == "GPU-card-1"
+    assert sample.torch.reserved == 2  # card 1's allocator, not card 0's

@@ -127,8 +127,8 @@ def _record(phase: str, runner: str | None, extra: dict[str, Any] | MarkFields) 
     return recorded
 
 
-def _measure(phase: str, extra: dict[str, Any] | MarkFields) -> Mark:
-    device, torch_view, why_no_device = TORCH.read()
+def _measure(phase: str, extra: dict[str, Any] | MarkFields, index: int | None = None) -> Mark:
+    device, torch_view, why_no_device = TORCH.read(index)
     process = RECORDER.process
     nvml_index, driver, nvml = NVML.read(device, why_no_device, process.pid, process.pidns)
     arena_views = arenas.snapshot()

@@ -150,10 +150,8 @@ def measure(device: int, alloc_size: int, device_total: int, device_free: int) -
     except Exception as exc:
         body.allocator = OomAllocator(why=f"memory stats failed: {exc!r}")
     body.pools, body.largest_free_block, body.pools_why = _pools(c, device, stats)
-    try:
+    with contextlib.suppress(Exception):  # capturing stays null
         body.capturing = bool(c._cuda_isCurrentStreamCapturing())  # type: ignore[union-attr]
-    except Exception:
-        body.capturing = None
     uuid: str | None = None
     try:
         uuid = probe.TORCH.device(torch.cuda, device).uuid  # type: ignore[union-attr]

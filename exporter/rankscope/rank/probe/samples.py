@@ -45,7 +45,7 @@ def take() -> Sample | None:
     from rankscope.rank import probe
 
     try:
-        sample = Sample.of(probe._measure("", {}))
+        sample = Sample.of(probe._measure("", {}, probe.TORCH.marked))  # the last mark's card
     except Exception as exc:
         probe._warn_once("sample", f"rankscope: a serving sample failed and was skipped: {exc!r}")
         return None

@@ -69,8 +69,9 @@ class TorchView:
         self._devices: dict[int, Device] = {}
         # (torch module, cuda module, current-device call, nested-stats call), once CUDA is up
         self._live: tuple[Any, Any, Any, Any] | None = None
+        self.marked: int | None = None  # the current device of the last mark's thread
 
-    def read(self) -> TorchReading:
+    def read(self, index: int | None = None) -> TorchReading:
         torch = sys.modules.get("torch")
         live = self._live
         if live is None or live[0] is not torch:
@@ -90,7 +91,8 @@ class TorchView:
             if cuda.is_initialized():  # not while torch's lazy init is still running
                 self._live = live
         _, cuda, get_device, memory_stats = live
-        index = int(get_device())
+        if index is None:  # the calling thread's current device: CUDA's is per thread
+            index = self.marked = int(get_device())
         return self.device(cuda, index), view_from_stats(memory_stats(index)), None
 
     def device(self, cuda: Any, index: int) -> Device:
