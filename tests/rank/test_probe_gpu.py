@@ -247,3 +247,31 @@ def test_capture_end_reads_only_its_pools_snapshot(flight_dir: Path) -> None:
     assert out["form"] is not None, out  # this torch takes one pool's snapshot
     assert out["fields"]["pool_why"] is None, out
     assert out["fields"]["pool_bytes"] == out["whole"] > 0, out
+
+
+def test_a_serving_sample_reads_the_ranks_card_not_card_0(flight_dir: Path, nvml: Any) -> None:
+    """CUDA's current device is per thread: the sampler's thread, which never sets one, reads
+    the card of the rank's last mark. Needs two cards (on one, both are card 0)."""
+    if nvml.nvmlDeviceGetCount() < 2:
+        pytest.skip("needs two GPUs")
+    got = run_child(
+        """
+        import json, threading, torch
+        from rankscope.rank import probe
+        from rankscope.rank.probe import samples
+        torch.cuda.set_device(1)
+        x = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
+        rec = probe.mark("weights_loaded")
+        taken = []
+        sampler = threading.Thread(target=lambda: taken.append(samples.take()))
+        sampler.start()
+        sampler.join()
+        print(json.dumps({"mark": rec.to_json(), "sample": taken[0].to_json()}))
+        """,
+        flight_dir,
+    )
+    mark, sample = got["mark"], got["sample"]
+    assert mark["device"]["index"] == sample["device"]["index"] == 1
+    assert sample["device"]["uuid"] == mark["device"]["uuid"]
+    assert sample["torch"]["reserved"] == mark["torch"]["reserved"] >= 64 * MiB
+    assert sample["nvml"]["self_bytes"] is not None and sample["nvml"]["self_bytes"] > 0
