@@ -183,6 +183,43 @@ def test_graph_objects_are_held_weakly() -> None:
     assert graphs.graph_counts() == {}
 
 
+class GraphShaped:
+    """STAND-IN for torch.cuda.CUDAGraph (no GPU here), its methods shaped as torch 2.11's: the
+    torch.cuda.graph context manager calls ``capture_begin(*pool, capture_error_mode=mode)``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        self.calls.append(("begin", pool, capture_error_mode))
+
+    def capture_end(self) -> None:
+        self.calls.append(("end",))
+
+    def replay(self) -> None:
+        self.calls.append(("replay",))
+
+
+def test_the_graph_hooks_hand_torch_its_arguments_and_count_each_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", GraphShaped)
+    undo = census.instrument_cuda_graphs()
+    try:
+        g = GraphShaped()
+        g.capture_begin((0, 7), capture_error_mode="thread_local")  # a shared pool, as inductor
+        census.count("tp:0-1", "all_reduce")
+        g.capture_end()
+        for _ in range(3):
+            g.replay()
+    finally:
+        undo()
+    assert g.calls == [("begin", (0, 7), "thread_local"), ("end",), *[("replay",)] * 3]
+    assert census.snapshot() == {("tp:0-1", "all_reduce"): 1 + 3}
+    assert list(graphs.graph_counts().values()) == [GraphCounts({("tp:0-1", "all_reduce"): 1}, 3)]
+
+
 # --- the coordinator-method wrapper ------------------------------------------------------------
 
 
