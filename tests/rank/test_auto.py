@@ -394,3 +394,32 @@ def test_without_the_census_graphs_keep_their_capture_marks_and_an_unwrapped_rep
     Graph().capture_end()
     assert phases == ["capture_begin", "capture_end"]
     assert Graph.replay is replay
+
+
+def test_the_comparison_destroys_its_group_once_at_exit(tmp_path: Path) -> None:
+    """Armed with RANKSCOPE_COMPARE, a program that destroys no group: at exit the comparator
+    destroys its own gloo group through the armed destroy hook, which must not take it for the
+    live comparison's and destroy it first (the comparator's own call then fails)."""
+    program = (
+        "import logging\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from rankscope.rank import auto\n"
+        "assert auto.arm()\n"
+        "import torch, torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0,"
+        " world_size=1)\n"
+        "from rankscope.rank.census import gloo\n"
+        "assert gloo._active is not None and gloo._active.own_group\n"
+        "dist.all_reduce(torch.ones(2))\n"
+    )
+    env = dict(
+        os.environ,
+        RANKSCOPE_AUTO="1",
+        RANKSCOPE_DIR=str(tmp_path / "flight"),
+        RANKSCOPE_COMPARE="1",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "comparison group was not destroyed" not in done.stderr, done.stderr[-2000:]

@@ -64,11 +64,11 @@ class Comparator:
         if self._thread.is_alive():
             return False
         if self.own_group and self.group is not None:
+            group, self.group = self.group, None  # first: the armed destroy hook closes it again
             try:
-                self.dist.destroy_process_group(self.group)
+                self.dist.destroy_process_group(group)
             except Exception as exc:
                 log.info("rankscope census: the comparison group was not destroyed: %r", exc)
-            self.group = None
         return True
 
     def _stop_at_exit(self) -> None:
