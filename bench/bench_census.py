@@ -94,7 +94,7 @@ def bench_all_reduce(rank: int, world: int, port: int, calls: int, blocks: int) 
         def noop(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> None:
             return None
 
-        wrapped = _collective_wrapper(dist, "all_reduce", noop)
+        wrapped = _collective_wrapper(dist, "all_reduce", noop, None)  # no cadence hook
         env = {"noop": noop, "wrapped": wrapped, "t": t}
         bare_ns = per_call_ns("noop(t)", env, 200_000)
         wrapped_ns = per_call_ns("wrapped(t)", env, 200_000)
