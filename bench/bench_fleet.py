@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.catalog import CATALOG, Metric
+from rankscope.reports.census import RUNNING, STATES
 
 REPO = Path(__file__).resolve().parent.parent
 RANKS_PER_HOST = 8
@@ -70,6 +71,14 @@ def groups_of(host: int, local: int) -> list[str]:
     return ["world", f"tp{host}", f"pp{local}", *(f"layer{k}" for k in range(17))]
 
 
+# Published only while a rank is behind, or stalled or dead: none in a healthy fleet.
+BEHIND_ONLY = (
+    "rankscope_census_rank_deficit",
+    "rankscope_census_latest_deficit",
+    "rankscope_census_blocked_collective",
+)
+
+
 def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
     """Every label set a daemon on ``host`` exposes for ``m``."""
     ranks = [(local, host * RANKS_PER_HOST + local) for local in range(RANKS_PER_HOST)]
@@ -82,8 +91,8 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
     labels = m.labels
     if m.name.startswith("rankscope_oom_") or labels == ("field",):
         return []  # published only after an OOM, or an invalid flight field: none here
-    if m.collector == "nccl-ras" or m.name == "rankscope_census_rank_deficit":
-        return []  # a collector off by default; a deficit only while a rank is behind
+    if m.collector == "nccl-ras" or m.name in BEHIND_ONLY:
+        return []  # a collector off by default; census figures of a rank behind or stuck
     if labels and labels[:2] == ("boot", "rank") and "phase" in labels:
         return [{**rank_labels(lo, r), "phase": p} for lo, r in ranks for p in PHASES]
     if "post" in labels:
@@ -126,6 +135,8 @@ def label_sets(m: Metric, host: int) -> list[dict[str, str]]:
         ]  # fmt: skip
     if labels == ("boot", "rank"):
         return [{"boot": "boot-1", "rank": str(r)} for _, r in ranks]
+    if labels == ("boot", "rank", "state"):  # every state of every rank, as the daemon does
+        return [{"boot": "boot-1", "rank": str(r), "state": s} for _, r in ranks for s in STATES]
     if labels == ("boot", "group", "op"):
         return []  # published only while ranks diverge
     if labels == ("boot", "group"):  # the host's summary of each group its ranks are in
@@ -170,6 +181,8 @@ def exposition(host: int) -> str:
             text = ",".join(f'{k}="{v}"' for k, v in labels.items())
             for name in names:
                 value = VALUES.get(name, str(40 * GiB if m.unit == "bytes" else 100))
+                if "state" in labels:  # every rank running: 1 for that state, 0 for the rest
+                    value = str(int(labels["state"] == RUNNING))
                 lines.append(f"{name}{{{text}}} {value}")
     return "\n".join(lines) + "\n"
 
