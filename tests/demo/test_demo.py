@@ -36,8 +36,8 @@ from rankscope.demo.cards import (
     SimulatedCards,
     rank_bytes,
 )
-from rankscope.demo.cli import JUDGED_BY_API, MAX_RANKS, start_alerting, verdict
-from rankscope.demo.scenarios import SCENARIOS, Result
+from rankscope.demo.cli import GPU_FLOOR, JUDGED_BY_API, MAX_RANKS, start_alerting, verdict
+from rankscope.demo.scenarios import SCENARIOS, Result, ScenarioRun, Stack
 from rankscope.demo.services import Page, port_free
 from rankscope.demo.view import View, card_lines
 from rankscope.mixin import render
@@ -465,3 +465,28 @@ def test_the_card_summary_counts_only_this_scenarios_breaches_and_worst() -> Non
     (unmeasured,) = card_lines({"cards": [summary_card(free=None, breaches=None)]}, {}, {})
     assert "free n/a now; this scenario: worst free n/a, margin n/a" in unmeasured
     assert "breaches n/a" in unmeasured
+
+
+def test_on_a_gpu_the_holders_are_real_hogs_started_with_arguments_they_accept(
+    tmp_path: Path,
+) -> None:
+    """The GPU branch of the card-0 holders, here without a GPU: the lines the GPU test reads,
+    and each hog's arguments parsed by the hog itself (it then stops: no CUDA here)."""
+    out = io.StringIO()
+    no_daemon: Any = None  # the holders never ask the daemon
+    stack = Stack(
+        tmp_path, tmp_path, no_daemon, None, None, View(out), ranks=4, duration=8, floor=GPU_FLOOR
+    )
+    foreign = ScenarioRun(stack, SCENARIOS["foreign"])
+    foreign.hold(None, 0.0)
+    trough = ScenarioRun(stack, SCENARIOS["trough"])
+    trough.hold(GPU_FLOOR - TROUGH_BELOW_FLOOR, 0.4)
+    text = out.getvalue()
+    assert re.search(r"foreign holder: pid \d+ takes 2 GiB on GPU 0 \(a real allocation\)", text)
+    assert "trough: pid " in text and " takes all but 6.00 GiB of GPU 0 for 0.4 s " in text
+    assert "(real allocations; floor 8.00 GiB)" in text
+    for run in (foreign, trough):
+        (proc,) = run.helpers
+        assert proc.wait(timeout=120) == 2
+        log = (tmp_path / f"{run.scenario.name}-holder.log").read_text()
+        assert "no CUDA device" in log and "usage:" not in log, log
