@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from rankscope.record import MarkTorch
@@ -61,6 +62,18 @@ def initialising(cuda: Any) -> bool:
     return hasattr(getattr(cuda, "_tls", None), "is_initializing")
 
 
+def device_being_set(cuda: Any) -> int | None:
+    """The card a ``torch.cuda.set_device`` on this thread's stack is choosing (its local
+    ``device``, the index it computes first), or None. set_device runs torch's lazy init
+    before it sets the device: a mark there would otherwise read card 0 on every rank."""
+    code = getattr(cuda.set_device, "__code__", None)
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    device = frame.f_locals.get("device") if frame is not None else None
+    return device if type(device) is int and device >= 0 else None
+
+
 class TorchView:
     """Reads the allocator of the current device; caches each device and, once CUDA is
     initialised, the accessors (a forked child makes a new view)."""
@@ -92,7 +105,8 @@ class TorchView:
                 self._live = live
         _, cuda, get_device, memory_stats = live
         if index is None:  # the calling thread's current device: CUDA's is per thread
-            index = self.marked = int(get_device())
+            chosen = device_being_set(cuda) if live is not self._live else None  # in lazy init
+            index = self.marked = int(get_device()) if chosen is None else chosen
         return self.device(cuda, index), view_from_stats(memory_stats(index)), None
 
     def device(self, cuda: Any, index: int) -> Device:
