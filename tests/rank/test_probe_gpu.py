@@ -275,3 +275,31 @@ def test_a_serving_sample_reads_the_ranks_card_not_card_0(flight_dir: Path, nvml
     assert sample["device"]["uuid"] == mark["device"]["uuid"]
     assert sample["torch"]["reserved"] == mark["torch"]["reserved"] >= 64 * MiB
     assert sample["nvml"]["self_bytes"] is not None and sample["nvml"]["self_bytes"] > 0
+
+
+def test_the_cuda_init_of_set_device_reads_the_card_being_set(flight_dir: Path, nvml: Any) -> None:
+    """torch.cuda.set_device(1) initialises CUDA before it sets the device: the generic
+    cuda_init mark made there reads card 1, as the rank's later marks do. Needs two cards."""
+    if nvml.nvmlDeviceGetCount() < 2:
+        pytest.skip("needs two GPUs")
+    code = """
+        from rankscope.rank import auto
+        assert auto.arm()
+        import torch
+        torch.cuda.set_device(1)
+        x = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
+        from rankscope.rank import probe
+        probe.mark("weights_loaded")
+        """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**child_env(flight_dir), "RANKSCOPE_AUTO": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    marks = {m.body.phase: m.body for m in of_kind(read_flight(flight_dir).records, Mark)}
+    cuda_init, weights = marks["cuda_init"], marks["weights_loaded"]
+    assert cuda_init.device.index == weights.device.index == 1, (cuda_init, weights)
+    assert cuda_init.device.uuid == weights.device.uuid
