@@ -302,6 +302,16 @@ CASES = [
         Client(OK, cert="client_selfsigned"),
         Client("unknown ca", cert="client2_selfsigned"),
     ),
+    served(  # tls_config.go reads an inline client_ca as it reads client_ca_file
+        "VerifyClientCertIfGiven with an inline CA",
+        TLS
+        + "  client_auth_type: VerifyClientCertIfGiven\n  client_ca: |\n    "
+        + "\n    ".join((FIXTURES / "client_selfsigned.pem").read_text().splitlines())
+        + "\n",
+        Client(OK),
+        Client(OK, cert="client_selfsigned"),
+        Client("unknown ca", cert="client2_selfsigned"),
+    ),
     Case(
         "client CA file without policy",
         TLS + '  client_ca_file: "client_selfsigned.pem"\n',

@@ -126,13 +126,11 @@ class TLSConfig:
             warnings.simplefilter("ignore", DeprecationWarning)
             context.minimum_version = TLS_VERSIONS[self.min_version]
             context.maximum_version = TLS_VERSIONS[self.max_version]
-        if self.cert_reqs != ssl.CERT_NONE:
+        if self.cert_reqs != ssl.CERT_NONE and (self.client_ca_file or self.client_ca is not None):
             ca = f"client_ca_file {self.client_ca_file}" if self.client_ca_file else "client_ca"
             try:
-                if self.client_ca_file is not None:
-                    context.load_verify_locations(cafile=str(self.client_ca_file))
-                elif self.client_ca is not None:
-                    context.load_verify_locations(cadata=self.client_ca)
+                with _pem_path(self.client_ca_file, self.client_ca) as ca_pem:
+                    context.load_verify_locations(cafile=ca_pem)
             except ssl.SSLError as exc:
                 reason = exc.reason or exc
                 raise ssl.SSLError(f"{ca} holds no usable CA certificate: {reason}") from exc
