@@ -111,6 +111,7 @@ HASH_LINE = f"basic_auth_users:\n  alice: '{ALICE_HASH}'\n"
         ("rate_limit:\n  interval: soon\n", "not a duration"),
         ("rate_limit:\n  interval: 1m30s\n  burst: 5\n", "rate_limit is not supported"),
         ("rate_limit:\n  interval: 1500ms\n", "rate_limit is not supported"),
+        ("rate_limit:\n  interval: 1000000000\n", "rate_limit is not supported"),  # ns, as Go
         ("rate_limit:\n  interval: 1\n  burst: many\n", "burst must be an integer"),
         ("tls_server_config: [1, 2]\n", "must be a mapping"),
         ("just words\n", "top level must be a mapping"),

@@ -339,10 +339,8 @@ class Reader:
     def duration(self, node: yaml.Node | None, where: str) -> float:
         """Seconds, from a Go duration ("1m30s") or an integer of nanoseconds, as yaml.v2
         reads a time.Duration."""
-        if node is None or is_null(node):
-            return 0.0
-        if isinstance(node, yaml.ScalarNode) and node.tag == _INT:
-            return yaml.SafeLoader("").construct_yaml_int(node) * 1e-9
+        if node is None or is_null(node) or node.tag == _INT:
+            return self.integer(node, where) * 1e-9
         text = self.string(node, where)
         seconds = go_duration(text)
         if seconds is None:
