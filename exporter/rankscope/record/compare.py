@@ -59,9 +59,12 @@ def compare_group(group: str, per_rank: Mapping[int, Mapping[str, int]]) -> list
     return entries
 
 
-def compare_ranks(per_rank: Mapping[int, Mapping[Key, int]]) -> list[Entry]:
-    """Entries for every group instance among ``per_rank`` (rank -> counts at one round)."""
-    return compare_split({rank: split_by_group(counts) for rank, counts in per_rank.items()})
+def compare_ranks(
+    per_rank: Mapping[int, Mapping[Key, int]], settled: Collection[int] | None = None
+) -> list[Entry]:
+    """Entries for every group instance among ``per_rank`` (rank -> counts at one round);
+    given ``settled``, only those whose members all are."""
+    return compare_split({rank: split_by_group(c) for rank, c in per_rank.items()}, settled)
 
 
 def instances(split: Mapping[int, Mapping[str, Any]]) -> Iterator[tuple[str, list[int]]]:

@@ -10,13 +10,14 @@ differ then; replaying the ranks' live lines in time gives the skews that came a
 from __future__ import annotations
 
 import collections
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rankscope.procfs import Alive, local_alive
 from rankscope.record import AnyLine, BlockedIn, Census, CensusDump, CensusLive, Divergence, Line
-from rankscope.record.compare import Entry, compare_group, compare_split, instances, split_by_group
+from rankscope.record.census import split_by_group
+from rankscope.record.compare import Entry, compare_group, compare_ranks, compare_split, instances
 from rankscope.record.naming import Key, parse_p2p, report_op_name
 from rankscope.reports.rounds import GroupRound, SnapshotsByRank, group_rounds
 
@@ -144,13 +145,6 @@ def _divergent_runs(
     return runs
 
 
-def _latest_entries(
-    latest: Mapping[int, Mapping[Key, int]], settled: Collection[int]
-) -> list[Entry]:
-    """The comparison at the latest counts of each group instance whose members all settled."""
-    return compare_split({rank: split_by_group(counts) for rank, counts in latest.items()}, settled)
-
-
 def _skew_spans(moments: Mapping[int, list[RankMoment]]) -> list[dict[str, Any]]:
     """Every skew the ranks' lines show, in time; ``until`` is null for one still standing."""
     counts: dict[int, dict[Key, int]] = {rank: {} for rank in moments}
@@ -165,7 +159,7 @@ def _skew_spans(moments: Mapping[int, list[RankMoment]]) -> list[dict[str, Any]]
                 settled.add(rank)
             else:
                 settled.discard(rank)
-            yield wall, _latest_entries(counts, settled) if len(settled) > 1 else []
+            yield wall, compare_ranks(counts, settled) if len(settled) > 1 else []
 
     spans = [
         {**entry, "since": since, "until": until, "resolved": until is not None}
@@ -187,7 +181,7 @@ def rank_states(ranks: dict[int, _Rank], alive: Alive) -> States:
     summaries = [_rank_summary(ranks[r], alive) for r in sorted(ranks)]
     states = {r["rank"]: r["state"] for r in summaries}
     settled = {rank for rank, state in states.items() if state != RUNNING}
-    latest = _latest_entries({r: s.latest for r, s in ranks.items()}, settled)
+    latest = compare_ranks({r: s.latest for r, s in ranks.items()}, settled)
     return States(summaries, latest, _dead_in_group(ranks, states))
 
 
