@@ -285,12 +285,10 @@ def _entries_by_round(
 
 def census_document(flight: Flight) -> dict[str, Any]:
     """The census, judging which processes run as the reader (the daemon) does where it can."""
-    known = flight.alive
+    known: Mapping[tuple[Any, ...], bool] = flight.alive or {}
 
     def alive(host: str | None, pid: int | None, start: int | None, ns: int | None) -> bool | None:
-        judged = (
-            None if known is None or host is None or pid is None else known.get((host, pid, start))
-        )
+        judged = known.get((host, pid, start))  # no host or no pid: never a known process
         return judged if judged is not None else local_alive(host, pid, start, ns)
 
     return build_report(flight.records, boot=flight.boot, skipped=flight.skipped, alive=alive)
