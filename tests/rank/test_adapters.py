@@ -22,10 +22,9 @@ from tests.support.services import free_port
 from rankscope.rank.adapters import ADAPTERS
 from rankscope.rank.adapters.common import group_of
 from rankscope.rank.adapters.manifest import check_point, extract, module_path, wanted
-from rankscope.record import AdapterFailure, AdapterStatus, of_kind
+from rankscope.record import AdapterFailure, AdapterStatus, Mark, of_kind
 from rankscope.record.reader import read_flight
 from rankscope.reports.census import census_document
-from rankscope.reports.ledger import marks_of
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = ROOT / "tests" / "standins" / "packages"
@@ -139,7 +138,7 @@ def _adapter_lines(records):
 
 
 def _phases(records, pid):
-    return [(m.header.runner, m.body.phase) for m in marks_of(records) if m.header.pid == pid]
+    return [(m.header.runner, m.body.phase) for m in of_kind(records, Mark) if m.header.pid == pid]
 
 
 def _dump_counts(doc):
@@ -176,7 +175,7 @@ def test_sglang_adapter_marks_arenas_and_census_through_standins(tmp_path):
             ("target", "first_forward"),
             ("target", "boot_complete"),
         ]
-    marks = marks_of(records)
+    marks = of_kind(records, Mark)
     # Ranks from SGLang's own groups: the environment had no RANK.
     assert sorted({(m.header.rank, m.header.tp_rank, m.header.pp_rank) for m in marks}) == [
         (0, 0, 0),
@@ -227,7 +226,7 @@ def test_vllm_adapter_marks_arenas_and_census_through_standins(tmp_path):
                 "boot_complete",
             )
         ]
-    marks = marks_of(records)
+    marks = of_kind(records, Mark)
     assert sorted({(m.header.rank, m.header.tp_rank, m.header.pp_rank) for m in marks}) == [
         (0, 0, 0),
         (1, 1, 0),
@@ -266,7 +265,7 @@ def test_checked_only_leaves_an_unknown_version_one_line_and_an_untouched_job(tm
             "sglang 0.4.0 is not a checked version (RANKSCOPE_ADAPTERS=checked-only)"
         )
         assert line.body.hooks == ()
-    assert marks_of(records) == []
+    assert of_kind(records, Mark) == []
     # Only the generic torch.distributed layer counted: no coordinator group instance.
     assert all(group != "tp:0-1" for group, _ in _dump_counts(census_document(read_flight(flight))))
 
@@ -285,7 +284,7 @@ def test_a_next_release_with_every_hook_point_attaches_as_unverified(tmp_path):
         ("attached_unverified_version", "0.5.24")
     }
     assert "sglang.srt.managers.scheduler:Scheduler.ingest_requests" in lines[0].body.hooks
-    assert [m.body.phase for m in marks_of(records)][-1] == "boot_complete"
+    assert [m.body.phase for m in of_kind(records, Mark)][-1] == "boot_complete"
     assert _dump_counts(census_document(read_flight(flight)))[("tp:0-1", "all_reduce")] == {
         "0": 6,
         "1": 6,
@@ -325,7 +324,7 @@ def test_a_next_release_with_a_hook_renamed_is_not_attached_with_one_line(tmp_pa
             ),
         )
     }
-    assert marks_of(records) == []
+    assert of_kind(records, Mark) == []
 
 
 def test_a_missing_hook_point_detaches_everything_with_one_line(tmp_path):
@@ -343,7 +342,7 @@ def test_a_missing_hook_point_detaches_everything_with_one_line(tmp_path):
             ),
         )
     }
-    assert marks_of(records) == []
+    assert of_kind(records, Mark) == []
 
 
 def test_install_import_hooks_is_idempotent_and_imports_no_framework():

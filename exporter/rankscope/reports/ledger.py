@@ -35,10 +35,6 @@ def _sum(sizes: Iterable[int | None]) -> int | None:
     return None if None in parts else sum(p for p in parts if p is not None)
 
 
-def marks_of(records: Iterable[Record]) -> list[MarkLine]:
-    return of_kind(records, Mark)
-
-
 def fields(obj: Any, names: Iterable[str]) -> dict[str, Any]:
     """``obj``'s attributes ``names``, as a JSON object in that order."""
     return {name: getattr(obj, name) for name in names}
@@ -48,7 +44,7 @@ def posts(records: Iterable[Record]) -> list[dict[str, Any]]:
     """Posts between consecutive marks of one (boot, process, runner), in mark order."""
     last: dict[tuple[Any, ...], MarkLine] = {}
     out: list[dict[str, Any]] = []
-    for line in marks_of(records):
+    for line in of_kind(records, Mark):
         h, mark = line.header, line.body
         key = (h.boot, *h.process_key, h.runner)
         previous = last.get(key)
@@ -86,7 +82,7 @@ def card_identities(
     unresolved = pids.count(None)
     by_card: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     baseline: dict[str, int] = {}  # each card's first measured unattributed bytes
-    for line in sorted(marks_of(records), key=lambda m: m.header.wall):
+    for line in sorted(of_kind(records, Mark), key=lambda m: m.header.wall):
         h, mark = line.header, line.body
         card = mark.device.uuid
         free, total, procs = mark.driver.free, mark.driver.total, mark.nvml.procs
@@ -160,7 +156,7 @@ def _process(lines: list[MarkLine]) -> dict[str, Any]:
 def phases_document(flight: Flight, resolve_host_pid: HostPid = host_pid) -> dict[str, Any]:
     """What `rankscope phases --json` prints and /api/v1/phases returns (docs/probe.md)."""
     by_process: dict[tuple[str, int, int | None], list[MarkLine]] = {}
-    for line in marks_of(flight.records):
+    for line in of_kind(flight.records, Mark):
         by_process.setdefault(line.header.process_key, []).append(line)
     processes = sorted(
         map(_process, by_process.values()),
