@@ -176,3 +176,12 @@ def test_live_lines_carry_only_changes_and_a_snapshot_counts_too(flight_dir: Pat
     assert rec.write_record(Census(round=10, every=10, counts={AR: 9, AG: 3}))
     (rank,) = report(flight_dir, unknown)["ranks"]
     assert rank["latest_counts"] == [[W, "all_gather", 3], [W, "all_reduce", 9]]
+
+
+def test_the_latest_counts_are_the_highest_read_whatever_the_line_order(flight_dir: Path) -> None:
+    # A snapshot taken before the watcher's live line can land after it, with lower counts.
+    rec = recorder(flight_dir, 0)
+    live(rec, {AR: 9})
+    assert rec.write_record(Census(round=10, every=10, counts={AR: 7, AG: 3}))
+    (rank,) = report(flight_dir, unknown)["ranks"]
+    assert rank["latest_counts"] == [[W, "all_gather", 3], [W, "all_reduce", 9]]

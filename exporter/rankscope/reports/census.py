@@ -65,8 +65,7 @@ class _Rank:
     def absorb(self, counts: Mapping[Key, int]) -> None:
         """Counts only grow within a process: the latest is each key's highest."""
         for key, n in counts.items():
-            if n > self.latest.get(key, -1):
-                self.latest[key] = n
+            self.latest[key] = max(n, self.latest.get(key, n))
 
 
 def _newest_processes(
