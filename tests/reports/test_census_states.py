@@ -185,3 +185,10 @@ def test_the_latest_counts_are_the_highest_read_whatever_the_line_order(flight_d
     assert rec.write_record(Census(round=10, every=10, counts={AR: 7, AG: 3}))
     (rank,) = report(flight_dir, unknown)["ranks"]
     assert rank["latest_counts"] == [[W, "all_gather", 3], [W, "all_reduce", 9]]
+
+
+def test_a_snapshot_at_round_0_keeps_its_wall_time(flight_dir: Path) -> None:
+    rec = recorder(flight_dir, 0)
+    assert rec.write_record(Census(round=0, every=10, counts={AR: 0}))
+    (rank,) = report(flight_dir, unknown)["ranks"]
+    assert rank["last_round"] == 0 and rank["last_snapshot_wall"] is not None, rank

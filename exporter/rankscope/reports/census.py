@@ -323,7 +323,7 @@ def _rank_summary(state: _Rank, alive_of: Alive) -> dict[str, Any]:
         "last_progress_wall": _progress_wall(state),
         "snapshots": len(state.snapshots),
         "last_round": last_round,
-        "last_snapshot_wall": state.snapshot_wall.get(last_round) if last_round else None,
+        "last_snapshot_wall": None if last_round is None else state.snapshot_wall.get(last_round),
         "counts": _rows(state.rank, latest or {}),
         "latest_counts": _rows(state.rank, state.latest),
         "dump": state.dump,
