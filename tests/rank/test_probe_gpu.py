@@ -277,16 +277,20 @@ def test_a_serving_sample_reads_the_ranks_card_not_card_0(flight_dir: Path, nvml
     assert sample["nvml"]["self_bytes"] is not None and sample["nvml"]["self_bytes"] > 0
 
 
-def test_the_cuda_init_of_set_device_reads_the_card_being_set(flight_dir: Path, nvml: Any) -> None:
-    """torch.cuda.set_device(1) initialises CUDA before it sets the device: the generic
-    cuda_init mark made there reads card 1, as the rank's later marks do. Needs two cards."""
+@pytest.mark.parametrize("select", ["torch.cuda.set_device(1)", "torch.cuda.device(1).__enter__()"])
+def test_the_cuda_init_of_a_device_selection_reads_the_card_being_selected(
+    flight_dir: Path, nvml: Any, select: str
+) -> None:
+    """torch.cuda.set_device(1) and `with torch.cuda.device(1)` initialise CUDA before they
+    set the device: the generic cuda_init mark made there reads card 1, as the rank's later
+    marks do. Needs two cards."""
     if nvml.nvmlDeviceGetCount() < 2:
         pytest.skip("needs two GPUs")
-    code = """
+    code = f"""
         from rankscope.rank import auto
         assert auto.arm()
         import torch
-        torch.cuda.set_device(1)
+        {select}
         x = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
         from rankscope.rank import probe
         probe.mark("weights_loaded")

@@ -85,32 +85,41 @@ def test_the_torch_view_without_cuda_says_why() -> None:
     assert not torch.cuda.is_initialized()
 
 
-def test_a_read_in_the_cuda_init_of_set_device_reads_the_card_being_set(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("select", ["set_device", "with device"])
+def test_a_read_in_the_cuda_init_of_a_device_selection_reads_the_card_being_selected(
+    monkeypatch: pytest.MonkeyPatch, select: str
 ) -> None:
-    """torch.cuda.set_device(3) initialises CUDA before it sets the device: the cuda_init mark
-    read there is card 3's, not card 0's. Real torch's set_device (the CPU build); STAND-IN
-    for its C half, which runs the lazy init's queued calls (the mark) and only then sets."""
+    """torch.cuda.set_device(3) and `with torch.cuda.device(3)` initialise CUDA before they
+    set the device: the cuda_init mark read there is card 3's, not card 0's. Real torch's
+    set_device and device (the CPU build); STAND-IN for their C halves (_cuda_setDevice,
+    _cuda_exchangeDevice), which run the lazy init's queued calls (the mark), then set."""
     import torch
 
     view, readings = TorchView(), []
 
-    def lazy_init_then_set(index: int) -> None:  # STAND-IN: torch's C _cuda_setDevice
+    def lazy_init_then_set(index: int) -> int:  # STAND-IN: torch's C half
         torch.cuda._tls.is_initializing = True  # what torch.cuda._lazy_init sets around them
         try:
             readings.append((*view.read(), view.marked))
         finally:
             del torch.cuda._tls.is_initializing
+        return 0
 
     for name, value in {
         "_cuda_setDevice": lazy_init_then_set,
-        "_cuda_getDevice": lambda: 0,  # the current device until set_device sets it
+        "_cuda_getDevice": lambda: 0,  # the current device until the selection sets it
         "_cuda_memoryStats": lambda index: {"reserved_bytes": {"all": {"current": index}}},
     }.items():
         monkeypatch.setattr(torch._C, name, value, raising=False)
+    monkeypatch.setattr(torch.cuda, "_exchange_device", lazy_init_then_set)  # bound at import
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=i))
 
-    torch.cuda.set_device(torch.device("cuda", 3))
+    if select == "set_device":
+        torch.cuda.set_device(torch.device("cuda", 3))
+    else:
+        monkeypatch.setattr(torch.cuda, "_maybe_exchange_device", lambda index: index)
+        with torch.cuda.device(torch.device("cuda", 3)):
+            pass
     lazy_init_then_set(5)  # an init that no set_device triggered: the current device
     (chosen, view_chosen, _, marked), (current, _, _, marked_after) = readings
     assert chosen == Device(3, "GPU-3") and view_chosen.reserved == 3 and marked == 3

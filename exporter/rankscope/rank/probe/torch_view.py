@@ -63,14 +63,15 @@ def initialising(cuda: Any) -> bool:
 
 
 def device_being_set(cuda: Any) -> int | None:
-    """The card a ``torch.cuda.set_device`` on this thread's stack is choosing (its local
-    ``device``, the index it computes first), or None. set_device runs torch's lazy init
-    before it sets the device: a mark there would otherwise read card 0 on every rank."""
-    code = getattr(cuda.set_device, "__code__", None)
+    """The card a ``torch.cuda.set_device(d)`` or ``with torch.cuda.device(d)`` on this
+    thread's stack is choosing, or None. Both run torch's lazy init before they set the
+    device: a mark there would otherwise read card 0 on every rank."""
+    codes = {getattr(f, "__code__", None) for f in (cuda.set_device, cuda.device.__enter__)}
     frame: FrameType | None = sys._getframe(1)
-    while frame is not None and frame.f_code is not code:
+    while frame is not None and frame.f_code not in codes:
         frame = frame.f_back
-    device = frame.f_locals.get("device") if frame is not None else None
+    local = frame.f_locals if frame is not None else {}
+    device = local.get("device", getattr(local.get("self"), "idx", None))
     return device if type(device) is int and device >= 0 else None
 
 
