@@ -2,6 +2,7 @@
 writer. Nothing here raises into the host or blocks it. The daemon and the readers never
 import this package (tests/test_layout.py checks it in a fresh interpreter)."""
 
+import contextlib
 import logging
 import os
 import threading
@@ -18,12 +19,10 @@ def env_number(
     raw = str((os.environ if environ is None else environ).get(name, "")).strip()
     if not raw:
         return default
-    try:
+    with contextlib.suppress(ValueError):
         value = convert(raw)
         if least <= value < float("inf"):  # NaN is not
             return value
-    except ValueError:
-        pass
     logging.getLogger("rankscope").warning(
         "rankscope: %s=%r is not a number >= %s; using %s", name, raw, least, default
     )

@@ -47,11 +47,6 @@ def enabled(environ: Any = None, name: str = ENV_AUTO) -> bool:
     return str(env.get(name, "")).strip().lower() not in OFF
 
 
-def is_armed() -> bool:
-    """Whether this process was armed (its generic marks are recorded)."""
-    return _armed
-
-
 def arm() -> bool:
     """Arm this process (idempotent). Never raises; True when armed."""
     global _armed, _tried

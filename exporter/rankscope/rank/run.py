@@ -66,8 +66,7 @@ def writable_dir(path: str) -> str | None:
     """None when ``path`` is (now) a writable directory, else why not."""
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
+        tempfile.TemporaryFile(dir=path).close()
     except OSError as exc:
         return exc.strerror or str(exc)
     return None
@@ -101,8 +100,7 @@ def main(args: argparse.Namespace) -> int:
         return fail("no command given: rankscope run [--dir DIR] -- COMMAND [ARGS...]", USAGE)
     if not args.dir:
         return fail("no flight directory: give --dir DIR or set RANKSCOPE_DIR", USAGE)
-    why = writable_dir(args.dir)
-    if why is not None:
+    if (why := writable_dir(args.dir)) is not None:
         return fail(f"cannot write the flight directory {args.dir}: {why}", USAGE)
     env = child_environment(
         dict(os.environ), args.dir, args.boot_id, census=not args.no_census, compare=args.compare

@@ -56,8 +56,7 @@ ENCODER = json.JSONEncoder(separators=(",", ":"), default=json_default, check_ci
 
 
 def _value_encoder() -> Callable[[Any], str]:
-    """ENCODER.encode without its per-call setup: the stdlib's C encoder of the same
-    settings, made once."""
+    """ENCODER.encode without its per-call setup: the stdlib's C encoder, made once."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # an interpreter without the _json accelerator
         return ENCODER.encode
@@ -113,9 +112,7 @@ def current_process() -> ProcessIdentity:
 
 
 def rank_from_env() -> RankIdentity:
-    return RankIdentity(
-        rank=_env_int("RANK"), local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE")
-    )
+    return RankIdentity(_env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE"))
 
 
 def resolve_boot_id(environ: Mapping[str, str] | None = None, launcher: int | None = None) -> str:
@@ -257,8 +254,7 @@ class Recorder:
 
     def _append(self, stream: str, data: bytes) -> bool:
         with self._lock:
-            st = self._streams.get(stream)
-            if st is None:
+            if (st := self._streams.get(stream)) is None:
                 st = self._streams[stream] = _Stream()
             try:
                 if st.fd is None:

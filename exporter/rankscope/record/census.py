@@ -33,8 +33,6 @@ def _is_row(row: Any) -> bool:
 
 def decode_counts(rows: Any, bad: Bad, name: str) -> Counts | None:
     """[group, op, n] rows -> counts; None (and named in ``bad``) when any row is not one."""
-    if rows is None:
-        return None
     if isinstance(rows, list) and all(map(_is_row, rows)):
         return {(group, op): n for group, op, n in rows}
     return codec.reject(rows, bad, name)
@@ -73,8 +71,7 @@ class CensusDump(_Snapshot, kind="census_dump", stream="census", where="census_d
 
 
 def split_by_group(counts: Mapping[tuple[str, str], int] | None) -> dict[str, dict[str, int]]:
-    """Counts as ``{group: {op: n}}``, sorted: each group name once (a live line's shape, and
-    the comparison's)."""
+    """Counts as ``{group: {op: n}}``, sorted: a live line's shape, and the comparison's."""
     out: dict[str, dict[str, int]] = {}
     for (group, op), n in sorted((counts or {}).items()):
         out.setdefault(group, {})[op] = n

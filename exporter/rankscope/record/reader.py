@@ -38,8 +38,7 @@ HostPid = Callable[[Record], "int | None"]  # who NVML lists for a record's proc
 def host_pid(rec: Record) -> int | None:
     """The pid NVML lists for the writer of ``rec`` where the record alone tells (the host
     PID namespace); the daemon resolves the others through the host's /proc."""
-    h = rec.header
-    return h.pid if h.pidns == HOST_PIDNS_INODE else None
+    return rec.header.pid if rec.header.pidns == HOST_PIDNS_INODE else None
 
 
 class BootNotFoundError(LookupError):
@@ -218,8 +217,7 @@ class FlightReader:
 
     def _poll_file(self, path: Path, records: list[Record], budget: int) -> int:
         """Reads what ``path`` appended, at most ``budget`` bytes; the bytes read."""
-        fd = _open_regular(path)
-        if fd is None:
+        if (fd := _open_regular(path)) is None:
             return 0
         with open(fd, "rb") as f:
             st = os.fstat(f.fileno())

@@ -135,12 +135,8 @@ def device_kv_bytes(kv_cache_config: Any) -> int:
     """Bytes of the one device allocation a config asks for: every device-resident
     KVCacheTensor addresses the same backing allocation of ``size`` bytes (cache groups
     overlay each other), so it is counted once; host-resident tensors are not on the card."""
-    sizes = {
-        int(t.size)
-        for t in kv_cache_config.kv_cache_tensors
-        if not getattr(t, "host_resident", False)
-    }
-    return max(sizes, default=0)
+    tensors = kv_cache_config.kv_cache_tensors
+    return max((int(t.size) for t in tensors if not getattr(t, "host_resident", False)), default=0)
 
 
 class VLLMAdapter(Adapter):

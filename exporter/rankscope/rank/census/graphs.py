@@ -119,8 +119,7 @@ def reset() -> None:
     _weak.clear()
     _strong.clear()
     _open.clear()
-    _captured = 0
-    unknown_replays = 0
+    _captured = unknown_replays = 0
 
 
 _GRAPH_METHODS = ("capture_begin", "capture_end", "replay")

@@ -29,8 +29,7 @@ NO_CUDA_ALLOCATOR = "this torch build has no CUDA caching allocator (no OOM obse
 
 @dataclass
 class OomState:
-    """Whether the observer is attached (or queued on CUDA's lazy init), why not, and the
-    phase of the last mark."""
+    """Whether the observer is attached, why not, and the phase of the last mark."""
 
     attached: bool = False  # the observer is in the allocator's list
     queued: bool = False  # waiting on torch.cuda's lazy init
@@ -68,8 +67,7 @@ def install() -> bool:
         cuda._lazy_call(_attach_at_init)
         return True
     except Exception as exc:  # the probe never raises into its host
-        STATE.why = f"attaching the OOM observer failed: {exc!r}"
-        STATE.settled = True
+        STATE.why, STATE.settled = f"attaching the OOM observer failed: {exc!r}", True
         return False
 
 
@@ -183,8 +181,7 @@ def _pools(
         snapshot = c._cuda_memorySnapshot(None)
     except Exception as exc:
         return None, None, f"allocator snapshot failed: {exc!r}"
-    pools, largest = pool_summary(snapshot.get("segments") or [], device)
-    return pools, largest, None
+    return (*pool_summary(snapshot.get("segments") or [], device), None)
 
 
 def pool_summary(
