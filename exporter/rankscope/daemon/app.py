@@ -19,7 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from rankscope import __version__
 from rankscope.daemon.flightstate import FlightState
-from rankscope.daemon.oom import OomBook
+from rankscope.daemon.oom import OomBook, OomInstant, instant_json
 from rankscope.daemon.paging import DEFAULT_LIMIT, MAX_LIMIT, paginate
 from rankscope.daemon.sampler import CardView, Sampler
 from rankscope.daemon.sources import FLIGHT_REFRESH_S
@@ -108,7 +108,7 @@ def create_app(
         if ooms is None:
             doc: dict[str, Any] = {"ooms": [], "why": "the oom collector is off"}
         else:
-            doc = {"ooms": ooms.documents()}
+            doc = {"ooms": [instant_json(i) for i in ooms.instants()]}
         return _paged(request, doc, ("ooms",), offset, limit)
 
     if static_dir.is_dir():
@@ -196,11 +196,11 @@ def cards_document(cards: Sampler | None, ooms: OomBook | None = None) -> dict[s
     why = f"device source {cards.source.name} is down: {failing}" if failing else None
     if why is None and not cards.tried.is_set():
         why = "the device source has not been tried yet"
-    latest = ooms.latest_by_uuid() if ooms is not None else {}
+    latest = ooms.latest_by_card() if ooms is not None else {}
     return {"cards": [_card(v, latest.get(v.identity.uuid)) for v in cards.views()], "why": why}
 
 
-def _card(v: CardView, last_oom: dict[str, Any] | None) -> dict[str, Any]:
+def _card(v: CardView, last_oom: OomInstant | None) -> dict[str, Any]:
     held = v.holdings
     return {
         "gpu": v.identity.index,
@@ -217,7 +217,7 @@ def _card(v: CardView, last_oom: dict[str, Any] | None) -> dict[str, Any]:
         # No holdings read yet: each of these unmeasured (None).
         **{k: getattr(held, k, None) for k in ("rank_resident", "foreign", "unattributed")},
         "processes": [h.as_json() for h in (held.processes if held else ())],
-        "last_oom": last_oom,
+        "last_oom": instant_json(last_oom) if last_oom is not None else None,
     }
 
 

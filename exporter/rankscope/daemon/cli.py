@@ -138,7 +138,6 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
     flight_dir = Path(args.flight_dir)
     if flight_dir.exists() and not flight_dir.is_dir():
         raise NotADirectoryError(f"--flight-dir {flight_dir} is not a directory")
-    floors = functools.reduce(Floors.merged, args.corridor_floor or (), Floors())
     return DaemonConfig(
         flight=FlightSection(flight_dir, args.exited_grace, args.read_budget),
         web=WebSection(
@@ -146,7 +145,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
             config_file=Path(args.web_config_file) if args.web_config_file else None,
         ),
         cards=CardsSection(
-            floors=floors,
+            floors=functools.reduce(Floors.merged, args.corridor_floor or (), Floors()),
             interval=args.sampler_interval,
             window=args.sampler_window,
             device_source=args.device_source,

@@ -50,8 +50,7 @@ class DirWatch:
     def __init__(self, directory: Path, use_inotify: bool = True) -> None:
         self.directory = directory
         self._libc = _libc() if use_inotify else None
-        self._fd = -1
-        self._wd = -1
+        self._fd = self._wd = -1
         self._full_pass_at = 0.0
         self._watch_error: int | None = None  # logged once, not each refresh
         if self._libc is not None:
@@ -91,8 +90,7 @@ class DirWatch:
                 self.directory,
                 os.strerror(error or 0),
             )
-        self._watch_error = error
-        self._wd = wd
+        self._watch_error, self._wd = error, wd
 
     def _drain(self) -> set[str] | None:
         """The names in the queued events; None when the watch was lost or overflowed."""

@@ -62,9 +62,8 @@ class StrictConnection(h11.Connection):
 
 
 class StrictH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with StrictConnection, a deadline for each request head
-    (from its first byte; a new connection's clock starts at once), and a cap on open
-    connections."""
+    """uvicorn's h11 protocol with StrictConnection, a head deadline (from its first byte; a
+    new connection's clock starts at once) and a cap on open connections."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -78,11 +77,8 @@ class StrictH11Protocol(H11Protocol):
         self._start_head_clock()
         if len(self.connections) <= MAX_CONNECTIONS:
             return
-        waiting = [
-            c
-            for c in self.connections
-            if isinstance(c, StrictH11Protocol) and c is not self and c.waiting_for_head()
-        ]
+        peers = [c for c in self.connections if isinstance(c, StrictH11Protocol) and c is not self]
+        waiting = [c for c in peers if c.waiting_for_head()]
         if waiting:
             oldest = min(waiting, key=lambda c: c.idle_since)
             log.warning(
@@ -133,9 +129,8 @@ class StrictH11Protocol(H11Protocol):
 
 
 class RequestGuard:
-    """The outermost ASGI layer: a 400 for a control character in the path or query
-    (decoded), a 500 logged (with an escaped path) for a failure no inner layer answered,
-    and a debug line per answer."""
+    """The outermost ASGI layer: a 400 for a control character in the (decoded) path or query,
+    a 500 logged (path escaped) for a failure no inner layer answered, a debug line per answer."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

@@ -41,10 +41,9 @@ def attribute(
     out: list[Holding] = []
     for pid, nbytes in held.items():
         info = infos.get(pid) or ProcInfo(pid, None, None, None, None)
-        if (rp := index.match(info)) is not None:
-            out.append(Holding(pid, info.comm or "", nbytes, ROLE_RANK, rp.boot, rp.rank))
-        else:
-            out.append(Holding(pid, info.comm or "", nbytes, ROLE_FOREIGN, None, None))
+        rp = index.match(info)
+        role, boot, rank = (ROLE_RANK, rp.boot, rp.rank) if rp else (ROLE_FOREIGN, None, None)
+        out.append(Holding(pid, info.comm or "", nbytes, role, boot, rank))
     return largest_first(out)
 
 

@@ -80,8 +80,7 @@ class MissingRank(_Parsed):
         if not isinstance(raw, dict):
             return raw
         status = raw["status"] if isinstance(raw.get("status"), dict) else {}
-        flags = ("unresponsive", "considered_dead")
-        return {**raw, **{flag: status.get(flag) is True for flag in flags}}
+        return {**raw, **{f: status.get(f) is True for f in ("unresponsive", "considered_dead")}}
 
 
 class Communicator(_Parsed):

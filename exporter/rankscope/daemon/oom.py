@@ -152,9 +152,3 @@ class OomBook:
 
     def latest_by_card(self) -> dict[str, OomInstant]:
         return {i.uuid: i for i in self.instants() if i.uuid is not None}
-
-    def documents(self) -> list[dict[str, Any]]:
-        return [instant_json(i) for i in self.instants()]
-
-    def latest_by_uuid(self) -> dict[str, dict[str, Any]]:
-        return {uuid: instant_json(i) for uuid, i in self.latest_by_card().items()}

@@ -124,11 +124,8 @@ class OtlpPusher:
         meter = provider.get_meter("rankscope", __version__)
         for metric in catalog.CATALOG:
             unit = UCUM_UNITS.get(metric.unit, metric.unit)
-            create = (
-                meter.create_observable_counter
-                if metric.type in ("counter", "summary")
-                else meter.create_observable_gauge
-            )
+            counts = metric.type in ("counter", "summary")
+            create = meter.create_observable_counter if counts else meter.create_observable_gauge
             for name, sample_name in instrument_names(metric):
                 observe = functools.partial(self._observe, sample_name)
                 create(name, [observe], unit=unit, description=metric.help)

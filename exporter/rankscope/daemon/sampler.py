@@ -322,11 +322,8 @@ class Sampler:
 
     def up(self) -> bool:
         with self._lock:
-            return (
-                self._open
-                and self.source_failing is None
-                and all(c.failing is None for c in self._cards)
-            )
+            cards_ok = all(c.failing is None for c in self._cards)
+            return self._open and self.source_failing is None and cards_ok
 
     def views(self, now: float | None = None) -> list[CardView]:
         now = time.monotonic() if now is None else now

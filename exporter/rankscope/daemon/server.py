@@ -34,10 +34,9 @@ def build(config: DaemonConfig) -> Daemon:
     sources = Sources(config)
     enabled = [m for m in collectors.COLLECTORS if config.enabled(m.NAME, m.DEFAULT)]
     timed = TimedCollectors([m.build(config, sources) for m in enabled], sources.flight.refresh)
-    state = sources.flight
     app: Any = create_app(
         registry=timed.registry(),
-        state=state,
+        state=sources.flight,
         cards=sources.card_sampler,
         ooms=sources.oom_book,
         collecting=timed.running_for,
@@ -51,7 +50,7 @@ def build(config: DaemonConfig) -> Daemon:
     if otlp_configured(config.otlp.endpoint):
         interval = config.otlp.interval or default_interval()
         pusher = OtlpPusher(
-            timed, state.latest_boot, endpoint=config.otlp.endpoint, interval=interval
+            timed, sources.flight.latest_boot, endpoint=config.otlp.endpoint, interval=interval
         )
         sources.pollers.append(pusher)  # started after the sources, stopped before them
     return Daemon(app, config.web.host, config.web.port, timed, sources, tls)

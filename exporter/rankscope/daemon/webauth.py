@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import functools
 import hashlib
 import logging
 import ssl
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +118,8 @@ class Served:
 
 
 class WebAuth:
-    """Basic auth on every path and the configured headers on every answer, refusals
-    included, from the web config at ``path``, read again when it or a TLS file it names
-    changes."""
+    """Basic auth on every path and the configured headers on every answer, refusals included,
+    from the web config at ``path``, read again when it or a TLS file it names changes."""
 
     def __init__(self, app: Any, path: Path) -> None:
         """WebConfigError for a file that cannot be used, ssl.SSLError for TLS that cannot serve."""
@@ -148,9 +146,7 @@ class WebAuth:
         """A context serving each new connection with the TLS settings and files in force,
         as exporter-toolkit reads them at each handshake; None without TLS."""
         first = self._served.tls
-        if first is None:
-            return None
-        return LiveContext(lambda: self.current().tls or first)
+        return None if first is None else LiveContext(lambda: self.current().tls or first)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         served = self.current()
@@ -181,7 +177,7 @@ def _reloaded(path: Path, last: Served) -> Served:
         if (config.tls is None) != (last.config.tls is None):
             turned = "off" if config.tls is None else "on"
             log.warning("web config %s turns TLS %s: that takes effect at restart", path, turned)
-            config = dataclasses.replace(config, tls=last.config.tls)
+            config = replace(config, tls=last.config.tls)
         served = Served.of(config)
     except (WebConfigError, OSError) as exc:  # ssl.SSLError, or a TLS file gone since the check
         log.error(
@@ -195,12 +191,8 @@ def _reloaded(path: Path, last: Served) -> Served:
             path,
         )
         return last
-    log.info(
-        "web config %s changed: %d user(s), %d header(s)",
-        path,
-        len(served.auth.users),
-        len(served.headers),
-    )
+    users, headers = len(served.auth.users), len(served.headers)
+    log.info("web config %s changed: %d user(s), %d header(s)", path, users, headers)
     return served
 
 

@@ -129,8 +129,7 @@ def _users(reader: Reader, node: yaml.Node | None) -> dict[str, bytes]:
     users: dict[str, bytes] = {}
     for user, value in reader.mapping(node, "basic_auth_users").items():
         hashed = reader.string(value, f"basic_auth_users.{user}")
-        problem = _bcrypt_problem(hashed)
-        if problem:
+        if problem := _bcrypt_problem(hashed):
             raise reader.error(f"basic_auth_users.{user} is not a bcrypt hash: {problem}")
         users[user] = hashed.encode()
     return users
@@ -296,12 +295,10 @@ class Reader:
                     "one would silently override the other"
                 )
             out[key] = value
-        if allowed is not None:
-            unknown = sorted(k for k in out if k not in allowed)
-            if unknown:
-                raise self.error(
-                    f"unknown key(s) {', '.join(unknown)} in {where} (known: {', '.join(allowed)})"
-                )
+        if allowed is not None and (unknown := sorted(k for k in out if k not in allowed)):
+            raise self.error(
+                f"unknown key(s) {', '.join(unknown)} in {where} (known: {', '.join(allowed)})"
+            )
         return out
 
     def string(self, node: yaml.Node | None, where: str) -> str:
@@ -342,8 +339,7 @@ class Reader:
         if node is None or is_null(node) or node.tag == _INT:
             return self.integer(node, where) * 1e-9
         text = self.string(node, where)
-        seconds = go_duration(text)
-        if seconds is None:
+        if (seconds := go_duration(text)) is None:
             raise self.error(f"{where} {text!r} is not a duration (like 1s, 500ms, 1m30s)")
         return seconds
 

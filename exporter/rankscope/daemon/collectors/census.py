@@ -131,8 +131,7 @@ def collect(state: FlightState) -> Iterator[Metric]:
     if boot is not None:
         for (group, op), div in view.divergences.get(boot, {}).items():
             add(divergence, (boot, group, op), 1.0 if diverges(div.body) else 0.0)
-    yield from (total, round_, round_counts, stamp, divergence)
-    yield from (group_round, group_digest, deficit)
+    yield from (total, round_, round_counts, stamp, divergence, group_round, group_digest, deficit)
     if boot is not None:
         yield from rank_states(state, streams, boot)
 

@@ -26,8 +26,7 @@ def build(config: DaemonConfig, sources: Sources) -> Collector:
 
 def collect(book: OomBook, max_per_card: int) -> Iterator[Metric]:
     # (gpu, uuid, boot, rank, pid): None is an empty label (no boot, rank or pid).
-    counts: Counter[tuple[int | None, str | None, str | None, int | None, int | None]]
-    counts = Counter()
+    counts: Counter[tuple[int | None, str | None, str | None, int | None, int | None]] = Counter()
     for st in book.state.view().streams:
         p = st.process
         pid = book.state.process_host_pid(p)
