@@ -1,12 +1,8 @@
-"""The metric catalog: the one list of every metric rankscope exposes.
-
-The Prometheus collectors, the OTLP instruments, the docs table (docs/metrics.md), the
-dashboards' query check and the tests are all made from this list; a metric exposed without
-an entry here, or an entry never exposed, fails the tests.
-
-Naming follows Prometheus conventions: a rankscope_ prefix, base units in the name
-(_bytes, _seconds), _total on counters, no timestamps in samples.
-"""
+"""The metric catalog: the one list of every metric rankscope exposes, which the Prometheus
+collectors, the OTLP instruments, the docs table (docs/metrics.md), the dashboards' query check
+and the tests are made from; a metric exposed without an entry here, or an entry never exposed,
+fails the tests. Names follow Prometheus conventions: a rankscope_ prefix, base units in the
+name (_bytes, _seconds), _total on counters, no timestamps in samples."""
 
 from __future__ import annotations
 
@@ -314,6 +310,4 @@ def metrics_markdown() -> str:
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.stdout.write(metrics_markdown())
+    print(metrics_markdown(), end="")

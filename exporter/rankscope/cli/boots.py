@@ -31,7 +31,6 @@ def main(args: argparse.Namespace) -> int:
             latest = "latest" if b.latest else ""
             rows.append((b.boot, first, last, str(b.processes), ranks, latest))
         print(*common.table(rows), sep="\n")
-    note = common.skipped_note(dict(flight.skipped))
-    if note:
+    if note := common.skipped_note(dict(flight.skipped)):
         print(note)
     return 0

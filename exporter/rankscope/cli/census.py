@@ -40,8 +40,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def healthy(report: Mapping[str, Any]) -> bool:
-    states = report["states"]
-    return not (report["divergent"] or states["stalled"] or states["dead"])
+    return not (report["divergent"] or report["states"]["stalled"] or report["states"]["dead"])
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:
@@ -63,8 +62,7 @@ def _clock(wall: float | None) -> str:
 
 def _state_text(rank: Mapping[str, Any]) -> str:
     state = rank["state"]
-    blocked = rank["blocked_in"]
-    if blocked is not None:
+    if (blocked := rank["blocked_in"]) is not None:
         where = f"{blocked['group']} {blocked['op']} #{blocked['seq']}"
         verb = "was in" if state == "dead" else "in"
         state += f" {verb} {where} since {_clock(blocked['since'])}"

@@ -37,8 +37,7 @@ def main(args: argparse.Namespace) -> int:
         _print_process(process)
     for card in document["cards"]:
         _print_card(card)
-    note = common.skipped_note(document["skipped"])
-    if note:
+    if note := common.skipped_note(document["skipped"]):
         print("\n" + note)
     return 0
 
@@ -79,6 +78,5 @@ def _print_card(card: dict[str, Any]) -> None:
         for i in card["identities"]
     ]
     print(*common.table([CARD_HEADER + CARD_SIGNED, *rows], indent="  "), sep="\n")
-    foreign = {pid for i in card["identities"] for pid in i["foreign_pids"]}
-    if foreign:
+    if foreign := {pid for i in card["identities"] for pid in i["foreign_pids"]}:
         print(f"  foreign pids seen: {', '.join(sorted(foreign, key=int))}")

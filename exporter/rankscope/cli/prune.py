@@ -48,7 +48,6 @@ def main(args: argparse.Namespace) -> int:
     flight = common.open_flight(args, all_boots=True)
     if flight is None:
         return 2
-    directory = Path(args.flight_dir)
     old = old_boots(flight.boots, args.keep_boots, args.older_than, time.time())
     doomed = [f for f in flight_files(flight) if f.boots <= old]
     verb = "would remove" if args.dry_run else "removed"
@@ -57,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         if f.writer is not None:
             print(f"kept {f.name}: its writer (pid {f.writer}) still runs")
             continue
-        path = directory / f.name
+        path = Path(args.flight_dir) / f.name
         try:
             nbytes = path.lstat().st_size
             if not args.dry_run:

@@ -231,8 +231,7 @@ class ScenarioRun:
             self.view.line(f"all {len(self.ranks)} ranks booted; serving {self.steps} steps")
 
     def collect_pages(self) -> None:
-        receiver = self.stack.receiver
-        if receiver is None:
+        if (receiver := self.stack.receiver) is None:
             return
         new = receiver.pages[self.page_index :]
         self.page_index += len(new)
@@ -281,8 +280,7 @@ class ScenarioRun:
         return doc
 
     def summary(self) -> None:
-        cards = self.observe()
-        if cards is None:
+        if (cards := self.observe()) is None:
             return
         served = ", ".join(f"r{r}:{n}" for r, n in sorted(self.rounds.items())) or "none yet"
         self.view.line(f"rounds served (latest census snapshot per rank): {served}")

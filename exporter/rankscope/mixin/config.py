@@ -64,7 +64,6 @@ DEFAULTS: dict[str, Any] = {
 
 def merged(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """DEFAULTS with ``overrides`` applied; an unknown key is an error, not a silent no-op."""
-    unknown = [key for key in overrides or {} if key not in DEFAULTS]
-    if unknown:
+    if unknown := [key for key in overrides or {} if key not in DEFAULTS]:
         raise KeyError(f"unknown mixin config key {unknown[0]!r}; known: {', '.join(DEFAULTS)}")
     return {**DEFAULTS, **(overrides or {})}

@@ -163,8 +163,7 @@ def config_schema(defaults: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def sync_block(text: str, path: Path, source: str, lines: list[str]) -> str:
-    """``text`` (of ``path``) with the lines between its markers replaced by ``lines``,
-    indented as its BEGIN marker."""
+    """``text`` (of ``path``) with ``lines`` between its markers, indented as its BEGIN one."""
     begin = re.search(rf"^( *){re.escape(BLOCK_BEGIN)}.*\n", text, re.MULTILINE)
     if begin is None:
         raise ValueError(f"{path}: no '{BLOCK_BEGIN}' marker line")

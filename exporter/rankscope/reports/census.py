@@ -1,10 +1,8 @@
 """The census report (``rankscope census --json``, /api/v1/census): each rank's state, each
-group instance compared at its latest common round and, once none of its members is running,
-at their latest counts; past divergences, skews and local dumps apart.
-
-Counts in flux say nothing, so the latest counts of a group instance are compared only while
-none of its members moves (each stalled, exited or dead). A skew is a (group, op) whose counts
-differ then; replaying the ranks' live lines in time gives the skews that came and went
+group instance compared at its latest common round and at its latest counts, past divergences,
+skews and local dumps apart. Counts in flux say nothing, so latest counts are compared only
+while no member moves (each stalled, exited or dead); a skew is a (group, op) whose counts
+differ then, and replaying the ranks' live lines in time gives the skews that came and went
 (docs/census.md, "States and skews")."""
 
 from __future__ import annotations

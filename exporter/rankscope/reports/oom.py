@@ -205,14 +205,13 @@ def sampler_ooms_of_page(doc: Any) -> tuple[list[SamplerOom], list[str], str | N
     why = body.get("why")
     if isinstance(why, str):  # the daemon watches for no OOM: say so, not "none recorded"
         raise ValueError(f"the daemon records no OOM: {why}")
-    entries = _of(body.get("ooms"), list, "ooms")
-    page = _opt(body.get("page"), dict, "page") or {}
     ooms: list[SamplerOom] = []
     skipped: list[str] = []
-    for entry in entries:
+    for entry in _of(body.get("ooms"), list, "ooms"):
         try:
             if _of(entry, dict, "ooms[]").get("source") == "sampler":  # a probe's is in DIR
                 ooms.append(SamplerOom.parse(entry))
         except ValueError as exc:
             skipped.append(str(exc))
+    page = _opt(body.get("page"), dict, "page") or {}
     return ooms, skipped, _opt(page.get("next"), str, "page.next")

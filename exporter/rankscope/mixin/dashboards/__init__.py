@@ -18,10 +18,8 @@ Query = tuple[str, str]
 def _panel(
     kind: str, title: str, description: str, queries: Iterable[Query], width: int, **fields: Any
 ) -> dict:
-    """A panel's common head and targets (a table's are instant), then its own ``fields``;
-    ``_layout`` places it by ``_width``."""
+    """A panel: head, targets (a table's instant), its ``fields``; ``_width`` for ``_layout``."""
     instant = kind == "table"
-    mode = {"range": False, "format": "table"} if instant else {"range": True}
     targets = [
         {
             "datasource": DATASOURCE,
@@ -29,7 +27,7 @@ def _panel(
             "refId": chr(ord("A") + n),
             "legendFormat": legend or "__auto",
             "instant": instant,
-            **mode,
+            **({"range": False, "format": "table"} if instant else {"range": True}),
         }
         for n, (expr, legend) in enumerate(queries)
     ]
