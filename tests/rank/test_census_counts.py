@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -424,6 +425,107 @@ def test_previous_sigterm_handler_still_runs(flight_dir: Path) -> None:
             child.wait()
     reasons = [x["reason"] for x in lines(flight_dir) if x["kind"] == "census_dump"]
     assert reasons == ["SIGTERM"]  # and no second dump at exit
+
+
+# The main thread blocked where no Python runs, as in a hung collective: SIGTERM blocked on it
+# (so the kernel hands the signal to another thread) while it sleeps in C.
+BLOCKED_MAIN = """
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+print("blocked", flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def start_signal_child(flight_dir: Path, program: str, *args: str) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", program, str(flight_dir), *args], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    for expected in [x for x in ("ready", "blocked") if f'print("{x}"' in program]:
+        assert child.stdout.readline().strip() == expected
+    return child
+
+
+def test_sigterm_ends_a_blocked_main_thread_at_once_and_dumps(flight_dir: Path) -> None:
+    """Without rankscope SIGTERM's default action ends a process whatever its main thread is
+    doing; a Python handler alone would wait for the main thread (here 60 s)."""
+    program = SIGNAL_CHILD.replace("time.sleep(30)", BLOCKED_MAIN)
+    child = start_signal_child(flight_dir, program, "0", "60")
+    try:
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    dumps = [x for x in lines(flight_dir) if x["kind"] == "census_dump"]
+    assert [(d["reason"], d["counts"]) for d in dumps] == [
+        ("SIGTERM", [["world:0-1", "all_reduce", 7]])
+    ]
+
+
+OWN_HANDLER = (
+    "signal.signal(signal.SIGTERM, lambda s, f: (print('own handler', flush=True), sys.exit(3)))\n"
+)
+
+
+@pytest.mark.parametrize("installed", ["before", "after"])
+def test_a_programs_handler_still_decides_when_its_main_thread_is_blocked(
+    flight_dir: Path, installed: str
+) -> None:
+    """A handler the program set before the census's is called after the dump, which is
+    written at once; one it set after replaces the census's. Either runs when the main thread
+    next runs Python, as it would without rankscope."""
+    program = SIGNAL_CHILD.replace("time.sleep(30)", BLOCKED_MAIN)
+    before, after = "census.tick()", 'print("ready"'
+    where = before if installed == "before" else after
+    program = "import signal, sys\n" + program.replace(where, OWN_HANDLER + where)
+    child = start_signal_child(flight_dir, program, "0", "4")
+    try:
+        child.send_signal(signal.SIGTERM)
+        for _ in range(50):
+            dumps = [x["reason"] for x in lines(flight_dir) if x["kind"] == "census_dump"]
+            if dumps:
+                break
+            time.sleep(0.02)
+        assert dumps == (["SIGTERM"] if installed == "before" else [])
+        assert child.poll() is None  # still the program's to end
+        assert child.wait(timeout=20) == 3
+        assert child.stdout is not None and child.stdout.read() == "own handler\n"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_a_forked_childs_sigterm_is_its_own(flight_dir: Path) -> None:
+    """A child forked after the handlers are installed shares the parent's wakeup pipe unless
+    it lets it go: its SIGTERM would then end the parent."""
+    program = SIGNAL_CHILD.replace(
+        "time.sleep(30)",
+        """
+pid = os.fork()
+if pid == 0:
+    time.sleep(30)
+    os._exit(0)
+time.sleep(0.5)
+os.kill(pid, signal.SIGTERM)
+print("child", os.waitpid(pid, 0)[1], flush=True)
+time.sleep(1.0)  # time for a relayed SIGTERM to end this process
+print("parent alive", flush=True)
+""",
+    )
+    child = start_signal_child(flight_dir, program, "0")
+    try:
+        assert child.wait(timeout=20) == 0
+        assert child.stdout is not None
+        assert child.stdout.read() == f"child {signal.SIGTERM}\nparent alive\n"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    reasons = [x["reason"] for x in lines(flight_dir) if x["kind"] == "census_dump"]
+    assert sorted(reasons) == ["SIGTERM", "exit"]  # the child's dump, and the parent's at exit
 
 
 def test_each_failure_category_logs_its_first(

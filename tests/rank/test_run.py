@@ -7,9 +7,13 @@ imports nothing from rankscope.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +21,15 @@ import pytest
 from tests.support.armed_venv import ArmedVenv, make_armed_venv
 from tests.support.services import free_port
 
-from rankscope.record import GroupFields, Line, Mark, ProcessStartFields, Sample, of_kind
+from rankscope.record import (
+    CensusLive,
+    GroupFields,
+    Line,
+    Mark,
+    ProcessStartFields,
+    Sample,
+    of_kind,
+)
 from rankscope.record.reader import read_flight
 
 PROGRAM = Path(__file__).parents[1] / "programs" / "collectives.py"
@@ -165,6 +177,58 @@ def test_census_names_the_rank_that_skipped_an_all_reduce(venv: ArmedVenv, tmp_p
     assert entries["all_reduce"]["counts"] == {"0": 6, "1": 6, "2": 6, "3": 5}
     text = rankscope(venv, "census", str(flight_dir)).stdout
     assert "world:0-3  all_reduce  0:6 1:6 2:6 3:5  DIVERGENT, lagging: 3" in text
+
+
+def test_sigterm_ends_ranks_hung_in_a_collective_and_each_dumps(venv: ArmedVenv, tmp_path: Path):
+    """The launcher's SIGTERM reaches ranks hung in a mismatched collective (gloo's timeout is
+    10 minutes here): each ends at once, as it would without rankscope, and dumps its counts
+    first. Had the signal waited for the main thread, torchrun would SIGKILL them after 30 s
+    and no rank would dump."""
+    flight_dir = tmp_path / "flight"
+    args = ["--skip-rank", "1", "--skip-step", "5", "--timeout", "600"]
+    job = subprocess.Popen(
+        venv.rankscope(
+            "run",
+            "--dir",
+            str(flight_dir),
+            "--",
+            "torchrun",
+            "--nproc-per-node",
+            "2",
+            *program_args(*args),
+        ),
+        env=job_env(venv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stalled: dict[int | None, int] = {}  # rank -> pid
+    try:
+        for _ in range(600):  # the watcher's stall lines: both ranks hang
+            if flight_dir.is_dir():
+                lines = of_kind(read_flight(flight_dir).records, CensusLive)
+                stalled = {x.header.rank: x.header.pid for x in lines if x.body.blocked_in}
+            if sorted(stalled) == [0, 1]:
+                break
+            time.sleep(0.1)
+        assert sorted(stalled) == [0, 1]
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=25)  # well inside torchrun's 30 s before its SIGKILL
+    finally:
+        if job.poll() is None:  # torchrun starts each rank in a session of its own
+            for pid in stalled.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            job.kill()
+            job.communicate()
+    _, doc = census_doc(venv, flight_dir)
+    assert [(d["rank"], d["reason"]) for d in doc["dumps"]["ranks"]] == [
+        (0, "SIGTERM"),
+        (1, "SIGTERM"),
+    ]
+    entries = {e["op"]: e for e in doc["dumps"]["entries"]}
+    assert entries["all_reduce"]["counts"] == {"0": 6, "1": 5}
+    assert entries["all_reduce"]["lagging"] == [1]
 
 
 def test_torch_distributed_run_output_and_status_unchanged(venv: ArmedVenv, tmp_path: Path):

@@ -7,6 +7,7 @@ abort handlers write the local counts with no collective (a peer is probably dea
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import threading
@@ -223,20 +224,99 @@ def stop_watcher() -> None:
 
 # --- abort handlers --------------------------------------------------------------------------
 
-_previous: dict[int, Any] = {}
+_previous: dict[int, Any] = {}  # each signal handled, with the handler it had before
+_dump_lock = threading.Lock()
+_relay: tuple[int, int, threading.Thread] | None = None  # the wakeup pipe, its reader
+
+
+def _dump_for(signum: int) -> None:
+    """One dump, by whichever thread hears of the signal first; detached: the interrupted code
+    may hold the recorder's lock. A signal inside the dump's own handler waits a second, no more."""
+    if _dump_lock.acquire(timeout=1.0):
+        try:
+            if not STATE.signal_dumped:
+                name = signal.Signals(signum).name
+                STATE.signal_dumped = dump_local(name, RECORDER.write_record_detached)
+        finally:
+            _dump_lock.release()
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    # detached: the interrupted code may hold the recorder's lock
-    dumped = dump_local(signal.Signals(signum).name, RECORDER.write_record_detached)
-    STATE.signal_dumped = dumped or STATE.signal_dumped
+    _dump_for(signum)
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)
-        return
-    # The default action: end the process as the signal would have.
-    signal.signal(signum, signal.SIG_DFL)
+    else:
+        _end_by_default(signum)
+
+
+def _end_by_default(signum: int, set_handler: Callable[[int, Any], Any] = signal.signal) -> None:
+    """End the process as the signal would have."""
+    set_handler(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+def _relay_signals(read_fd: int, set_handler: Callable[[int, Any], Any]) -> None:
+    """CPython's C handler writes each signal's number to the wakeup fd at once, from whatever
+    thread takes it; the Python handler waits for the main thread to run Python, which a rank
+    blocked in a hung collective never does. So the dump is written here, and a default action
+    (SIGTERM's: end the process) is taken here, as it would be without rankscope."""
+    with contextlib.suppress(OSError):
+        while heard := os.read(read_fd, 64):
+            for signum in heard:
+                if signum == 0:  # the stop byte
+                    return
+                if signum in _previous and signal.getsignal(signum) is _on_signal:
+                    try:
+                        _dump_for(signum)
+                        if not callable(_previous[signum]):  # a program's handler runs as before
+                            _end_by_default(signum, set_handler)
+                    except Exception as exc:
+                        _counts.failed("signal relay", exc)
+
+
+def _start_relay() -> None:
+    """The relay takes the wakeup fd only where the program has none (an asyncio loop's main
+    thread runs Python anyway)."""
+    global _relay
+    import ctypes  # Python sets a handler on the main thread only; the C library anywhere
+
+    set_handler = ctypes.CDLL(None).signal
+    set_handler.argtypes, set_handler.restype = (ctypes.c_int, ctypes.c_void_p), ctypes.c_void_p
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    theirs = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    if theirs != -1 or not stop_before_teardown(_stop_relay):
+        signal.set_wakeup_fd(theirs)
+        for fd in (read_fd, write_fd):
+            os.close(fd)
+        return
+    relay = threading.Thread(
+        target=_relay_signals, args=(read_fd, set_handler), name="rankscope-signals", daemon=True
+    )
+    _relay = read_fd, write_fd, relay
+    os.register_at_fork(after_in_child=lambda: _stop_relay(in_child=True))
+    relay.start()
+
+
+def _stop_relay(in_child: bool = False) -> None:
+    """Stop the relay ahead of teardown; in a forked child, let the parent's pipe go (a byte
+    written there would reach the parent's relay)."""
+    global _relay
+    relay, _relay = _relay, None
+    if relay is None:
+        return
+    read_fd, write_fd, thread = relay
+    with contextlib.suppress(ValueError):  # off the main thread: nothing to give back
+        theirs = signal.set_wakeup_fd(-1)
+        if theirs != write_fd:  # the program set its own since
+            signal.set_wakeup_fd(theirs)
+    if not in_child:
+        with contextlib.suppress(OSError):
+            os.write(write_fd, b"\0")
+        thread.join(timeout=2.0)
+    for fd in (read_fd, write_fd):
+        os.close(fd)
 
 
 def _at_exit() -> None:
@@ -246,8 +326,9 @@ def _at_exit() -> None:
 
 def install_abort_handlers() -> bool:
     """Dump the local counts on SIGTERM, a delivered SIGABRT and at exit; a previous handler
-    runs after the dump, an ignored signal stays ignored. Off the main thread only the exit
-    dump is installed (returns False)."""
+    runs after the dump, an ignored signal stays ignored, a default action stays the process's
+    end at once, even while the main thread is blocked in a collective (the relay). Off the main
+    thread only the exit dump is installed (returns False)."""
     if STATE.handlers_installed:
         return True
     STATE.handlers_installed = True
@@ -260,6 +341,8 @@ def install_abort_handlers() -> bool:
             continue
         _previous[sig] = previous
         signal.signal(sig, _on_signal)
+    if _previous:
+        _start_relay()
     return True
 
 
