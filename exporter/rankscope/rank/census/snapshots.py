@@ -341,8 +341,11 @@ def install_abort_handlers() -> bool:
             continue
         _previous[sig] = previous
         signal.signal(sig, _on_signal)
-    if _previous:
-        _start_relay()
+    try:
+        if _previous:
+            _start_relay()
+    except Exception as exc:  # the handlers stand without it
+        _counts.failed("signal relay", exc)
     return True
 
 
