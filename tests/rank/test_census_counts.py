@@ -476,7 +476,7 @@ def test_a_programs_handler_still_decides_when_its_main_thread_is_blocked(
     after replaces the census's, relay included. Either ends the process as the program says
     (here: exit 3), never by the signal's default action."""
     program = SIGNAL_CHILD.replace("time.sleep(30)", BLOCKED_MAIN)
-    before, after = "census.tick()", "print(\"ready\""
+    before, after = "census.tick()", 'print("ready"'
     where = before if installed == "before" else after
     program = "import signal, sys\n" + program.replace(where, OWN_HANDLER + where)
     child = start_signal_child(flight_dir, program, "0", "4")
