@@ -294,9 +294,9 @@ def _start_relay() -> None:
     relay = threading.Thread(
         target=_relay_signals, args=(read_fd, set_handler), name="rankscope-signals", daemon=True
     )
+    relay.start()  # before it is recorded: a relay that never started is never joined
     _relay = read_fd, write_fd, relay
     os.register_at_fork(after_in_child=lambda: _stop_relay(in_child=True))
-    relay.start()
 
 
 def _stop_relay(in_child: bool = False) -> None:
