@@ -522,6 +522,39 @@ print("parent alive", flush=True)
     assert sorted(reasons) == ["SIGTERM", "exit"]  # the child's dump, and the parent's at exit
 
 
+@pytest.mark.parametrize(("end", "status"), [("SIGTERM", -signal.SIGTERM), ("exit", 0)])
+def test_a_relay_that_cannot_start_costs_a_log_line_not_the_handlers(
+    flight_dir: Path, end: str, status: int
+) -> None:
+    """No thread to be had: install goes on with the main thread's handler, SIGTERM still dumps
+    and ends the process by the signal, a plain exit still dumps at exit (no relay to stop), and
+    nothing but the log line reaches stderr."""
+    refuse = "def refuse(self): raise RuntimeError('no thread')\nthreading.Thread.start = refuse\n"
+    program = "import threading\n" + refuse + SIGNAL_CHILD
+    if end == "exit":
+        program = program.replace("time.sleep(30)", "pass")
+    child = subprocess.Popen(
+        [sys.executable, "-c", program, str(flight_dir), "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        if end == "SIGTERM":
+            child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=20) == status
+        assert child.stderr is not None
+        logged = [line for line in child.stderr.read().splitlines() if line.strip()]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert len(logged) == 1 and "signal relay" in logged[0], logged
+    reasons = [x["reason"] for x in lines(flight_dir) if x["kind"] == "census_dump"]
+    assert reasons == [end]
+
+
 def test_each_failure_category_logs_its_first(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
