@@ -69,12 +69,9 @@ def job_env(venv: ArmedVenv, **extra: str) -> dict[str, str]:
 Marks = list[Line[Mark]]
 
 
-def run_torchrun(
-    venv: ArmedVenv, flight_dir: Path, ranks: int, *extra: str
-) -> subprocess.CompletedProcess[str]:
+def torchrun_args(flight_dir: Path, ranks: int, *extra: str) -> list[str]:
     """`rankscope run` over torchrun starting ``ranks`` ranks of the program (with ``extra``)."""
-    return rankscope(
-        venv,
+    return [
         "run",
         "--dir",
         str(flight_dir),
@@ -83,8 +80,13 @@ def run_torchrun(
         "--nproc-per-node",
         str(ranks),
         *program_args(*extra),
-        env=job_env(venv),
-    )
+    ]
+
+
+def run_torchrun(
+    venv: ArmedVenv, flight_dir: Path, ranks: int, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return rankscope(venv, *torchrun_args(flight_dir, ranks, *extra), env=job_env(venv))
 
 
 def marks_by_process(flight_dir: Path) -> tuple[Any, dict[Any, Marks]]:
@@ -187,16 +189,7 @@ def test_sigterm_ends_ranks_hung_in_a_collective_and_each_dumps(venv: ArmedVenv,
     flight_dir = tmp_path / "flight"
     args = ["--skip-rank", "1", "--skip-step", "5", "--timeout", "600"]
     job = subprocess.Popen(
-        venv.rankscope(
-            "run",
-            "--dir",
-            str(flight_dir),
-            "--",
-            "torchrun",
-            "--nproc-per-node",
-            "2",
-            *program_args(*args),
-        ),
+        venv.rankscope(*torchrun_args(flight_dir, 2, *args)),
         env=job_env(venv),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
