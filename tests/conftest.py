@@ -1,6 +1,11 @@
-"""Shared test set-up: the gpu marker, flight directories, and isolated probe state."""
+"""Shared test set-up: the gpu marker, temporary files, flight directories, and isolated probe
+state."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -30,6 +35,25 @@ def _gpu_available() -> str | None:
 
 
 _GPU_SKIP = _gpu_available()
+_RUN_TEMP = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every temporary file of the run, pytest's own and those of the processes it starts, goes
+    in one directory removed at the end. Left in /tmp, torch.compile's inductor alone added a
+    precompiled header of about 150 MB a run (its key holds the venv's path, new in each fresh
+    clone) until the disk filled. Set before collection: importing a test module can fix
+    inductor's directories."""
+    # A short name: sockets made under it (multiprocessing's) must stay within AF_UNIX's 108 bytes.
+    where = tempfile.mkdtemp(prefix="rs-")
+    config.stash[_RUN_TEMP] = where
+    os.environ["TMPDIR"] = tempfile.tempdir = where
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    where = config.stash.get(_RUN_TEMP, None)
+    if where is not None:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
