@@ -157,7 +157,15 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path, view: View) -
         view.line(f"daemon: {daemon.url}/metrics; watch the status page at {daemon.url}/")
         receiver = start_alerting(stack, workdir, port, view)
         shared = Stack(
-            workdir, flight_dir, daemon, receiver, cards, view, args.ranks, args.duration, floor
+            workdir,
+            flight_dir,
+            daemon,
+            receiver,
+            cards,
+            view,
+            ranks=args.ranks,
+            duration=args.duration,
+            floor=floor,
         )
         for name in names:
             ScenarioRun(shared, SCENARIOS[name]).run()

@@ -112,7 +112,9 @@ def current_process() -> ProcessIdentity:
 
 
 def rank_from_env() -> RankIdentity:
-    return RankIdentity(_env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE"))
+    return RankIdentity(
+        rank=_env_int("RANK"), local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE")
+    )
 
 
 def resolve_boot_id(environ: Mapping[str, str] | None = None, launcher: int | None = None) -> str:

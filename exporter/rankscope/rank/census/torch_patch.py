@@ -32,9 +32,13 @@ BATCH = "batch_isend_irecv"
 # inner call is not counted again (the ops test counts each op exactly once).
 NESTING = frozenset(
     {
-        *("send", "recv", BATCH),  # torch's send is isend(...).wait()
-        *("all_gather_into_tensor", "all_gather_single"),
-        *("reduce_scatter_tensor", "reduce_scatter_single"),
+        "send",  # torch's send is isend(...).wait()
+        "recv",
+        "all_gather_into_tensor",
+        "all_gather_single",
+        "reduce_scatter_tensor",
+        "reduce_scatter_single",
+        BATCH,
     }
 )
 

@@ -181,7 +181,8 @@ def _pools(
         snapshot = c._cuda_memorySnapshot(None)
     except Exception as exc:
         return None, None, f"allocator snapshot failed: {exc!r}"
-    return (*pool_summary(snapshot.get("segments") or [], device), None)
+    pools, largest = pool_summary(snapshot.get("segments") or [], device)
+    return pools, largest, None
 
 
 def pool_summary(
