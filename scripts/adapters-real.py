@@ -326,7 +326,8 @@ def _kv_sglang() -> dict[str, Any]:
 
 def main() -> int:
     framework = sys.argv[1]
-    os.environ.setdefault("RANKSCOPE_DIR", tempfile.mkdtemp(prefix="rankscope-real-"))
+    if "RANKSCOPE_DIR" not in os.environ:  # run by hand: a flight directory of its own
+        os.environ["RANKSCOPE_DIR"] = tempfile.mkdtemp(prefix="rankscope-real-")
     adapter = _attach(framework)
     attached = adapter.state == "attached" and not adapter.unverified
     _emit(

@@ -7,7 +7,8 @@
 #
 # For each version: the wheel (pip download --no-deps, cached in $RANKSCOPE_WHEELS, the
 # cache scripts/adapter-manifest.py uses) is installed --no-deps into a venv of its own under
-# $RANKSCOPE_REAL_DIR (default: a new temp dir), with only the Python packages the hooked
+# $RANKSCOPE_REAL_DIR, kept for the next run (default: a new temp dir, removed when every
+# version passes and kept with its logs when one fails), with only the Python packages the hooked
 # modules import (listed below; found by importing them), and torch linked in from the
 # project's venv (not installed: the framework's own torch pin is not what is checked here).
 # Then scripts/adapters-real.py attaches to the real classes, counts a real GroupCoordinator
@@ -18,7 +19,11 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
-WORK=${RANKSCOPE_REAL_DIR:-$(mktemp -d /tmp/rankscope-real.XXXXXX)}
+if [ -n "${RANKSCOPE_REAL_DIR:-}" ]; then
+  WORK=$RANKSCOPE_REAL_DIR keep_work=yes
+else  # a temp dir of our own goes when every version passes: its venvs take gigabytes
+  WORK=$(mktemp -d /tmp/rankscope-real.XXXXXX) keep_work=
+fi
 CACHE=${RANKSCOPE_WHEELS:-/tmp/rankscope-wheels}
 mkdir -p "$WORK" "$CACHE"
 
@@ -92,8 +97,8 @@ run_one() {
       "$wheel_dir"/*.whl "${deps[@]}" 2>&1 | { grep -v '^WARNING: Location' || true; }
   fi
   echo "== $dist $version: scripts/adapters-real.py (framework warnings in $venv/run.log)"
-  PYTHONPATH=$ROOT/exporter "$venv/bin/python" "$ROOT/scripts/adapters-real.py" "$dist" \
-    2>"$venv/run.log"
+  RANKSCOPE_DIR=$venv/flight PYTHONPATH=$ROOT/exporter "$venv/bin/python" \
+    "$ROOT/scripts/adapters-real.py" "$dist" 2>"$venv/run.log"
 }
 
 if [ $# -eq 2 ]; then
@@ -113,9 +118,9 @@ for target in "${targets[@]}"; do
     failed+=("$target")
   fi
 done
-echo "== venvs and logs under $WORK"
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "== FAILED: ${failed[*]}"
+  echo "== FAILED: ${failed[*]} (venvs, logs and flight records under $WORK)"
   exit 1
 fi
 echo "== all passed: ${targets[*]}"
+if [ -n "$keep_work" ]; then echo "== venvs kept under $WORK"; else rm -rf "$WORK"; fi
